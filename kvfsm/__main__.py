@@ -1,0 +1,5 @@
+import sys
+
+from kvfsm.cli import main
+
+sys.exit(main())

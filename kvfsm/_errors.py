@@ -1,0 +1,64 @@
+"""The exception hierarchy of kvfsm. Every error names what went wrong and where."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+
+class KvfsmError(Exception):
+    """Base class of every error kvfsm raises on purpose."""
+
+
+@attrs.frozen
+class SpecProblem:
+    """One thing wrong with a spec: the file, the table, the row inside it and what is wrong."""
+
+    file: str
+    table: str
+    row: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.table}: {self.row}: {self.message}"
+
+
+class SpecError(KvfsmError):
+    """A spec file is malformed. ``problems`` lists every problem found, one per line in ``str``."""
+
+    def __init__(self, problems: Sequence[SpecProblem]) -> None:
+        self.problems: tuple[SpecProblem, ...] = tuple(problems)
+        super().__init__("\n".join(str(problem) for problem in self.problems))
+
+
+class TransitionError(KvfsmError):
+    """A fire was refused; no state and no memory changed.
+
+    ``ids`` are the offending object ids, ``states`` their state names at the time, ``event`` the
+    event name and ``why`` the cause (no such row, or the named guard that said no).
+    """
+
+    def __init__(
+        self, lifecycle: str, event: str, ids: Sequence[int], states: Sequence[str], why: str
+    ) -> None:
+        self.lifecycle = lifecycle
+        self.event = event
+        self.ids: tuple[int, ...] = tuple(int(i) for i in ids)
+        self.states: tuple[str, ...] = tuple(states)
+        self.why = why
+        shown = ", ".join(f"{i} ({s})" for i, s in zip(self.ids[:8], self.states[:8], strict=True))
+        more = f" and {len(self.ids) - 8} more" if len(self.ids) > 8 else ""
+        super().__init__(f"{lifecycle}: event {event!r} refused for ids {shown}{more}: {why}")
+
+
+class IllegalTransition(TransitionError):
+    """The table has no row for ``(state, event)`` of some ids."""
+
+
+class GuardRejected(TransitionError):
+    """A row exists but one of its guards said no for some ids."""
+
+
+class BindingError(KvfsmError):
+    """A machine was built without an implementation for a guard or effect its table uses."""

@@ -1,0 +1,103 @@
+"""Compile a lifecycle into dense NumPy tables: ``next_state[state, event]`` and friends.
+
+Per-block state is one ``uint8``; a transition over a batch is a gather from these tables.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Final, TypeVar
+
+import attrs
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm.spec._model import Lifecycle, Row
+from kvfsm.spec._vocabulary import Event, Tier
+
+_A = TypeVar("_A", bound=np.ndarray)  # type: ignore[type-arg]
+
+#: ``next_state`` value of a ``(state, event)`` pair that has no row.
+INVALID: Final = 255
+#: ``row_of`` value of a ``(state, event)`` pair that has no row.
+NO_ROW: Final = -1
+
+
+@attrs.frozen(eq=False)
+class CompiledTable:
+    """Dense, read-only tables of one lifecycle. State ids follow declaration order."""
+
+    lifecycle: Lifecycle
+    #: ``[n_states, n_events]`` uint8: the destination state id, or :data:`INVALID`.
+    next_state: NDArray[np.uint8]
+    #: ``[n_states, n_events]`` int16: the index into ``lifecycle.rows``, or :data:`NO_ROW`.
+    row_of: NDArray[np.int16]
+    #: Per state: a kernel may read it now / it is reachable by hash / an operation is running.
+    readable: NDArray[np.bool_]
+    hashed: NDArray[np.bool_]
+    in_flight: NDArray[np.bool_]
+    #: ``[n_states, n_tiers]`` bool: the state holds a slot in that tier.
+    holds_slot: NDArray[np.bool_]
+    #: Per state: the tier of the authoritative content, or -1.
+    residency: NDArray[np.int8]
+    state_ids: MappingProxyType[str, int]
+
+    @property
+    def name(self) -> str:
+        return self.lifecycle.name
+
+    @property
+    def n_states(self) -> int:
+        return int(self.next_state.shape[0])
+
+    @property
+    def initial(self) -> int:
+        return self.state_ids[self.lifecycle.initial]
+
+    def state_id(self, name: str) -> int:
+        """The id of the state called ``name``; ``KeyError`` names the lifecycle when unknown."""
+        try:
+            return self.state_ids[name]
+        except KeyError:
+            raise KeyError(f"{self.name}: no state {name!r}") from None
+
+    def state_name(self, state_id: int) -> str:
+        return self.lifecycle.states[state_id].name
+
+    def row(self, state_id: int, event: Event) -> Row | None:
+        """The row for ``(state, event)``, or None."""
+        index = int(self.row_of[state_id, event])
+        return None if index == NO_ROW else self.lifecycle.rows[index]
+
+
+def _readonly(array: _A) -> _A:
+    array.setflags(write=False)
+    return array
+
+
+def compile_lifecycle(lifecycle: Lifecycle) -> CompiledTable:
+    """Build the dense tables of a validated lifecycle."""
+    ids = {state.name: index for index, state in enumerate(lifecycle.states)}
+    n_states, n_events, n_tiers = len(ids), len(Event), len(Tier)
+    next_state = np.full((n_states, n_events), INVALID, dtype=np.uint8)
+    row_of = np.full((n_states, n_events), NO_ROW, dtype=np.int16)
+    for index, row in enumerate(lifecycle.rows):
+        next_state[ids[row.source], row.event] = ids[row.dest]
+        row_of[ids[row.source], row.event] = index
+    holds_slot = np.zeros((n_states, n_tiers), dtype=np.bool_)
+    for index, state in enumerate(lifecycle.states):
+        holds_slot[index, list(state.slots)] = True
+    return CompiledTable(
+        lifecycle=lifecycle,
+        next_state=_readonly(next_state),
+        row_of=_readonly(row_of),
+        readable=_readonly(np.array([s.readable for s in lifecycle.states], dtype=np.bool_)),
+        hashed=_readonly(np.array([s.hashed for s in lifecycle.states], dtype=np.bool_)),
+        in_flight=_readonly(np.array([s.in_flight for s in lifecycle.states], dtype=np.bool_)),
+        holds_slot=_readonly(holds_slot),
+        residency=_readonly(np.array(
+            [-1 if s.residency is None else int(s.residency) for s in lifecycle.states],
+            dtype=np.int8,
+        )),
+        state_ids=MappingProxyType(ids),
+    )

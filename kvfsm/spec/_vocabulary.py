@@ -1,0 +1,115 @@
+"""The closed vocabulary a lifecycle spec may use: events, tiers, guards and effects.
+
+Specs are data; this module is the dictionary they are checked against. Later layers bind each
+guard and effect name to real code (slot pools, copies, checksums); a name not listed here is a
+spec error, never a silent no-op.
+"""
+
+from __future__ import annotations
+
+import enum
+from types import MappingProxyType
+from typing import Final
+
+
+class Event(enum.IntEnum):
+    """Every event any cache-object kind can receive. Ids are stable: they index compiled tables."""
+
+    ALLOCATE = 0
+    WRITE_BEGIN = 1
+    WRITE_DONE = 2
+    WRITE_FAIL = 3
+    COMPRESS_BEGIN = 4
+    COMPRESS_DONE = 5
+    COMPRESS_FAIL = 6
+    EVICT = 7
+    SPILL_BEGIN = 8
+    SPILL_DONE = 9
+    SPILL_FAIL = 10
+    RESTORE_BEGIN = 11
+    RESTORE_DONE = 12
+    RESTORE_FAIL = 13
+    FREE = 14
+    INVALIDATE = 15
+
+    @property
+    def spec_name(self) -> str:
+        """The lower-case name used in spec files (``write_begin``)."""
+        return self.name.lower()
+
+    @classmethod
+    def from_name(cls, name: str) -> Event:
+        """Parse a spec-file event name; raises ``KeyError`` for an unknown one."""
+        return cls[name.upper()]
+
+
+EVENT_NAMES: Final = tuple(event.spec_name for event in Event)
+
+
+class Tier(enum.IntEnum):
+    """Where a copy of a block's content can live, fastest first."""
+
+    DEVICE = 0
+    HOST = 1
+    DISK = 2
+    REMOTE = 3
+
+    @property
+    def spec_name(self) -> str:
+        return self.name.lower()
+
+
+TIER_NAMES: Final = tuple(tier.spec_name for tier in Tier)
+
+#: ``residency`` value of a state whose content lives nowhere.
+NO_TIER: Final = "none"
+
+
+class Content(enum.Enum):
+    """How much of a block's content exists in its residency tier."""
+
+    NONE = "none"
+    PARTIAL = "partial"
+    COMPLETE = "complete"
+
+
+class Form(enum.Enum):
+    """The representation of a block's content; a compressed block is never read as raw."""
+
+    NONE = "none"
+    RAW = "raw"
+    COMPRESSED = "compressed"
+
+
+#: Guards: named predicates a row needs before it may fire. ``:tier`` marks a tier argument.
+GUARDS: Final = MappingProxyType(
+    {
+        "has_room": "the named tier has a free slot for every object in the batch (arg: tier)",
+        "no_pins": "no reader holds a pin on the object",
+        "admission_open": "the restore admission gate has budget for this object",
+        "all_sub_blocks_present": "every sub-block of a compressed block has been written",
+        "checksum_ok": "the content read back matches the checksum recorded when it was written",
+        "targets_current": "every block a sparse index points at is still at the indexed epoch",
+    }
+)
+
+#: Guards that take a tier argument (``has_room:host``).
+GUARDS_WITH_TIER: Final = frozenset({"has_room"})
+
+#: Effects: the memory operations a row drives, run once per batch after all guards pass.
+EFFECTS: Final = MappingProxyType(
+    {
+        "take_slot": "take a slot in the named tier (arg: tier)",
+        "return_slot": "return the object's slot in the named tier (arg: tier)",
+        "copy_to": "start copying the content from its residency tier to the named tier (arg: tier)",
+        "bump_epoch": "advance the object's epoch: its content or location changed",
+        "record_checksum": "compute and record the checksum of the content just written",
+        "publish_hash": "make the object reachable through the prefix hash map",
+        "drop_hash": "remove the object from the prefix hash map",
+        "invalidate_dependents": "invalidate every index block that points at this object",
+        "clear_sub_blocks": "forget which sub-blocks have been written",
+    }
+)
+
+#: Effects that take a tier argument (``take_slot:device``).
+EFFECTS_WITH_TIER: Final = frozenset({"take_slot", "return_slot", "copy_to"})
