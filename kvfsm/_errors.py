@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -35,12 +35,13 @@ class SpecError(KvfsmError):
 class TransitionError(KvfsmError):
     """A fire was refused; no state and no memory changed.
 
-    ``ids`` are the offending object ids, ``states`` their state names at the time, ``event`` the
-    event name and ``why`` the cause (no such row, or the named guard that said no).
+    ``ids`` are the offending object ids, ``states`` the state names of (at most the first 64 of)
+    them at the time, ``event`` the event name and ``why`` the cause (no such row, or the named
+    guard that said no).
     """
 
     def __init__(
-        self, lifecycle: str, event: str, ids: Sequence[int], states: Sequence[str], why: str
+        self, lifecycle: str, event: str, ids: Iterable[int], states: Iterable[str], why: str
     ) -> None:
         self.lifecycle = lifecycle
         self.event = event

@@ -40,9 +40,11 @@ def _spec_check(paths: Sequence[str], objects: int, out: list[str]) -> bool:
             continue
         result = check_lifecycle(compile_lifecycle(lifecycle), Bounds(objects=objects))
         if result.ok:
-            out.append(f"ok {path}: {lifecycle.name}: {len(lifecycle.states)} states, "
-                       f"{len(lifecycle.rows)} rows; checker explored {result.configurations} "
-                       f"configurations, {result.transitions} transitions of {objects} objects")
+            out.append(
+                f"ok {path}: {lifecycle.name}: {len(lifecycle.states)} states, "
+                f"{len(lifecycle.rows)} rows; checker explored {result.configurations} "
+                f"configurations, {result.transitions} transitions of {objects} objects"
+            )
         for violation in result.violations:
             clean = False
             lines = str(violation).splitlines()
@@ -106,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     spec = commands.add_parser("spec", help="work with lifecycle specs")
     spec_commands = spec.add_subparsers(dest="spec_command", required=True)
     check = spec_commands.add_parser(
-        "check", help="validate specs and run the bounded exhaustive checker")
+        "check", help="validate specs and run the bounded exhaustive checker"
+    )
     check.add_argument("paths", nargs="*", help="spec files or folders (default: shipped specs)")
     check.add_argument("--objects", type=int, default=3, help="objects in the checked pool")
     check.set_defaults(run=_cmd_spec_check)

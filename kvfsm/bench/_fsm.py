@@ -16,7 +16,10 @@ CYCLE = (Event.ALLOCATE, Event.WRITE_BEGIN, Event.WRITE_DONE, Event.EVICT)
 
 
 def bench_fsm(
-    *, blocks: int = 1_000_000, scalar_cycles: int = 20_000, reference_cycles: int = 2_000,
+    *,
+    blocks: int = 1_000_000,
+    scalar_cycles: int = 20_000,
+    reference_cycles: int = 2_000,
     repeat: int = 5,
 ) -> dict[str, float | int | str]:
     """Transitions per second of the three ways to drive the ``full_kv`` lifecycle.

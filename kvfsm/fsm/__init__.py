@@ -6,8 +6,8 @@ from kvfsm.fsm._checker import (
     Bounds,
     CheckResult,
     Invariant,
-    Violation,
     View,
+    Violation,
     check_lifecycle,
 )
 from kvfsm.fsm._compiled import INVALID, NO_ROW, CompiledTable, compile_lifecycle

@@ -49,7 +49,8 @@ class View:
 
     @property
     def per_state(self) -> np.ndarray:
-        return self.unpinned + self.pinned
+        total: np.ndarray = self.unpinned + self.pinned
+        return total
 
     def slots_used(self, tier: Tier) -> int:
         return int(self.per_state[self.table.holds_slot[:, tier]].sum())
@@ -74,9 +75,11 @@ class Violation:
 
     def __str__(self) -> str:
         steps = "\n".join(f"  {n}. {step}" for n, step in enumerate(self.trace, start=1))
-        return (f"invariant {self.invariant!r} violated ({self.doc})\n"
-                f"shortest trace ({len(self.trace)} steps):\n{steps or '  (initial)'}\n"
-                f"  -> {self.final}")
+        return (
+            f"invariant {self.invariant!r} violated ({self.doc})\n"
+            f"shortest trace ({len(self.trace)} steps):\n{steps or '  (initial)'}\n"
+            f"  -> {self.final}"
+        )
 
 
 @attrs.frozen
@@ -113,13 +116,21 @@ def _spilled_off_device(view: View) -> bool:
 
 BUILTIN_INVARIANTS: tuple[Invariant, ...] = (
     Invariant("slot_capacity", "slots in use never exceed a tier's capacity", _capacity_ok),
-    Invariant("pinned_is_readable",
-              "a pinned object is never evicted, freed or moved from under its reader",
-              _pinned_readable),
-    Invariant("hashed_is_complete", "no object is reachable by hash unless its content is complete",
-              _hashed_complete),
-    Invariant("spilled_holds_no_device_slot",
-              "an object spilled to a lower tier holds no device slot", _spilled_off_device),
+    Invariant(
+        "pinned_is_readable",
+        "a pinned object is never evicted, freed or moved from under its reader",
+        _pinned_readable,
+    ),
+    Invariant(
+        "hashed_is_complete",
+        "no object is reachable by hash unless its content is complete",
+        _hashed_complete,
+    ),
+    Invariant(
+        "spilled_holds_no_device_slot",
+        "an object spilled to a lower tier holds no device slot",
+        _spilled_off_device,
+    ),
 )
 
 #: Name of the liveness check: from every reachable configuration the pool can drain to free.
@@ -142,8 +153,9 @@ class _Explorer:
         return View(self.table, self.bounds, counts[:, 0].copy(), counts[:, 1].copy())
 
     def used(self, config: Config, tier: Tier) -> int:
-        return sum(config[2 * s] + config[2 * s + 1] for s in range(self.n_states)
-                   if self.holds[s][tier])
+        return sum(
+            config[2 * s] + config[2 * s + 1] for s in range(self.n_states) if self.holds[s][tier]
+        )
 
     def guard_passes(self, call: Call, config: Config, pinned: int) -> bool:
         if call.name == "has_room" and call.tier is not None:
@@ -166,8 +178,10 @@ class _Explorer:
                 row = self.rows[self.row_of[state][event]]
                 if not all(self.guard_passes(c, config, pinned) for c in row.guards):
                     continue
-                yield self._move(config, bucket, 2 * dest + pinned), (
-                    f"{who}: {event.spec_name} -> {names[dest]!r}")
+                yield (
+                    self._move(config, bucket, 2 * dest + pinned),
+                    (f"{who}: {event.spec_name} -> {names[dest]!r}"),
+                )
             if self.bounds.pins and not pinned and self.readable[state]:
                 yield self._move(config, bucket, bucket + 1), f"{who}: pin"
             if pinned:
@@ -187,8 +201,10 @@ class _Explorer:
             if count:
                 state, pinned = divmod(bucket, 2)
                 parts.append(f"{count}x {names[state]}" + (" (pinned)" if pinned else ""))
-        used = ", ".join(f"{t.spec_name} {self.used(config, t)}/{self.bounds.capacity.get(t, 0)}"
-                         for t in self.table.lifecycle.tiers)
+        used = ", ".join(
+            f"{t.spec_name} {self.used(config, t)}/{self.bounds.capacity.get(t, 0)}"
+            for t in self.table.lifecycle.tiers
+        )
         return "; ".join(parts) + (f" | slots {used}" if used else "")
 
 
@@ -231,8 +247,9 @@ def check_lifecycle(
         view = explorer.view(config)
         for inv in invariants:
             if inv.name not in found and not inv.holds(view):
-                found[inv.name] = Violation(inv.name, inv.doc, trace_to(config),
-                                            explorer.describe(config))
+                found[inv.name] = Violation(
+                    inv.name, inv.doc, trace_to(config), explorer.describe(config)
+                )
         for nxt, label in explorer.successors(config):
             edges += 1
             reverse.setdefault(nxt, []).append(config)
@@ -252,6 +269,9 @@ def check_lifecycle(
         if stuck:
             worst = min(stuck, key=lambda c: len(trace_to(c)))
             found[NO_LEAK] = Violation(
-                NO_LEAK, "every reachable configuration can drain back to all objects free",
-                trace_to(worst), explorer.describe(worst) + " (cannot drain back to free)")
+                NO_LEAK,
+                "every reachable configuration can drain back to all objects free",
+                trace_to(worst),
+                explorer.describe(worst) + " (cannot drain back to free)",
+            )
     return CheckResult(table.name, bounds, len(parent), edges, tuple(found.values()))

@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 from kvfsm.spec._model import Lifecycle, Row
 from kvfsm.spec._vocabulary import Event, Tier
 
-_A = TypeVar("_A", bound=np.ndarray)  # type: ignore[type-arg]
+_A = TypeVar("_A", bound=np.ndarray)
 
 #: ``next_state`` value of a ``(state, event)`` pair that has no row.
 INVALID: Final = 255
@@ -95,9 +95,11 @@ def compile_lifecycle(lifecycle: Lifecycle) -> CompiledTable:
         hashed=_readonly(np.array([s.hashed for s in lifecycle.states], dtype=np.bool_)),
         in_flight=_readonly(np.array([s.in_flight for s in lifecycle.states], dtype=np.bool_)),
         holds_slot=_readonly(holds_slot),
-        residency=_readonly(np.array(
-            [-1 if s.residency is None else int(s.residency) for s in lifecycle.states],
-            dtype=np.int8,
-        )),
+        residency=_readonly(
+            np.array(
+                [-1 if s.residency is None else int(s.residency) for s in lifecycle.states],
+                dtype=np.int8,
+            )
+        ),
         state_ids=MappingProxyType(ids),
     )

@@ -7,14 +7,20 @@ package; PNG and SVG need pygraphviz (system graphviz), installed by the ``diagr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from kvfsm._errors import KvfsmError
 from kvfsm.fsm._reference import transitions_rows
 from kvfsm.spec._model import Lifecycle
 
 FORMATS: Final = ("mermaid", "dot", "png", "svg")
-_ENGINES: Final = {"mermaid": "mermaid", "dot": "graphviz", "png": "pygraphviz", "svg": "pygraphviz"}
+Engine = Literal["mermaid", "graphviz", "pygraphviz"]
+_ENGINES: Final[dict[str, Engine]] = {
+    "mermaid": "mermaid",
+    "dot": "graphviz",
+    "png": "pygraphviz",
+    "svg": "pygraphviz",
+}
 _HASH_MARK: Final = "kvfsm spec sha256:"
 
 
@@ -22,7 +28,7 @@ class _Model:
     """A bare model object for GraphMachine to attach ``get_graph`` to."""
 
 
-def _graph(lifecycle: Lifecycle, engine: str) -> Any:
+def _graph(lifecycle: Lifecycle, engine: Engine) -> Any:
     try:
         from transitions.extensions import GraphMachine
     except ImportError as exc:  # pragma: no cover - transitions always ships it
@@ -41,7 +47,8 @@ def _graph(lifecycle: Lifecycle, engine: str) -> Any:
         )
     except ImportError as exc:
         extra = "pip install 'kvfsm[diagrams]'" + (
-            " (pygraphviz needs the system graphviz library)" if engine == "pygraphviz" else "")
+            " (pygraphviz needs the system graphviz library)" if engine == "pygraphviz" else ""
+        )
         raise KvfsmError(f"{engine} engine not installed for this diagram format: {extra}") from exc
     return model.get_graph()  # type: ignore[attr-defined]
 
@@ -109,7 +116,8 @@ def lifecycle_page(lifecycle: Lifecycle) -> str:
             f"| `{s.name}` | {', '.join(t.spec_name for t in s.slots)} | "
             f"{s.residency.spec_name if s.residency is not None else ''} | {s.content.value} | "
             f"{s.form.value} | {yes[s.readable]} | {yes[s.hashed]} | {yes[s.in_flight]} | "
-            f"{_cell(s.doc)} |")
+            f"{_cell(s.doc)} |"
+        )
     lines += [
         "",
         "## Transitions",
@@ -121,5 +129,6 @@ def lifecycle_page(lifecycle: Lifecycle) -> str:
         lines.append(
             f"| {r.index} | `{r.source}` | `{r.event.spec_name}` | `{r.dest}` | "
             f"{', '.join(f'`{c}`' for c in r.guards)} | "
-            f"{', '.join(f'`{c}`' for c in r.effects)} | {_cell(r.doc)} |")
+            f"{', '.join(f'`{c}`' for c in r.effects)} | {_cell(r.doc)} |"
+        )
     return "\n".join(lines) + "\n"

@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kvfsm._errors import BindingError, GuardRejected, IllegalTransition, KvfsmError
-from kvfsm.fsm._compiled import INVALID, NO_ROW, CompiledTable
+from kvfsm.fsm._compiled import INVALID, CompiledTable
 from kvfsm.spec._model import Call, Row
 from kvfsm.spec._vocabulary import Event
 
@@ -144,19 +144,31 @@ class Machine:
         """
         ev = _event_id(event)
         if not 0 <= obj < self._states.shape[0]:
-            raise KvfsmError(f"{self.table.name}: object id {obj} out of range [0, {self.capacity})")
+            raise KvfsmError(
+                f"{self.table.name}: object id {obj} out of range [0, {self.capacity})"
+            )
         state = int(self._states[obj])
         dest = self._next_list[state][ev]
         if dest == INVALID:
-            raise IllegalTransition(self.table.name, ev.spec_name, [obj],
-                                    [self.table.state_name(state)], "no row for this state")
+            raise IllegalTransition(
+                self.table.name,
+                ev.spec_name,
+                [obj],
+                [self.table.state_name(state)],
+                "no row for this state",
+            )
         row_index = self._row_list[state][ev]
         if self._row_has_work[row_index]:
             ids = np.array([obj], dtype=np.intp)
             for call, guard in self._row_guards[row_index]:
                 if not bool(guard(ids, call)[0]):
-                    raise GuardRejected(self.table.name, ev.spec_name, [obj],
-                                        [self.table.state_name(state)], f"guard {call} said no")
+                    raise GuardRejected(
+                        self.table.name,
+                        ev.spec_name,
+                        [obj],
+                        [self.table.state_name(state)],
+                        f"guard {call} said no",
+                    )
             row = self.table.lifecycle.rows[row_index]
             for call, effect in self._row_effects[row_index]:
                 effect(ids, call, row)
@@ -184,8 +196,13 @@ class Machine:
         ok = dest != INVALID
         if not masked and not ok.all():
             bad = np.flatnonzero(~ok)
-            raise IllegalTransition(self.table.name, ev.spec_name, batch[bad],
-                                    self._names(current[bad]), "no row for these states")
+            raise IllegalTransition(
+                self.table.name,
+                ev.spec_name,
+                batch[bad],
+                self._names(current[bad]),
+                "no row for these states",
+            )
         rows = self._row_by_event[ev][current]
         counts = np.bincount(rows[ok].astype(np.intp), minlength=len(self._row_guards))
         by_row = {
@@ -197,7 +214,8 @@ class Machine:
             ok = self._apply_guards(batch, current, by_row, ok, ev, masked)
             self._apply_effects(batch, {r: p[ok[p]] for r, p in by_row.items()})
         self._states[batch[ok]] = dest[ok]
-        return ok
+        ok_mask: NDArray[np.bool_] = ok
+        return ok_mask
 
     # -- internals -------------------------------------------------------------------------
 
@@ -210,8 +228,9 @@ class Machine:
         if dest == INVALID:
             if masked:
                 return np.zeros(batch.size, dtype=np.bool_)
-            raise IllegalTransition(self.table.name, ev.spec_name, batch,
-                                    self._names(current), "no row for this state")
+            raise IllegalTransition(
+                self.table.name, ev.spec_name, batch, self._names(current), "no row for this state"
+            )
         row_index = self._row_list[state][ev]
         ok = np.ones(batch.size, dtype=np.bool_)
         if self._row_has_work[row_index]:
@@ -233,15 +252,19 @@ class Machine:
     def _check_ids(self, ids: ArrayLike) -> IdArray:
         batch = np.asarray(ids)
         if batch.ndim != 1 or (batch.size and not np.issubdtype(batch.dtype, np.integer)):
-            raise KvfsmError(f"{self.table.name}: ids must be a 1-D integer array, got "
-                             f"shape {batch.shape} dtype {batch.dtype}")
+            raise KvfsmError(
+                f"{self.table.name}: ids must be a 1-D integer array, got "
+                f"shape {batch.shape} dtype {batch.dtype}"
+            )
         batch = batch.astype(np.intp, copy=False)
         if batch.size == 0:
             return batch
         low, high = int(batch.min()), int(batch.max())
         if low < 0 or high >= self.capacity:
-            raise KvfsmError(f"{self.table.name}: object ids must lie in [0, {self.capacity}), "
-                             f"got min {low} max {high}")
+            raise KvfsmError(
+                f"{self.table.name}: object ids must lie in [0, {self.capacity}), "
+                f"got min {low} max {high}"
+            )
         if batch.size > 1 and not (batch[1:] > batch[:-1]).all():
             # Not strictly increasing: look for repeats. With duplicates the last scatter wins,
             # so an earlier occurrence reads back another position. O(batch), no sort.
@@ -250,8 +273,10 @@ class Machine:
             clash = self._scratch[batch] != positions
             if clash.any():
                 dupes = np.unique(batch[clash])
-                raise KvfsmError(f"{self.table.name}: ids appear more than once in one batch: "
-                                 f"{dupes[:8].tolist()}")
+                raise KvfsmError(
+                    f"{self.table.name}: ids appear more than once in one batch: "
+                    f"{dupes[:8].tolist()}"
+                )
         return batch
 
     def _apply_guards(
@@ -283,8 +308,13 @@ class Machine:
                 continue
             failed = positions[~passed]
             if not masked:
-                raise GuardRejected(self.table.name, ev.spec_name, batch[failed],
-                                    self._names(current[failed]), f"guard {call} said no")
+                raise GuardRejected(
+                    self.table.name,
+                    ev.spec_name,
+                    batch[failed],
+                    self._names(current[failed]),
+                    f"guard {call} said no",
+                )
             if not copied:
                 ok, copied = ok.copy(), True
             ok[failed] = False

@@ -74,12 +74,19 @@ class ReferenceMachine:
         try:
             moved = self.trigger(event.spec_name)  # type: ignore[attr-defined]
         except MachineError:
-            raise IllegalTransition(self.lifecycle.name, event.spec_name, [0], [before],
-                                    "no row for this state") from None
+            raise IllegalTransition(
+                self.lifecycle.name, event.spec_name, [0], [before], "no row for this state"
+            ) from None
         except AttributeError:
-            raise IllegalTransition(self.lifecycle.name, event.spec_name, [0], [before],
-                                    "event not used by this lifecycle") from None
+            raise IllegalTransition(
+                self.lifecycle.name,
+                event.spec_name,
+                [0],
+                [before],
+                "event not used by this lifecycle",
+            ) from None
         if not moved:
-            raise GuardRejected(self.lifecycle.name, event.spec_name, [0], [before],
-                                "a guard said no")
+            raise GuardRejected(
+                self.lifecycle.name, event.spec_name, [0], [before], "a guard said no"
+            )
         return self.current

@@ -79,7 +79,9 @@ def parse_lifecycle(text: str, *, source: str = "<string>") -> Lifecycle:
         raise AssertionError("unreachable") from exc
 
     for key in sorted(set(doc) - _TOP_KEYS):
-        problems.add(key, "-", f"unknown top-level table {key!r}; expected one of {sorted(_TOP_KEYS)}")
+        problems.add(
+            key, "-", f"unknown top-level table {key!r}; expected one of {sorted(_TOP_KEYS)}"
+        )
     header = _read_header(doc.get("lifecycle"), problems)
     states = _read_states(doc.get("states"), problems)
     row_lines = [text.count("\n", 0, m.start()) + 1 for m in _ROW_HEADER.finditer(text)]
@@ -140,7 +142,10 @@ def _read_header(raw: Any, problems: _Problems) -> tuple[str, str, str]:
 
 
 def _read_enum(
-    value: Any, parse: Callable[[str], Any], allowed: tuple[str, ...], where: tuple[str, str, str],
+    value: Any,
+    parse: Callable[[str], Any],
+    allowed: tuple[str, ...],
+    where: tuple[str, str, str],
     problems: _Problems,
 ) -> Any | None:
     table, row, key = where
@@ -148,7 +153,9 @@ def _read_enum(
         problems.add(table, row, f"{key!r} must be a str, got {type(value).__name__}")
         return None
     if value not in allowed:
-        problems.add(table, row, f"{key!r}: unknown value {value!r}; expected one of {list(allowed)}")
+        problems.add(
+            table, row, f"{key!r}: unknown value {value!r}; expected one of {list(allowed)}"
+        )
         return None
     return parse(value)
 
@@ -181,10 +188,14 @@ def _read_states(raw: Any, problems: _Problems) -> list[StateDef]:
         slots_raw = body.get("slots", [])
         slots: list[Tier] = []
         if not isinstance(slots_raw, list):
-            problems.add("states", name, f"'slots' must be a list of tiers, got {type(slots_raw).__name__}")
+            problems.add(
+                "states", name, f"'slots' must be a list of tiers, got {type(slots_raw).__name__}"
+            )
         else:
             for item in slots_raw:
-                tier = _read_enum(item, lambda v: Tier[v.upper()], tiers, ("states", name, "slots"), problems)
+                tier = _read_enum(
+                    item, lambda v: Tier[v.upper()], tiers, ("states", name, "slots"), problems
+                )
                 if tier is not None:
                     slots.append(tier)
             if len(set(slots)) != len(slots):
@@ -197,12 +208,18 @@ def _read_states(raw: Any, problems: _Problems) -> list[StateDef]:
             problems,
         )
         content = _read_enum(
-            body.get("content", "none"), Content, tuple(c.value for c in Content),
-            ("states", name, "content"), problems,
+            body.get("content", "none"),
+            Content,
+            tuple(c.value for c in Content),
+            ("states", name, "content"),
+            problems,
         )
         form = _read_enum(
-            body.get("form", "none"), Form, tuple(f.value for f in Form),
-            ("states", name, "form"), problems,
+            body.get("form", "none"),
+            Form,
+            tuple(f.value for f in Form),
+            ("states", name, "form"),
+            problems,
         )
         flags = {
             key: _typed(body.get(key, False), bool, "states", name, key, problems)
@@ -215,8 +232,8 @@ def _read_states(raw: Any, problems: _Problems) -> list[StateDef]:
                     doc=doc or "",
                     slots=tuple(sorted(slots)),
                     residency=residency,
-                    content=content,
-                    form=form,
+                    content=Content(content),
+                    form=Form(form),
                     readable=bool(flags["readable"]),
                     hashed=bool(flags["hashed"]),
                     in_flight=bool(flags["in_flight"]),
@@ -226,7 +243,11 @@ def _read_states(raw: Any, problems: _Problems) -> list[StateDef]:
 
 
 def _read_calls(
-    raw: Any, key: str, vocabulary: dict[str, str], with_tier: frozenset[str], row: str,
+    raw: Any,
+    key: str,
+    vocabulary: dict[str, str],
+    with_tier: frozenset[str],
+    row: str,
     problems: _Problems,
 ) -> tuple[Call, ...]:
     if not isinstance(raw, list):
@@ -244,8 +265,12 @@ def _read_calls(
             continue
         if name in with_tier:
             if arg not in TIER_NAMES:
-                problems.add("rows", row, f"{kind} {name!r} needs a tier argument ({name}:TIER), "
-                             f"one of {list(TIER_NAMES)}; got {item!r}")
+                problems.add(
+                    "rows",
+                    row,
+                    f"{kind} {name!r} needs a tier argument ({name}:TIER), "
+                    f"one of {list(TIER_NAMES)}; got {item!r}",
+                )
                 continue
             calls.append(Call(name, arg))
         elif colon:
@@ -292,19 +317,35 @@ def _read_rows(
             event = _read_enum(
                 fields["event"], Event.from_name, EVENT_NAMES, ("rows", label, "event"), problems
             )
-        guards = _read_calls(body.get("guards", []), "guards", dict(GUARDS), GUARDS_WITH_TIER,
-                             label, problems)
-        effects = _read_calls(body.get("effects", []), "effects", dict(EFFECTS), EFFECTS_WITH_TIER,
-                              label, problems)
+        guards = _read_calls(
+            body.get("guards", []), "guards", dict(GUARDS), GUARDS_WITH_TIER, label, problems
+        )
+        effects = _read_calls(
+            body.get("effects", []), "effects", dict(EFFECTS), EFFECTS_WITH_TIER, label, problems
+        )
         doc = _typed(body.get("doc", ""), str, "rows", label, "doc", problems)
         if event is not None and isinstance(fields.get("source"), str):
             key2 = (fields["source"], event)
             if key2 in seen:
-                problems.add("rows", label, f"duplicate (state, event) ({fields['source']}, "
-                             f"{event.spec_name}): already defined by row {seen[key2]}")
+                problems.add(
+                    "rows",
+                    label,
+                    f"duplicate (state, event) ({fields['source']}, "
+                    f"{event.spec_name}): already defined by row {seen[key2]}",
+                )
             else:
                 seen[key2] = label
         if len(problems.items) == before and event is not None:
-            rows.append(Row(position, fields["source"], event, fields["dest"], guards, effects,
-                            doc or "", row_lines[position - 1] if line else 0))
+            rows.append(
+                Row(
+                    position,
+                    fields["source"],
+                    event,
+                    fields["dest"],
+                    guards,
+                    effects,
+                    doc or "",
+                    row_lines[position - 1] if line else 0,
+                )
+            )
     return rows

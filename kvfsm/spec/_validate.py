@@ -29,23 +29,38 @@ def validate_lifecycle(lifecycle: Lifecycle) -> Iterator[Finding]:
 def _check_states(lifecycle: Lifecycle) -> Iterator[Finding]:
     for state in lifecycle.states:
         if state.residency is not None and state.residency not in state.slots:
-            yield ("states", state.name,
-                   f"residency {state.residency.spec_name!r} holds no slot: add it to 'slots'")
+            yield (
+                "states",
+                state.name,
+                f"residency {state.residency.spec_name!r} holds no slot: add it to 'slots'",
+            )
         if state.residency is None and state.content is not Content.NONE:
             yield ("states", state.name, "has content but residency 'none'")
         if (state.content is Content.NONE) != (state.form is Form.NONE):
             yield ("states", state.name, "form must be 'none' exactly when content is 'none'")
         if state.hashed and state.content is not Content.COMPLETE:
-            yield ("states", state.name, "hashed = true needs content = 'complete': "
-                   "no block is reachable by hash unless its content is complete")
-        if state.readable and (state.residency is not Tier.DEVICE
-                               or state.content is not Content.COMPLETE):
-            yield ("states", state.name,
-                   "readable = true needs residency 'device' and content 'complete'")
+            yield (
+                "states",
+                state.name,
+                "hashed = true needs content = 'complete': "
+                "no block is reachable by hash unless its content is complete",
+            )
+        if state.readable and (
+            state.residency is not Tier.DEVICE or state.content is not Content.COMPLETE
+        ):
+            yield (
+                "states",
+                state.name,
+                "readable = true needs residency 'device' and content 'complete'",
+            )
     initial = lifecycle.state(lifecycle.initial)
     if initial.slots or initial.hashed or initial.content is not Content.NONE:
-        yield ("lifecycle", "initial", f"initial state {initial.name!r} must hold no slot, "
-               "no content and no hash: it is the free state")
+        yield (
+            "lifecycle",
+            "initial",
+            f"initial state {initial.name!r} must hold no slot, "
+            "no content and no hash: it is the free state",
+        )
 
 
 def _reach(start: str, edges: dict[str, set[str]]) -> set[str]:
@@ -87,17 +102,33 @@ def _check_row(src: StateDef, dst: StateDef, row: Row) -> Iterator[Finding]:
     need_return = set(src.slots) - set(dst.slots)
     names = {call.name for call in row.effects}
     for tier in sorted(need_take - taken):
-        yield ("rows", row.label, f"{dst.name!r} holds a {tier.spec_name} slot that "
-               f"{src.name!r} does not: add effect 'take_slot:{tier.spec_name}'")
+        yield (
+            "rows",
+            row.label,
+            f"{dst.name!r} holds a {tier.spec_name} slot that "
+            f"{src.name!r} does not: add effect 'take_slot:{tier.spec_name}'",
+        )
     for tier in sorted(taken - need_take):
-        yield ("rows", row.label, f"effect 'take_slot:{tier.spec_name}' but {dst.name!r} "
-               f"declares no new {tier.spec_name} slot")
+        yield (
+            "rows",
+            row.label,
+            f"effect 'take_slot:{tier.spec_name}' but {dst.name!r} "
+            f"declares no new {tier.spec_name} slot",
+        )
     for tier in sorted(need_return - returned):
-        yield ("rows", row.label, f"{src.name!r} holds a {tier.spec_name} slot that "
-               f"{dst.name!r} does not: add effect 'return_slot:{tier.spec_name}' (else it leaks)")
+        yield (
+            "rows",
+            row.label,
+            f"{src.name!r} holds a {tier.spec_name} slot that "
+            f"{dst.name!r} does not: add effect 'return_slot:{tier.spec_name}' (else it leaks)",
+        )
     for tier in sorted(returned - need_return):
-        yield ("rows", row.label, f"effect 'return_slot:{tier.spec_name}' but {dst.name!r} "
-               f"still declares a {tier.spec_name} slot")
+        yield (
+            "rows",
+            row.label,
+            f"effect 'return_slot:{tier.spec_name}' but {dst.name!r} "
+            f"still declares a {tier.spec_name} slot",
+        )
     if src.hashed and not dst.hashed and "drop_hash" not in names:
         yield ("rows", row.label, "leaves a hashed state for an unhashed one: add 'drop_hash'")
     if not src.hashed and dst.hashed and "publish_hash" not in names:
@@ -108,5 +139,9 @@ def _check_row(src: StateDef, dst: StateDef, row: Row) -> Iterator[Finding]:
         yield ("rows", row.label, f"'drop_hash' but {dst.name!r} is hashed")
     moved = (src.residency, src.content, src.form) != (dst.residency, dst.content, dst.form)
     if moved and "bump_epoch" not in names:
-        yield ("rows", row.label, "content or location changes: add 'bump_epoch' so leases "
-               "taken before this row see the change")
+        yield (
+            "rows",
+            row.label,
+            "content or location changes: add 'bump_epoch' so leases "
+            "taken before this row see the change",
+        )

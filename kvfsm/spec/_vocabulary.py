@@ -101,7 +101,7 @@ EFFECTS: Final = MappingProxyType(
     {
         "take_slot": "take a slot in the named tier (arg: tier)",
         "return_slot": "return the object's slot in the named tier (arg: tier)",
-        "copy_to": "start copying the content from its residency tier to the named tier (arg: tier)",
+        "copy_to": "start copying the content from its residency tier to the named one (arg: tier)",
         "bump_epoch": "advance the object's epoch: its content or location changed",
         "record_checksum": "compute and record the checksum of the content just written",
         "publish_hash": "make the object reachable through the prefix hash map",

@@ -1,0 +1,94 @@
+"""The `kvfsm` command: exit codes and the lines it prints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvfsm.cli import main
+from kvfsm.spec import shipped_specs_dir
+
+FULL_KV = shipped_specs_dir() / "lifecycles" / "full_kv.toml"
+
+
+def test_spec_check_shipped_is_clean(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["spec", "check"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\nok ") + out.startswith("ok ") == 5
+
+
+def test_spec_check_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["spec", "check", str(shipped_specs_dir())]) == 0
+
+
+def test_spec_check_reports_file_table_row_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(FULL_KV.read_text().replace('guards = ["no_pins"]', 'guards = ["no_pin"]', 1))
+    assert main(["spec", "check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}: rows: #6 (line " in err
+    assert "unknown guard 'no_pin'" in err
+
+
+def test_spec_check_reports_checker_violations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "unpinned_evict.toml"
+    bad.write_text(
+        FULL_KV.read_text().replace(
+            'event = "evict"\ndest = "free"\nguards = ["no_pins"]\n',
+            'event = "evict"\ndest = "free"\n',
+        )
+    )
+    assert main(["spec", "check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}: checker: pinned_is_readable:" in err
+    assert "(pinned): evict -> 'free'" in err
+
+
+def test_spec_check_missing_path(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["spec", "check", "no/such/dir"]) == 2
+    assert "no/such/dir: no such file or folder" in capsys.readouterr().err
+
+
+def test_diagram_to_file_and_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "full.mmd"
+    assert main(["diagram", str(FULL_KV), "--format", "mermaid", "-o", str(target)]) == 0
+    assert target.read_text().startswith("---\nfull_kv")
+    assert main(["diagram", "sliding_window"]) == 0
+    assert "stateDiagram-v2" in capsys.readouterr().out
+
+
+def test_diagram_unknown_spec(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diagram", "nope"]) == 2
+    assert "neither a spec file nor a shipped lifecycle" in capsys.readouterr().err
+
+
+def test_bench_fsm_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "fsm", "--json", "--blocks", "20000"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    for key in (
+        "batched_per_s",
+        "scalar_per_s",
+        "transitions_per_s",
+        "ratio_batched_vs_transitions",
+    ):
+        assert figures[key] > 0
+    assert figures["ratio_batched_vs_transitions"] == pytest.approx(
+        figures["batched_per_s"] / figures["transitions_per_s"]
+    )
+
+
+def test_demo_writes_diagrams(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "-o", str(tmp_path)]) == 0
+    assert sorted(p.stem for p in tmp_path.glob("*.mmd")) == [
+        "compressed",
+        "full_kv",
+        "recurrent",
+        "sliding_window",
+        "sparse_index",
+    ]
