@@ -1,0 +1,203 @@
+"""Shared Hypothesis strategies for the kvfsm tests, and the few spec helpers they rely on.
+
+Everything here is derived from the shipped lifecycle specs, so a new spec file is picked up by
+every property test without editing the tests.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+import attrs
+from hypothesis import strategies as st
+
+from kvfsm.fsm import CompiledTable, compile_lifecycle
+from kvfsm.spec import Call, Event, Lifecycle, shipped_lifecycles
+
+#: What a guard oracle is: a deterministic verdict per guard call.
+GuardOracle = Callable[[Call], bool]
+
+
+# -- spec helpers ----------------------------------------------------------------------------
+
+
+@functools.cache
+def shipped() -> Mapping[str, Lifecycle]:
+    """Every shipped lifecycle by name, in name order (loaded once per test session)."""
+    return MappingProxyType(dict(sorted(shipped_lifecycles().items())))
+
+
+@functools.cache
+def table_of(name: str) -> CompiledTable:
+    """The compiled table of the shipped lifecycle called ``name`` (compiled once)."""
+    return compile_lifecycle(shipped()[name])
+
+
+def guard_strings(lifecycle: Lifecycle | None = None) -> tuple[str, ...]:
+    """Every guard call (``has_room:host``) the rows of ``lifecycle`` (default: of every shipped
+    lifecycle) name, sorted."""
+    chosen = shipped().values() if lifecycle is None else (lifecycle,)
+    return tuple(sorted({str(call) for lc in chosen for row in lc.rows for call in row.guards}))
+
+
+@functools.cache
+def shortest_paths(lifecycle: Lifecycle) -> Mapping[str, tuple[Event, ...]]:
+    """For every state reachable from ``initial``, a shortest sequence of events reaching it.
+
+    Found by breadth-first search over the spec rows alone (guards assumed to pass); rows are
+    visited in declaration order, so the paths are deterministic.
+    """
+    paths: dict[str, tuple[Event, ...]] = {lifecycle.initial: ()}
+    queue = deque([lifecycle.initial])
+    while queue:
+        state = queue.popleft()
+        for row in lifecycle.rows:
+            if row.source == state and row.dest not in paths:
+                paths[row.dest] = (*paths[state], row.event)
+                queue.append(row.dest)
+    return MappingProxyType(paths)
+
+
+# -- guard oracles ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class FailingGuards:
+    """A deterministic guard oracle: a guard call says no exactly when its string (``str(call)``,
+    e.g. ``has_room:device``) is in ``failing``."""
+
+    failing: frozenset[str] = frozenset()
+
+    def __call__(self, call: Call) -> bool:
+        return str(call) not in self.failing
+
+
+@attrs.define
+class SettableOracle:
+    """A guard oracle whose failing set a test changes between fires: every guard passes while
+    objects are driven to their start states, then the failing set under test is put in."""
+
+    failing: frozenset[str] = frozenset()
+
+    def __call__(self, call: Call) -> bool:
+        return str(call) not in self.failing
+
+
+# -- strategies ------------------------------------------------------------------------------
+
+
+def lifecycle_names() -> st.SearchStrategy[str]:
+    """The name of any shipped lifecycle."""
+    return st.sampled_from(tuple(shipped()))
+
+
+def lifecycles() -> st.SearchStrategy[Lifecycle]:
+    """Any shipped lifecycle."""
+    return st.sampled_from(tuple(shipped().values()))
+
+
+def events() -> st.SearchStrategy[Event]:
+    """Any event of the vocabulary, used by the lifecycle at hand or not."""
+    return st.sampled_from(Event)
+
+
+def lifecycle_events(lifecycle: Lifecycle | None = None) -> st.SearchStrategy[Event]:
+    """Any event, biased towards those ``lifecycle`` has rows for, so that random sequences
+    move often enough to reach deep states; without a lifecycle, the same as :func:`events`."""
+    if lifecycle is None:
+        return events()
+    return st.one_of(st.sampled_from(lifecycle.events), events())
+
+
+def event_sequences(
+    max_size: int = 40, lifecycle: Lifecycle | None = None
+) -> st.SearchStrategy[list[Event]]:
+    """Lists of events (see :func:`lifecycle_events` for the bias a lifecycle gives)."""
+    return st.lists(lifecycle_events(lifecycle), max_size=max_size)
+
+
+def failing_sets(lifecycle: Lifecycle | None = None) -> st.SearchStrategy[frozenset[str]]:
+    """Sets of guard-call strings that say no, drawn from the guards the rows name."""
+    return st.frozensets(st.sampled_from(guard_strings(lifecycle)))
+
+
+def guard_oracles(lifecycle: Lifecycle | None = None) -> st.SearchStrategy[FailingGuards]:
+    """Deterministic guard oracles ``Call -> bool``: a drawn set of guard calls fails."""
+    return st.builds(FailingGuards, failing_sets(lifecycle))
+
+
+@attrs.frozen
+class Walk:
+    """Events fired in turn from the initial state; before each, ``failing`` is put in the
+    guard oracle (so a guard may pass at one step and fail at another)."""
+
+    lifecycle_name: str
+    steps: tuple[tuple[Event, frozenset[str]], ...]
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        return shipped()[self.lifecycle_name]
+
+
+@st.composite
+def walks(draw: st.DrawFn, max_size: int = 40, fixed_oracle: bool = False) -> Walk:
+    """A lifecycle and a random walk over it. With ``fixed_oracle`` one drawn failing set holds
+    for the whole walk; otherwise each step draws its own, mostly empty."""
+    name = draw(lifecycle_names())
+    lifecycle = shipped()[name]
+    sequence = draw(event_sequences(max_size, lifecycle))
+    if fixed_oracle:
+        failing = draw(failing_sets(lifecycle))
+        steps = tuple((event, failing) for event in sequence)
+    else:
+        none: frozenset[str] = frozenset()
+        per_step = st.one_of(st.just(none), failing_sets(lifecycle))
+        steps = tuple((event, draw(per_step)) for event in sequence)
+    return Walk(name, steps)
+
+
+def id_lists(capacity: int) -> st.SearchStrategy[list[int]]:
+    """Distinct object ids below ``capacity``, in any order (sorted or not)."""
+    if capacity == 0:
+        return st.just([])
+    return st.lists(st.integers(0, capacity - 1), unique=True, max_size=capacity)
+
+
+@attrs.frozen
+class BatchScenario:
+    """One batched fire to judge: object ``i`` is first driven to ``starts[i]`` with every guard
+    passing, then ``event`` is fired on ``ids`` with the guards ``oracle`` decides."""
+
+    lifecycle_name: str
+    starts: tuple[str, ...]
+    event: Event
+    ids: tuple[int, ...]
+    oracle: FailingGuards
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        return shipped()[self.lifecycle_name]
+
+    @property
+    def capacity(self) -> int:
+        return len(self.starts)
+
+
+@st.composite
+def batch_scenarios(draw: st.DrawFn, max_capacity: int = 12) -> BatchScenario:
+    """A lifecycle, a start state per object (any reachable state), an event, a batch of
+    distinct ids in random order and a guard oracle."""
+    name = draw(lifecycle_names())
+    lifecycle = shipped()[name]
+    capacity = draw(st.integers(1, max_capacity))
+    # A few distinct start states, so that batches are often in one state and often mixed.
+    reachable = sorted(shortest_paths(lifecycle))
+    used = draw(st.lists(st.sampled_from(reachable), min_size=1, max_size=3, unique=True))
+    starts = draw(st.lists(st.sampled_from(used), min_size=capacity, max_size=capacity))
+    event = draw(lifecycle_events(lifecycle))
+    ids = draw(id_lists(capacity))
+    oracle = draw(guard_oracles(lifecycle))
+    return BatchScenario(name, tuple(starts), event, tuple(ids), oracle)
