@@ -35,9 +35,8 @@ class SpecError(KvfsmError):
 class TransitionError(KvfsmError):
     """A fire was refused; no state and no memory changed.
 
-    ``ids`` are the offending object ids, ``states`` the state names of (at most the first 64 of)
-    them at the time, ``event`` the event name and ``why`` the cause (no such row, or the named
-    guard that said no).
+    ``ids`` are the offending object ids, ``states`` their state names at the time, ``event`` the
+    event name and ``why`` the cause (no such row, or the named guard that said no).
     """
 
     def __init__(

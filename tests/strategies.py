@@ -20,6 +20,9 @@ from kvfsm.spec import Call, Event, Lifecycle, shipped_lifecycles
 #: What a guard oracle is: a deterministic verdict per guard call.
 GuardOracle = Callable[[Call], bool]
 
+#: The failing set under which every guard passes.
+NO_FAILURES: frozenset[str] = frozenset()
+
 
 # -- spec helpers ----------------------------------------------------------------------------
 
@@ -142,28 +145,49 @@ class Walk:
         return shipped()[self.lifecycle_name]
 
 
+def legal_events(lifecycle: Lifecycle, state: str) -> tuple[Event, ...]:
+    """The events the spec has a row for in ``state``, in row order."""
+    return tuple(row.event for row in lifecycle.rows if row.source == state)
+
+
 @st.composite
 def walks(draw: st.DrawFn, max_size: int = 40, fixed_oracle: bool = False) -> Walk:
-    """A lifecycle and a random walk over it. With ``fixed_oracle`` one drawn failing set holds
-    for the whole walk; otherwise each step draws its own, mostly empty."""
+    """A lifecycle and a random walk over it from the initial state.
+
+    Each step's event is mostly one the spec has a row for in the state the spec says the walk
+    is in by then (so walks reach deep states), otherwise any event. With ``fixed_oracle`` one
+    drawn failing set holds for the whole walk; otherwise each step either fails no guard or
+    draws its own failing set.
+    """
     name = draw(lifecycle_names())
     lifecycle = shipped()[name]
-    sequence = draw(event_sequences(max_size, lifecycle))
-    if fixed_oracle:
-        failing = draw(failing_sets(lifecycle))
-        steps = tuple((event, failing) for event in sequence)
-    else:
-        none: frozenset[str] = frozenset()
-        per_step = st.one_of(st.just(none), failing_sets(lifecycle))
-        steps = tuple((event, draw(per_step)) for event in sequence)
-    return Walk(name, steps)
+    fixed = draw(failing_sets(lifecycle)) if fixed_oracle else NO_FAILURES
+    state = lifecycle.initial
+    steps: list[tuple[Event, frozenset[str]]] = []
+    for _ in range(draw(st.integers(0, max_size))):
+        legal = legal_events(lifecycle, state)
+        # Three times in four (when there is one), an event with a row in the current state.
+        if legal and draw(st.integers(0, 3)) > 0:
+            event = draw(st.sampled_from(legal))
+        else:
+            event = draw(events())
+        failing = fixed
+        if not fixed_oracle and draw(st.booleans()):
+            failing = draw(failing_sets(lifecycle))
+        steps.append((event, failing))
+        for row in lifecycle.rows:
+            if (row.source, row.event) == (state, event):
+                if not any(str(call) in failing for call in row.guards):
+                    state = row.dest
+                break
+    return Walk(name, tuple(steps))
 
 
-def id_lists(capacity: int) -> st.SearchStrategy[list[int]]:
-    """Distinct object ids below ``capacity``, in any order (sorted or not)."""
-    if capacity == 0:
-        return st.just([])
-    return st.lists(st.integers(0, capacity - 1), unique=True, max_size=capacity)
+@st.composite
+def id_lists(draw: st.DrawFn, capacity: int) -> list[int]:
+    """Distinct object ids below ``capacity``, each in with even odds, in any order."""
+    chosen = [obj for obj in range(capacity) if draw(st.booleans())]
+    return draw(st.permutations(chosen))
 
 
 @attrs.frozen

@@ -47,7 +47,10 @@ def _event_id(event: Event | str | int) -> Event:
             return Event.from_name(event)
         except KeyError:
             raise KvfsmError(f"unknown event {event!r}") from None
-    return Event(event)
+    try:
+        return Event(event)
+    except ValueError:
+        raise KvfsmError(f"unknown event id {event!r}") from None
 
 
 class Machine:
@@ -92,6 +95,7 @@ class Machine:
         # Scratch for the duplicate-id check: O(batch) instead of a sort.
         self._scratch = np.zeros(capacity, dtype=np.intp)
         self._arange = np.arange(capacity, dtype=np.intp)
+        self._state_names = np.array(table.lifecycle.state_names, dtype=object)
 
     @staticmethod
     def _bind(
@@ -207,7 +211,7 @@ class Machine:
         counts = np.bincount(rows[ok].astype(np.intp), minlength=len(self._row_guards))
         by_row = {
             int(r): np.flatnonzero((rows == r) & ok).astype(np.intp)
-            for r in np.flatnonzero(counts)
+            for r in np.flatnonzero(counts).tolist()
             if self._row_has_work[r]
         }
         if by_row:
@@ -247,7 +251,8 @@ class Machine:
         return ok
 
     def _names(self, state_ids: NDArray[np.uint8]) -> list[str]:
-        return [self.table.state_name(int(s)) for s in state_ids[:64]]
+        names: list[str] = self._state_names[state_ids].tolist()
+        return names
 
     def _check_ids(self, ids: ArrayLike) -> IdArray:
         batch = np.asarray(ids)
@@ -265,6 +270,9 @@ class Machine:
                 f"{self.table.name}: object ids must lie in [0, {self.capacity}), "
                 f"got min {low} max {high}"
             )
+        if batch.size > self.capacity:
+            raise KvfsmError(f"{self.table.name}: {batch.size} ids for {self.capacity} objects: "
+                             "ids appear more than once in one batch")
         if batch.size > 1 and not (batch[1:] > batch[:-1]).all():
             # Not strictly increasing: look for repeats. With duplicates the last scatter wins,
             # so an earlier occurrence reads back another position. O(batch), no sort.
@@ -295,7 +303,7 @@ class Machine:
             for call, _ in self._row_guards[row_index]:
                 by_call.setdefault(call, []).append(positions)
         copied = False
-        for call in sorted(by_call, key=str):
+        for call in by_call:  # declared order, rows in table order, as scalar fire asks them
             parts = by_call[call]
             positions = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
             if copied:
