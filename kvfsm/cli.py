@@ -5,13 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
 from kvfsm import __version__
 from kvfsm._errors import KvfsmError, SpecError
 from kvfsm.fsm import FORMATS, Bounds, check_lifecycle, compile_lifecycle, diagram
-from kvfsm.spec import Lifecycle, load_lifecycle, shipped_lifecycles, shipped_specs_dir, spec_files
+from kvfsm.spec import (
+    Lifecycle,
+    load_lifecycle,
+    load_model,
+    shipped_lifecycles,
+    shipped_specs_dir,
+    spec_files,
+)
 
 
 def _resolve_lifecycle(spec: str) -> Lifecycle:
@@ -24,20 +32,37 @@ def _resolve_lifecycle(spec: str) -> Lifecycle:
     raise KvfsmError(f"{spec}: neither a spec file nor a shipped lifecycle ({sorted(shipped)})")
 
 
+def _is_model(path: Path) -> bool:
+    """A model declaration has a top-level ``[model]`` table. Anything else, including a file that
+    cannot be read or parsed, goes to the lifecycle loader, which reports why."""
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(doc.get("model"), dict)
+
+
 def _spec_check(paths: Sequence[str], objects: int, out: list[str]) -> bool:
-    """Validate and exhaustively check each spec; append report lines; True when all clean."""
-    files = spec_files(paths or [shipped_specs_dir() / "lifecycles"])
+    """Validate and exhaustively check each lifecycle spec, validate each model declaration;
+    append report lines; True when all clean."""
+    files = spec_files(paths or [shipped_specs_dir()])
     if not files:
         out.append("no spec files found")
         return False
+    models = [path for path in files if _is_model(path)]
+    # A model may follow a shipped lifecycle or one of the lifecycles checked in this run.
+    known = set(shipped_lifecycles()) if models else set()
     clean = True
     for path in files:
+        if path in models:
+            continue
         try:
             lifecycle = load_lifecycle(path)
         except SpecError as err:
             clean = False
             out.extend(str(problem) for problem in err.problems)
             continue
+        known.add(lifecycle.name)
         result = check_lifecycle(compile_lifecycle(lifecycle), Bounds(objects=objects))
         if result.ok:
             out.append(
@@ -50,6 +75,18 @@ def _spec_check(paths: Sequence[str], objects: int, out: list[str]) -> bool:
             lines = str(violation).splitlines()
             out.append(f"{path}: checker: {violation.invariant}: {lines[0]}")
             out.extend(f"    {line}" for line in lines[1:])
+    for path in models:
+        try:
+            model = load_model(path, known)
+        except SpecError as err:
+            clean = False
+            out.extend(str(problem) for problem in err.problems)
+            continue
+        groups = ", ".join(f"{g.name} ({g.kind.value})" for g in model.groups)
+        out.append(
+            f"ok {path}: model {model.name}: {len(model.groups)} group(s): {groups}; "
+            f"LCM block size {model.lcm_block_size}"
+        )
     return clean
 
 

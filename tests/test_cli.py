@@ -16,7 +16,7 @@ FULL_KV = shipped_specs_dir() / "lifecycles" / "full_kv.toml"
 def test_spec_check_shipped_is_clean(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["spec", "check"]) == 0
     out = capsys.readouterr().out
-    assert out.count("\nok ") + out.startswith("ok ") == 5
+    assert out.count("\nok ") + out.startswith("ok ") == 9
 
 
 def test_spec_check_folder(capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,6 +48,23 @@ def test_spec_check_reports_checker_violations(
     err = capsys.readouterr().err
     assert f"{bad}: checker: pinned_is_readable:" in err
     assert "(pinned): evict -> 'free'" in err
+
+
+def test_spec_check_model_declarations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dense = shipped_specs_dir() / "models" / "dense.toml"
+    assert main(["spec", "check", str(dense)]) == 0
+    assert capsys.readouterr().out.startswith(f"ok {dense}: model dense: 1 group(s): attn (full)")
+    bad = tmp_path / "bad_model.toml"
+    bad.write_text(dense.read_text().replace("alignment = 256", "alignment = 48"))
+    assert main(["spec", "check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}: groups: #1 (attn): 'layout.alignment' must be a power of two, got 48" in err
+    # A model may follow a lifecycle checked in the same run, not only a shipped one.
+    (tmp_path / "mine.toml").write_text(FULL_KV.read_text().replace('"full_kv"', '"mine"', 1))
+    bad.write_text(dense.read_text().replace('lifecycle = "full_kv"', 'lifecycle = "mine"'))
+    assert main(["spec", "check", str(tmp_path)]) == 0
 
 
 def test_spec_check_missing_path(capsys: pytest.CaptureFixture[str]) -> None:

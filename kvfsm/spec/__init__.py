@@ -2,6 +2,8 @@
 
 from kvfsm.spec._loader import load_lifecycle, parse_lifecycle
 from kvfsm.spec._model import Call, Lifecycle, Row, StateDef
+from kvfsm.spec._models import GroupDecl, GroupKind, Layout, ModelDecl
+from kvfsm.spec._models_loader import load_model, parse_model, shipped_models
 from kvfsm.spec._shipped import shipped_lifecycles, shipped_specs_dir, spec_files
 from kvfsm.spec._vocabulary import (
     EFFECTS,
@@ -19,13 +21,20 @@ __all__ = [
     "Content",
     "Event",
     "Form",
+    "GroupDecl",
+    "GroupKind",
+    "Layout",
     "Lifecycle",
+    "ModelDecl",
     "Row",
     "StateDef",
     "Tier",
     "load_lifecycle",
+    "load_model",
     "parse_lifecycle",
+    "parse_model",
     "shipped_lifecycles",
+    "shipped_models",
     "shipped_specs_dir",
     "spec_files",
 ]
