@@ -111,14 +111,15 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from kvfsm.bench import bench_fsm
+    from kvfsm.bench import bench_fsm, bench_state
 
-    figures = bench_fsm(blocks=args.blocks)
+    run = {"fsm": bench_fsm, "state": bench_state}[args.what]
+    figures = run(blocks=args.blocks)
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
         for key, value in figures.items():
-            shown = f"{value:,.1f}" if isinstance(value, float) else str(value)
+            shown = f"{value:,.3f}" if isinstance(value, float) else str(value)
             print(f"{key:32s} {shown}")
     return 0
 
@@ -158,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     draw.set_defaults(run=_cmd_diagram)
 
     bench = commands.add_parser("bench", help="measure")
-    bench.add_argument("what", choices=["fsm"])
+    bench.add_argument("what", choices=["fsm", "state"],
+                       help="fsm: the lifecycle tables alone; state: the state core's bytes per "
+                       "block and its allocate-write-free throughput")
     bench.add_argument("--json", action="store_true", help="print JSON")
     bench.add_argument("--blocks", type=int, default=1_000_000, help="objects per batch")
     bench.set_defaults(run=_cmd_bench)

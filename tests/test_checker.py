@@ -52,8 +52,8 @@ def test_evict_without_no_pins_is_caught_with_the_shortest_trace() -> None:
 def test_allocation_without_room_guard_overflows_the_device_tier() -> None:
     broken = _without(
         FULL_KV,
-        'guards = ["has_room:device"]\neffects = ["take_slot:device"]',
-        'effects = ["take_slot:device"]',
+        'guards = ["has_room:device"]\neffects = ["take_slot:device", "clear_sub_blocks"]',
+        'effects = ["take_slot:device", "clear_sub_blocks"]',
     )
     table = compile_lifecycle(parse_lifecycle(broken))
     result = check_lifecycle(table, Bounds(objects=3))
@@ -66,8 +66,8 @@ def test_no_violation_when_the_pool_cannot_overflow() -> None:
     """Same broken spec, but the pool is too small to overflow: nothing to report."""
     broken = _without(
         FULL_KV,
-        'guards = ["has_room:device"]\neffects = ["take_slot:device"]',
-        'effects = ["take_slot:device"]',
+        'guards = ["has_room:device"]\neffects = ["take_slot:device", "clear_sub_blocks"]',
+        'effects = ["take_slot:device", "clear_sub_blocks"]',
     )
     table = compile_lifecycle(parse_lifecycle(broken))
     assert check_lifecycle(table, Bounds(objects=2)).ok

@@ -76,7 +76,7 @@ source = "device"
 event = "evict"
 dest = "free"
 guards = ["no_pins"]
-effects = ["drop_hash", "bump_epoch", "return_slot:device"]
+effects = ["drop_hash", "bump_epoch", "invalidate_dependents", "return_slot:device"]
 
 [[rows]]
 source = "allocated"
@@ -103,7 +103,9 @@ ROW2_SOURCE = 'source = "allocated"\nevent = "write_begin"\n'
 ROW2_TAIL = 'dest = "writing"\neffects = ["bump_epoch"]\n'
 ROW3_EFFECTS = 'effects = ["bump_epoch", "publish_hash"]\n'
 ROW5_GUARDS = 'guards = ["no_pins"]\n'
-ROW5_EFFECTS = 'effects = ["drop_hash", "bump_epoch", "return_slot:device"]\n'
+ROW5_EFFECTS = (
+    'effects = ["drop_hash", "bump_epoch", "invalidate_dependents", "return_slot:device"]\n'
+)
 ROW5 = (
     '[[rows]]\nsource = "device"\nevent = "evict"\ndest = "free"\n' + ROW5_GUARDS + ROW5_EFFECTS
 )
@@ -159,6 +161,7 @@ def test_valid_spec_parses() -> None:
     assert [str(e) for e in lifecycle.rows[4].effects] == [
         "drop_hash",
         "bump_epoch",
+        "invalidate_dependents",
         "return_slot:device",
     ]
     assert lifecycle.rows[3].doc.startswith("The partial content")
@@ -421,8 +424,14 @@ MALFORMED: list[tuple[str, str, str, str, str]] = [
     ),
     (
         "drop-hash-missing",
-        edit(ROW5_EFFECTS, 'effects = ["bump_epoch", "return_slot:device"]\n'),
+        edit(ROW5_EFFECTS,
+             'effects = ["bump_epoch", "invalidate_dependents", "return_slot:device"]\n'),
         "rows", "#5", "leaves a hashed state for an unhashed one: add 'drop_hash'",
+    ),
+    (
+        "invalidate-dependents-missing",
+        edit(ROW5_EFFECTS, 'effects = ["drop_hash", "bump_epoch", "return_slot:device"]\n'),
+        "rows", "#5", "bumps the epoch of hashed content: add 'invalidate_dependents'",
     ),
     (
         "bump-epoch-missing",

@@ -1,5 +1,6 @@
 """Benchmarks behind ``kvfsm bench``; each reports figures measured in one run."""
 
 from kvfsm.bench._fsm import bench_fsm
+from kvfsm.bench._state import bench_state
 
-__all__ = ["bench_fsm"]
+__all__ = ["bench_fsm", "bench_state"]

@@ -137,6 +137,9 @@ def _check_row(src: StateDef, dst: StateDef, row: Row) -> Iterator[Finding]:
         yield ("rows", row.label, f"'publish_hash' but {dst.name!r} is not hashed")
     if "drop_hash" in names and dst.hashed:
         yield ("rows", row.label, f"'drop_hash' but {dst.name!r} is hashed")
+    if src.hashed and "bump_epoch" in names and "invalidate_dependents" not in names:
+        yield ("rows", row.label, "bumps the epoch of hashed content: add 'invalidate_dependents' "
+               "so no readable index keeps pointing at the old epoch")
     moved = (src.residency, src.content, src.form) != (dst.residency, dst.content, dst.form)
     if moved and "bump_epoch" not in names:
         yield (

@@ -87,7 +87,7 @@ GUARDS: Final = MappingProxyType(
         "has_room": "the named tier has a free slot for every object in the batch (arg: tier)",
         "no_pins": "no reader holds a pin on the object",
         "admission_open": "the restore admission gate has budget for this object",
-        "all_sub_blocks_present": "every sub-block of a compressed block has been written",
+        "all_sub_blocks_present": "every sub-block has been written (an unsplit block is one)",
         "checksum_ok": "the content read back matches the checksum recorded when it was written",
         "targets_current": "every block a sparse index points at is still at the indexed epoch",
     }
@@ -107,7 +107,7 @@ EFFECTS: Final = MappingProxyType(
         "publish_hash": "make the object reachable through the prefix hash map",
         "drop_hash": "remove the object from the prefix hash map",
         "invalidate_dependents": "invalidate every index block that points at this object",
-        "clear_sub_blocks": "forget which sub-blocks have been written",
+        "clear_sub_blocks": "forget what was written: sub-block bitmap, index references",
     }
 )
 

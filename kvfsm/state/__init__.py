@@ -1,0 +1,22 @@
+"""The logical line: per-group metadata arrays, prefix identity, and the core that owns them."""
+
+from kvfsm.state._core import CoreConfig, InvariantViolation, StateCore, StateError
+from kvfsm.state._group import NO_TARGET, GroupState
+from kvfsm.state._hashing import PrefixHashes, hash_seed, join_words, split_digest
+from kvfsm.state._invariants import CORE_INVARIANTS, CoreInvariant, core_problems
+
+__all__ = [
+    "CORE_INVARIANTS",
+    "NO_TARGET",
+    "CoreConfig",
+    "CoreInvariant",
+    "GroupState",
+    "InvariantViolation",
+    "PrefixHashes",
+    "StateCore",
+    "StateError",
+    "core_problems",
+    "hash_seed",
+    "join_words",
+    "split_digest",
+]

@@ -1,0 +1,313 @@
+"""The state core: every group of a model, its pools, and the operations an engine calls.
+
+It is the only writer of the logical line. Lifecycle states move only through the groups'
+machines (``fire``); the other methods write data (content, identity, index references, pins,
+recency) and check first that the lifecycle state allows it, so a refused call changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+import attrs
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from kvfsm._errors import KvfsmError
+from kvfsm.fsm import compile_lifecycle
+from kvfsm.memory import Backend, NumpyBackend, SlotPool, select_backend
+from kvfsm.spec import (
+    Content,
+    Event,
+    Form,
+    GroupKind,
+    Lifecycle,
+    ModelDecl,
+    Tier,
+    shipped_lifecycles,
+)
+from kvfsm.state._group import NO_TARGET, GroupState, IdArray
+from kvfsm.state._hashing import hash_seed, join_words
+
+
+class StateError(KvfsmError):
+    """An operation is not allowed in the current state of some blocks; nothing changed."""
+
+
+@attrs.frozen
+class CoreConfig:
+    """Pool sizes and limits. ``per_group`` overrides slots per tier for named groups."""
+
+    device_blocks: int = 256
+    host_blocks: int = 0
+    per_group: Mapping[str, Mapping[str, int]] = attrs.field(factory=dict)
+    max_restores_in_flight: int = 64
+    cache_salt: str = ""
+    backend: str = "auto"
+
+    def slots(self, group: str) -> dict[Tier, int]:
+        sizes = {Tier.DEVICE: self.device_blocks, Tier.HOST: self.host_blocks}
+        for tier_name, count in self.per_group.get(group, {}).items():
+            sizes[Tier[tier_name.upper()]] = int(count)
+        return {tier: count for tier, count in sizes.items() if count > 0}
+
+
+class StateCore:
+    """Logical and physical line of every cache group of ``model``."""
+
+    def __init__(
+        self,
+        model: ModelDecl,
+        config: CoreConfig | None = None,
+        *,
+        lifecycles: Mapping[str, Lifecycle] | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        self.model = model
+        self.config = config or CoreConfig()
+        self.backend = backend or select_backend(self.config.backend)
+        host_backend = NumpyBackend()
+        known = lifecycles if lifecycles is not None else shipped_lifecycles()
+        self.seed = hash_seed(model.name, model.layout_version, self.config.cache_salt)
+        self._tick = 0
+        groups: dict[str, GroupState] = {}
+        for decl in model.groups:
+            table = compile_lifecycle(known[decl.lifecycle])
+            pools = {}
+            for tier, count in self.config.slots(decl.name).items():
+                if tier not in table.lifecycle.tiers:
+                    continue  # the lifecycle never puts this kind there
+                on_device = tier is Tier.DEVICE
+                pools[tier] = SlotPool(
+                    tier, count, decl.payload_bytes,
+                    backend=self.backend if on_device else host_backend,
+                    alignment=decl.layout.alignment,
+                    pinned=not on_device and self.backend.is_gpu,
+                )
+            if Tier.DEVICE not in pools:
+                raise KvfsmError(f"group {decl.name!r}: needs at least one device slot")
+            groups[decl.name] = GroupState(
+                decl, table, pools,
+                max_restores_in_flight=self.config.max_restores_in_flight,
+                dependents=self._dependents_of(decl.name),
+            )
+        for state in groups.values():
+            if state.decl.kind is GroupKind.SPARSE_INDEX and state.decl.target_group:
+                state.target = groups[state.decl.target_group]
+        self.groups: Mapping[str, GroupState] = MappingProxyType(groups)
+
+    # -- lookup helpers --------------------------------------------------------------------
+
+    def group(self, name: str) -> GroupState:
+        try:
+            return self.groups[name]
+        except KeyError:
+            raise KvfsmError(f"{self.model.name}: no group {name!r}; "
+                             f"groups: {sorted(self.groups)}") from None
+
+    def _ids(self, group: GroupState, ids: ArrayLike) -> IdArray:
+        batch = np.asarray(ids, dtype=np.intp).ravel()
+        if batch.size and (batch.min() < 0 or batch.max() >= group.n_blocks):
+            raise KvfsmError(f"{group.name}: block ids must lie in [0, {group.n_blocks})")
+        if np.unique(batch).size != batch.size:
+            raise KvfsmError(f"{group.name}: block ids repeat in one call")
+        return batch
+
+    def _require(self, group: GroupState, ids: IdArray, allowed: NDArray[np.bool_],
+                 what: str) -> None:
+        bad = ~allowed[group.states[ids]]
+        if bad.any():
+            names = [group.table.state_name(int(s)) for s in group.states[ids[bad]][:8]]
+            raise StateError(f"{group.name}: cannot {what} blocks {ids[bad][:8].tolist()} "
+                             f"in states {names}")
+
+    def lookup_hash(self, group: str, keys: list[int]) -> NDArray[np.intp]:
+        """Block id per 128-bit key, -1 where the key is not in the map."""
+        mapping = self.group(group).hash_map
+        return np.array([mapping.get(key, -1) for key in keys], dtype=np.intp)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def allocate(
+        self, group: str, positions: ArrayLike, hash_high: ArrayLike, hash_low: ArrayLike
+    ) -> IdArray:
+        """Allocate one block per position (all or nothing) with its identity; returns ids."""
+        state = self.group(group)
+        pos = np.asarray(positions, dtype=np.int32).ravel()
+        high = np.asarray(hash_high, dtype=np.uint64).ravel()
+        low = np.asarray(hash_low, dtype=np.uint64).ravel()
+        if not pos.size == high.size == low.size:
+            raise KvfsmError(f"{group}: positions and hashes differ in length")
+        ids = state.pop_free_ids(pos.size)
+        if ids.size < pos.size:
+            raise StateError(f"{group}: {pos.size} blocks asked, {ids.size} logical ids free")
+        moved = state.machine.fire_batch(ids, Event.ALLOCATE)
+        state.note_allocated(ids, moved)
+        state.position[ids], state.hash_high[ids], state.hash_low[ids] = pos, high, low
+        self.touch(group, ids)
+        return ids
+
+    def fire(self, group: str, ids: ArrayLike, event: Event | str, *,
+             masked: bool = False) -> NDArray[np.bool_]:
+        """Fire ``event`` on blocks of ``group`` (use :meth:`allocate` to allocate)."""
+        state = self.group(group)
+        ev = Event.from_name(event) if isinstance(event, str) else Event(event)
+        if ev is Event.ALLOCATE:
+            raise KvfsmError("use StateCore.allocate: it also records the block's identity")
+        batch = self._ids(state, ids)
+        moved = state.machine.fire_batch(batch, ev, masked=masked)
+        state.note_entered_free(batch[moved])
+        return moved
+
+    def _dependents_of(self, group: str) -> Callable[[IdArray], None]:
+        def invalidate(ids: IdArray) -> None:
+            self._invalidate_dependents(group, ids)
+
+        return invalidate
+
+    def _invalidate_dependents(self, group: str, ids: IdArray) -> None:
+        """Invalidate every index block that points at one of ``ids`` (an effect)."""
+        for state in self.groups.values():
+            if state.target is None or state.target.name != group or not ids.size:
+                continue
+            points = np.isin(state.refs_target, ids).any(axis=1)
+            candidates = np.flatnonzero(points & state.event_row(Event.INVALIDATE)[state.states])
+            if candidates.size:
+                moved = state.machine.fire_batch(candidates, Event.INVALIDATE, masked=True)
+                state.note_entered_free(candidates[moved])
+
+    # -- data ------------------------------------------------------------------------------
+
+    def write(self, group: str, ids: ArrayLike, payload: ArrayLike, *,
+              sub_block: int | None = None) -> None:
+        """Write content into blocks being written (state with partial content on device).
+
+        With ``sub_block`` (compressed groups), ``payload`` is that sub-block's bytes only.
+        """
+        state = self.group(group)
+        batch = self._ids(state, ids)
+        writing = np.array([s.content is Content.PARTIAL and s.residency is Tier.DEVICE
+                            for s in state.table.lifecycle.states])
+        self._require(state, batch, writing, "write")
+        pool = state.pools[Tier.DEVICE]
+        slots = state.slot[Tier.DEVICE][batch]
+        data = np.asarray(payload, dtype=np.uint8)
+        if sub_block is None:
+            pool.write(slots, data.reshape(batch.size, -1))
+            state.sub_blocks[batch] = state.full_sub_mask
+            return
+        parts = state.decl.sub_blocks or 0
+        if not 0 <= sub_block < parts:
+            raise KvfsmError(f"{group}: sub_block {sub_block} outside [0, {parts})")
+        width = -(-state.decl.payload_bytes // parts)
+        start, stop = sub_block * width, min((sub_block + 1) * width, state.decl.payload_bytes)
+        rows = pool.read(slots)
+        rows[:, start:stop] = data.reshape(batch.size, stop - start)
+        pool.write(slots, rows)
+        state.sub_blocks[batch] |= np.uint16(1 << sub_block)
+
+    def read(self, group: str, ids: ArrayLike, *, form: Form | None = None) -> NDArray[np.uint8]:
+        """The bytes of readable blocks; ``form`` asserts how the caller will interpret them."""
+        state = self.group(group)
+        batch = self._ids(state, ids)
+        self._require(state, batch, state.table.readable, "read")
+        if form is not None:
+            forms = np.array([s.form is form for s in state.table.lifecycle.states])
+            self._require(state, batch, forms, f"read as {form.value}")
+        return state.pools[Tier.DEVICE].read(state.slot[Tier.DEVICE][batch])
+
+    def set_index_refs(self, group: str, ids: ArrayLike, targets: ArrayLike) -> None:
+        """Record the target blocks of index blocks being written, at the targets' epochs."""
+        state = self.group(group)
+        batch = self._ids(state, ids)
+        if state.target is None:
+            raise KvfsmError(f"{group}: not a sparse-index group")
+        writing = np.array([s.content is Content.PARTIAL for s in state.table.lifecycle.states])
+        self._require(state, batch, writing, "set index references of")
+        refs = np.asarray(targets, dtype=np.int32).reshape(batch.size, -1)
+        if refs.shape[1] != state.refs_target.shape[1]:
+            raise KvfsmError(f"{group}: {refs.shape[1]} targets per block, top_k is "
+                             f"{state.refs_target.shape[1]}")
+        used = refs != NO_TARGET
+        if ((refs < NO_TARGET) | (refs >= state.target.n_blocks)).any():
+            raise KvfsmError(f"{group}: target ids outside [0, {state.target.n_blocks})")
+        state.refs_target[batch] = refs
+        state.refs_epoch[batch] = np.where(used, state.target.epoch[np.where(used, refs, 0)], 0)
+
+    # -- readers ---------------------------------------------------------------------------
+
+    def pin(self, group: str, ids: ArrayLike) -> None:
+        """A reader holds these (readable) blocks; an index also pins its targets."""
+        state = self.group(group)
+        batch = self._ids(state, ids)
+        self._require(state, batch, state.table.readable, "pin")
+        targets = self._index_targets(state, batch)
+        if state.target is not None and targets.size:
+            self._require(state.target, np.unique(targets), state.target.table.readable,
+                          "pin (as index targets)")
+            np.add.at(state.target.pins, targets, 1)
+        state.pins[batch] += np.uint16(1)
+        self.touch(group, batch)
+
+    def unpin(self, group: str, ids: ArrayLike) -> None:
+        state = self.group(group)
+        batch = self._ids(state, ids)
+        if (state.pins[batch] == 0).any():
+            raise StateError(f"{group}: unpin of unpinned blocks "
+                             f"{batch[state.pins[batch] == 0][:8].tolist()}")
+        targets = self._index_targets(state, batch)
+        if state.target is not None and targets.size:
+            np.subtract.at(state.target.pins, targets, 1)
+        state.pins[batch] -= np.uint16(1)
+
+    @staticmethod
+    def _index_targets(state: GroupState, batch: IdArray) -> IdArray:
+        if state.target is None:
+            return np.zeros(0, dtype=np.intp)
+        refs = state.refs_target[batch].ravel()
+        targets: IdArray = refs[refs != NO_TARGET].astype(np.intp)
+        return targets
+
+    def touch(self, group: str, ids: ArrayLike) -> None:
+        """Mark blocks used now (for the LRU eviction order)."""
+        self._tick += 1
+        self.group(group).last_use[np.asarray(ids, dtype=np.intp)] = self._tick
+
+    def eviction_candidates(self, group: str, count: int) -> IdArray:
+        """Up to ``count`` least recently used device blocks that may be evicted now."""
+        state = self.group(group)
+        evictable = state.event_row(Event.EVICT) & state.table.readable
+        mask = evictable[state.states] & (state.pins == 0)
+        candidates = np.flatnonzero(mask)
+        if candidates.size <= count:
+            return candidates[np.argsort(state.last_use[candidates], kind="stable")]
+        oldest = np.argpartition(state.last_use[candidates], count - 1)[:count]
+        chosen = candidates[oldest]
+        return chosen[np.argsort(state.last_use[chosen], kind="stable")]
+
+    def hash_key(self, group: str, block: int) -> int:
+        state = self.group(group)
+        return join_words(int(state.hash_high[block]), int(state.hash_low[block]))
+
+    # -- invariants ------------------------------------------------------------------------
+
+    def check_invariants(self) -> list[str]:
+        """Every invariant violation, as ``group: invariant: detail`` lines (empty when sound)."""
+        from kvfsm.state._invariants import core_problems
+
+        return core_problems(self)
+
+    def assert_invariants(self) -> None:
+        """Raise :class:`InvariantViolation` listing every violation, if any."""
+        problems = self.check_invariants()
+        if problems:
+            raise InvariantViolation(problems)
+
+
+class InvariantViolation(KvfsmError):
+    """The core broke one of its invariants: a bug in kvfsm or in a spec."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(problems))

@@ -1,0 +1,140 @@
+"""The invariants of the state core, written once.
+
+The four lifecycle-level invariants are the exhaustive checker's own (:data:`BUILTIN_INVARIANTS`,
+evaluated here on the per-state counts of the real core); the rest need per-block detail that
+only the real core has. Tests, the stateful fuzzer and :meth:`StateCore.check_invariants` all
+call :func:`core_problems`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+import numpy as np
+
+from kvfsm.fsm import BUILTIN_INVARIANTS, Bounds, View
+from kvfsm.spec import Content, Tier
+from kvfsm.state._group import GroupState
+from kvfsm.state._hashing import join_words
+
+if TYPE_CHECKING:
+    from kvfsm.state._core import StateCore
+
+
+@attrs.frozen
+class CoreInvariant:
+    name: str
+    doc: str
+    problems: Callable[[GroupState], list[str]]
+
+
+def _view(group: GroupState) -> View:
+    n_states = group.table.n_states
+    pinned = group.pins > 0
+    capacity = {tier: pool.capacity for tier, pool in group.pools.items()}
+    return View(
+        group.table,
+        Bounds(objects=group.n_blocks, capacity=capacity),
+        np.bincount(group.states[~pinned], minlength=n_states),
+        np.bincount(group.states[pinned], minlength=n_states),
+    )
+
+
+def _lifecycle_level(group: GroupState) -> list[str]:
+    view = _view(group)
+    return [f"{inv.name}: {inv.doc}" for inv in BUILTIN_INVARIANTS if not inv.holds(view)]
+
+
+def _slots_owned_once(group: GroupState) -> list[str]:
+    out: list[str] = []
+    ids = np.arange(group.n_blocks)
+    for tier, pool in group.pools.items():
+        out += [f"{tier.spec_name} pool: {p}" for p in pool.problems()]
+        slots = group.slot[tier]
+        held = slots != -1
+        if np.unique(slots[held]).size != int(held.sum()):
+            out.append(f"{tier.spec_name}: a slot is held by two blocks")
+        wrong_owner = pool.owner[slots[held]] != ids[held]
+        if wrong_owner.any():
+            out.append(f"{tier.spec_name}: blocks {ids[held][wrong_owner][:8].tolist()} hold "
+                       "slots the physical line gives to another owner")
+        if pool.used != int(held.sum()):
+            out.append(f"{tier.spec_name}: pool has {pool.used} used slots, blocks hold "
+                       f"{int(held.sum())}")
+    return out
+
+
+def _lines_agree(group: GroupState) -> list[str]:
+    out: list[str] = []
+    for tier in Tier:
+        expected = group.table.holds_slot[group.states, tier]
+        held = group.slot[tier] != -1 if tier in group.slot else np.zeros_like(expected)
+        bad = np.flatnonzero(expected != held)
+        if bad.size:
+            out.append(f"{tier.spec_name}: blocks {bad[:8].tolist()} disagree between lifecycle "
+                       "state and slot held")
+    return out
+
+
+def _hash_map_complete(group: GroupState) -> list[str]:
+    out: list[str] = []
+    complete = np.array([s.hashed and s.content is Content.COMPLETE
+                         for s in group.table.lifecycle.states])
+    for key, block in group.hash_map.items():
+        if not complete[group.states[block]]:
+            out.append(f"block {block} reachable by hash in state "
+                       f"{group.table.state_name(int(group.states[block]))!r}")
+        elif join_words(int(group.hash_high[block]), int(group.hash_low[block])) != key:
+            out.append(f"block {block} is mapped under another block's hash")
+    return out
+
+
+def _index_targets_current(group: GroupState) -> list[str]:
+    if group.target is None:
+        return []
+    live = np.flatnonzero(group.table.readable[group.states])
+    stale = live[~group.targets_current(live)]
+    return [f"readable index blocks {stale[:8].tolist()} point at freed or reused blocks"] \
+        if stale.size else []
+
+
+def _sub_blocks_complete(group: GroupState) -> list[str]:
+    complete = np.array([s.content is Content.COMPLETE for s in group.table.lifecycle.states])
+    bad = np.flatnonzero(complete[group.states] & (group.sub_blocks != group.full_sub_mask))
+    return [f"complete blocks {bad[:8].tolist()} miss sub-blocks"] if bad.size else []
+
+
+def _free_ids_exact(group: GroupState) -> list[str]:
+    stacked = np.sort(group.free_ids[: group.free_top])
+    free = np.flatnonzero(group.states == group.table.initial)
+    return [] if np.array_equal(stacked, free) else ["free-id stack differs from free blocks"]
+
+
+CORE_INVARIANTS: tuple[CoreInvariant, ...] = (
+    CoreInvariant("lifecycle", "the exhaustive checker's invariants hold on the real counts",
+                  _lifecycle_level),
+    CoreInvariant("slot_owned_once", "each slot is free or owned by exactly one block; "
+                  "free + used = capacity per tier", _slots_owned_once),
+    CoreInvariant("lines_agree", "the logical tier/slot of every block matches the physical line",
+                  _lines_agree),
+    CoreInvariant("hash_complete", "no block is reachable by hash unless its content is complete",
+                  _hash_map_complete),
+    CoreInvariant("index_current", "a readable index never points to a freed or reused block",
+                  _index_targets_current),
+    CoreInvariant("sub_blocks_complete", "a complete block has every sub-block written",
+                  _sub_blocks_complete),
+    CoreInvariant("free_ids_exact", "the free-id stack holds exactly the free blocks",
+                  _free_ids_exact),
+)
+
+
+def core_problems(core: StateCore) -> list[str]:
+    """Every invariant violation in ``core``, as ``group: invariant: detail`` lines."""
+    return [
+        f"{name}: {inv.name}: {problem}"
+        for name, group in core.groups.items()
+        for inv in CORE_INVARIANTS
+        for problem in inv.problems(group)
+    ]

@@ -1,0 +1,72 @@
+"""``kvfsm bench state``: the figures exist, are positive, and the metadata stays within budget."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvfsm.bench import bench_state
+from kvfsm.bench._state import PHASES
+from kvfsm.cli import main
+
+BLOCKS = 2000
+
+#: Figures every report carries; each is a positive number.
+POSITIVE = (
+    "metadata_bytes_per_block",
+    "hash_bytes_per_block",
+    "physical_bytes_per_slot",
+    "hash_map_bytes_per_block",
+    "payload_bytes",
+    "alloc_write_free_per_s",
+    "cycle_ms",
+    *(f"{phase}_ms" for phase in PHASES),
+)
+
+
+@pytest.fixture(scope="module")
+def figures() -> dict[str, float | int | str]:
+    return bench_state(blocks=BLOCKS, repeat=1)
+
+
+def test_figures_exist_and_are_positive(figures: dict[str, float | int | str]) -> None:
+    for key in POSITIVE:
+        value = figures[key]
+        assert isinstance(value, int | float) and value > 0, (key, value)
+    assert figures["blocks"] == BLOCKS
+    assert isinstance(figures["note"], str) and figures["note"]
+
+
+def test_metadata_within_budget(figures: dict[str, float | int | str]) -> None:
+    assert float(figures["metadata_bytes_per_block"]) <= 32, figures["metadata_layout"]
+    # 128-bit identities, reported apart from the metadata.
+    assert figures["hash_bytes_per_block"] == 16
+
+
+def test_phases_add_up_to_the_cycle(figures: dict[str, float | int | str]) -> None:
+    # Medians of one run each: with repeat=1 the phases are exactly the cycle's parts.
+    parts = sum(float(figures[f"{phase}_ms"]) for phase in PHASES)
+    assert parts == pytest.approx(float(figures["cycle_ms"]))
+    assert 0 <= float(figures["hash_map_share"]) <= 1
+
+
+def test_refuses_empty_runs() -> None:
+    from kvfsm import KvfsmError
+
+    with pytest.raises(KvfsmError, match="blocks and repeat"):
+        bench_state(blocks=0)
+
+
+def test_cli_bench_state_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "state", "--json", "--blocks", str(BLOCKS)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for key in POSITIVE:
+        assert report[key] > 0, key
+    assert report["metadata_bytes_per_block"] <= 32
+    assert report["blocks"] == BLOCKS
+
+
+def test_cli_bench_fsm_still_works(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "fsm", "--blocks", "2000"]) == 0
+    assert "batched_per_s" in capsys.readouterr().out
