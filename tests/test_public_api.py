@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import kvfsm
 import kvfsm.fsm
+import kvfsm.memory
 import kvfsm.spec
+import kvfsm.state
 
 EXPECTED = {
     "BindingError",
@@ -30,7 +32,8 @@ EXPECTED = {
     "diagram",
     "load_lifecycle",
     "parse_lifecycle",
-    "shipped_lifecycles",
+    "shipped_lifecycles", "CoreConfig", "InvariantViolation", "ModelDecl", "PrefixHashes",
+    "StateCore", "StateError", "explore_core", "load_model", "shipped_models",
 }
 
 
@@ -41,7 +44,7 @@ def test_top_level_surface() -> None:
 
 
 def test_subpackages_export_what_they_list() -> None:
-    for module in (kvfsm.fsm, kvfsm.spec):
+    for module in (kvfsm.fsm, kvfsm.spec, kvfsm.state, kvfsm.memory):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
 
@@ -62,5 +65,7 @@ def test_errors_share_a_base() -> None:
         "IllegalTransition",
         "SpecError",
         "TransitionError",
+        "StateError",
+        "InvariantViolation",
     ):
         assert issubclass(getattr(kvfsm, name), kvfsm.KvfsmError)

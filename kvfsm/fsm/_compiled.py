@@ -5,6 +5,7 @@ Per-block state is one ``uint8``; a transition over a batch is a gather from the
 
 from __future__ import annotations
 
+import functools
 from types import MappingProxyType
 from typing import Final, TypeVar
 
@@ -75,8 +76,9 @@ def _readonly(array: _A) -> _A:
     return array
 
 
+@functools.lru_cache(maxsize=64)
 def compile_lifecycle(lifecycle: Lifecycle) -> CompiledTable:
-    """Build the dense tables of a validated lifecycle."""
+    """Build the dense tables of a validated lifecycle (cached: tables are read-only)."""
     ids = {state.name: index for index, state in enumerate(lifecycle.states)}
     n_states, n_events, n_tiers = len(ids), len(Event), len(Tier)
     next_state = np.full((n_states, n_events), INVALID, dtype=np.uint8)

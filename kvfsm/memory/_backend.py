@@ -264,9 +264,9 @@ def select_backend(prefer: str = "auto") -> Backend:
 def torch_view(array: Array) -> Any:
     """A torch tensor sharing ``array``'s memory (host or device), through DLPack; no copy."""
     try:
-        import torch
+        from torch.utils.dlpack import from_dlpack
     except ImportError as exc:
         raise KvfsmError(
             "torch_view needs PyTorch, an optional extra: pip install 'kvfsm[torch]'"
         ) from exc
-    return torch.from_dlpack(array)
+    return from_dlpack(array)

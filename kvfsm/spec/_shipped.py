@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -35,7 +36,12 @@ def spec_files(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def shipped_lifecycles() -> dict[str, Lifecycle]:
-    """Every shipped lifecycle, by name."""
+    """Every shipped lifecycle, by name (loaded once; the values are frozen)."""
+    return dict(_shipped_lifecycles())
+
+
+@functools.cache
+def _shipped_lifecycles() -> dict[str, Lifecycle]:
     out: dict[str, Lifecycle] = {}
     for path in spec_files([shipped_specs_dir() / "lifecycles"]):
         lifecycle = load_lifecycle(path)

@@ -1,6 +1,7 @@
 """The logical line: per-group metadata arrays, prefix identity, and the core that owns them."""
 
 from kvfsm.state._core import CoreConfig, InvariantViolation, StateCore, StateError
+from kvfsm.state._explore import CoreCheckResult, CoreViolation, explore_core
 from kvfsm.state._group import NO_TARGET, GroupState
 from kvfsm.state._hashing import PrefixHashes, hash_seed, join_words, split_digest
 from kvfsm.state._invariants import CORE_INVARIANTS, CoreInvariant, core_problems
@@ -8,14 +9,17 @@ from kvfsm.state._invariants import CORE_INVARIANTS, CoreInvariant, core_problem
 __all__ = [
     "CORE_INVARIANTS",
     "NO_TARGET",
+    "CoreCheckResult",
     "CoreConfig",
     "CoreInvariant",
+    "CoreViolation",
     "GroupState",
     "InvariantViolation",
     "PrefixHashes",
     "StateCore",
     "StateError",
     "core_problems",
+    "explore_core",
     "hash_seed",
     "join_words",
     "split_digest",

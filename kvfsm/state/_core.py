@@ -106,12 +106,14 @@ class StateCore:
             raise KvfsmError(f"{self.model.name}: no group {name!r}; "
                              f"groups: {sorted(self.groups)}") from None
 
-    def _ids(self, group: GroupState, ids: ArrayLike) -> IdArray:
+    def _ids(self, group: GroupState, ids: ArrayLike, *, unique: bool = True) -> IdArray:
         batch = np.asarray(ids, dtype=np.intp).ravel()
         if batch.size and (batch.min() < 0 or batch.max() >= group.n_blocks):
             raise KvfsmError(f"{group.name}: block ids must lie in [0, {group.n_blocks})")
-        if np.unique(batch).size != batch.size:
-            raise KvfsmError(f"{group.name}: block ids repeat in one call")
+        if unique and batch.size > 1:
+            ordered = np.sort(batch)
+            if (ordered[1:] == ordered[:-1]).any():
+                raise KvfsmError(f"{group.name}: block ids repeat in one call")
         return batch
 
     def _require(self, group: GroupState, ids: IdArray, allowed: NDArray[np.bool_],
@@ -155,7 +157,7 @@ class StateCore:
         ev = Event.from_name(event) if isinstance(event, str) else Event(event)
         if ev is Event.ALLOCATE:
             raise KvfsmError("use StateCore.allocate: it also records the block's identity")
-        batch = self._ids(state, ids)
+        batch = self._ids(state, ids, unique=False)  # the machine refuses repeats itself
         moved = state.machine.fire_batch(batch, ev, masked=masked)
         state.note_entered_free(batch[moved])
         return moved
