@@ -3,6 +3,7 @@
 The public surface is re-exported here; everything else lives in private modules.
 """
 
+from kvfsm._engine import Engine, VerifyPolicy
 from kvfsm._errors import (
     BindingError,
     GuardRejected,
@@ -43,6 +44,7 @@ from kvfsm.state import (
     StateError,
     explore_core,
 )
+from kvfsm.verify import DeviceProfile, Level, Prompt, Reason, Verdict
 
 __version__ = "0.1.0"
 
@@ -52,16 +54,21 @@ __all__ = [
     "CheckResult",
     "CompiledTable",
     "CoreConfig",
+    "DeviceProfile",
+    "Engine",
     "Event",
     "GuardRejected",
     "IllegalTransition",
     "Invariant",
     "InvariantViolation",
     "KvfsmError",
+    "Level",
     "Lifecycle",
     "Machine",
     "ModelDecl",
     "PrefixHashes",
+    "Prompt",
+    "Reason",
     "ReferenceMachine",
     "SpecError",
     "SpecProblem",
@@ -69,6 +76,8 @@ __all__ = [
     "StateError",
     "Tier",
     "TransitionError",
+    "Verdict",
+    "VerifyPolicy",
     "Violation",
     "__version__",
     "check_lifecycle",

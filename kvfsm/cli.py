@@ -111,10 +111,12 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from kvfsm.bench import bench_fsm, bench_state
+    from kvfsm.bench import bench_fsm, bench_lookup, bench_state
 
-    run = {"fsm": bench_fsm, "state": bench_state}[args.what]
-    figures = run(blocks=args.blocks)
+    if args.what == "lookup":
+        figures = bench_lookup(tokens=args.tokens)
+    else:
+        figures = {"fsm": bench_fsm, "state": bench_state}[args.what](blocks=args.blocks)
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
@@ -159,11 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     draw.set_defaults(run=_cmd_diagram)
 
     bench = commands.add_parser("bench", help="measure")
-    bench.add_argument("what", choices=["fsm", "state"],
+    bench.add_argument("what", choices=["fsm", "state", "lookup"],
                        help="fsm: the lifecycle tables alone; state: the state core's bytes per "
-                       "block and its allocate-write-free throughput")
+                       "block and its allocate-write-free throughput; lookup: the verdict of a "
+                       "long prompt against a hit-only per-block walk")
     bench.add_argument("--json", action="store_true", help="print JSON")
     bench.add_argument("--blocks", type=int, default=1_000_000, help="objects per batch")
+    bench.add_argument("--tokens", type=int, default=131_072, help="prompt tokens (lookup)")
     bench.set_defaults(run=_cmd_bench)
 
     demo = commands.add_parser("demo", help="the main job on embedded defaults")

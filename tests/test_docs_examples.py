@@ -1,4 +1,5 @@
-"""docs/state-core.md stays true: its Python blocks run, its invariant tables are the code's."""
+"""docs/state-core.md and docs/verdict.md stay true: their Python blocks run, and the
+invariant tables are the code's."""
 
 from __future__ import annotations
 
@@ -23,14 +24,15 @@ def test_the_doc_has_python_examples() -> None:
     assert len(BLOCK.findall(_text())) >= 5
 
 
-def test_python_blocks_run_in_order() -> None:
+@pytest.mark.parametrize("doc", [DOC, DOC.with_name("verdict.md")], ids=lambda p: p.name)
+def test_python_blocks_run_in_order(doc: Path) -> None:
     # One namespace, as a reader pasting them into one session would have.
-    namespace: dict[str, object] = {"__name__": "state_core_doc"}
-    for number, code in enumerate(BLOCK.findall(_text()), start=1):
+    namespace: dict[str, object] = {"__name__": "doc"}
+    for number, code in enumerate(BLOCK.findall(doc.read_text(encoding="utf-8")), start=1):
         try:
-            exec(compile(code, f"{DOC.name} python block #{number}", "exec"), namespace)
+            exec(compile(code, f"{doc.name} python block #{number}", "exec"), namespace)
         except Exception as exc:
-            pytest.fail(f"{DOC}: python block #{number} fails: {type(exc).__name__}: {exc}")
+            pytest.fail(f"{doc}: python block #{number} fails: {type(exc).__name__}: {exc}")
 
 
 def _table_rows(heading: str) -> dict[str, str]:

@@ -7,6 +7,7 @@ import kvfsm.fsm
 import kvfsm.memory
 import kvfsm.spec
 import kvfsm.state
+import kvfsm.verify
 
 EXPECTED = {
     "BindingError",
@@ -34,6 +35,7 @@ EXPECTED = {
     "parse_lifecycle",
     "shipped_lifecycles", "CoreConfig", "InvariantViolation", "ModelDecl", "PrefixHashes",
     "StateCore", "StateError", "explore_core", "load_model", "shipped_models",
+    "DeviceProfile", "Engine", "Level", "Prompt", "Reason", "Verdict", "VerifyPolicy",
 }
 
 
@@ -44,7 +46,7 @@ def test_top_level_surface() -> None:
 
 
 def test_subpackages_export_what_they_list() -> None:
-    for module in (kvfsm.fsm, kvfsm.spec, kvfsm.state, kvfsm.memory):
+    for module in (kvfsm.fsm, kvfsm.spec, kvfsm.state, kvfsm.memory, kvfsm.verify):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
 

@@ -1,6 +1,7 @@
 """Benchmarks behind ``kvfsm bench``; each reports figures measured in one run."""
 
 from kvfsm.bench._fsm import bench_fsm
+from kvfsm.bench._lookup import bench_lookup
 from kvfsm.bench._state import bench_state
 
-__all__ = ["bench_fsm", "bench_state"]
+__all__ = ["bench_fsm", "bench_lookup", "bench_state"]

@@ -22,6 +22,7 @@ from kvfsm.spec import (
     Event,
     Form,
     GroupKind,
+    Layout,
     Lifecycle,
     ModelDecl,
     Tier,
@@ -29,6 +30,9 @@ from kvfsm.spec import (
 )
 from kvfsm.state._group import NO_TARGET, GroupState, IdArray
 from kvfsm.state._hashing import hash_seed, join_words
+
+#: The low 64-bit word of a 128-bit key.
+_WORD = (1 << 64) - 1
 
 
 class StateError(KvfsmError):
@@ -124,10 +128,23 @@ class StateCore:
             raise StateError(f"{group.name}: cannot {what} blocks {ids[bad][:8].tolist()} "
                              f"in states {names}")
 
-    def lookup_hash(self, group: str, keys: list[int]) -> NDArray[np.intp]:
+    def lookup_words(self, group: str, hash_high: ArrayLike, hash_low: ArrayLike) -> IdArray:
+        """Block id per key given as its two uint64 words, -1 where the key is not in the map."""
+        high = np.asarray(hash_high, dtype=np.uint64).ravel()
+        low = np.asarray(hash_low, dtype=np.uint64).ravel()
+        if high.size != low.size:
+            raise KvfsmError(f"{group}: {high.size} high words but {low.size} low words")
+        return self.group(group).hash_map.lookup(high, low)
+
+    def lookup_hash(self, group: str, keys: list[int]) -> IdArray:
         """Block id per 128-bit key, -1 where the key is not in the map."""
-        mapping = self.group(group).hash_map
-        return np.array([mapping.get(key, -1) for key in keys], dtype=np.intp)
+        count = len(keys)
+        high = np.fromiter(((key >> 64) & _WORD for key in keys), dtype=np.uint64, count=count)
+        low = np.fromiter((key & _WORD for key in keys), dtype=np.uint64, count=count)
+        found = self.lookup_words(group, high, low)
+        # A key outside [0, 2**128) is in no map (its words would alias another key's).
+        found[np.fromiter((key >> 128 != 0 for key in keys), dtype=np.bool_, count=count)] = -1
+        return found
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -195,6 +212,7 @@ class StateCore:
         pool = state.pools[Tier.DEVICE]
         slots = state.slot[Tier.DEVICE][batch]
         data = np.asarray(payload, dtype=np.uint8)
+        state.layout_id[batch] = state.write_layout
         if sub_block is None:
             pool.write(slots, data.reshape(batch.size, -1))
             state.sub_blocks[batch] = state.full_sub_mask
@@ -208,6 +226,16 @@ class StateCore:
         rows[:, start:stop] = data.reshape(batch.size, stop - start)
         pool.write(slots, rows)
         state.sub_blocks[batch] |= np.uint16(1 << sub_block)
+
+    def set_write_layout(self, group: str, layout: Layout) -> None:
+        """Blocks written from now on are laid out as ``layout`` (e.g. the engine switched
+        kernels); lookups compare each block's recorded layout with the reading kernel's."""
+        state = self.group(group)
+        if layout not in state.layouts:
+            if len(state.layouts) >= 255:
+                raise KvfsmError(f"{group}: too many layouts")
+            state.layouts.append(layout)
+        state.write_layout = state.layouts.index(layout)
 
     def read(self, group: str, ids: ArrayLike, *, form: Form | None = None) -> NDArray[np.uint8]:
         """The bytes of readable blocks; ``form`` asserts how the caller will interpret them."""

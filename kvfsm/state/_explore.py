@@ -69,7 +69,7 @@ def configuration_key(core: StateCore) -> Key:
     for group in core.groups.values():
         every = np.arange(group.n_blocks)
         in_map = np.zeros(group.n_blocks, dtype=np.bool_)
-        in_map[list(group.hash_map.values())] = True
+        in_map[group.hash_map.entries()[2]] = True
         parts += [
             group.states.tobytes(),
             np.minimum(group.pins, 2).astype(np.uint8).tobytes(),

@@ -15,7 +15,8 @@ from numpy.typing import NDArray
 
 from kvfsm.fsm import INVALID, CompiledTable, EffectFn, GuardFn, Machine
 from kvfsm.memory import SlotPool
-from kvfsm.spec import Call, Event, GroupDecl, GroupKind, Row, Tier
+from kvfsm.spec import Call, Event, GroupDecl, GroupKind, Layout, Row, Tier
+from kvfsm.state._hashtable import BlockHashTable
 
 IdArray = NDArray[np.intp]
 #: ``refs_target`` value of an unused index entry.
@@ -43,12 +44,20 @@ class GroupState:
         self.position = np.full(n, -1, dtype=np.int32)
         self.pins = np.zeros(n, dtype=np.uint16)
         self.last_use = np.zeros(n, dtype=np.uint32)
+        #: The block's content was verified against its checksum at its current epoch
+        #: (set by record_checksum and by verifying lookups, cleared by every epoch bump).
+        self.verified = np.zeros(n, dtype=np.bool_)
+        #: Index into ``layouts`` of the layout the block's content was written under.
+        self.layout_id = np.zeros(n, dtype=np.uint8)
+        self.layouts: list[Layout] = [decl.layout]
+        self.write_layout = 0
         #: Per tier this group has a pool for: the slot each block holds there, or -1.
         self.slot = {tier: np.full(n, -1, dtype=np.int32) for tier in self.pools}
         self.hash_high = np.zeros(n, dtype=np.uint64)
         self.hash_low = np.zeros(n, dtype=np.uint64)
-        #: The prefix hash map: 128-bit chained hash -> block id (complete blocks only).
-        self.hash_map: dict[int, int] = {}
+        #: The prefix hash map: 128-bit chained hash -> block id (complete blocks only), an
+        #: open-addressing table of arrays sized for every block at once.
+        self.hash_map = BlockHashTable(n)
         # Which sub-blocks have been written; a block not split into sub-blocks is one, so no
         # kind can complete a block whose content was never written.
         self.sub_blocks = np.zeros(n, dtype=np.uint16)
@@ -149,27 +158,20 @@ class GroupState:
 
     def _bump_epoch(self, ids: IdArray, call: Call, row: Row) -> None:
         self.epoch[ids] += np.uint32(1)
+        self.verified[ids] = False
 
     def _record_checksum(self, ids: IdArray, call: Call, row: Row) -> None:
         tier = self.table.lifecycle.state(row.dest).residency
         self._pool(tier, row).record_checksum(self.slot[tier][ids])  # type: ignore[index]
-
-    def _keys(self, ids: IdArray) -> list[int]:
-        # Inline join_words: this runs once per block on write_done and evict.
-        return [(high << 64) | low for high, low in
-                zip(self.hash_high[ids].tolist(), self.hash_low[ids].tolist(), strict=True)]
+        self.verified[ids] = True  # the checksum was just taken from these very bytes
 
     def _publish_hash(self, ids: IdArray, call: Call, row: Row) -> None:
         # A second block with the same content keeps the first as the one the map serves.
-        keep_first = self.hash_map.setdefault
-        for key, block in zip(self._keys(ids), ids.tolist(), strict=True):
-            keep_first(key, block)
+        self.hash_map.insert_first(self.hash_high[ids], self.hash_low[ids], ids)
 
     def _drop_hash(self, ids: IdArray, call: Call, row: Row) -> None:
-        mapping = self.hash_map
-        for key, block in zip(self._keys(ids), ids.tolist(), strict=True):
-            if mapping.get(key) == block:
-                del mapping[key]
+        # Only where the map serves this very block: a duplicate's drop leaves the first alone.
+        self.hash_map.remove_if(self.hash_high[ids], self.hash_low[ids], ids)
 
     def _clear_sub_blocks(self, ids: IdArray, call: Call, row: Row) -> None:
         # Forget everything written so far: the sub-block bitmap and any index references.

@@ -17,7 +17,6 @@ import numpy as np
 from kvfsm.fsm import BUILTIN_INVARIANTS, Bounds, View
 from kvfsm.spec import Content, Tier
 from kvfsm.state._group import GroupState
-from kvfsm.state._hashing import join_words
 
 if TYPE_CHECKING:
     from kvfsm.state._core import StateCore
@@ -79,16 +78,21 @@ def _lines_agree(group: GroupState) -> list[str]:
 
 
 def _hash_map_complete(group: GroupState) -> list[str]:
-    out: list[str] = []
     complete = np.array([s.hashed and s.content is Content.COMPLETE
                          for s in group.table.lifecycle.states])
-    for key, block in group.hash_map.items():
-        if not complete[group.states[block]]:
-            out.append(f"block {block} reachable by hash in state "
-                       f"{group.table.state_name(int(group.states[block]))!r}")
-        elif join_words(int(group.hash_high[block]), int(group.hash_low[block])) != key:
-            out.append(f"block {block} is mapped under another block's hash")
+    high, low, blocks = group.hash_map.entries()
+    incomplete = ~complete[group.states[blocks]]
+    out = [f"block {block} reachable by hash in state "
+           f"{group.table.state_name(int(group.states[block]))!r}"
+           for block in blocks[incomplete][:8].tolist()]
+    elsewhere = ~incomplete & ((group.hash_high[blocks] != high) | (group.hash_low[blocks] != low))
+    out += [f"block {block} is mapped under another block's hash"
+            for block in blocks[elsewhere][:8].tolist()]
     return out
+
+
+def _hash_table_sound(group: GroupState) -> list[str]:
+    return group.hash_map.problems()
 
 
 def _index_targets_current(group: GroupState) -> list[str]:
@@ -121,6 +125,8 @@ CORE_INVARIANTS: tuple[CoreInvariant, ...] = (
                   _lines_agree),
     CoreInvariant("hash_complete", "no block is reachable by hash unless its content is complete",
                   _hash_map_complete),
+    CoreInvariant("hash_table_sound", "every hash map entry is found by lookup; the live and "
+                  "tombstone counts match the table's slots", _hash_table_sound),
     CoreInvariant("index_current", "a readable index never points to a freed or reused block",
                   _index_targets_current),
     CoreInvariant("sub_blocks_complete", "a complete block has every sub-block written",

@@ -1,0 +1,30 @@
+"""The verdict: a prefix hit is not a usable cache."""
+
+from kvfsm.verify._lookup import lookup
+from kvfsm.verify._paths import RestorePaths, restore_paths
+from kvfsm.verify._prompt import Prompt
+from kvfsm.verify._types import (
+    DeviceProfile,
+    GroupVerdict,
+    KernelLayouts,
+    Level,
+    Reason,
+    RestoreStep,
+    Shortfall,
+    Verdict,
+)
+
+__all__ = [
+    "DeviceProfile",
+    "GroupVerdict",
+    "KernelLayouts",
+    "Level",
+    "Prompt",
+    "Reason",
+    "RestorePaths",
+    "RestoreStep",
+    "Shortfall",
+    "Verdict",
+    "lookup",
+    "restore_paths",
+]

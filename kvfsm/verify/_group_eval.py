@@ -1,0 +1,264 @@
+"""One group's part of a lookup: per-block facts, the four layers, and "usable at length L".
+
+Everything is a NumPy array over the prompt's blocks of this group; "usable at L" is computed
+for every candidate length at once with prefix sums, so non-monotone kinds (sliding window,
+compressed tail, recurrent checkpoints) are exact and there is no shrinking loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm.memory import SlotPool
+from kvfsm.memory._backend import data_ptr
+from kvfsm.spec import Form, GroupKind, Layout, Tier
+from kvfsm.state import GroupState, StateCore
+from kvfsm.state._group import NO_TARGET
+from kvfsm.verify._paths import FORM_CODES, restore_paths
+from kvfsm.verify._types import DeviceProfile, Level, Reason
+
+Bools = NDArray[np.bool_]
+#: Bits of the per-target code used by the sparse-index checks.
+_ALIVE, _RESIDENT, _MINE = np.uint8(1), np.uint8(2), np.uint8(4)
+RAW, COMPRESSED = FORM_CODES[Form.RAW], FORM_CODES[Form.COMPRESSED]
+
+
+def _prefix(bad: Bools) -> NDArray[np.int64]:
+    """``P[m]`` = number of bad blocks among the first ``m``."""
+    out = np.zeros(bad.size + 1, dtype=np.int64)
+    np.cumsum(bad, out=out[1:])
+    return out
+
+
+def _rows_clean(bad: NDArray[np.bool_]) -> Bools:
+    """Per row of a ``[n, k]`` mask: no entry set. Reductions along a short last axis are slow
+    in NumPy, and bad entries are rare, so find the flat positions of the few that are set."""
+    clean = np.ones(bad.shape[0], dtype=np.bool_)
+    clean[np.flatnonzero(bad) // bad.shape[1]] = False
+    return clean
+
+
+def alignment_guaranteed(pool: SlotPool, profile: DeviceProfile) -> bool:
+    """The pool's construction already satisfies the profile for every slot."""
+    return pool.alignment % profile.base_alignment == 0 and \
+        pool.stride % profile.size_alignment == 0
+
+
+class GroupEval:
+    """Facts about the prompt's blocks of one group, and its usable vectors."""
+
+    def __init__(
+        self,
+        core: StateCore,
+        group: GroupState,
+        high: NDArray[np.uint64],
+        low: NDArray[np.uint64],
+        lengths: NDArray[np.int64],
+        *,
+        level: Level,
+        kernel_layout: Layout | None,
+        profile: DeviceProfile,
+        history: GroupEval | None = None,
+        checksums: bool = True,
+    ) -> None:
+        self.group = group
+        self.decl = group.decl
+        self.lengths = lengths
+        size = self.decl.block_size
+        # Every complete block of the prompt: candidates use the first lengths[-1] // size, the
+        # rest tells how far this group's chain reaches.
+        self.n = int(high.size)
+        n = self.n
+        self.ids = core.lookup_words(group.name, high[:n], low[:n]) if n else \
+            np.zeros(0, dtype=np.intp)
+        found = self.ids >= 0
+        safe = np.where(found, self.ids, 0)
+        table = group.table
+        paths = restore_paths(table)
+        states = group.states[safe]
+        self.found, self.safe, self.states = found, safe, states
+        self.readable = found & table.readable[states]
+        self.form = paths.form[states]
+        self.in_flight = table.in_flight[states]
+        self.resident_elsewhere = table.residency[states] > int(Tier.DEVICE)
+
+        # Layer 1, whole-block integrity (sub-blocks here, checksums below) and layer 3's
+        # position part: the block found by hash is the one this position needs.
+        self.position_ok = group.position[safe] == np.arange(n)
+        self.sub_ok = group.sub_blocks[safe] == group.full_sub_mask
+        # Layer 2, kernel interface: the layout each block was written under.
+        if kernel_layout is None:
+            self.layout_ok = np.ones(n, dtype=np.bool_)
+        else:
+            same = np.array([layout == kernel_layout for layout in group.layouts])
+            self.layout_ok = same[group.layout_id[safe]]
+        pool = group.pools[Tier.DEVICE]
+        readable_ids = safe[self.readable]
+        slots = group.slot[Tier.DEVICE][readable_ids]
+        # Layer 4, hardware alignment of address and size.
+        self.align_ok = np.ones(n, dtype=np.bool_)
+        self.restore_aligned = alignment_guaranteed(pool, profile)
+        if slots.size and not (level is Level.FAST and self.restore_aligned):
+            address = np.int64(data_ptr(pool.data)) + pool.offsets(slots)
+            aligned = (address % profile.base_alignment == 0) & \
+                (pool.stride % profile.size_alignment == 0)
+            self.align_ok[self.readable] = aligned
+        # Layer 1, checksums: FULL recomputes all; reduced levels trust a verification made
+        # at the block's current epoch (every epoch bump clears it).
+        self.checksum_ok = np.ones(n, dtype=np.bool_)
+        if slots.size and checksums:
+            todo = np.ones(slots.size, dtype=np.bool_) if level is Level.FULL else \
+                ~group.verified[readable_ids]
+            if todo.any():
+                passed = pool.verify_checksum(slots[todo])
+                checked = np.flatnonzero(self.readable)[todo]
+                self.checksum_ok[checked] = passed
+                group.verified[readable_ids[todo][passed]] = True
+        # Sparse index: targets current (epochs) and inside this prompt's history (layer 3).
+        self.targets_ok = np.ones(n, dtype=np.bool_)
+        self.targets_in_prompt = np.ones(n, dtype=np.bool_)
+        self.targets_resident = np.ones(n, dtype=np.bool_)
+        if group.target is not None and n:
+            self._check_index(group, safe, size, history)
+
+        base = found & self.position_ok & self.sub_ok & self.layout_ok & self.targets_ok & \
+            self.targets_in_prompt
+        verified = self.readable & self.align_ok & self.checksum_ok
+        self.now_raw = base & verified & (self.form == RAW)
+        self.now_cmp = base & verified & (self.form == COMPRESSED)
+        # After the plan: blocks reaching the form by a content-preserving path; readable
+        # blocks that failed a check stay bad (restoring cannot repair their bytes).
+        movable = base & self.restore_aligned & ~(self.readable & ~verified)
+        if group.target is not None:
+            movable &= self.targets_resident  # restoring a target bumps its epoch
+        self.after_raw = self.now_raw | (movable & paths.reachable[Form.RAW][states])
+        self.after_cmp = self.now_cmp | (movable & paths.reachable[Form.COMPRESSED][states])
+        self.chain_tokens = (int(np.argmin(found)) if not found.all() else n) * size
+        # The classic hit: hash presence only, under the kind's own rule (a sliding window
+        # needs only its window, a recurrent group a snapshot at exactly L).
+        self.hit = self._usable(found, found)
+        self.now = self._usable(self.now_raw, self.now_cmp)
+        self.after = self._usable(self.after_raw, self.after_cmp) | self.now
+
+    def _check_index(self, group: GroupState, safe: NDArray[np.intp], size: int,
+                     history: GroupEval | None) -> None:
+        """Sparse index: every target current (epoch, still hashed), resident, and the block of
+        this prompt's history at its position, complete before the index block ends."""
+        target = group.target
+        assert target is not None
+        refs = group.refs_target[safe]
+        # Facts per target block first (small arrays), folded into one code per target so
+        # each reference costs one gather; an unused reference (-1) reads the extra last entry.
+        states = target.states
+        code = np.zeros(target.n_blocks + 1, dtype=np.uint8)
+        code[:-1] = target.table.hashed[states] * _ALIVE + target.table.readable[states] * _RESIDENT
+        code[-1] = _ALIVE | _RESIDENT | _MINE
+        if history is not None:
+            position = target.position.astype(np.int64)
+            inside = np.flatnonzero((position >= 0) & (position < history.n))
+            code[inside] |= (history.ids[position[inside]] == inside) * np.uint8(_MINE)
+            # Complete before the index block ends: target end <= index block end.
+            last_ok = np.full(target.n_blocks + 1, np.iinfo(np.int64).max, dtype=np.int64)
+            last_ok[:-1] = (position + 1) * target.decl.block_size
+            last_ok[-1] = 0
+        else:
+            code[:-1] |= _MINE
+        per_ref = code[refs]
+        stale = (target.epoch[refs] != group.refs_epoch[safe]) & (refs != NO_TARGET)
+        self.targets_ok = _rows_clean(stale | (per_ref & _ALIVE == 0))
+        self.targets_resident = _rows_clean(per_ref & _RESIDENT == 0)
+        if history is not None:
+            bound = ((np.arange(refs.shape[0]) + 1) * size)[:, None]
+            self.targets_in_prompt = _rows_clean((per_ref & _MINE == 0) | (last_ok[refs] > bound))
+
+    # -- usable at every candidate length ----------------------------------------------------
+
+    def blocks_at(self, length: NDArray[np.int64]) -> NDArray[np.int64]:
+        return length // self.decl.block_size
+
+    def tail_start(self, length: NDArray[np.int64]) -> NDArray[np.int64]:
+        """First block that must be raw at ``length`` (compressed kind)."""
+        tail = self.decl.tail_tokens or 0
+        return np.maximum(length - tail, 0) // self.decl.block_size
+
+    def window_start(self, length: NDArray[np.int64]) -> NDArray[np.int64]:
+        """First block the next token's window reads: tokens ``[L-(W-1), L)``."""
+        window = self.decl.window or 1
+        return np.maximum(length - (window - 1), 0) // self.decl.block_size
+
+    def _usable(self, ok_raw: Bools, ok_cmp: Bools) -> Bools:
+        lengths = self.lengths
+        blocks = self.blocks_at(lengths)
+        kind = self.decl.kind
+        if kind is GroupKind.RECURRENT:
+            interval = self.decl.checkpoint_interval or self.decl.block_size
+            last = np.maximum(blocks - 1, 0)
+            has = np.where(blocks > 0, ok_raw[last] if ok_raw.size else False, True)
+            return np.asarray((lengths % interval == 0) & has)
+        raw_bad = _prefix(~ok_raw)
+        if kind is GroupKind.SLIDING_WINDOW:
+            start = self.window_start(lengths)
+            return np.asarray(raw_bad[blocks] - raw_bad[start] == 0)
+        if kind is GroupKind.COMPRESSED:
+            cmp_bad = _prefix(~ok_cmp)
+            start = self.tail_start(lengths)
+            return np.asarray((cmp_bad[start] == 0) & (raw_bad[blocks] - raw_bad[start] == 0))
+        return np.asarray(raw_bad[blocks] == 0)
+
+    # -- reasons ---------------------------------------------------------------------------
+
+    def needed(self, length: int) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+        """Block indices needed at ``length`` and, per block, whether it must be compressed."""
+        at = np.array([length], dtype=np.int64)
+        end = int(self.blocks_at(at)[0])
+        kind = self.decl.kind
+        if kind is GroupKind.RECURRENT:
+            index = np.arange(end - 1, end) if end else np.zeros(0, dtype=np.int64)
+        elif kind is GroupKind.SLIDING_WINDOW:
+            index = np.arange(int(self.window_start(at)[0]), end)
+        else:
+            index = np.arange(end)
+        compressed = np.zeros(index.size, dtype=np.bool_)
+        if kind is GroupKind.COMPRESSED:
+            compressed = index < int(self.tail_start(at)[0])
+        return index, compressed
+
+    def failing(self, length: int) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+        """The needed blocks at ``length`` that are not usable now, and their needed form."""
+        index, compressed = self.needed(length)
+        index_in = index < self.n
+        index, compressed = index[index_in], compressed[index_in]
+        ok = np.where(compressed, self.now_cmp[index], self.now_raw[index])
+        return index[~ok], compressed[~ok]
+
+    def reason(self, index: int, compressed: bool) -> Reason | None:
+        """Why block ``index`` is not usable now in the needed form (None when it is)."""
+        if not self.found[index]:
+            return Reason.WINDOW_MISMATCH if self.decl.kind is GroupKind.SLIDING_WINDOW \
+                else Reason.NOT_CACHED
+        checks: list[tuple[bool, Reason]] = [
+            (bool(self.position_ok[index]), Reason.POSITION_CONFLICT),
+            (bool(self.sub_ok[index]), Reason.SUB_BLOCKS_MISSING),
+            (bool(self.targets_ok[index]), Reason.INDEX_STALE),
+            (bool(self.targets_in_prompt[index]), Reason.GROUP_GAP),
+        ]
+        for ok, why in checks:
+            if not ok:
+                return why
+        if not self.readable[index]:
+            if self.in_flight[index]:
+                return Reason.RESTORE_IN_FLIGHT
+            return Reason.NOT_RESIDENT if self.resident_elsewhere[index] else Reason.NOT_CACHED
+        form = int(self.form[index])
+        if compressed and form != COMPRESSED:
+            return Reason.MID_COMPRESSION if self.in_flight[index] else \
+                Reason.COMPRESSED_INCOMPLETE
+        if not compressed and form != RAW:
+            return Reason.TAIL_MISSING
+        for ok, why in ((bool(self.layout_ok[index]), Reason.LAYOUT_MISMATCH),
+                        (bool(self.align_ok[index]), Reason.MISALIGNED),
+                        (bool(self.checksum_ok[index]), Reason.CHECKSUM_MISMATCH)):
+            if not ok:
+                return why
+        return None

@@ -1,0 +1,167 @@
+"""``lookup``: from a prompt's block hashes to a :class:`Verdict` (hit is not usable).
+
+Per group a boolean "usable at L" over candidate lengths L (multiples of the LCM of the block
+sizes, below the prompt's last token); AND across groups; the largest L wins. A speculative-
+decoding drop of the last block is applied once, on the final vector: there is no loop in which
+groups shrink each other's candidates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvfsm.spec import Form, GroupKind, Tier
+from kvfsm.state import StateCore
+from kvfsm.verify._group_eval import GroupEval
+from kvfsm.verify._paths import restore_paths
+from kvfsm.verify._prompt import Prompt
+from kvfsm.verify._types import (
+    DeviceProfile,
+    GroupVerdict,
+    KernelLayouts,
+    Level,
+    Reason,
+    RestoreStep,
+    Shortfall,
+    Verdict,
+)
+
+#: Kinds whose hit is a contiguous prefix of blocks.
+PREFIX_KINDS = frozenset({GroupKind.FULL, GroupKind.COMPRESSED, GroupKind.SPARSE_INDEX})
+#: At most this many block-level shortfalls are listed per group and reason.
+MAX_LISTED = 16
+
+
+def _largest(vector: np.ndarray, below: int | None = None) -> int:
+    """Index of the last True entry (below ``below`` when given); 0 when none."""
+    limit = vector.size if below is None else below
+    hits = np.flatnonzero(vector[:limit])
+    return int(hits[-1]) if hits.size else 0
+
+
+def lookup(
+    core: StateCore,
+    prompt: Prompt,
+    *,
+    level: Level = Level.FULL,
+    kernel_layouts: KernelLayouts | None = None,
+    profile: DeviceProfile | None = None,
+    drop_last_block: bool = False,
+    checksums: bool = True,
+) -> Verdict:
+    """How much of ``prompt`` the core can serve now, after restores, and why not more.
+
+    ``checksums=False`` leaves out the data checksums of layer 1 (for measuring the metadata
+    path alone); every other check still runs.
+    """
+    profile = profile or DeviceProfile()
+    step = core.model.lcm_block_size
+    last = max(prompt.n_tokens - 1, 0)  # the last prompt token is always computed
+    lengths = np.arange(last // step + 1, dtype=np.int64) * step
+    layouts = kernel_layouts or {}
+    evals: dict[str, GroupEval] = {}
+    order = sorted(core.groups.values(), key=lambda g: g.decl.kind is GroupKind.SPARSE_INDEX)
+    for group in order:
+        high, low = prompt.words(group.decl.block_size)
+        target = group.decl.target_group
+        evals[group.name] = GroupEval(
+            core, group, high, low, lengths, level=level,
+            kernel_layout=layouts.get(group.name), profile=profile,
+            history=evals.get(target) if target else None, checksums=checksums)
+    now = np.logical_and.reduce([e.now for e in evals.values()])
+    after = np.logical_and.reduce([e.after for e in evals.values()])
+    usable_at, restorable_at = _largest(now), _largest(after)
+    reasons: list[Shortfall] = []
+    if drop_last_block and usable_at > 0:
+        usable_at = _largest(now, below=usable_at)
+        restorable_at = _largest(after, below=restorable_at)
+        reasons.append(Shortfall(Reason.SPEC_DECODE_DROP, "*",
+                                 detail="speculative decoding recomputes the last block"))
+    usable, restorable = int(lengths[usable_at]), int(lengths[max(restorable_at, usable_at)])
+
+    hit = int(lengths[_largest(np.logical_and.reduce([e.hit for e in evals.values()]))])
+    # What each group's hash chain covers on its own, in tokens (prefix kinds only).
+    prefix = [e for e in evals.values() if e.decl.kind in PREFIX_KINDS]
+    if prefix and step > min(e.decl.block_size for e in prefix):
+        covered = min(min(e.chain_tokens for e in prefix), last)
+        finest = min(e.decl.block_size for e in prefix)
+        if covered // finest * finest > hit:
+            reasons.append(Shortfall(Reason.BLOCK_BOUNDARY, "*", detail=(
+                f"the groups' chains reach {covered} tokens together, but usable lengths are "
+                f"multiples of {step}, the LCM of their block sizes")))
+    if hit == int(lengths[-1]) and hit > 0:
+        reasons.append(Shortfall(Reason.PROMPT_END, "*", detail=(
+            f"every candidate length hit; tokens from {hit} on are computed, the last one "
+            "for its logits")))
+    # Why not the hit, and why not the whole prompt (the windows of the two differ).
+    listed = set()
+    for length in (hit, int(lengths[-1])):
+        for shortfall in _shortfalls(evals, length, usable):
+            if shortfall not in listed:
+                listed.add(shortfall)
+                reasons.append(shortfall)
+    groups = tuple(_group_verdict(e, lengths) for e in evals.values())
+    plan = _plan(evals, restorable) if restorable > usable else ()
+    return Verdict(
+        prompt_tokens=prompt.n_tokens, hit_tokens=hit, usable_tokens=usable,
+        restorable_tokens=restorable, recompute_from=usable, level=level,
+        groups=groups, reasons=tuple(reasons), plan=plan)
+
+
+def _group_verdict(e: GroupEval, lengths: np.ndarray) -> GroupVerdict:
+    usable = int(lengths[_largest(e.now)])
+    restorable = int(lengths[_largest(e.after | e.now)])
+    hit = int(lengths[_largest(e.hit)])
+    stop: Reason | None = None
+    if not e.now[-1] and usable < int(lengths[-1]):
+        probe = int(lengths[min(_largest(e.now) + 1, lengths.size - 1)])
+        if e.decl.kind is GroupKind.RECURRENT and probe % (e.decl.checkpoint_interval or 1):
+            stop = Reason.NO_CHECKPOINT
+        else:
+            index, compressed = e.failing(probe)
+            if index.size:
+                stop = e.reason(int(index[0]), bool(compressed[0]))
+            if stop is None:
+                stop = Reason.NO_CHECKPOINT if e.decl.kind is GroupKind.RECURRENT \
+                    else Reason.NOT_CACHED
+    return GroupVerdict(e.group.name, e.decl.kind, e.decl.block_size, hit, usable, restorable,
+                        stop)
+
+
+def _shortfalls(evals: dict[str, GroupEval], length: int, usable: int) -> list[Shortfall]:
+    """Every block-level reason why the prompt is not usable at ``length`` (the hit)."""
+    out: list[Shortfall] = []
+    if length <= usable:
+        return out
+    for name, e in evals.items():
+        if e.decl.kind is GroupKind.RECURRENT:
+            interval = e.decl.checkpoint_interval or e.decl.block_size
+            if length % interval:
+                out.append(Shortfall(Reason.NO_CHECKPOINT, name, detail=(
+                    f"snapshots every {interval} tokens; none at {length}")))
+                continue
+        index, compressed = e.failing(length)
+        counts: dict[Reason, int] = {}
+        for i, c in zip(index.tolist(), compressed.tolist(), strict=True):
+            why = e.reason(i, c)
+            if why is None or counts.get(why, 0) >= MAX_LISTED:
+                continue
+            counts[why] = counts.get(why, 0) + 1
+            out.append(Shortfall(why, name, i, int(e.ids[i])))
+    return out
+
+
+def _plan(evals: dict[str, GroupEval], length: int) -> tuple[RestoreStep, ...]:
+    """The restores (paths from the table) that make every block needed at ``length`` usable."""
+    steps: list[RestoreStep] = []
+    for name, e in evals.items():
+        index, compressed = e.failing(length)
+        paths = restore_paths(e.group.table)
+        for i, c in zip(index.tolist(), compressed.tolist(), strict=True):
+            state = int(e.states[i])
+            path = paths.path(state, Form.COMPRESSED if c else Form.RAW)
+            residency = int(e.group.table.residency[state])
+            steps.append(RestoreStep(
+                name, i, int(e.ids[i]), e.group.table.state_name(state),
+                Tier(residency) if residency >= 0 else None, path or ()))
+    return tuple(steps)

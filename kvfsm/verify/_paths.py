@@ -1,0 +1,68 @@
+"""Restore paths derived from the lifecycle table, never hand-written (classification gate).
+
+For each state and each form a kernel may need, the shortest sequence of events that reaches a
+readable state of that form while the content stays complete the whole way (a restore never
+drops content: paths through ``free`` are recomputation, not restoration).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm.fsm import INVALID, CompiledTable
+from kvfsm.spec import Content, Event, Form
+
+#: Code per form in :class:`RestorePaths` arrays.
+FORM_CODES = {Form.NONE: 0, Form.RAW: 1, Form.COMPRESSED: 2}
+
+
+class RestorePaths:
+    """Per state: the shortest content-preserving path to a readable state of each form."""
+
+    def __init__(self, table: CompiledTable) -> None:
+        states = table.lifecycle.states
+        self.form = np.array([FORM_CODES[s.form] for s in states], dtype=np.int8)
+        complete = [s.content is Content.COMPLETE for s in states]
+        self.paths: dict[Form, list[tuple[Event, ...] | None]] = {}
+        self.reachable: dict[Form, NDArray[np.bool_]] = {}
+        for form in (Form.RAW, Form.COMPRESSED):
+            targets = {i for i, s in enumerate(states) if s.readable and s.form is form}
+            paths = [_shortest(table, start, targets, complete) for start in range(len(states))]
+            self.paths[form] = paths
+            self.reachable[form] = np.array([p is not None for p in paths], dtype=np.bool_)
+
+    def path(self, state: int, form: Form) -> tuple[Event, ...] | None:
+        return self.paths[form][state]
+
+
+def _shortest(
+    table: CompiledTable, start: int, targets: set[int], complete: list[bool]
+) -> tuple[Event, ...] | None:
+    if start in targets:
+        return ()
+    if not complete[start]:
+        return None
+    seen: dict[int, tuple[Event, ...]] = {start: ()}
+    queue = deque([start])
+    while queue:
+        state = queue.popleft()
+        for event in Event:
+            nxt = int(table.next_state[state, event])
+            if nxt == INVALID or nxt in seen or not complete[nxt]:
+                continue
+            path = (*seen[state], event)
+            if nxt in targets:
+                return path
+            seen[nxt] = path
+            queue.append(nxt)
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def restore_paths(table: CompiledTable) -> RestorePaths:
+    """The (cached) restore paths of one compiled table."""
+    return RestorePaths(table)

@@ -1,0 +1,286 @@
+"""One test per Reason: build the state that causes it, check the verdict names it (group and
+block) and reports no usable token past that block."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvfsm import Engine
+from kvfsm.spec import Event, Layout, Tier
+from kvfsm.state import NO_TARGET
+from kvfsm.verify import DeviceProfile, Level, Reason, Verdict
+from tests.verify_models import DEEPSEEK, DENSE, GPT_OSS, QWEN, TWO_SIZES, block_id, engine, tokens
+
+
+def _only(verdict: Verdict, reason: Reason) -> None:
+    assert reason in verdict.reason_set, verdict.reasons
+
+
+def _blocks_before(verdict: Verdict, reason: Reason, block_size: int) -> None:
+    """Zero usable tokens past the first block the reason names."""
+    first = min(s.block_index for s in verdict.reasons_of(reason))
+    assert verdict.usable_tokens <= first * block_size
+
+
+def _dense(length: int = 161) -> tuple[Engine, np.ndarray]:
+    eng = engine(DENSE)
+    text = tokens(length)
+    eng.commit(eng.prompt(text))
+    return eng, text
+
+
+def _history_by_hand(eng: Engine, text: np.ndarray, compress: dict[int, str]) -> None:
+    """Commit the window and index groups, and the history with chosen blocks left raw or
+    mid-compression (the engine's commit would compress them)."""
+    prompt = eng.prompt(text)
+    core = eng.core
+    high, low = prompt.words(64)
+    ids = core.allocate("history", np.arange(high.size), high, low)
+    core.fire("history", ids, Event.WRITE_BEGIN)
+    core.write("history", ids, np.zeros((ids.size, core.group("history").decl.payload_bytes),
+                                        np.uint8))
+    core.fire("history", ids, Event.WRITE_DONE)
+    for index, block in enumerate(ids.tolist()):
+        how = compress.get(index, "compressed")
+        if how in ("compressing", "compressed"):
+            core.fire("history", [block], Event.COMPRESS_BEGIN)
+        if how == "compressed":
+            core.fire("history", [block], Event.COMPRESS_DONE)
+    eng.commit(prompt, groups=["swa", "index"])
+
+
+def test_not_cached() -> None:
+    eng, text = _dense()
+    eng.core.fire("attn", [block_id(eng, "attn", text, 4)], "evict")
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.NOT_CACHED)
+    assert verdict.reasons_of(Reason.NOT_CACHED)[0].block_index == 4
+    _blocks_before(verdict, Reason.NOT_CACHED, 16)
+
+
+def test_compressed_incomplete_and_its_plan_compresses() -> None:
+    eng = engine(DEEPSEEK)
+    text = tokens(321)  # history blocks 0..4; 0..3 must be compressed at 320
+    _history_by_hand(eng, text, {1: "raw", 4: "raw"})
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.COMPRESSED_INCOMPLETE)
+    (short,) = verdict.reasons_of(Reason.COMPRESSED_INCOMPLETE)
+    assert (short.group, short.block_index) == ("history", 1)
+    # Raw, block 1 can still serve as the uncompressed tail at 128; past it, it cannot.
+    assert verdict.usable_tokens == 128
+    assert verdict.restorable_tokens == 320
+    (step,) = [s for s in verdict.plan if s.group == "history"]
+    assert [e.spec_name for e in step.path] == ["compress_begin", "compress_done"]
+
+
+def test_mid_compression() -> None:
+    eng = engine(DEEPSEEK)
+    text = tokens(321)
+    _history_by_hand(eng, text, {2: "compressing", 4: "raw"})
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.MID_COMPRESSION)
+    assert verdict.usable_tokens == 192  # block 2, still raw, is the tail at 192 at most
+    assert [e.spec_name for s in verdict.plan for e in s.path] == ["compress_done"]
+
+
+def test_tail_missing() -> None:
+    eng = engine(DEEPSEEK)
+    text = tokens(321)
+    _history_by_hand(eng, text, {})  # even the last block compressed: no raw tail left
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.TAIL_MISSING)
+    assert verdict.reasons_of(Reason.TAIL_MISSING)[0].block_index == 4
+    assert verdict.usable_tokens < 320 and verdict.restorable_tokens < 320
+
+
+def test_window_mismatch() -> None:
+    eng = engine(GPT_OSS)
+    text = tokens(161)
+    eng.commit(eng.prompt(text))
+    eng.core.fire("swa", [block_id(eng, "swa", text, 8)], "evict")
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.WINDOW_MISMATCH)
+    _blocks_before(verdict, Reason.WINDOW_MISMATCH, 16)
+
+
+def test_index_stale() -> None:
+    """An index spilled while its target changed comes back stale: it is never usable, and
+    restoring it is not in the plan."""
+    eng = engine(DEEPSEEK)
+    text = tokens(321)
+    eng.commit(eng.prompt(text))
+    core = eng.core
+    index = block_id(eng, "index", text, 10)
+    target = int(core.group("index").refs_target[index][0])
+    core.fire("index", [index], "spill_begin")
+    core.fire("history", [target], "evict")  # spilling index has no invalidate row
+    core.fire("index", [index], "spill_done")
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.INDEX_STALE)
+    _blocks_before(verdict, Reason.INDEX_STALE, 16)
+    assert all(s.block_id != index for s in verdict.plan)
+
+
+def test_not_resident_is_restorable() -> None:
+    eng, text = _dense()
+    block = block_id(eng, "attn", text, 6)
+    eng.core.fire("attn", [block], "spill_begin")
+    eng.core.fire("attn", [block], "spill_done")
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.NOT_RESIDENT)
+    _blocks_before(verdict, Reason.NOT_RESIDENT, 16)
+    assert verdict.restorable_tokens == 160
+    assert verdict.plan[0].tier is Tier.HOST
+
+
+def test_restore_in_flight() -> None:
+    eng, text = _dense()
+    block = block_id(eng, "attn", text, 2)
+    for event in ("spill_begin", "spill_done", "restore_begin"):
+        eng.core.fire("attn", [block], event)
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.RESTORE_IN_FLIGHT)
+    assert verdict.usable_tokens == 32
+    assert [e.spec_name for e in verdict.plan[0].path] == ["restore_done"]
+
+
+def test_layout_mismatch() -> None:
+    eng, text = _dense()
+    decl = eng.core.group("attn").decl
+    other = Layout(("block", "dim", "token"), decl.layout.alignment, decl.layout.padding)
+    verdict = eng.lookup(text, kernel_layouts={"attn": other})
+    _only(verdict, Reason.LAYOUT_MISMATCH)
+    assert verdict.usable_tokens == 0
+    assert eng.lookup(text, kernel_layouts={"attn": decl.layout}).usable_tokens == 160
+
+
+def test_layout_recorded_per_block() -> None:
+    """Blocks written after the engine switched kernels carry the new layout."""
+    eng = engine(DENSE)
+    text = tokens(161)
+    eng.commit(eng.prompt(text[:81]))
+    decl = eng.core.group("attn").decl
+    other = Layout(("block", "dim", "token"), decl.layout.alignment, decl.layout.padding)
+    eng.core.set_write_layout("attn", other)
+    eng.commit(eng.prompt(text))
+    verdict = eng.lookup(text, kernel_layouts={"attn": other})
+    assert verdict.usable_tokens == 0
+    assert verdict.reasons_of(Reason.LAYOUT_MISMATCH)[0].block_index == 0
+    old = eng.lookup(text, kernel_layouts={"attn": decl.layout})
+    assert old.usable_tokens == 80
+
+
+def test_misaligned() -> None:
+    eng, text = _dense()
+    eng.profile = DeviceProfile("picky", base_alignment=1 << 20, size_alignment=16)
+    verdict = eng.lookup(text, level=Level.FULL)
+    _only(verdict, Reason.MISALIGNED)
+    _blocks_before(verdict, Reason.MISALIGNED, 16)
+
+
+def test_group_gap() -> None:
+    """An index pointing at history blocks of another prompt does not fit this one."""
+    eng = engine(DEEPSEEK)
+    text, other = tokens(321, seed=1), tokens(321, seed=2)
+    eng.commit(eng.prompt(other))
+    stranger = block_id(eng, "history", other, 0)
+    eng.commit(eng.prompt(text), groups=["history", "swa"])
+    core = eng.core
+    prompt = eng.prompt(text)
+    high, low = prompt.words(16)
+    ids = core.allocate("index", np.arange(high.size), high, low)
+    core.fire("index", ids, Event.WRITE_BEGIN)
+    refs = np.full((ids.size, 4), NO_TARGET, dtype=np.int32)
+    refs[:, 0] = stranger
+    core.set_index_refs("index", ids, refs)
+    core.write("index", ids, np.zeros((ids.size, core.group("index").decl.payload_bytes),
+                                      np.uint8))
+    core.fire("index", ids, Event.WRITE_DONE)
+    verdict = eng.lookup(prompt)
+    _only(verdict, Reason.GROUP_GAP)
+    assert verdict.usable_tokens == 0
+
+
+def test_position_conflict() -> None:
+    """A block registered under the hash of position 2 but recorded at position 7."""
+    eng = engine(DENSE)
+    text = tokens(161)
+    prompt = eng.prompt(text)
+    high, low = prompt.words(16)
+    positions = np.arange(high.size)
+    positions[2] = 7
+    core = eng.core
+    ids = core.allocate("attn", positions, high, low)
+    core.fire("attn", ids, "write_begin")
+    core.write("attn", ids, np.zeros((ids.size, core.group("attn").decl.payload_bytes), np.uint8))
+    core.fire("attn", ids, "write_done")
+    verdict = eng.lookup(prompt)
+    _only(verdict, Reason.POSITION_CONFLICT)
+    assert verdict.usable_tokens == 32
+
+
+def test_checksum_mismatch_is_found_at_full_level() -> None:
+    """Silent corruption of device memory: only a FULL lookup recomputes the checksum."""
+    eng, text = _dense()
+    group = eng.core.group("attn")
+    block = block_id(eng, "attn", text, 5)
+    group.pools[Tier.DEVICE].data[int(group.slot[Tier.DEVICE][block]), 3] ^= 0xFF
+    verdict = eng.lookup(text, level=Level.FULL)
+    _only(verdict, Reason.CHECKSUM_MISMATCH)
+    assert verdict.usable_tokens == 80
+    assert verdict.restorable_tokens == 80  # corrupt bytes are not repaired by any restore
+
+
+def test_sub_blocks_missing() -> None:
+    """Defence in depth: the lifecycle never completes a block with missing sub-blocks, so
+    this needs a corrupted bitmap to show up."""
+    eng, text = _dense()
+    eng.core.group("attn").sub_blocks[block_id(eng, "attn", text, 1)] = 0
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.SUB_BLOCKS_MISSING)
+    assert verdict.usable_tokens == 16
+
+
+def test_no_checkpoint() -> None:
+    eng = engine(QWEN)
+    text = tokens(161)
+    eng.commit(eng.prompt(text))
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.NO_CHECKPOINT)
+    assert verdict.usable_tokens == 128
+
+
+def test_block_boundary() -> None:
+    eng = engine(TWO_SIZES)
+    text = tokens(90)
+    eng.commit(eng.prompt(text))
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.BLOCK_BOUNDARY)
+    assert verdict.usable_tokens == 48
+
+
+def test_prompt_end() -> None:
+    eng, text = _dense(160)
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.PROMPT_END)
+    assert verdict.usable_tokens == 144  # the block holding token 159 is recomputed
+
+
+def test_spec_decode_drop_is_applied_once() -> None:
+    eng, text = _dense()
+    verdict = eng.lookup(text, drop_last_block=True)
+    _only(verdict, Reason.SPEC_DECODE_DROP)
+    assert verdict.usable_tokens == 144
+
+
+def test_every_reason_has_a_test() -> None:
+    names = {name for name in globals() if name.startswith("test_")}
+    for reason in Reason:
+        assert any(reason.value in name for name in names), reason
+
+
+@pytest.mark.parametrize("level", list(Level))
+def test_a_clean_cache_is_usable_at_every_level(level: Level) -> None:
+    eng, text = _dense()
+    assert eng.lookup(text, level=level).usable_tokens == 160
