@@ -15,7 +15,14 @@ from kvfsm.memory._backend import data_ptr
 from kvfsm.spec import Form, GroupKind, Layout, Tier
 from kvfsm.state import GroupState, StateCore
 from kvfsm.state._group import NO_TARGET
-from kvfsm.verify._paths import FORM_CODES, restore_paths
+from kvfsm.verify._paths import (
+    FORM_CODES,
+    REACHES_COMPRESSED,
+    REACHES_RAW,
+    READABLE_COMPRESSED,
+    READABLE_RAW,
+    restore_paths,
+)
 from kvfsm.verify._types import DeviceProfile, Level, Reason
 
 Bools = NDArray[np.bool_]
@@ -74,14 +81,14 @@ class GroupEval:
             np.zeros(0, dtype=np.intp)
         found = self.ids >= 0
         safe = np.where(found, self.ids, 0)
-        table = group.table
-        paths = restore_paths(table)
+        self.paths = paths = restore_paths(group.table)
         states = group.states[safe]
         self.found, self.safe, self.states = found, safe, states
-        self.readable = found & table.readable[states]
-        self.form = paths.form[states]
-        self.in_flight = table.in_flight[states]
-        self.resident_elsewhere = table.residency[states] > int(Tier.DEVICE)
+        # Every per-state fact in one gather; a missing block has code 0.
+        code = paths.code[states] * found
+        readable_raw = (code & READABLE_RAW) > 0
+        readable_cmp = (code & READABLE_COMPRESSED) > 0
+        self.readable = readable_raw | readable_cmp
 
         # Layer 1, whole-block integrity (sub-blocks here, checksums below) and layer 3's
         # position part: the block found by hash is the one this position needs.
@@ -122,24 +129,33 @@ class GroupEval:
         if group.target is not None and n:
             self._check_index(group, safe, size, history)
 
-        base = found & self.position_ok & self.sub_ok & self.layout_ok & self.targets_ok & \
-            self.targets_in_prompt
-        verified = self.readable & self.align_ok & self.checksum_ok
-        self.now_raw = base & verified & (self.form == RAW)
-        self.now_cmp = base & verified & (self.form == COMPRESSED)
+        base = found & self.position_ok
+        base &= self.sub_ok
+        base &= self.layout_ok
+        if group.target is not None:
+            base &= self.targets_ok
+            base &= self.targets_in_prompt
+        checked = self.align_ok & self.checksum_ok
+        self.now_raw = base & checked & readable_raw
+        self.now_cmp = base & checked & readable_cmp
         # After the plan: blocks reaching the form by a content-preserving path; readable
         # blocks that failed a check stay bad (restoring cannot repair their bytes).
-        movable = base & self.restore_aligned & ~(self.readable & ~verified)
+        movable = base & ~(self.readable & ~checked)
+        if not self.restore_aligned:
+            movable[:] = False
         if group.target is not None:
             movable &= self.targets_resident  # restoring a target bumps its epoch
-        self.after_raw = self.now_raw | (movable & paths.reachable[Form.RAW][states])
-        self.after_cmp = self.now_cmp | (movable & paths.reachable[Form.COMPRESSED][states])
+        self.after_raw = self.now_raw | (movable & ((code & REACHES_RAW) > 0))
+        self.after_cmp = self.now_cmp | (movable & ((code & REACHES_COMPRESSED) > 0))
         self.chain_tokens = (int(np.argmin(found)) if not found.all() else n) * size
         # The classic hit: hash presence only, under the kind's own rule (a sliding window
         # needs only its window, a recurrent group a snapshot at exactly L).
         self.hit = self._usable(found, found)
         self.now = self._usable(self.now_raw, self.now_cmp)
-        self.after = self._usable(self.after_raw, self.after_cmp) | self.now
+        plan_changes_nothing = bool(np.array_equal(self.after_raw, self.now_raw)) and \
+            bool(np.array_equal(self.after_cmp, self.now_cmp))
+        self.after: Bools = self.now if plan_changes_nothing else \
+            self._usable(self.after_raw, self.after_cmp) | self.now
 
     def _check_index(self, group: GroupState, safe: NDArray[np.intp], size: int,
                      history: GroupEval | None) -> None:
@@ -246,14 +262,17 @@ class GroupEval:
         for ok, why in checks:
             if not ok:
                 return why
+        table = self.group.table
+        state = int(self.states[index])
+        in_flight = bool(table.in_flight[state])
         if not self.readable[index]:
-            if self.in_flight[index]:
+            if in_flight:
                 return Reason.RESTORE_IN_FLIGHT
-            return Reason.NOT_RESIDENT if self.resident_elsewhere[index] else Reason.NOT_CACHED
-        form = int(self.form[index])
+            resident_elsewhere = int(table.residency[state]) > int(Tier.DEVICE)
+            return Reason.NOT_RESIDENT if resident_elsewhere else Reason.NOT_CACHED
+        form = int(self.paths.form[state])
         if compressed and form != COMPRESSED:
-            return Reason.MID_COMPRESSION if self.in_flight[index] else \
-                Reason.COMPRESSED_INCOMPLETE
+            return Reason.MID_COMPRESSION if in_flight else Reason.COMPRESSED_INCOMPLETE
         if not compressed and form != RAW:
             return Reason.TAIL_MISSING
         for ok, why in ((bool(self.layout_ok[index]), Reason.LAYOUT_MISMATCH),

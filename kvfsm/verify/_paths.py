@@ -18,6 +18,8 @@ from kvfsm.spec import Content, Event, Form
 
 #: Code per form in :class:`RestorePaths` arrays.
 FORM_CODES = {Form.NONE: 0, Form.RAW: 1, Form.COMPRESSED: 2}
+#: Bits of :attr:`RestorePaths.code`.
+READABLE_RAW, READABLE_COMPRESSED, REACHES_RAW, REACHES_COMPRESSED = 1, 2, 4, 8
 
 
 class RestorePaths:
@@ -27,6 +29,7 @@ class RestorePaths:
         states = table.lifecycle.states
         self.form = np.array([FORM_CODES[s.form] for s in states], dtype=np.int8)
         complete = [s.content is Content.COMPLETE for s in states]
+        self.table = table
         self.paths: dict[Form, list[tuple[Event, ...] | None]] = {}
         self.reachable: dict[Form, NDArray[np.bool_]] = {}
         for form in (Form.RAW, Form.COMPRESSED):
@@ -34,6 +37,14 @@ class RestorePaths:
             paths = [_shortest(table, start, targets, complete) for start in range(len(states))]
             self.paths[form] = paths
             self.reachable[form] = np.array([p is not None for p in paths], dtype=np.bool_)
+        # One code per state so a lookup turns every per-state fact into a single gather.
+        readable = table.readable
+        self.code = (
+            (readable & (self.form == FORM_CODES[Form.RAW])) * READABLE_RAW
+            | (readable & (self.form == FORM_CODES[Form.COMPRESSED])) * READABLE_COMPRESSED
+            | self.reachable[Form.RAW] * REACHES_RAW
+            | self.reachable[Form.COMPRESSED] * REACHES_COMPRESSED
+        ).astype(np.uint8)
 
     def path(self, state: int, form: Form) -> tuple[Event, ...] | None:
         return self.paths[form][state]
