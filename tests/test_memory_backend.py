@@ -24,21 +24,7 @@ from kvfsm.memory import (
     select_backend,
     torch_view,
 )
-
-
-def _gpu_available() -> bool:
-    try:
-        CupyBackend()
-    except BackendUnavailable:
-        return False
-    return True
-
-
-HAVE_GPU = _gpu_available()
-GPU = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and a CUDA device"),
-]
+from tests.gpu import GPU, HAVE_GPU
 
 
 @pytest.fixture(params=["numpy", pytest.param("cupy", marks=GPU)])

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from kvfsm._errors import KvfsmError
 from kvfsm.memory import (
     Backend,
-    BackendUnavailable,
     CupyBackend,
     NumpyBackend,
     PoolExhausted,
@@ -25,23 +24,11 @@ from kvfsm.memory import (
     torch_view,
 )
 from kvfsm.spec import Tier
+from tests.gpu import GPU, HAVE_GPU
 
 Snapshot = tuple[Any, ...]
 
 
-def _gpu_available() -> bool:
-    try:
-        CupyBackend()
-    except BackendUnavailable:
-        return False
-    return True
-
-
-HAVE_GPU = _gpu_available()
-GPU = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and a CUDA device"),
-]
 requires_gpu = pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and a CUDA device")
 
 

@@ -54,18 +54,22 @@ class _Problems:
             raise SpecError(self.items)
 
 
-def load_lifecycle(path: str | Path) -> Lifecycle:
-    """Load and validate the lifecycle spec at ``path``; raises :class:`SpecError`."""
-    path = Path(path)
+def read_spec_text(path: Path) -> str:
+    """The text of a spec file; a missing, unreadable or non-UTF-8 file is a SpecError."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise SpecError([SpecProblem(str(path), "-", "-", f"cannot read: {exc}")]) from exc
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError([SpecProblem(str(path), "-", "-", f"not UTF-8: {exc}")]) from exc
-    return parse_lifecycle(text, source=str(path))
+
+
+def load_lifecycle(path: str | Path) -> Lifecycle:
+    """Load and validate the lifecycle spec at ``path``; raises :class:`SpecError`."""
+    path = Path(path)
+    return parse_lifecycle(read_spec_text(path), source=str(path))
 
 
 def parse_lifecycle(text: str, *, source: str = "<string>") -> Lifecycle:

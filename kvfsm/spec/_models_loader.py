@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
-from kvfsm._errors import SpecError, SpecProblem
-from kvfsm.spec._loader import _Problems
+from kvfsm._errors import SpecError
+from kvfsm.spec._loader import _Problems, read_spec_text
 from kvfsm.spec._models import DTYPES, MAX_SUB_BLOCKS, GroupDecl, GroupKind, Layout, ModelDecl
 from kvfsm.spec._shipped import shipped_lifecycles, shipped_specs_dir, spec_files
 
@@ -111,15 +111,7 @@ def load_model(path: str | Path, lifecycles: Iterable[str] | None = None) -> Mod
     ``lifecycles`` are the lifecycle names a group may follow (default: the shipped ones).
     """
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SpecError([SpecProblem(str(path), "-", "-", f"cannot read: {exc}")]) from exc
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError([SpecProblem(str(path), "-", "-", f"not UTF-8: {exc}")]) from exc
-    return parse_model(text, source=str(path), lifecycles=lifecycles)
+    return parse_model(read_spec_text(path), source=str(path), lifecycles=lifecycles)
 
 
 def parse_model(
