@@ -70,3 +70,24 @@ def test_cli_bench_state_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_bench_fsm_still_works(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "fsm", "--blocks", "2000"]) == 0
     assert "batched_per_s" in capsys.readouterr().out
+
+
+def test_footprint_counts_every_per_block_array() -> None:
+    """Every array of a group with one entry per block is in the metadata figure (or is the
+    hash, reported apart), so a new field cannot slip past the 32-byte budget unseen."""
+    import numpy as np
+
+    from kvfsm.bench._state import logical_arrays
+    from kvfsm.spec import shipped_models
+    from kvfsm.state import CoreConfig, StateCore
+
+    core = StateCore(shipped_models()["dense"], CoreConfig(device_blocks=8, host_blocks=8,
+                                                           backend="numpy"))
+    group = core.group("attn")
+    listed = {id(a) for a in logical_arrays(group).values()}
+    listed |= {id(group.hash_high), id(group.hash_low)}
+    for name, value in vars(group).items():
+        if isinstance(value, np.ndarray) and value.shape[:1] == (group.n_blocks,):
+            assert id(value) in listed, name
+    for tier, slots in group.slot.items():
+        assert id(slots) in listed, tier

@@ -62,6 +62,8 @@ def logical_arrays(group: GroupState) -> dict[str, NDArray[np.generic]]:
         "position": group.position,
         "pins": group.pins,
         "last_use": group.last_use,
+        "verified": group.verified,
+        "layout_id": group.layout_id,
     }
     for tier, slots in group.slot.items():
         arrays[f"slot_{tier.spec_name}"] = slots
