@@ -99,23 +99,32 @@ class Engine:
             interval = decl.checkpoint_interval or decl.block_size
             index = index[(index + 1) * decl.block_size % interval == 0]
         known = self.core.lookup_words(group.name, high[index], low[index])
-        index = index[known < 0]
-        if not index.size:
-            return np.zeros(0, dtype=np.intp)
+        fresh = index[known < 0]
         core, name = self.core, group.name
-        ids = core.allocate(name, index, high[index], low[index])
-        core.fire(name, ids, Event.WRITE_BEGIN)
-        if group.target is not None:
-            core.set_index_refs(name, ids, self._targets(group, prompt, index))
-        core.write(name, ids, payload(group, index))
-        core.fire(name, ids, Event.WRITE_DONE)
+        ids = np.zeros(0, dtype=np.intp)
+        if fresh.size:
+            ids = core.allocate(name, fresh, high[fresh], low[fresh])
+            core.fire(name, ids, Event.WRITE_BEGIN)
+            if group.target is not None:
+                core.set_index_refs(name, ids, self._targets(group, prompt, fresh))
+            core.write(name, ids, payload(group, fresh))
+            core.fire(name, ids, Event.WRITE_DONE)
         if decl.kind is GroupKind.COMPRESSED:
-            tail = decl.tail_tokens or 0
-            old = ids[(index + 1) * decl.block_size <= prompt.n_tokens - tail]
-            if old.size:
-                core.fire(name, old, Event.COMPRESS_BEGIN)
-                core.fire(name, old, Event.COMPRESS_DONE)
+            self._compress_old(group, prompt)
         return ids
+
+    def _compress_old(self, group: GroupState, prompt: Prompt) -> None:
+        """Compress every raw history block of the prompt that is now older than the tail
+        (blocks cached by a shorter prompt included); pinned ones wait (masked fire)."""
+        decl = group.decl
+        high, low = prompt.words(decl.block_size)
+        ids = self.core.lookup_words(group.name, high, low)
+        ends = (np.arange(ids.size) + 1) * decl.block_size
+        old = ids[(ids >= 0) & (ends <= prompt.n_tokens - (decl.tail_tokens or 0))]
+        raw = old[group.states[old] == group.table.state_id("raw")] if old.size else old
+        if raw.size:
+            moved = self.core.fire(group.name, raw, Event.COMPRESS_BEGIN)
+            self.core.fire(group.name, raw[moved], Event.COMPRESS_DONE, masked=True)
 
     def _targets(self, group: GroupState, prompt: Prompt,
                  index: NDArray[np.int64]) -> NDArray[np.int32]:

@@ -137,6 +137,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         target = out_dir / f"{name}.mmd"
         target.write_bytes(diagram(lifecycle, "mermaid"))
         print(f"wrote {target}")
+    from kvfsm._demo_faults import fault_report
+
+    print("\nkvfsm demo: a prefix hit is not a usable cache")
+    print("\n".join(fault_report()))
     return 0 if clean else 1
 
 

@@ -109,3 +109,18 @@ def test_demo_writes_diagrams(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         "sliding_window",
         "sparse_index",
     ]
+
+
+def test_demo_shows_hit_versus_usable_under_faults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "-o", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "a prefix hit is not a usable cache" in out
+    rows = {line.split("  ")[1].strip(): line for line in out.splitlines()
+            if line.startswith("  ") and "fault" not in line.split("  ")[1]}
+    clean = next(line for line in out.splitlines() if line.strip().startswith("no fault"))
+    assert clean.split()[2:5] == ["1024", "1024", "1024"]
+    flipped = next(line for line in out.splitlines() if "flipped" in line)
+    assert "checksum_mismatch" in flipped
+    assert rows  # every fault printed a row

@@ -70,10 +70,13 @@ class Machine:
         guards: Mapping[str, GuardFn] | None = None,
         effects: Mapping[str, EffectFn] | None = None,
         permissive: bool = False,
+        name: str | None = None,
     ) -> None:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self.table = table
+        #: How errors name this machine (the lifecycle's name unless the owner says better).
+        self.name = name or table.name
         self._states = np.full(capacity, table.initial, dtype=np.uint8)
         self._guards, self._effects = self._bind(table, guards or {}, effects or {}, permissive)
         rows = table.lifecycle.rows
@@ -149,13 +152,13 @@ class Machine:
         ev = _event_id(event)
         if not 0 <= obj < self._states.shape[0]:
             raise KvfsmError(
-                f"{self.table.name}: object id {obj} out of range [0, {self.capacity})"
+                f"{self.name}: object id {obj} out of range [0, {self.capacity})"
             )
         state = int(self._states[obj])
         dest = self._next_list[state][ev]
         if dest == INVALID:
             raise IllegalTransition(
-                self.table.name,
+                self.name,
                 ev.spec_name,
                 [obj],
                 [self.table.state_name(state)],
@@ -167,7 +170,7 @@ class Machine:
             for call, guard in self._row_guards[row_index]:
                 if not bool(guard(ids, call)[0]):
                     raise GuardRejected(
-                        self.table.name,
+                        self.name,
                         ev.spec_name,
                         [obj],
                         [self.table.state_name(state)],
@@ -201,7 +204,7 @@ class Machine:
         if not masked and not ok.all():
             bad = np.flatnonzero(~ok)
             raise IllegalTransition(
-                self.table.name,
+                self.name,
                 ev.spec_name,
                 batch[bad],
                 self._names(current[bad]),
@@ -233,7 +236,7 @@ class Machine:
             if masked:
                 return np.zeros(batch.size, dtype=np.bool_)
             raise IllegalTransition(
-                self.table.name, ev.spec_name, batch, self._names(current), "no row for this state"
+                self.name, ev.spec_name, batch, self._names(current), "no row for this state"
             )
         row_index = self._row_list[state][ev]
         ok = np.ones(batch.size, dtype=np.bool_)
@@ -258,7 +261,7 @@ class Machine:
         batch = np.asarray(ids)
         if batch.ndim != 1 or (batch.size and not np.issubdtype(batch.dtype, np.integer)):
             raise KvfsmError(
-                f"{self.table.name}: ids must be a 1-D integer array, got "
+                f"{self.name}: ids must be a 1-D integer array, got "
                 f"shape {batch.shape} dtype {batch.dtype}"
             )
         batch = batch.astype(np.intp, copy=False)
@@ -267,11 +270,11 @@ class Machine:
         low, high = int(batch.min()), int(batch.max())
         if low < 0 or high >= self.capacity:
             raise KvfsmError(
-                f"{self.table.name}: object ids must lie in [0, {self.capacity}), "
+                f"{self.name}: object ids must lie in [0, {self.capacity}), "
                 f"got min {low} max {high}"
             )
         if batch.size > self.capacity:
-            raise KvfsmError(f"{self.table.name}: {batch.size} ids for {self.capacity} objects: "
+            raise KvfsmError(f"{self.name}: {batch.size} ids for {self.capacity} objects: "
                              "ids appear more than once in one batch")
         if batch.size > 1 and not (batch[1:] > batch[:-1]).all():
             # Not strictly increasing: look for repeats. With duplicates the last scatter wins,
@@ -282,7 +285,7 @@ class Machine:
             if clash.any():
                 dupes = np.unique(batch[clash])
                 raise KvfsmError(
-                    f"{self.table.name}: ids appear more than once in one batch: "
+                    f"{self.name}: ids appear more than once in one batch: "
                     f"{dupes[:8].tolist()}"
                 )
         return batch
@@ -317,7 +320,7 @@ class Machine:
             failed = positions[~passed]
             if not masked:
                 raise GuardRejected(
-                    self.table.name,
+                    self.name,
                     ev.spec_name,
                     batch[failed],
                     self._names(current[failed]),

@@ -53,6 +53,9 @@ class CoreConfig:
     def slots(self, group: str) -> dict[Tier, int]:
         sizes = {Tier.DEVICE: self.device_blocks, Tier.HOST: self.host_blocks}
         for tier_name, count in self.per_group.get(group, {}).items():
+            if tier_name.upper() not in Tier.__members__:
+                raise KvfsmError(f"CoreConfig.per_group[{group!r}]: unknown tier {tier_name!r}; "
+                                 f"tiers: {[t.spec_name for t in Tier]}")
             sizes[Tier[tier_name.upper()]] = int(count)
         return {tier: count for tier, count in sizes.items() if count > 0}
 
@@ -74,6 +77,10 @@ class StateCore:
         host_backend = NumpyBackend()
         known = lifecycles if lifecycles is not None else shipped_lifecycles()
         self.seed = hash_seed(model.name, model.layout_version, self.config.cache_salt)
+        unknown = sorted(set(self.config.per_group) - {g.name for g in model.groups})
+        if unknown:
+            raise KvfsmError(f"CoreConfig.per_group names groups {unknown} that {model.name!r} "
+                             f"does not have; groups: {[g.name for g in model.groups]}")
         self._tick = 0
         groups: dict[str, GroupState] = {}
         for decl in model.groups:
@@ -173,7 +180,8 @@ class StateCore:
         state = self.group(group)
         ev = Event.from_name(event) if isinstance(event, str) else Event(event)
         if ev is Event.ALLOCATE:
-            raise KvfsmError("use StateCore.allocate: it also records the block's identity")
+            raise KvfsmError(f"{group}: use StateCore.allocate, which also records the block's "
+                             "identity, rather than firing 'allocate'")
         batch = self._ids(state, ids, unique=False)  # the machine refuses repeats itself
         moved = state.machine.fire_batch(batch, ev, masked=masked)
         state.note_entered_free(batch[moved])
@@ -212,20 +220,31 @@ class StateCore:
         pool = state.pools[Tier.DEVICE]
         slots = state.slot[Tier.DEVICE][batch]
         data = np.asarray(payload, dtype=np.uint8)
-        state.layout_id[batch] = state.write_layout
+        payload_bytes = state.decl.payload_bytes
         if sub_block is None:
-            pool.write(slots, data.reshape(batch.size, -1))
+            pool.write(slots, self._rows(group, data, batch.size, payload_bytes))
             state.sub_blocks[batch] = state.full_sub_mask
+            state.layout_id[batch] = state.write_layout
             return
         parts = state.decl.sub_blocks or 0
         if not 0 <= sub_block < parts:
             raise KvfsmError(f"{group}: sub_block {sub_block} outside [0, {parts})")
-        width = -(-state.decl.payload_bytes // parts)
-        start, stop = sub_block * width, min((sub_block + 1) * width, state.decl.payload_bytes)
+        width = -(-payload_bytes // parts)
+        start, stop = sub_block * width, min((sub_block + 1) * width, payload_bytes)
+        chunk = self._rows(group, data, batch.size, stop - start)
         rows = pool.read(slots)
-        rows[:, start:stop] = data.reshape(batch.size, stop - start)
+        rows[:, start:stop] = chunk
         pool.write(slots, rows)
         state.sub_blocks[batch] |= np.uint16(1 << sub_block)
+        state.layout_id[batch] = state.write_layout
+
+    @staticmethod
+    def _rows(group: str, data: NDArray[np.uint8], count: int, width: int) -> NDArray[np.uint8]:
+        """``data`` as ``[count, width]`` bytes, or a KvfsmError naming the group."""
+        if data.size != count * width:
+            raise KvfsmError(f"{group}: payload of {data.size} bytes for {count} blocks of "
+                             f"{width} bytes; expected shape [{count}, {width}]")
+        return data.reshape(count, width)
 
     def set_write_layout(self, group: str, layout: Layout) -> None:
         """Blocks written from now on are laid out as ``layout`` (e.g. the engine switched
@@ -255,15 +274,20 @@ class StateCore:
             raise KvfsmError(f"{group}: not a sparse-index group")
         writing = np.array([s.content is Content.PARTIAL for s in state.table.lifecycle.states])
         self._require(state, batch, writing, "set index references of")
-        refs = np.asarray(targets, dtype=np.int32).reshape(batch.size, -1)
-        if refs.shape[1] != state.refs_target.shape[1]:
-            raise KvfsmError(f"{group}: {refs.shape[1]} targets per block, top_k is "
-                             f"{state.refs_target.shape[1]}")
+        top_k = state.refs_target.shape[1]
+        refs = self._refs(group, np.asarray(targets, dtype=np.int32), batch.size, top_k)
         used = refs != NO_TARGET
         if ((refs < NO_TARGET) | (refs >= state.target.n_blocks)).any():
             raise KvfsmError(f"{group}: target ids outside [0, {state.target.n_blocks})")
         state.refs_target[batch] = refs
         state.refs_epoch[batch] = np.where(used, state.target.epoch[np.where(used, refs, 0)], 0)
+
+    @staticmethod
+    def _refs(group: str, refs: NDArray[np.int32], count: int, top_k: int) -> NDArray[np.int32]:
+        if refs.size != count * top_k:
+            raise KvfsmError(f"{group}: {refs.size} targets for {count} index blocks; "
+                             f"expected shape [{count}, {top_k}] (top_k {top_k})")
+        return refs.reshape(count, top_k)
 
     # -- readers ---------------------------------------------------------------------------
 
@@ -288,6 +312,13 @@ class StateCore:
                              f"{batch[state.pins[batch] == 0][:8].tolist()}")
         targets = self._index_targets(state, batch)
         if state.target is not None and targets.size:
+            held = np.bincount(targets, minlength=state.target.n_blocks)
+            short = np.flatnonzero(state.target.pins < held)
+            if short.size:
+                # Someone unpinned a target this index still holds: refuse, never wrap.
+                raise StateError(f"{group}: unpinning index blocks would release pins on "
+                                 f"{state.target.name} blocks {short[:8].tolist()} that are "
+                                 "no longer held (unbalanced unpin)")
             np.subtract.at(state.target.pins, targets, 1)
         state.pins[batch] -= np.uint16(1)
 
@@ -301,8 +332,10 @@ class StateCore:
 
     def touch(self, group: str, ids: ArrayLike) -> None:
         """Mark blocks used now (for the LRU eviction order)."""
+        state = self.group(group)
+        batch = self._ids(state, ids, unique=False)
         self._tick += 1
-        self.group(group).last_use[np.asarray(ids, dtype=np.intp)] = self._tick
+        state.last_use[batch] = self._tick
 
     def eviction_candidates(self, group: str, count: int) -> IdArray:
         """Up to ``count`` least recently used device blocks that may be evicted now."""

@@ -72,7 +72,8 @@ class GroupState:
         # Logical ids in the free state, as a stack: allocation is O(k), not a scan.
         self.free_ids = np.arange(n - 1, -1, -1, dtype=np.int32)
         self.free_top = n
-        self.machine = Machine(table, n, guards=self._guards(), effects=self._effects())
+        self.machine = Machine(table, n, guards=self._guards(), effects=self._effects(),
+                               name=f"group {decl.name!r} ({table.name})")
         self._restoring = np.array(
             [s.in_flight and s.residency not in (None, Tier.DEVICE)
              and Tier.DEVICE in s.slots for s in table.lifecycle.states], dtype=np.bool_)

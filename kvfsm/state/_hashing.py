@@ -18,7 +18,9 @@ _TOKEN_DTYPE = np.dtype("<i8")
 
 def hash_seed(model: str, layout_version: int, cache_salt: str = "") -> bytes:
     """The root digest every chain starts from; different keys never share a block."""
-    key = f"kvfsm\x00{model}\x00{layout_version}\x00{cache_salt}".encode()
+    # Length-prefixed parts: no two different (model, version, salt) spell the same bytes.
+    parts = [b"kvfsm", model.encode(), str(layout_version).encode(), cache_salt.encode()]
+    key = b"".join(len(part).to_bytes(4, "little") + part for part in parts)
     return xxhash.xxh3_128_digest(key)
 
 
