@@ -135,11 +135,15 @@ class Engine:
         top_k = group.refs_target.shape[1]
         high, low = prompt.words(target.decl.block_size)
         target_ids = self.core.lookup_words(target.name, high, low)
-        refs = np.full((index.size, top_k), NO_TARGET, dtype=np.int32)
-        ends = (index + 1) * group.decl.block_size
-        for row, end in enumerate(ends.tolist()):
-            count = min(end // target.decl.block_size, target_ids.size)
-            chosen = target_ids[max(count - top_k, 0): count]
-            chosen = chosen[chosen >= 0]
-            refs[row, : chosen.size] = chosen
+        if not target_ids.size:
+            return np.full((index.size, top_k), NO_TARGET, dtype=np.int32)
+        # Row i: the top_k most recent cached targets complete before index block i ends,
+        # oldest first, packed to the front of the row.
+        complete = np.minimum((index + 1) * group.decl.block_size // target.decl.block_size,
+                              target_ids.size)
+        picks = complete[:, None] - top_k + np.arange(top_k)[None, :]
+        chosen = np.where(picks >= 0, target_ids[np.maximum(picks, 0)], NO_TARGET)
+        chosen = np.where(chosen >= 0, chosen, NO_TARGET)
+        order = np.argsort(chosen == NO_TARGET, axis=1, kind="stable")
+        refs: NDArray[np.int32] = np.take_along_axis(chosen, order, axis=1).astype(np.int32)
         return refs

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import TypeVar
 
 import attrs
 import numpy as np
@@ -33,6 +34,9 @@ from kvfsm.state._hashing import hash_seed, join_words
 
 #: The low 64-bit word of a 128-bit key.
 _WORD = (1 << 64) - 1
+
+
+_Shaped = TypeVar("_Shaped", NDArray[np.uint8], NDArray[np.int32])
 
 
 class StateError(KvfsmError):
@@ -239,11 +243,12 @@ class StateCore:
         state.layout_id[batch] = state.write_layout
 
     @staticmethod
-    def _rows(group: str, data: NDArray[np.uint8], count: int, width: int) -> NDArray[np.uint8]:
-        """``data`` as ``[count, width]`` bytes, or a KvfsmError naming the group."""
+    def _rows(group: str, data: _Shaped, count: int, width: int, what: str = "payload bytes"
+              ) -> _Shaped:
+        """``data`` as ``[count, width]``, or a KvfsmError naming the group and the shapes."""
         if data.size != count * width:
-            raise KvfsmError(f"{group}: payload of {data.size} bytes for {count} blocks of "
-                             f"{width} bytes; expected shape [{count}, {width}]")
+            raise KvfsmError(f"{group}: {data.size} {what} for {count} blocks; expected shape "
+                             f"[{count}, {width}]")
         return data.reshape(count, width)
 
     def set_write_layout(self, group: str, layout: Layout) -> None:
@@ -275,19 +280,13 @@ class StateCore:
         writing = np.array([s.content is Content.PARTIAL for s in state.table.lifecycle.states])
         self._require(state, batch, writing, "set index references of")
         top_k = state.refs_target.shape[1]
-        refs = self._refs(group, np.asarray(targets, dtype=np.int32), batch.size, top_k)
+        refs = self._rows(group, np.asarray(targets, dtype=np.int32), batch.size, top_k,
+                          f"index targets (top_k {top_k})")
         used = refs != NO_TARGET
         if ((refs < NO_TARGET) | (refs >= state.target.n_blocks)).any():
             raise KvfsmError(f"{group}: target ids outside [0, {state.target.n_blocks})")
         state.refs_target[batch] = refs
         state.refs_epoch[batch] = np.where(used, state.target.epoch[np.where(used, refs, 0)], 0)
-
-    @staticmethod
-    def _refs(group: str, refs: NDArray[np.int32], count: int, top_k: int) -> NDArray[np.int32]:
-        if refs.size != count * top_k:
-            raise KvfsmError(f"{group}: {refs.size} targets for {count} index blocks; "
-                             f"expected shape [{count}, {top_k}] (top_k {top_k})")
-        return refs.reshape(count, top_k)
 
     # -- readers ---------------------------------------------------------------------------
 
