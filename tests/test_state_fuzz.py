@@ -388,7 +388,10 @@ class GptOssCore(CoreMachine):
 
 
 # CI budget (the issue asks for at least 200 examples of 50 steps); `long` raises both.
-FUZZ = settings(max_examples=200, stateful_step_count=50, deadline=None,
+# At least the CI budget; a bigger loaded profile (HYPOTHESIS_PROFILE=long) raises both.
+FUZZ = settings(max_examples=max(200, settings.default.max_examples),
+                stateful_step_count=max(50, settings.default.stateful_step_count),
+                deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 def test_deepseek_core_agrees_with_reference() -> None:
@@ -400,7 +403,8 @@ def test_qwen_next_core_agrees_with_reference() -> None:
 
 
 def test_gpt_oss_core_agrees_with_reference() -> None:
-    run_state_machine_as_test(GptOssCore, settings=settings(FUZZ, max_examples=100))
+    half = settings(FUZZ, max_examples=FUZZ.max_examples // 2)
+    run_state_machine_as_test(GptOssCore, settings=half)
 
 
 def test_fuzzing_reaches_every_state_of_the_deepseek_model() -> None:
