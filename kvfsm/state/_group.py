@@ -179,6 +179,7 @@ class GroupState:
         self.sub_blocks[ids] = 0
         if self.refs_target.size:
             self.refs_target[ids] = NO_TARGET
+            self.refs_epoch[ids] = 0
 
     # -- free-id stack ---------------------------------------------------------------------
 

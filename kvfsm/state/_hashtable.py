@@ -81,27 +81,27 @@ class BlockHashTable:
 
     def _find(self, high: U64Array, low: U64Array) -> IdArray:
         """The slot holding each key, or -1."""
-        found = np.full(high.size, -1, dtype=np.intp)
-        # First round: the home slot alone, where most keys are (1-D, the cheapest form).
+        # First round: the home slot alone, where most keys are (1-D, the cheapest form: three
+        # gathers and compares over every key, no index lists).
         pos = self._home(low)
         values = self.value[pos]
-        candidate = np.flatnonzero((values >= 0) & (self.key_low[pos] == low))
-        hit = candidate[self.key_high[pos[candidate]] == high[candidate]]
-        found[hit] = pos[hit]
-        go = values != EMPTY
-        go[hit] = False
-        pending = np.flatnonzero(go)
+        hit = (values >= 0) & (self.key_low[pos] == low) & (self.key_high[pos] == high)
+        found: IdArray = np.where(hit, pos, -1)
+        pending = np.flatnonzero(~hit & (values != EMPTY))
         pos, hi, lo = pos[pending] + 1, high[pending], low[pending]
-        # Later rounds: WINDOW contiguous slots per key still pending.
+        # Later rounds: WINDOW contiguous slots per key still pending. Flat positions of the
+        # few set entries stand in for reductions along the short axis, which are slow.
         wrap = self.capacity - 1
         while pending.size:
             slots = (pos[:, None] + _WINDOW_OFFSETS) & wrap
             values = self.value[slots]
-            rows, cols = np.nonzero((values >= 0) & (self.key_low[slots] == lo[:, None]))
-            hit = self.key_high[slots[rows, cols]] == hi[rows]
-            rows, cols = rows[hit], cols[hit]
+            flat = np.flatnonzero((values >= 0) & (self.key_low[slots] == lo[:, None]))
+            rows, cols = flat // WINDOW, flat % WINDOW
+            keep = self.key_high[slots[rows, cols]] == hi[rows]
+            rows, cols = rows[keep], cols[keep]
             found[pending[rows]] = slots[rows, cols]
-            go = ~(values == EMPTY).any(axis=1)
+            go = np.ones(pending.size, dtype=np.bool_)
+            go[np.flatnonzero(values == EMPTY) // WINDOW] = False
             go[rows] = False
             pending, pos, hi, lo = pending[go], pos[go] + WINDOW, hi[go], lo[go]
         return found

@@ -7,6 +7,8 @@ compressed tail, recurrent checkpoints) are exact and there is no shrinking loop
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -14,7 +16,6 @@ from kvfsm.memory import SlotPool
 from kvfsm.memory._backend import data_ptr
 from kvfsm.spec import Form, GroupKind, Layout, Tier
 from kvfsm.state import GroupState, StateCore
-from kvfsm.state._group import NO_TARGET
 from kvfsm.verify._paths import (
     FORM_CODES,
     REACHES_COMPRESSED,
@@ -26,8 +27,9 @@ from kvfsm.verify._paths import (
 from kvfsm.verify._types import DeviceProfile, Level, Reason
 
 Bools = NDArray[np.bool_]
+_Rows = TypeVar("_Rows", NDArray[np.int32], NDArray[np.uint32])
 #: Bits of the per-target code used by the sparse-index checks.
-_ALIVE, _RESIDENT, _MINE = np.uint8(1), np.uint8(2), np.uint8(4)
+_ALIVE, _RESIDENT = np.uint8(1), np.uint8(2)
 RAW, COMPRESSED = FORM_CODES[Form.RAW], FORM_CODES[Form.COMPRESSED]
 
 
@@ -44,6 +46,16 @@ def _rows_clean(bad: NDArray[np.bool_]) -> Bools:
     clean = np.ones(bad.shape[0], dtype=np.bool_)
     clean[np.flatnonzero(bad) // bad.shape[1]] = False
     return clean
+
+
+def _take_rows(array: _Rows, rows: NDArray[np.intp]) -> _Rows:
+    """``array[rows]``, as a view when the rows are one contiguous run (blocks allocated
+    together usually are), which saves a gather."""
+    count = rows.size
+    if count and int(rows[-1]) - int(rows[0]) == count - 1 and \
+            (count < 2 or bool((np.diff(rows) == 1).all())):
+        return array[int(rows[0]) : int(rows[0]) + count]
+    return array[rows]
 
 
 def alignment_guaranteed(pool: SlotPool, profile: DeviceProfile) -> bool:
@@ -107,9 +119,15 @@ class GroupEval:
         self.align_ok = np.ones(n, dtype=np.bool_)
         self.restore_aligned = alignment_guaranteed(pool, profile)
         if slots.size and not (level is Level.FAST and self.restore_aligned):
-            address = np.int64(data_ptr(pool.data)) + pool.offsets(slots)
-            aligned = (address % profile.base_alignment == 0) & \
-                (pool.stride % profile.size_alignment == 0)
+            # address = base + slot * stride: when base and stride are both multiples of the
+            # required alignment every slot is aligned, exactly; otherwise check each one.
+            base = data_ptr(pool.data)
+            sized = pool.stride % profile.size_alignment == 0
+            if base % profile.base_alignment == 0 and pool.stride % profile.base_alignment == 0:
+                aligned = np.full(slots.size, sized, dtype=np.bool_)
+            else:
+                address = np.int64(base) + pool.offsets(slots)
+                aligned = (address % profile.base_alignment == 0) & sized
             self.align_ok[self.readable] = aligned
         # Layer 1, checksums: FULL recomputes all; reduced levels trust a verification made
         # at the block's current epoch (every epoch bump clears it).
@@ -163,30 +181,34 @@ class GroupEval:
         this prompt's history at its position, complete before the index block ends."""
         target = group.target
         assert target is not None
-        refs = group.refs_target[safe]
-        # Facts per target block first (small arrays), folded into one code per target so
-        # each reference costs one gather; an unused reference (-1) reads the extra last entry.
+        refs = _take_rows(group.refs_target, safe)
+        epochs = _take_rows(group.refs_epoch, safe)
+        # Facts per target block first (small arrays), then one gather per reference; an
+        # unused reference (-1) reads the extra last entry, which always passes (an unused
+        # reference is recorded with epoch 0).
         states = target.states
-        code = np.zeros(target.n_blocks + 1, dtype=np.uint8)
+        code = np.empty(target.n_blocks + 1, dtype=np.uint8)
         code[:-1] = target.table.hashed[states] * _ALIVE + target.table.readable[states] * _RESIDENT
-        code[-1] = _ALIVE | _RESIDENT | _MINE
-        if history is not None:
-            position = target.position.astype(np.int64)
-            inside = np.flatnonzero((position >= 0) & (position < history.n))
-            code[inside] |= (history.ids[position[inside]] == inside) * np.uint8(_MINE)
-            # Complete before the index block ends: target end <= index block end.
-            last_ok = np.full(target.n_blocks + 1, np.iinfo(np.int64).max, dtype=np.int64)
-            last_ok[:-1] = (position + 1) * target.decl.block_size
-            last_ok[-1] = 0
-        else:
-            code[:-1] |= _MINE
+        code[-1] = _ALIVE | _RESIDENT
+        epoch = np.empty(target.n_blocks + 1, dtype=np.uint32)
+        epoch[:-1] = target.epoch
+        epoch[-1] = 0
         per_ref = code[refs]
-        stale = (target.epoch[refs] != group.refs_epoch[safe]) & (refs != NO_TARGET)
-        self.targets_ok = _rows_clean(stale | (per_ref & _ALIVE == 0))
+        self.targets_ok = _rows_clean((epoch[refs] != epochs) | (per_ref & _ALIVE == 0))
         self.targets_resident = _rows_clean(per_ref & _RESIDENT == 0)
-        if history is not None:
-            bound = ((np.arange(refs.shape[0]) + 1) * size)[:, None]
-            self.targets_in_prompt = _rows_clean((per_ref & _MINE == 0) | (last_ok[refs] > bound))
+        if history is None:
+            return
+        # Per target: the first index row allowed to point at it (the history block of this
+        # prompt at its position, complete before that row's block ends); never for others.
+        first_row = np.full(target.n_blocks + 1, np.iinfo(np.int32).max, dtype=np.int32)
+        first_row[-1] = -1
+        position = target.position
+        inside = np.flatnonzero((position >= 0) & (position < history.n))
+        mine = inside[history.ids[position[inside]] == inside]
+        ends = (position[mine].astype(np.int64) + 1) * target.decl.block_size
+        first_row[mine] = (ends + size - 1) // size - 1
+        rows = np.arange(refs.shape[0], dtype=np.int32)[:, None]
+        self.targets_in_prompt = _rows_clean(first_row[refs] > rows)
 
     # -- usable at every candidate length ----------------------------------------------------
 
@@ -205,8 +227,11 @@ class GroupEval:
 
     def _usable(self, ok_raw: Bools, ok_cmp: Bools) -> Bools:
         lengths = self.lengths
-        blocks = self.blocks_at(lengths)
         kind = self.decl.kind
+        if kind in (GroupKind.FULL, GroupKind.SLIDING_WINDOW, GroupKind.SPARSE_INDEX) and \
+                bool(ok_raw.all()):
+            return np.ones(lengths.size, dtype=np.bool_)  # every block passes: every length
+        blocks = self.blocks_at(lengths)
         if kind is GroupKind.RECURRENT:
             interval = self.decl.checkpoint_interval or self.decl.block_size
             last = np.maximum(blocks - 1, 0)
