@@ -141,9 +141,7 @@ class GroupEval:
                 self.checksum_ok[checked] = passed
                 group.verified[readable_ids[todo][passed]] = True
         # Sparse index: targets current (epochs) and inside this prompt's history (layer 3).
-        self.targets_ok = np.ones(n, dtype=np.bool_)
-        self.targets_in_prompt = np.ones(n, dtype=np.bool_)
-        self.targets_resident = np.ones(n, dtype=np.bool_)
+        self.targets_fit = np.ones(n, dtype=np.bool_)
         if group.target is not None and n:
             self._check_index(group, safe, size, history)
 
@@ -151,8 +149,7 @@ class GroupEval:
         base &= self.sub_ok
         base &= self.layout_ok
         if group.target is not None:
-            base &= self.targets_ok
-            base &= self.targets_in_prompt
+            base &= self.targets_fit
         checked = self.align_ok & self.checksum_ok
         self.now_raw = base & checked & readable_raw
         self.now_cmp = base & checked & readable_cmp
@@ -161,8 +158,8 @@ class GroupEval:
         movable = base & ~(self.readable & ~checked)
         if not self.restore_aligned:
             movable[:] = False
-        if group.target is not None:
-            movable &= self.targets_resident  # restoring a target bumps its epoch
+        if group.target is not None and not self.now_raw.all():
+            movable &= self._targets_resident()  # restoring a target bumps its epoch
         self.after_raw = self.now_raw | (movable & ((code & REACHES_RAW) > 0))
         self.after_cmp = self.now_cmp | (movable & ((code & REACHES_COMPRESSED) > 0))
         self.chain_tokens = (int(np.argmin(found)) if not found.all() else n) * size
@@ -193,10 +190,12 @@ class GroupEval:
         epoch = np.empty(target.n_blocks + 1, dtype=np.uint32)
         epoch[:-1] = target.epoch
         epoch[-1] = 0
-        per_ref = code[refs]
-        self.targets_ok = _rows_clean((epoch[refs] != epochs) | (per_ref & _ALIVE == 0))
-        self.targets_resident = _rows_clean(per_ref & _RESIDENT == 0)
+        self._refs, self._ref_epochs, self._target_code, self._target_epoch = \
+            refs, epochs, code, epoch
+        self._first_row: NDArray[np.int32] | None = None
+        bad = (epoch[refs] != epochs) | (code[refs] & _ALIVE == 0)
         if history is None:
+            self.targets_fit = _rows_clean(bad)
             return
         # Per target: the first index row allowed to point at it (the history block of this
         # prompt at its position, complete before that row's block ends); never for others.
@@ -208,7 +207,22 @@ class GroupEval:
         ends = (position[mine].astype(np.int64) + 1) * target.decl.block_size
         first_row[mine] = (ends + size - 1) // size - 1
         rows = np.arange(refs.shape[0], dtype=np.int32)[:, None]
-        self.targets_in_prompt = _rows_clean(first_row[refs] > rows)
+        self._first_row = first_row
+        # Stale and outside-the-prompt together: one pass; reason() tells them apart.
+        self.targets_fit = _rows_clean(bad | (first_row[refs] > rows))
+
+    def _targets_resident(self) -> Bools:
+        """Per index block: every target readable now (only needed for the restore plan)."""
+        if not hasattr(self, "_refs"):
+            return np.ones(self.n, dtype=np.bool_)
+        return _rows_clean(self._target_code[self._refs] & _RESIDENT == 0)
+
+    def _index_reason(self, index: int) -> Reason:
+        """Which index check block ``index`` failed: a stale target, or one not of this prompt."""
+        refs = self._refs[index]
+        stale = (self._target_epoch[refs] != self._ref_epochs[index]) | \
+            (self._target_code[refs] & _ALIVE == 0)
+        return Reason.INDEX_STALE if bool(stale.any()) else Reason.GROUP_GAP
 
     # -- usable at every candidate length ----------------------------------------------------
 
@@ -281,12 +295,12 @@ class GroupEval:
         checks: list[tuple[bool, Reason]] = [
             (bool(self.position_ok[index]), Reason.POSITION_CONFLICT),
             (bool(self.sub_ok[index]), Reason.SUB_BLOCKS_MISSING),
-            (bool(self.targets_ok[index]), Reason.INDEX_STALE),
-            (bool(self.targets_in_prompt[index]), Reason.GROUP_GAP),
         ]
         for ok, why in checks:
             if not ok:
                 return why
+        if not self.targets_fit[index]:
+            return self._index_reason(index)
         table = self.group.table
         state = int(self.states[index])
         in_flight = bool(table.in_flight[state])
