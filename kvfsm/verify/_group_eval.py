@@ -95,7 +95,7 @@ class GroupEval:
         safe = np.where(found, self.ids, 0)
         self.paths = paths = restore_paths(group.table)
         states = group.states[safe]
-        self.found, self.safe, self.states = found, safe, states
+        self.found, self.states = found, states
         # Every per-state fact in one gather; a missing block has code 0.
         code = paths.code[states] * found
         readable_raw = (code & READABLE_RAW) > 0
@@ -193,9 +193,9 @@ class GroupEval:
         self._refs, self._ref_epochs, self._target_code, self._target_epoch = \
             refs, epochs, code, epoch
         self._first_row: NDArray[np.int32] | None = None
-        bad = (epoch[refs] != epochs) | (code[refs] & _ALIVE == 0)
+        stale = epoch[refs] != epochs
         if history is None:
-            self.targets_fit = _rows_clean(bad)
+            self.targets_fit = _rows_clean(stale | (code[refs] & _ALIVE == 0))
             return
         # Per target: the first index row allowed to point at it (the history block of this
         # prompt at its position, complete before that row's block ends); never for others.
@@ -206,10 +206,12 @@ class GroupEval:
         mine = inside[history.ids[position[inside]] == inside]
         ends = (position[mine].astype(np.int64) + 1) * target.decl.block_size
         first_row[mine] = (ends + size - 1) // size - 1
+        # A target no longer hashed is never allowed either: one gather checks both.
+        first_row[:-1][code[:-1] & _ALIVE == 0] = np.iinfo(np.int32).max
         rows = np.arange(refs.shape[0], dtype=np.int32)[:, None]
         self._first_row = first_row
-        # Stale and outside-the-prompt together: one pass; reason() tells them apart.
-        self.targets_fit = _rows_clean(bad | (first_row[refs] > rows))
+        # Stale, dead and outside-the-prompt together; reason() tells them apart.
+        self.targets_fit = _rows_clean(stale | (first_row[refs] > rows))
 
     def _targets_resident(self) -> Bools:
         """Per index block: every target readable now (only needed for the restore plan)."""
