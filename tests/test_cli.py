@@ -124,3 +124,16 @@ def test_demo_shows_hit_versus_usable_under_faults(
     flipped = next(line for line in out.splitlines() if "flipped" in line)
     assert "checksum_mismatch" in flipped
     assert rows  # every fault printed a row
+
+
+def test_tools_bench_runs_every_measurement(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "bench.py"
+    spec = importlib.util.spec_from_file_location("tools_bench", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--quick"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == {"fsm", "state", "lookup"}
