@@ -121,7 +121,8 @@ class Engine:
         ids = self.core.lookup_words(group.name, high, low)
         ends = (np.arange(ids.size) + 1) * decl.block_size
         old = ids[(ids >= 0) & (ends <= prompt.n_tokens - (decl.tail_tokens or 0))]
-        raw = old[group.states[old] == group.table.state_id("raw")] if old.size else old
+        # Which blocks can start compressing is the table's answer, not a state name.
+        raw = old[group.event_row(Event.COMPRESS_BEGIN)[group.states[old]]]
         if raw.size:
             moved = self.core.fire(group.name, raw, Event.COMPRESS_BEGIN)
             self.core.fire(group.name, raw[moved], Event.COMPRESS_DONE, masked=True)
