@@ -9,6 +9,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kvfsm._errors import KvfsmError
+from kvfsm._jit import warm_up
 from kvfsm.spec import Event, GroupKind, ModelDecl
 from kvfsm.state import NO_TARGET, CoreConfig, GroupState, StateCore
 from kvfsm.verify import DeviceProfile, KernelLayouts, Level, Prompt, Verdict, lookup
@@ -46,6 +47,9 @@ class Engine:
         policy: VerifyPolicy | None = None,
     ) -> None:
         self.core = StateCore(model, config)
+        # Compile the lookup's kernels now (or load them from the disk cache), not during the
+        # first request.
+        warm_up()
         self.model = model
         self.profile = profile or DeviceProfile()
         self.policy = policy or VerifyPolicy()

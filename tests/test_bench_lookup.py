@@ -17,6 +17,8 @@ def test_bench_lookup_figures() -> None:
     figures = bench_lookup(tokens=4096, repeat=3)
     for key in KEYS:
         assert figures[key] > 0, key
+    assert figures["lookup_numpy_ms_median"] > 0
+    assert figures["kernels"] in ("numba", "numpy")
     assert figures["usable_tokens"] == 4096  # the committed prompt is reusable up to its end
     assert figures["ratio_baseline_vs_lookup"] == pytest.approx(
         figures["baseline_ms_median"] / figures["lookup_ms_median"])

@@ -22,6 +22,9 @@ from hypothesis.stateful import (
 
 from kvfsm.state._hashtable import EMPTY, TOMBSTONE, BlockHashTable
 
+#: Every test runs with compiled kernels and with their NumPy twins.
+pytestmark = pytest.mark.usefixtures("jit_backend")
+
 WORD = (1 << 64) - 1
 #: High words: keys equal in their low word differ only here.
 HIGHS = (0, 1, 1 << 63, WORD)

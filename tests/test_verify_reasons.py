@@ -12,6 +12,9 @@ from kvfsm.state import NO_TARGET
 from kvfsm.verify import DeviceProfile, Level, Reason, Verdict
 from tests.verify_models import DEEPSEEK, DENSE, GPT_OSS, QWEN, TWO_SIZES, block_id, engine, tokens
 
+#: Every test runs with compiled kernels and with their NumPy twins.
+pytestmark = pytest.mark.usefixtures("jit_backend")
+
 
 def _only(verdict: Verdict, reason: Reason) -> None:
     assert reason in verdict.reason_set, verdict.reasons

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvfsm.verify import Reason
 from tests.verify_models import (
     DEEPSEEK,
@@ -15,6 +17,9 @@ from tests.verify_models import (
     engine,
     tokens,
 )
+
+#: Every test runs with compiled kernels and with their NumPy twins.
+pytestmark = pytest.mark.usefixtures("jit_backend")
 
 
 def test_full_attention_stops_at_the_first_missing_block() -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import numpy as np
+import contextlib
 
-from kvfsm import Engine
-from kvfsm.spec import ModelDecl, parse_model
-from kvfsm.state import CoreConfig
+import numpy as np
+from hypothesis import strategies as st
+
+from kvfsm import Engine, KvfsmError
+from kvfsm.spec import Event, ModelDecl, Tier, parse_model
+from kvfsm.state import NO_TARGET, CoreConfig
+from kvfsm.verify import DeviceProfile
 
 LAYOUT = """
 [groups.layout]
@@ -68,3 +72,54 @@ def block_id(eng: Engine, group: str, prompt_tokens: np.ndarray, index: int) -> 
     found = int(eng.core.lookup_words(group, high[index : index + 1], low[index : index + 1])[0])
     assert found >= 0, f"{group} block {index} not cached"
     return found
+
+
+EVENTS = [Event.EVICT, Event.SPILL_BEGIN, Event.SPILL_DONE, Event.RESTORE_BEGIN,
+          Event.RESTORE_DONE, Event.RESTORE_FAIL, Event.COMPRESS_BEGIN, Event.INVALIDATE]
+#: Prompts the random drives commit and look up: equal first tokens, so their chains share.
+PROMPTS = [np.concatenate([tokens(64, seed=9), tokens(257, seed=s)]) for s in range(3)]
+
+
+def drive(eng: Engine, data: st.DataObject, steps: int) -> set[str]:
+    """Take ``eng`` through ``steps`` random operations: commits of prompt prefixes, lifecycle
+    events on live blocks, host copies corrupted on purpose, device profiles stricter than the
+    pools, and index references scrambled behind the core's back (a stale, dead, foreign or
+    unused target; the core's invariants then rightly fail). Returns the operations drawn."""
+    drawn: set[str] = set()
+    for _ in range(steps):
+        op = data.draw(st.sampled_from(["commit", "event", "corrupt", "profile", "scramble"]),
+                       label="op")
+        drawn.add(op)
+        name = data.draw(st.sampled_from(sorted(eng.core.groups)), label="group")
+        group = eng.core.group(name)
+        if op == "commit":
+            text = data.draw(st.sampled_from(PROMPTS), label="prompt")
+            cut = data.draw(st.integers(1, text.size), label="cut")
+            # Pools may fill up: the groups committed before the refusal stay, consistently.
+            with contextlib.suppress(KvfsmError):
+                eng.commit(eng.prompt(text[:cut]))
+        elif op == "event":
+            live = np.flatnonzero(group.states != group.table.initial)
+            if live.size:
+                block = int(data.draw(st.sampled_from(live.tolist()), label="block"))
+                with contextlib.suppress(KvfsmError):
+                    eng.core.fire(name, [block], data.draw(st.sampled_from(EVENTS)))
+        elif op == "corrupt":
+            held = np.flatnonzero(group.slot[Tier.HOST] != -1) if Tier.HOST in group.slot \
+                else np.zeros(0, dtype=np.intp)
+            if held.size:
+                block = int(data.draw(st.sampled_from(held.tolist()), label="block"))
+                group.pools[Tier.HOST].data[int(group.slot[Tier.HOST][block]), 0] ^= 0xFF
+        elif op == "profile":
+            eng.profile = DeviceProfile(
+                "drawn", base_alignment=data.draw(st.sampled_from([64, 256, 4096, 1 << 16])),
+                size_alignment=data.draw(st.sampled_from([1, 16, 512])))
+        elif group.target is not None:
+            live = np.flatnonzero(group.states != group.table.initial)
+            if live.size:
+                block = int(data.draw(st.sampled_from(live.tolist()), label="block"))
+                slot = data.draw(st.integers(0, group.refs_target.shape[1] - 1), label="ref")
+                group.refs_target[block, slot] = data.draw(
+                    st.integers(NO_TARGET, group.target.n_blocks - 1), label="target")
+                group.refs_epoch[block, slot] = data.draw(st.integers(0, 3), label="epoch")
+    return drawn

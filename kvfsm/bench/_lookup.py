@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvfsm._engine import Engine
+from kvfsm._jit import settings as jit
 from kvfsm.bench._timing import median_seconds
 from kvfsm.spec import shipped_models
 from kvfsm.state import CoreConfig
@@ -13,7 +14,8 @@ from kvfsm.verify import Level, lookup
 
 def bench_lookup(*, tokens: int = 131_072, repeat: int = 15) -> dict[str, float | int | str]:
     """Median lookup latency over the DeepSeek-style model (every group, every layer at FULL
-    level minus data checksums; with checksums reported too), against a baseline that walks
+    level minus data checksums; with checksums, and with the NumPy twins of the compiled
+    kernels, reported too), against a baseline that walks
     each group's blocks one by one in Python checking only the hash, like a hit-only cache."""
     model = shipped_models()["deepseek_v4_like"]
     finest = min(g.block_size for g in model.groups)
@@ -29,6 +31,13 @@ def bench_lookup(*, tokens: int = 131_072, repeat: int = 15) -> dict[str, float 
         lookup(engine.core, prompt, level=Level.FULL, checksums=False)
 
     lookup_s = median_seconds(run_lookup, repeat=repeat)
+    # The same lookup with the kernels' NumPy twins (what runs where numba is missing).
+    compiled = jit.enabled
+    try:
+        jit.enabled = False
+        numpy_s = median_seconds(run_lookup, repeat=repeat)
+    finally:
+        jit.enabled = compiled
     with_checksums_s = median_seconds(
         lambda: lookup(engine.core, prompt, level=Level.FULL), repeat=max(repeat // 3, 3))
     verdict = lookup(engine.core, prompt, level=Level.FULL)
@@ -63,7 +72,9 @@ def bench_lookup(*, tokens: int = 131_072, repeat: int = 15) -> dict[str, float 
         "model": model.name,
         "tokens": tokens,
         "usable_tokens": verdict.usable_tokens,
+        "kernels": jit.backend,
         "lookup_ms_median": lookup_s * 1e3,
+        "lookup_numpy_ms_median": numpy_s * 1e3,
         "lookup_with_checksums_ms_median": with_checksums_s * 1e3,
         "baseline_ms_median": baseline_s * 1e3,
         "ratio_baseline_vs_lookup": baseline_s / lookup_s,

@@ -7,8 +7,6 @@ compressed tail, recurrent checkpoints) are exact and there is no shrinking loop
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 import numpy as np
 from numpy.typing import NDArray
 
@@ -16,6 +14,7 @@ from kvfsm.memory import SlotPool
 from kvfsm.memory._backend import data_ptr
 from kvfsm.spec import Form, GroupKind, Layout, Tier
 from kvfsm.state import GroupState, StateCore
+from kvfsm.verify._index_check import IndexCheck
 from kvfsm.verify._paths import (
     FORM_CODES,
     REACHES_COMPRESSED,
@@ -27,9 +26,6 @@ from kvfsm.verify._paths import (
 from kvfsm.verify._types import DeviceProfile, Level, Reason
 
 Bools = NDArray[np.bool_]
-_Rows = TypeVar("_Rows", NDArray[np.int32], NDArray[np.uint32])
-#: Bits of the per-target code used by the sparse-index checks.
-_ALIVE, _RESIDENT = np.uint8(1), np.uint8(2)
 RAW, COMPRESSED = FORM_CODES[Form.RAW], FORM_CODES[Form.COMPRESSED]
 
 
@@ -38,24 +34,6 @@ def _prefix(bad: Bools) -> NDArray[np.int64]:
     out = np.zeros(bad.size + 1, dtype=np.int64)
     np.cumsum(bad, out=out[1:])
     return out
-
-
-def _rows_clean(bad: NDArray[np.bool_]) -> Bools:
-    """Per row of a ``[n, k]`` mask: no entry set. Reductions along a short last axis are slow
-    in NumPy, and bad entries are rare, so find the flat positions of the few that are set."""
-    clean = np.ones(bad.shape[0], dtype=np.bool_)
-    clean[np.flatnonzero(bad) // bad.shape[1]] = False
-    return clean
-
-
-def _take_rows(array: _Rows, rows: NDArray[np.intp]) -> _Rows:
-    """``array[rows]``, as a view when the rows are one contiguous run (blocks allocated
-    together usually are), which saves a gather."""
-    count = rows.size
-    if count and int(rows[-1]) - int(rows[0]) == count - 1 and \
-            (count < 2 or bool((np.diff(rows) == 1).all())):
-        return array[int(rows[0]) : int(rows[0]) + count]
-    return array[rows]
 
 
 def alignment_guaranteed(pool: SlotPool, profile: DeviceProfile) -> bool:
@@ -141,9 +119,11 @@ class GroupEval:
                 self.checksum_ok[checked] = passed
                 group.verified[readable_ids[todo][passed]] = True
         # Sparse index: targets current (epochs) and inside this prompt's history (layer 3).
+        self.index: IndexCheck | None = None
         self.targets_fit = np.ones(n, dtype=np.bool_)
         if group.target is not None and n:
-            self._check_index(group, safe, size, history)
+            self.index = IndexCheck(group, safe, history.ids if history else None)
+            self.targets_fit = self.index.fit
 
         base = found & self.position_ok
         base &= self.sub_ok
@@ -158,8 +138,8 @@ class GroupEval:
         movable = base & ~(self.readable & ~checked)
         if not self.restore_aligned:
             movable[:] = False
-        if group.target is not None and not self.now_raw.all():
-            movable &= self._targets_resident()  # restoring a target bumps its epoch
+        if self.index is not None and not self.now_raw.all():
+            movable &= self.index.targets_resident()  # restoring a target bumps its epoch
         self.after_raw = self.now_raw | (movable & ((code & REACHES_RAW) > 0))
         self.after_cmp = self.now_cmp | (movable & ((code & REACHES_COMPRESSED) > 0))
         self.chain_tokens = (int(np.argmin(found)) if not found.all() else n) * size
@@ -171,60 +151,6 @@ class GroupEval:
             bool(np.array_equal(self.after_cmp, self.now_cmp))
         self.after: Bools = self.now if plan_changes_nothing else \
             self._usable(self.after_raw, self.after_cmp) | self.now
-
-    def _check_index(self, group: GroupState, safe: NDArray[np.intp], size: int,
-                     history: GroupEval | None) -> None:
-        """Sparse index: every target current (epoch, still hashed), resident, and the block of
-        this prompt's history at its position, complete before the index block ends."""
-        target = group.target
-        assert target is not None
-        refs = _take_rows(group.refs_target, safe)
-        epochs = _take_rows(group.refs_epoch, safe)
-        # Facts per target block first (small arrays), then one gather per reference; an
-        # unused reference (-1) reads the extra last entry, which always passes (an unused
-        # reference is recorded with epoch 0).
-        states = target.states
-        code = np.empty(target.n_blocks + 1, dtype=np.uint8)
-        code[:-1] = target.table.hashed[states] * _ALIVE + target.table.readable[states] * _RESIDENT
-        code[-1] = _ALIVE | _RESIDENT
-        epoch = np.empty(target.n_blocks + 1, dtype=np.uint32)
-        epoch[:-1] = target.epoch
-        epoch[-1] = 0
-        self._refs, self._ref_epochs, self._target_code, self._target_epoch = \
-            refs, epochs, code, epoch
-        self._first_row: NDArray[np.int32] | None = None
-        stale = epoch[refs] != epochs
-        if history is None:
-            self.targets_fit = _rows_clean(stale | (code[refs] & _ALIVE == 0))
-            return
-        # Per target: the first index row allowed to point at it (the history block of this
-        # prompt at its position, complete before that row's block ends); never for others.
-        first_row = np.full(target.n_blocks + 1, np.iinfo(np.int32).max, dtype=np.int32)
-        first_row[-1] = -1
-        position = target.position
-        inside = np.flatnonzero((position >= 0) & (position < history.n))
-        mine = inside[history.ids[position[inside]] == inside]
-        ends = (position[mine].astype(np.int64) + 1) * target.decl.block_size
-        first_row[mine] = (ends + size - 1) // size - 1
-        # A target no longer hashed is never allowed either: one gather checks both.
-        first_row[:-1][code[:-1] & _ALIVE == 0] = np.iinfo(np.int32).max
-        rows = np.arange(refs.shape[0], dtype=np.int32)[:, None]
-        self._first_row = first_row
-        # Stale, dead and outside-the-prompt together; reason() tells them apart.
-        self.targets_fit = _rows_clean(stale | (first_row[refs] > rows))
-
-    def _targets_resident(self) -> Bools:
-        """Per index block: every target readable now (only needed for the restore plan)."""
-        if not hasattr(self, "_refs"):
-            return np.ones(self.n, dtype=np.bool_)
-        return _rows_clean(self._target_code[self._refs] & _RESIDENT == 0)
-
-    def _index_reason(self, index: int) -> Reason:
-        """Which index check block ``index`` failed: a stale target, or one not of this prompt."""
-        refs = self._refs[index]
-        stale = (self._target_epoch[refs] != self._ref_epochs[index]) | \
-            (self._target_code[refs] & _ALIVE == 0)
-        return Reason.INDEX_STALE if bool(stale.any()) else Reason.GROUP_GAP
 
     # -- usable at every candidate length ----------------------------------------------------
 
@@ -302,7 +228,8 @@ class GroupEval:
             if not ok:
                 return why
         if not self.targets_fit[index]:
-            return self._index_reason(index)
+            assert self.index is not None
+            return self.index.reason(index)
         table = self.group.table
         state = int(self.states[index])
         in_flight = bool(table.in_flight[state])

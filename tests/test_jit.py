@@ -1,0 +1,114 @@
+"""Compiled kernels: same answers as their NumPy twins, compiled before the first request, and
+a clean NumPy fallback when numba is missing or disabled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvfsm._jit import _KERNELS, warm_up
+from kvfsm._jit import settings as jit
+from kvfsm.verify import Level
+from tests.verify_models import DEEPSEEK, FOUR, GPT_OSS, PROMPTS, drive, engine
+
+needs_numba = pytest.mark.skipif(not jit.available, reason="numba is not installed")
+
+
+def _python(code: str, **env: str) -> str:
+    """Run ``code`` in a fresh interpreter (the environment decides numba's use at import)."""
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                            text=True, env={**os.environ, **env}, check=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@needs_numba
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), decl=st.sampled_from([DEEPSEEK, FOUR, GPT_OSS]))
+def test_compiled_and_numpy_lookups_agree(data: st.DataObject, decl: object) -> None:
+    """For any state the drive reaches (scrambled index references included), the verdict is
+    the same whether the probes and reference checks run compiled or as NumPy arrays, at every
+    level."""
+    eng = engine(decl, device=24, host=6)  # type: ignore[arg-type]
+    drive(eng, data, data.draw(st.integers(1, 12), label="steps"))
+    text = data.draw(st.sampled_from(PROMPTS), label="lookup prompt")
+    prompt = eng.prompt(text[: data.draw(st.integers(1, text.size), label="length")])
+    level = data.draw(st.sampled_from(list(Level)), label="level")
+    try:
+        jit.enabled = False
+        expected = eng.lookup(prompt, level=level)
+    finally:
+        jit.enabled = True
+    assert eng.lookup(prompt, level=level) == expected
+
+
+@needs_numba
+def test_warm_up_compiles_the_one_version_a_lookup_uses() -> None:
+    """After warm-up every kernel has exactly one compiled version, and lookups over every
+    shipped model add none: no request pays for compiling."""
+    warm_up()
+    for each in _KERNELS:
+        assert len(each.compiled.signatures) == 1, each.__name__  # type: ignore[attr-defined]
+    eng = engine(FOUR)
+    text = PROMPTS[0]
+    eng.commit(eng.prompt(text))
+    assert eng.lookup(text).usable_tokens > 0
+    for each in _KERNELS:
+        assert len(each.compiled.signatures) == 1, each.__name__  # type: ignore[attr-defined]
+
+
+def test_importing_kvfsm_does_not_import_numba() -> None:
+    """numba costs a quarter of a second to import: only a lookup (or warm-up) pays it."""
+    assert _python("import sys, kvfsm; print('numba' in sys.modules)") == "False"
+
+
+def test_disabled_by_environment_falls_back_to_numpy() -> None:
+    out = _python("""
+        import sys
+        import numpy as np
+        from kvfsm import Engine, shipped_models
+        from kvfsm._jit import settings
+        from kvfsm.state import CoreConfig
+        eng = Engine(shipped_models()["deepseek_v4_like"],
+                     CoreConfig(device_blocks=64, host_blocks=0, backend="numpy"))
+        text = np.arange(400)
+        eng.commit(eng.prompt(text))
+        try:
+            settings.enabled = True
+        except ValueError as error:
+            refused = "unavailable" in str(error)
+        print(settings.backend, eng.lookup(text).usable_tokens, "numba" in sys.modules, refused)
+    """, KVFSM_JIT="0")
+    assert out == "numpy 384 False True"
+
+
+def test_a_kernel_called_without_numba_says_so() -> None:
+    out = _python("""
+        from kvfsm.state._hashtable import probe_kernel
+        try:
+            probe_kernel(*probe_kernel.example())
+        except RuntimeError as error:
+            print("settings.enabled" in str(error))
+    """, KVFSM_JIT="off")
+    assert out == "True"
+
+
+@needs_numba
+def test_python_and_compiled_kernels_agree_on_their_examples() -> None:
+    """The uncompiled function is the compiled one's source; on the examples both write the
+    same answer."""
+    import numpy as np
+
+    for each in _KERNELS:
+        slow, fast = each.example(), each.example()
+        each.python(*slow)
+        each(*fast)
+        for a, b in zip(slow, fast, strict=True):
+            if isinstance(a, np.ndarray):
+                assert np.array_equal(a, b), each.__name__
