@@ -105,3 +105,16 @@ def test_targets_resident_for_the_plan() -> None:
     core.fire("history", [history[1]], Event.SPILL_DONE)
     resident = _check(eng, ids, history).targets_resident()
     assert resident.tolist() == [row < 10 for row in range(ROWS)]
+
+
+@pytest.mark.parametrize("corrupt", [-7, 10_000, np.iinfo(np.int32).max])
+def test_a_reference_outside_the_target_group_fails_and_is_never_read(corrupt: int) -> None:
+    """Metadata corrupted behind the core's back (the core refuses such targets on write):
+    the row fails as stale, the restore plan's residency check and the reason do not crash."""
+    eng, ids, history = _indexed([[0] if row >= 3 else [] for row in range(ROWS)])
+    eng.core.group("index").refs_target[ids[14], 1] = corrupt
+    check = _check(eng, ids, history)
+    assert np.flatnonzero(~check.fit).tolist() == [14]
+    assert check.reason(14) is Reason.INDEX_STALE
+    assert not check.targets_resident()[14]
+    assert eng.lookup(TEXT).usable_tokens <= 14 * 16

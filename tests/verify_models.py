@@ -119,7 +119,9 @@ def drive(eng: Engine, data: st.DataObject, steps: int) -> set[str]:
             if live.size:
                 block = int(data.draw(st.sampled_from(live.tolist()), label="block"))
                 slot = data.draw(st.integers(0, group.refs_target.shape[1] - 1), label="ref")
+                # Mostly real targets, sometimes outside the target group (corrupt metadata).
                 group.refs_target[block, slot] = data.draw(
-                    st.integers(NO_TARGET, group.target.n_blocks - 1), label="target")
+                    st.integers(NO_TARGET, group.target.n_blocks - 1)
+                    | st.sampled_from([-5, group.target.n_blocks, 1 << 30]), label="target")
                 group.refs_epoch[block, slot] = data.draw(st.integers(0, 3), label="epoch")
     return drawn

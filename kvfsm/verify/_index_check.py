@@ -12,16 +12,19 @@ costs two reads: the target's epoch and its ``first_row``.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._jit import kernel
 from kvfsm._jit import settings as jit
-from kvfsm.state import GroupState
+from kvfsm.state import NO_TARGET, GroupState
 from kvfsm.verify._types import Reason
 
 Bools = NDArray[np.bool_]
 IdArray = NDArray[np.intp]
+_Rows = TypeVar("_Rows", NDArray[np.int32], NDArray[np.uint32])
 #: ``first_row`` of a target no row may point at.
 NEVER = np.iinfo(np.int32).max
 
@@ -38,15 +41,19 @@ def refs_fit_kernel(ids: IdArray, refs_target: NDArray[np.int32],
                     first_row: NDArray[np.int32], out: Bools) -> None:
     """``out[i]``: every reference of index block ``ids[i]`` (prompt row ``i``) is at its
     target's epoch and the target allows row ``i``. An unused reference (-1) reads the extra
-    last entry of both tables, which it always passes. Stops at a row's first bad reference."""
+    last entry of both tables, which it always passes; a reference outside the target group
+    (corrupt metadata) fails, never read. Stops at a row's first bad reference."""
     unused = target_epoch.size - 1
     for row in range(ids.size):
         block = ids[row]
         ok = True
         for j in range(refs_target.shape[1]):
             target = refs_target[block, j]
-            if target < 0:
+            if target == -1:
                 target = unused
+            elif target < 0 or target >= unused:
+                ok = False
+                break
             if target_epoch[target] != refs_epoch[block, j] or first_row[target] > row:
                 ok = False
                 break
@@ -61,8 +68,7 @@ def _rows_clean(bad: Bools) -> Bools:
     return clean
 
 
-def _rows_of(array: NDArray[np.int32] | NDArray[np.uint32],
-             rows: IdArray) -> NDArray[np.int32] | NDArray[np.uint32]:
+def _rows_of(array: _Rows, rows: IdArray) -> _Rows:
     """``array[rows]``, as a view when the rows are one contiguous run (blocks allocated
     together usually are), which saves a gather."""
     count = rows.size
@@ -114,8 +120,20 @@ class IndexCheck:
                             self._first_row, fit)
             return fit
         refs, epochs = _rows_of(group.refs_target, self.ids), _rows_of(group.refs_epoch, self.ids)
+        refs, outside = self._in_range(refs)
         rows = np.arange(n, dtype=np.int32)[:, None]
-        return _rows_clean((self._epoch[refs] != epochs) | (self._first_row[refs] > rows))
+        bad = (self._epoch[refs] != epochs) | (self._first_row[refs] > rows)
+        return _rows_clean(bad if outside is None else bad | outside)
+
+    def _in_range(self, refs: NDArray[np.int32]) -> tuple[NDArray[np.int32], Bools | None]:
+        """``refs`` safe to gather with, and where they pointed outside the target group
+        (corrupt metadata: such references fail), or None when none did (checked in two
+        reductions, the common case)."""
+        if not refs.size or (int(refs.min()) >= NO_TARGET
+                             and int(refs.max()) < self.target.n_blocks):
+            return refs, None
+        outside = (refs < NO_TARGET) | (refs >= self.target.n_blocks)
+        return np.where(outside, NO_TARGET, refs).astype(np.int32), outside
 
     def targets_resident(self) -> Bools:
         """Per prompt row: every target readable now (needed only for a restore plan; restoring
@@ -124,13 +142,17 @@ class IndexCheck:
         readable = np.empty(target.n_blocks + 1, dtype=np.bool_)
         readable[:-1] = target.table.readable[target.states]
         readable[-1] = True
-        return _rows_clean(~readable[self.group.refs_target[self.ids]])
+        refs, outside = self._in_range(self.group.refs_target[self.ids])
+        bad = ~readable[refs]
+        return _rows_clean(bad if outside is None else bad | outside)
 
     def reason(self, row: int) -> Reason:
         """Why row ``row`` failed: a stale or dead target, or a target not of this prompt."""
         block = int(self.ids[row])
-        refs = self.group.refs_target[block]
+        refs, outside = self._in_range(self.group.refs_target[block])
         stale = (self._epoch[refs] != self.group.refs_epoch[block]) | ~self._alive(refs)
+        if outside is not None:
+            stale |= outside
         return Reason.INDEX_STALE if bool(stale.any()) else Reason.GROUP_GAP
 
     def _alive(self, refs: NDArray[np.int32]) -> Bools:
