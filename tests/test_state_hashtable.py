@@ -233,3 +233,17 @@ def test_slot_markers_and_bad_input() -> None:
     with pytest.raises(ValueError, match="int32"):
         table.insert_first([1], [1], [1 << 31])
     assert table.get(-1, 7) == 7 and table.get(1 << 128) is None
+
+
+def test_a_table_without_empty_slots_still_answers() -> None:
+    """Every slot taken (a corrupt table: the real one keeps at least half empty): probes end
+    after one lap instead of circling, finding the keys present and reporting the rest absent."""
+    table = BlockHashTable(4)
+    n = table.capacity
+    table.key_high[:] = np.arange(n, dtype=np.uint64)
+    table.key_low[:] = np.arange(n, dtype=np.uint64) * np.uint64(n)  # every home is slot 0
+    table.value[:] = np.arange(n, dtype=np.int32)
+    present = table.lookup(table.key_high, table.key_low)
+    assert present.tolist() == list(range(n))
+    assert table.lookup([n + 5], [3]).tolist() == [-1]
+    assert any("no empty slot" in problem for problem in table.problems())

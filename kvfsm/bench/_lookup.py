@@ -15,8 +15,8 @@ from kvfsm.verify import Level, lookup
 def bench_lookup(*, tokens: int = 131_072, repeat: int = 15) -> dict[str, float | int | str]:
     """Median lookup latency over the DeepSeek-style model (every group, every layer at FULL
     level minus data checksums; with checksums, and with the NumPy twins of the compiled
-    kernels, reported too), against a baseline that walks
-    each group's blocks one by one in Python checking only the hash, like a hit-only cache."""
+    kernels, reported too), against a baseline that walks each group's blocks one by one in
+    Python checking only the hash, like a hit-only cache."""
     model = shipped_models()["deepseek_v4_like"]
     finest = min(g.block_size for g in model.groups)
     blocks = tokens // finest + 8

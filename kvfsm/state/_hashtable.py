@@ -7,7 +7,9 @@ block published it is at most half full. Collisions are resolved by linear probi
 
 Every batch operation is vectorized in probe rounds: one round is a few array operations over
 the keys still pending, and the number of rounds is the longest probe chain met (small at a load
-factor of one half). Removal leaves a tombstone; when tombstones exceed a quarter of the capacity
+factor of one half); finding keys (every lookup) runs instead as one compiled pass walking each
+key's chain (``probe_kernel``, numba) when compiled kernels are enabled, the rounds being its
+NumPy twin. Removal leaves a tombstone; when tombstones exceed a quarter of the capacity
 the table is rebuilt in place (its live entries re-inserted, vectorized). There is no Python
 object per entry and no Python loop per key on any batch path.
 
@@ -55,14 +57,15 @@ def probe_kernel(key_high: U64Array, key_low: U64Array, value: NDArray[np.int32]
                  high: U64Array, low: U64Array, out: IdArray, want_block: bool) -> None:
     """Per key, linear probing from its home until its entry or an empty slot: ``out`` gets
     the slot (``want_block`` false) or the block id (true), -1 when absent. One pass, compiled;
-    the twin of the vectorized rounds in :meth:`BlockHashTable._find`."""
+    the twin of the vectorized rounds in :meth:`BlockHashTable._find`. A chain never runs past
+    the capacity, so a table left without empty slots (corrupt) still ends the probe."""
     mask = np.uint64(value.size - 1)
     wrap = value.size - 1
     for i in range(high.size):
         hi, lo = high[i], low[i]
         pos = np.intp(lo & mask)
         out[i] = -1
-        while True:
+        for _ in range(value.size):
             held = value[pos]
             if held == EMPTY:
                 break
@@ -126,7 +129,9 @@ class BlockHashTable:
         # Later rounds: WINDOW contiguous slots per key still pending. Flat positions of the
         # few set entries stand in for reductions along the short axis, which are slow.
         wrap = self.capacity - 1
-        while pending.size:
+        probed = 1  # slots of each chain examined; past the capacity a chain has no end
+        while pending.size and probed < self.capacity:
+            probed += WINDOW
             slots = (pos[:, None] + _WINDOW_OFFSETS) & wrap
             values = self.value[slots]
             flat = np.flatnonzero((values >= 0) & (self.key_low[slots] == lo[:, None]))
