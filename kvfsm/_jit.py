@@ -20,6 +20,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 #: Environment variable that disables compiled kernels when set to 0 / false / no / off.
 ENV_VAR = "KVFSM_JIT"
 _OFF = frozenset({"0", "false", "no", "off"})
@@ -95,6 +97,13 @@ class Kernel:
 
     def __call__(self, *args: Any) -> None:
         (self._compiled or self.compiled)(*args)
+
+
+def read_only(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``array`` made read-only, for examples: numba compiles a separate version for read-only
+    arrays (a lifecycle table's per-state facts, a machine's state view)."""
+    array.flags.writeable = False
+    return array
 
 
 #: Every kernel, for :func:`warm_up`.

@@ -118,3 +118,10 @@ def test_a_reference_outside_the_target_group_fails_and_is_never_read(corrupt: i
     assert check.reason(14) is Reason.INDEX_STALE
     assert not check.targets_resident()[14]
     assert eng.lookup(TEXT).usable_tokens <= 14 * 16
+
+
+def test_a_prompt_without_history_blocks_fits_only_unused_references() -> None:
+    """Shorter than one history block: no target can be of this prompt."""
+    eng, ids, history = _indexed([[0] if row % 2 else [] for row in range(ROWS)])
+    fit = _check(eng, ids, history[:0]).fit
+    assert fit.tolist() == [row % 2 == 0 for row in range(ROWS)]

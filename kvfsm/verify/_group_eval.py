@@ -14,13 +14,22 @@ from kvfsm.memory import SlotPool
 from kvfsm.memory._backend import data_ptr
 from kvfsm.spec import Form, GroupKind, Layout, Tier
 from kvfsm.state import GroupState, StateCore
+from kvfsm.verify._block_facts import (
+    FOUND,
+    LAYOUT,
+    PLACED,
+    READ_COMPRESSED,
+    READ_RAW,
+    READABLE,
+    SOUND,
+    TO_COMPRESSED,
+    TO_RAW,
+    WHOLE,
+    block_facts,
+)
 from kvfsm.verify._index_check import IndexCheck
 from kvfsm.verify._paths import (
     FORM_CODES,
-    REACHES_COMPRESSED,
-    REACHES_RAW,
-    READABLE_COMPRESSED,
-    READABLE_RAW,
     restore_paths,
 )
 from kvfsm.verify._types import DeviceProfile, Level, Reason
@@ -40,6 +49,46 @@ def alignment_guaranteed(pool: SlotPool, profile: DeviceProfile) -> bool:
     """The pool's construction already satisfies the profile for every slot."""
     return pool.alignment % profile.base_alignment == 0 and \
         pool.stride % profile.size_alignment == 0
+
+
+def _aligned(pool: SlotPool, profile: DeviceProfile, slots: NDArray[np.int32],
+             readable: Bools) -> Bools | None:
+    """Layer 4 per prompt block: the device address and size of each readable block meet the
+    profile (None: all do). address = base + slot * stride: when base and stride are both
+    multiples of the required alignment every slot is aligned, exactly; else check each."""
+    base = data_ptr(pool.data)
+    sized = pool.stride % profile.size_alignment == 0
+    if base % profile.base_alignment == 0 and pool.stride % profile.base_alignment == 0:
+        return None if sized else ~readable
+    address = np.int64(base) + pool.offsets(slots)
+    ok = np.ones(readable.size, dtype=np.bool_)
+    ok[readable] = (address % profile.base_alignment == 0) & sized
+    return ok
+
+
+def _checksums_pass(group: GroupState, pool: SlotPool, level: Level, slots: NDArray[np.int32],
+                    readable_ids: NDArray[np.intp], readable: Bools) -> Bools | None:
+    """Layer 1 per prompt block: the readable blocks' bytes match their checksums (None: all
+    do). FULL recomputes all; reduced levels trust a verification made at the block's current
+    epoch (every epoch bump clears it), and record the ones they make."""
+    todo = np.ones(slots.size, dtype=np.bool_) if level is Level.FULL else \
+        ~group.verified[readable_ids]
+    if not todo.any():
+        return None
+    passed = pool.verify_checksum(slots[todo])
+    group.verified[readable_ids[todo][passed]] = True
+    if passed.all():
+        return None
+    ok = np.ones(readable.size, dtype=np.bool_)
+    ok[np.flatnonzero(readable)[todo]] = passed
+    return ok
+
+
+def _both(first: Bools | None, second: Bools | None) -> Bools | None:
+    """``first & second`` where None means "all pass"."""
+    if first is None or second is None:
+        return second if first is None else first
+    return first & second
 
 
 class GroupEval:
@@ -69,79 +118,51 @@ class GroupEval:
         n = self.n
         self.ids = core.lookup_words(group.name, high[:n], low[:n]) if n else \
             np.zeros(0, dtype=np.intp)
-        found = self.ids >= 0
-        safe = np.where(found, self.ids, 0)
         self.paths = paths = restore_paths(group.table)
-        states = group.states[safe]
-        self.found, self.states = found, states
-        # Every per-state fact in one gather; a missing block has code 0.
-        code = paths.code[states] * found
-        readable_raw = (code & READABLE_RAW) > 0
-        readable_cmp = (code & READABLE_COMPRESSED) > 0
-        self.readable = readable_raw | readable_cmp
+        # Layers 1 (sub-blocks), 2 (recorded layout vs the kernel's) and 3 (position), and what
+        # each block's state allows: one byte per block, in one pass over the metadata.
+        layout_ok = np.ones(len(group.layouts), dtype=np.bool_) if kernel_layout is None else \
+            np.array([layout == kernel_layout for layout in group.layouts], dtype=np.bool_)
+        self.facts = facts = block_facts(group, self.ids, layout_ok, paths.code)
+        self.found = found = facts != 0
+        readable = (facts & READABLE) != 0
+        safe = np.where(found, self.ids, 0)
 
-        # Layer 1, whole-block integrity (sub-blocks here, checksums below) and layer 3's
-        # position part: the block found by hash is the one this position needs.
-        self.position_ok = group.position[safe] == np.arange(n)
-        self.sub_ok = group.sub_blocks[safe] == group.full_sub_mask
-        # Layer 2, kernel interface: the layout each block was written under.
-        if kernel_layout is None:
-            self.layout_ok = np.ones(n, dtype=np.bool_)
-        else:
-            same = np.array([layout == kernel_layout for layout in group.layouts])
-            self.layout_ok = same[group.layout_id[safe]]
+        # Layers 4 (alignment) and 1 (checksums) over the readable blocks' device slots; None
+        # where every block passes (the common case costs no array).
         pool = group.pools[Tier.DEVICE]
-        readable_ids = safe[self.readable]
-        slots = group.slot[Tier.DEVICE][readable_ids]
-        # Layer 4, hardware alignment of address and size.
-        self.align_ok = np.ones(n, dtype=np.bool_)
         self.restore_aligned = alignment_guaranteed(pool, profile)
-        if slots.size and not (level is Level.FAST and self.restore_aligned):
-            # address = base + slot * stride: when base and stride are both multiples of the
-            # required alignment every slot is aligned, exactly; otherwise check each one.
-            base = data_ptr(pool.data)
-            sized = pool.stride % profile.size_alignment == 0
-            if base % profile.base_alignment == 0 and pool.stride % profile.base_alignment == 0:
-                aligned = np.full(slots.size, sized, dtype=np.bool_)
-            else:
-                address = np.int64(base) + pool.offsets(slots)
-                aligned = (address % profile.base_alignment == 0) & sized
-            self.align_ok[self.readable] = aligned
-        # Layer 1, checksums: FULL recomputes all; reduced levels trust a verification made
-        # at the block's current epoch (every epoch bump clears it).
-        self.checksum_ok = np.ones(n, dtype=np.bool_)
-        if slots.size and checksums:
-            todo = np.ones(slots.size, dtype=np.bool_) if level is Level.FULL else \
-                ~group.verified[readable_ids]
-            if todo.any():
-                passed = pool.verify_checksum(slots[todo])
-                checked = np.flatnonzero(self.readable)[todo]
-                self.checksum_ok[checked] = passed
-                group.verified[readable_ids[todo][passed]] = True
+        self.align_ok: Bools | None = None
+        self.checksum_ok: Bools | None = None
+        check_alignment = not (level is Level.FAST and self.restore_aligned)
+        if (check_alignment or checksums) and readable.any():
+            readable_ids = safe[readable]
+            slots = group.slot[Tier.DEVICE][readable_ids]
+            if check_alignment:
+                self.align_ok = _aligned(pool, profile, slots, readable)
+            if checksums:
+                self.checksum_ok = _checksums_pass(group, pool, level, slots, readable_ids,
+                                                   readable)
+        checked = _both(self.align_ok, self.checksum_ok)
         # Sparse index: targets current (epochs) and inside this prompt's history (layer 3).
         self.index: IndexCheck | None = None
-        self.targets_fit = np.ones(n, dtype=np.bool_)
+        sound = (facts & SOUND) == SOUND
         if group.target is not None and n:
             self.index = IndexCheck(group, safe, history.ids if history else None)
-            self.targets_fit = self.index.fit
-
-        base = found & self.position_ok
-        base &= self.sub_ok
-        base &= self.layout_ok
-        if group.target is not None:
-            base &= self.targets_fit
-        checked = self.align_ok & self.checksum_ok
-        self.now_raw = base & checked & readable_raw
-        self.now_cmp = base & checked & readable_cmp
+            sound &= self.index.fit
+        good = sound if checked is None else sound & checked
+        self.now_raw = good & ((facts & READ_RAW) != 0)
+        self.now_cmp = good & ((facts & READ_COMPRESSED) != 0)
         # After the plan: blocks reaching the form by a content-preserving path; readable
         # blocks that failed a check stay bad (restoring cannot repair their bytes).
-        movable = base & ~(self.readable & ~checked)
         if not self.restore_aligned:
-            movable[:] = False
-        if self.index is not None and not self.now_raw.all():
-            movable &= self.index.targets_resident()  # restoring a target bumps its epoch
-        self.after_raw = self.now_raw | (movable & ((code & REACHES_RAW) > 0))
-        self.after_cmp = self.now_cmp | (movable & ((code & REACHES_COMPRESSED) > 0))
+            movable = np.zeros(n, dtype=np.bool_)
+        else:
+            movable = sound if checked is None else sound & ~(readable & ~checked)
+            if self.index is not None and not self.now_raw.all():
+                movable = movable & self.index.targets_resident()  # a restore bumps epochs
+        self.after_raw = self.now_raw | (movable & ((facts & TO_RAW) != 0))
+        self.after_cmp = self.now_cmp | (movable & ((facts & TO_COMPRESSED) != 0))
         self.chain_tokens = (int(np.argmin(found)) if not found.all() else n) * size
         # The classic hit: hash presence only, under the kind's own rule (a sliding window
         # needs only its window, a recurrent group a snapshot at exactly L).
@@ -215,25 +236,26 @@ class GroupEval:
         ok = np.where(compressed, self.now_cmp[index], self.now_raw[index])
         return index[~ok], compressed[~ok]
 
+    def state(self, index: int) -> int:
+        """The lifecycle state of the prompt's block ``index`` (found blocks only)."""
+        return int(self.group.states[self.ids[index]])
+
     def reason(self, index: int, compressed: bool) -> Reason | None:
         """Why block ``index`` is not usable now in the needed form (None when it is)."""
-        if not self.found[index]:
+        facts = int(self.facts[index])
+        if not facts & FOUND:
             return Reason.WINDOW_MISMATCH if self.decl.kind is GroupKind.SLIDING_WINDOW \
                 else Reason.NOT_CACHED
-        checks: list[tuple[bool, Reason]] = [
-            (bool(self.position_ok[index]), Reason.POSITION_CONFLICT),
-            (bool(self.sub_ok[index]), Reason.SUB_BLOCKS_MISSING),
-        ]
-        for ok, why in checks:
-            if not ok:
-                return why
-        if not self.targets_fit[index]:
-            assert self.index is not None
+        if not facts & PLACED:
+            return Reason.POSITION_CONFLICT
+        if not facts & WHOLE:
+            return Reason.SUB_BLOCKS_MISSING
+        if self.index is not None and not self.index.fit[index]:
             return self.index.reason(index)
         table = self.group.table
-        state = int(self.states[index])
+        state = self.state(index)
         in_flight = bool(table.in_flight[state])
-        if not self.readable[index]:
+        if not facts & READABLE:
             if in_flight:
                 return Reason.RESTORE_IN_FLIGHT
             resident_elsewhere = int(table.residency[state]) > int(Tier.DEVICE)
@@ -243,9 +265,10 @@ class GroupEval:
             return Reason.MID_COMPRESSION if in_flight else Reason.COMPRESSED_INCOMPLETE
         if not compressed and form != RAW:
             return Reason.TAIL_MISSING
-        for ok, why in ((bool(self.layout_ok[index]), Reason.LAYOUT_MISMATCH),
-                        (bool(self.align_ok[index]), Reason.MISALIGNED),
-                        (bool(self.checksum_ok[index]), Reason.CHECKSUM_MISMATCH)):
-            if not ok:
-                return why
+        if not facts & LAYOUT:
+            return Reason.LAYOUT_MISMATCH
+        if self.align_ok is not None and not self.align_ok[index]:
+            return Reason.MISALIGNED
+        if self.checksum_ok is not None and not self.checksum_ok[index]:
+            return Reason.CHECKSUM_MISMATCH
         return None

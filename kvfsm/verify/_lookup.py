@@ -158,7 +158,7 @@ def _plan(evals: dict[str, GroupEval], length: int) -> tuple[RestoreStep, ...]:
         index, compressed = e.failing(length)
         paths = restore_paths(e.group.table)
         for i, c in zip(index.tolist(), compressed.tolist(), strict=True):
-            state = int(e.states[i])
+            state = e.state(i)
             path = paths.path(state, Form.COMPRESSED if c else Form.RAW)
             residency = int(e.group.table.residency[state])
             steps.append(RestoreStep(
