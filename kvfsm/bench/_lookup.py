@@ -12,7 +12,7 @@ from kvfsm.state import CoreConfig
 from kvfsm.verify import Level, lookup
 
 
-def bench_lookup(*, tokens: int = 131_072, repeat: int = 15) -> dict[str, float | int | str]:
+def bench_lookup(*, tokens: int = 131_072, repeat: int = 41) -> dict[str, float | int | str]:
     """Median lookup latency over the DeepSeek-style model (every group, every layer at FULL
     level minus data checksums; with checksums, and with the NumPy twins of the compiled
     kernels, reported too), against a baseline that walks each group's blocks one by one in
@@ -23,7 +23,7 @@ def bench_lookup(*, tokens: int = 131_072, repeat: int = 15) -> dict[str, float 
     engine = Engine(model, CoreConfig(device_blocks=blocks, host_blocks=0, backend="numpy"))
     text = np.random.default_rng(0).integers(0, 100_000, tokens + 1)
 
-    hash_s = median_seconds(lambda: engine.prompt(text), repeat=max(repeat // 5, 3))
+    hash_s = median_seconds(lambda: engine.prompt(text), repeat=max(repeat // 8, 3))
     prompt = engine.prompt(text)
     engine.commit(prompt)
 
@@ -39,7 +39,7 @@ def bench_lookup(*, tokens: int = 131_072, repeat: int = 15) -> dict[str, float 
     finally:
         jit.enabled = compiled
     with_checksums_s = median_seconds(
-        lambda: lookup(engine.core, prompt, level=Level.FULL), repeat=max(repeat // 3, 3))
+        lambda: lookup(engine.core, prompt, level=Level.FULL), repeat=max(repeat // 8, 3))
     verdict = lookup(engine.core, prompt, level=Level.FULL)
 
     # The hit-only baseline: a dict of 128-bit key -> block id per group, as a dict-based
