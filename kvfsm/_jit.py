@@ -15,9 +15,10 @@ pass with early exits, several times faster on the lookup's hot path.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,16 @@ class JitSettings:
         if value and not self.available:
             raise ValueError(f"compiled kernels are unavailable (numba missing or {ENV_VAR}=0)")
         self._enabled = value
+
+    @contextlib.contextmanager
+    def using(self, enabled: bool) -> Iterator[None]:
+        """Compiled kernels on or off for the ``with`` body, restored afterwards."""
+        before = self.enabled
+        self.enabled = enabled
+        try:
+            yield
+        finally:
+            self.enabled = before
 
     @property
     def backend(self) -> str:

@@ -31,9 +31,5 @@ def jit_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     backend: str = request.param
     if backend == "numba" and not jit.available:
         pytest.skip("numba is not installed (or KVFSM_JIT=0)")
-    before = jit.enabled
-    jit.enabled = backend == "numba"
-    try:
+    with jit.using(backend == "numba"):
         yield backend
-    finally:
-        jit.enabled = before

@@ -40,11 +40,8 @@ def test_compiled_and_numpy_lookups_agree(data: st.DataObject, decl: object) -> 
     text = data.draw(st.sampled_from(PROMPTS), label="lookup prompt")
     prompt = eng.prompt(text[: data.draw(st.integers(1, text.size), label="length")])
     level = data.draw(st.sampled_from(list(Level)), label="level")
-    try:
-        jit.enabled = False
+    with jit.using(False):
         expected = eng.lookup(prompt, level=level)
-    finally:
-        jit.enabled = True
     assert eng.lookup(prompt, level=level) == expected
 
 
@@ -114,3 +111,11 @@ def test_python_and_compiled_kernels_agree_on_their_examples() -> None:
         for a, b in zip(slow, fast, strict=True):
             if isinstance(a, np.ndarray):
                 assert np.array_equal(a, b), each.__name__
+
+
+def test_using_restores_the_setting_even_after_an_error() -> None:
+    before = jit.enabled
+    with pytest.raises(KeyError), jit.using(False):
+        assert jit.backend == "numpy"
+        raise KeyError("boom")
+    assert jit.enabled == before

@@ -59,11 +59,8 @@ def test_compiled_and_numpy_facts_agree(
     is 0."""
     group, ids, layout_ok, code = drawn
     compiled = block_facts(group, ids, layout_ok, code)  # type: ignore[arg-type]
-    try:
-        jit.enabled = False
+    with jit.using(False):
         twin = block_facts(group, ids, layout_ok, code)  # type: ignore[arg-type]
-    finally:
-        jit.enabled = True
     assert compiled.tolist() == twin.tolist()
     assert not compiled[ids < 0].any()
 

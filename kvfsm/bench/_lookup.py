@@ -32,12 +32,8 @@ def bench_lookup(*, tokens: int = 131_072, repeat: int = 41) -> dict[str, float 
 
     lookup_s = median_seconds(run_lookup, repeat=repeat)
     # The same lookup with the kernels' NumPy twins (what runs where numba is missing).
-    compiled = jit.enabled
-    try:
-        jit.enabled = False
+    with jit.using(False):
         numpy_s = median_seconds(run_lookup, repeat=repeat)
-    finally:
-        jit.enabled = compiled
     with_checksums_s = median_seconds(
         lambda: lookup(engine.core, prompt, level=Level.FULL), repeat=max(repeat // 8, 3))
     verdict = lookup(engine.core, prompt, level=Level.FULL)
