@@ -6,11 +6,13 @@ The public surface is re-exported here; everything else lives in private modules
 from kvfsm._engine import Engine, VerifyPolicy
 from kvfsm._errors import (
     BindingError,
+    ForeignPromptError,
     GuardRejected,
     IllegalTransition,
     KvfsmError,
     SpecError,
     SpecProblem,
+    TokenError,
     TransitionError,
 )
 from kvfsm.fsm import (
@@ -37,6 +39,7 @@ from kvfsm.spec import (
     shipped_models,
 )
 from kvfsm.state import (
+    BlockInfo,
     CoreConfig,
     InvariantViolation,
     PrefixHashes,
@@ -50,6 +53,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BindingError",
+    "BlockInfo",
     "Bounds",
     "CheckResult",
     "CompiledTable",
@@ -57,6 +61,7 @@ __all__ = [
     "DeviceProfile",
     "Engine",
     "Event",
+    "ForeignPromptError",
     "GuardRejected",
     "IllegalTransition",
     "Invariant",
@@ -75,6 +80,7 @@ __all__ = [
     "StateCore",
     "StateError",
     "Tier",
+    "TokenError",
     "TransitionError",
     "Verdict",
     "VerifyPolicy",

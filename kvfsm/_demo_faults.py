@@ -27,7 +27,14 @@ def _spill(engine: Engine, prompt: Prompt) -> str:
     block = _block(engine, prompt, "history", 5)
     engine.core.fire("history", [block], "spill_begin")
     engine.core.fire("history", [block], "spill_done")
-    return "history block 5 spilled to host"
+    return "history block 5 spilled to host (its index rows go with it)"
+
+
+def _spill_window(engine: Engine, prompt: Prompt) -> str:
+    block = _block(engine, prompt, "swa", 61)
+    engine.core.fire("swa", [block], "spill_begin")
+    engine.core.fire("swa", [block], "spill_done")
+    return "a sliding-window block inside the window spilled to host"
 
 
 def _window_hole(engine: Engine, prompt: Prompt) -> str:
@@ -49,9 +56,8 @@ def _stale_index(engine: Engine, prompt: Prompt) -> str:
     index = _block(engine, prompt, "index", 40)
     target = int(engine.core.group("index").refs_target[index][0])
     engine.core.fire("index", [index], "spill_begin")
-    engine.core.fire("history", [target], "evict")
-    engine.core.fire("index", [index], "spill_done")
-    return "index block 40 spilled while its target history block was freed"
+    engine.core.fire("history", [target], "evict")  # invalidates the spilling index with it
+    return "index block 40 spilling while its target history block is freed"
 
 
 def _device_bitflip(engine: Engine, prompt: Prompt) -> str:
@@ -63,7 +69,7 @@ def _device_bitflip(engine: Engine, prompt: Prompt) -> str:
 
 FAULTS: tuple[Callable[[Engine, Prompt], str], ...] = (
     lambda engine, prompt: "no fault",
-    _spill, _window_hole, _corrupt_spill, _stale_index, _device_bitflip,
+    _spill_window, _spill, _window_hole, _corrupt_spill, _stale_index, _device_bitflip,
 )
 
 
@@ -73,7 +79,10 @@ def fault_report() -> list[str]:
     tokens = np.random.default_rng(7).integers(0, 50_000, PROMPT_TOKENS)
     lines = [f"model {model.name}, prompt of {PROMPT_TOKENS} tokens, every fault on a fresh "
              "cache (FULL verification):",
-             f"  {'fault':68s} {'hit':>5s} {'usable':>6s} {'after plan':>10s}  reasons"]
+             "(hit: what a hit-only cache would reuse, every group's hash chain present; "
+             "per group: each group's own hit)",
+             f"  {'fault':68s} {'hit':>5s} {'usable':>6s} {'after plan':>10s} "
+             f"{'plan':>5s}  {'per group':24s} reasons"]
     for inject in FAULTS:
         engine = Engine(model, CoreConfig(device_blocks=128, host_blocks=16, backend="numpy"))
         prompt = engine.prompt(tokens)
@@ -82,5 +91,7 @@ def fault_report() -> list[str]:
         verdict = engine.lookup(prompt, level=Level.FULL)
         reasons = sorted({s.reason.value for s in verdict.reasons})
         lines.append(f"  {what:68s} {verdict.hit_tokens:5d} {verdict.usable_tokens:6d} "
-                     f"{verdict.restorable_tokens:10d}  {', '.join(reasons)}")
+                     f"{verdict.restorable_tokens:10d} {len(verdict.plan):5d}  "
+                     f"{'/'.join(str(g.hit_tokens) for g in verdict.groups):24s} "
+                     f"{', '.join(reasons)}")
     return lines

@@ -10,9 +10,17 @@ from numpy.typing import ArrayLike, NDArray
 
 from kvfsm._errors import KvfsmError
 from kvfsm._jit import warm_up
-from kvfsm.spec import Event, GroupKind, ModelDecl
-from kvfsm.state import NO_TARGET, CoreConfig, GroupState, StateCore
-from kvfsm.verify import DeviceProfile, KernelLayouts, Level, Prompt, Verdict, lookup
+from kvfsm.spec import Event, Lifecycle, ModelDecl, Tier, shipped_models
+from kvfsm.state import FAILED, NO_TARGET, CoreConfig, GroupState, StateCore, StateError
+from kvfsm.verify import (
+    DeviceProfile,
+    KernelLayouts,
+    Level,
+    Prompt,
+    Verdict,
+    as_level,
+    lookup,
+)
 
 #: Content for one group's blocks: ``(group, block indices) -> uint8 [k, payload_bytes]``.
 PayloadFn = Callable[[GroupState, NDArray[np.int64]], NDArray[np.uint8]]
@@ -35,101 +43,208 @@ def _zero_payload(group: GroupState, index: NDArray[np.int64]) -> NDArray[np.uin
     return np.zeros((index.size, group.decl.payload_bytes), dtype=np.uint8)
 
 
+@attrs.frozen(eq=False)
+class _GroupCommit:
+    """What a commit will do to one group, decided before anything changes."""
+
+    group: GroupState
+    #: Prompt block indices to write, and their content.
+    fresh: NDArray[np.int64]
+    payload: NDArray[np.uint8]
+    #: Cached blocks of the prompt a lookup saw fail: invalidated and written again.
+    replaced: NDArray[np.intp]
+    #: Cached blocks of the prompt kept as they are (never evicted to make room).
+    kept: NDArray[np.intp]
+
+
 class Engine:
     """A model's cache state core plus the lookup that turns a prompt into a :class:`Verdict`."""
 
     def __init__(
         self,
-        model: ModelDecl,
+        model: ModelDecl | str,
         config: CoreConfig | None = None,
         *,
+        lifecycles: Mapping[str, Lifecycle] | None = None,
         profile: DeviceProfile | None = None,
         policy: VerifyPolicy | None = None,
     ) -> None:
-        self.core = StateCore(model, config)
+        if isinstance(model, str):
+            models = shipped_models()
+            if model not in models:
+                raise KvfsmError(f"no shipped model {model!r}; shipped: {sorted(models)} "
+                                 "(pass a ModelDecl from load_model for others)")
+            model = models[model]
+        self.core = StateCore(model, config, lifecycles=lifecycles)
         # Compile the lookup's kernels now (or load them from the disk cache), not during the
         # first request.
         warm_up()
         self.model = model
         self.profile = profile or DeviceProfile()
         self.policy = policy or VerifyPolicy()
+        self._block_sizes = tuple(g.block_size for g in model.groups)
 
     def prompt(self, token_ids: Sequence[int] | ArrayLike = ()) -> Prompt:
         """A prompt whose block hashes (every block size of the model) are kept incrementally."""
-        return Prompt(self.core.seed, (g.block_size for g in self.model.groups), token_ids)
+        return Prompt(self.core.seed, self._block_sizes, token_ids)
+
+    def _own(self, prompt: Prompt | Sequence[int] | ArrayLike) -> Prompt:
+        """``prompt`` made here (token ids become a prompt), or a ForeignPromptError."""
+        if not isinstance(prompt, Prompt):
+            return self.prompt(prompt)
+        prompt.check_made_for(self.core.seed, self._block_sizes, "engine")
+        return prompt
 
     def lookup(
         self,
         prompt: Prompt | Sequence[int] | ArrayLike,
         *,
-        level: Level | None = None,
+        level: Level | str | None = None,
         priority: int = 0,
         kernel_layouts: KernelLayouts | None = None,
         drop_last_block: bool = False,
     ) -> Verdict:
         """The verdict for ``prompt``; ``level`` defaults to the policy's level for
-        ``priority``."""
-        if not isinstance(prompt, Prompt):
-            prompt = self.prompt(prompt)
-        return lookup(self.core, prompt, level=level or self.policy.level_for(priority),
-                      kernel_layouts=kernel_layouts, profile=self.profile,
-                      drop_last_block=drop_last_block)
+        ``priority``. The checksums the lookup computed are recorded in the core, so a block
+        seen failing is unusable at every level until its content changes."""
+        chosen = self.policy.level_for(priority) if level is None else as_level(level)
+        verdict = lookup(self.core, self._own(prompt), level=chosen,
+                         kernel_layouts=kernel_layouts, profile=self.profile,
+                         drop_last_block=drop_last_block)
+        for checks in verdict.checks:
+            self.core.record_checks(checks.group, checks.block_ids, checks.passed)
+        return verdict
+
+    # -- commit ----------------------------------------------------------------------------
 
     def commit(
         self,
-        prompt: Prompt,
+        prompt: Prompt | Sequence[int] | ArrayLike,
         *,
         payload: PayloadFn = _zero_payload,
         groups: Sequence[str] | None = None,
     ) -> Mapping[str, NDArray[np.intp]]:
-        """Cache every complete block of ``prompt`` the model keeps, as a prefill would leave
-        them: written and complete; compressed-history blocks older than the tail compressed;
-        index blocks pointing at the history blocks before them; recurrent snapshots only at
-        checkpoints. Blocks already cached are skipped. Returns the new block ids per group."""
+        """Cache every complete block of ``prompt`` the model keeps, as a prefill leaves them
+        (each kind's rule says which blocks and what follows the write: compressed history
+        is compressed, index blocks point at the history before them, recurrent snapshots
+        exist only at checkpoints). Blocks already cached are kept; ones a lookup saw fail
+        are replaced.
+
+        All or nothing across groups: when a group lacks device room, unpinned blocks of
+        other prompts are given back first (invalid ones, then least recently used ones,
+        spilled where a tier has room, else evicted); if that cannot make enough room a
+        :class:`StateError` says where, and nothing changed. Returns the new block ids per
+        group.
+        """
+        prompt = self._own(prompt)
+        chosen = self._groups(groups)
+        plans = [self._plan(group, prompt, payload) for group in chosen]
+        self._check_room(plans)
         out: dict[str, NDArray[np.intp]] = {}
-        order = sorted(self.core.groups.values(),
-                       key=lambda g: g.decl.kind is GroupKind.SPARSE_INDEX)
-        for group in order:
-            if groups is None or group.name in groups:
-                out[group.name] = self._commit_group(group, prompt, payload)
+        for plan in plans:
+            self._make_room(plan)
+            out[plan.group.name] = self._write(plan, prompt)
+            # Settled before the groups pointing into it are written: settling (compressing)
+            # moves epochs, which would leave their fresh references stale.
+            self._settle(plan.group, prompt)
         return out
 
-    def _commit_group(self, group: GroupState, prompt: Prompt,
-                      payload: PayloadFn) -> NDArray[np.intp]:
+    def _groups(self, names: Sequence[str] | None) -> list[GroupState]:
+        if names is not None:
+            if isinstance(names, str):
+                raise KvfsmError("commit(groups=...) takes a list of group names, not a str")
+            for name in names:
+                self.core.group(name)  # names the groups when one does not exist
+        chosen = [g for g in self.core.groups.values() if names is None or g.name in names]
+        # Groups whose blocks point into another group come after it.
+        return sorted(chosen, key=lambda g: g.rule.has_targets)
+
+    def _plan(self, group: GroupState, prompt: Prompt, payload: PayloadFn) -> _GroupCommit:
         decl = group.decl
         high, low = prompt.words(decl.block_size)
-        index = np.arange(high.size, dtype=np.int64)
-        if decl.kind is GroupKind.RECURRENT:
-            interval = decl.checkpoint_interval or decl.block_size
-            index = index[(index + 1) * decl.block_size % interval == 0]
+        index = group.rule.commit_blocks(decl, high.size)
         known = self.core.lookup_words(group.name, high[index], low[index])
-        fresh = index[known < 0]
-        core, name = self.core, group.name
-        ids = np.zeros(0, dtype=np.intp)
-        if fresh.size:
-            ids = core.allocate(name, fresh, high[fresh], low[fresh])
-            core.fire(name, ids, Event.WRITE_BEGIN)
-            if group.target is not None:
-                core.set_index_refs(name, ids, self._targets(group, prompt, fresh))
-            core.write(name, ids, payload(group, fresh))
-            core.fire(name, ids, Event.WRITE_DONE)
-        if decl.kind is GroupKind.COMPRESSED:
-            self._compress_old(group, prompt)
+        cached = known >= 0
+        held = np.where(cached, known, 0)
+        failed = cached & (group.check[held] == FAILED) & (group.pins[held] == 0)
+        fresh = index[~cached | failed]
+        content = np.asarray(payload(group, fresh), dtype=np.uint8)
+        if content.size != fresh.size * decl.payload_bytes:
+            raise KvfsmError(f"{group.name}: payload gave {content.size} bytes for "
+                             f"{fresh.size} blocks; expected shape "
+                             f"[{fresh.size}, {decl.payload_bytes}]")
+        return _GroupCommit(group, fresh, content.reshape(fresh.size, decl.payload_bytes),
+                            known[failed].astype(np.intp),
+                            known[cached & ~failed].astype(np.intp))
+
+    def _givable(self, plan: _GroupCommit) -> NDArray[np.intp]:
+        """Blocks of ``plan``'s group that may be given back for room, in the order to give
+        them: invalid first, then least recently used; never the prompt's own."""
+        group = plan.group
+        candidates = self.core.eviction_candidates(group.name, group.n_blocks)
+        return candidates[~np.isin(candidates, plan.kept)]
+
+    def _check_room(self, plans: list[_GroupCommit]) -> None:
+        for plan in plans:
+            group = plan.group
+            device = group.pools[Tier.DEVICE]
+            short = plan.fresh.size - device.free - plan.replaced.size
+            if short > 0 and short > self._givable(plan).size:
+                raise StateError(
+                    f"{group.name}: commit needs {plan.fresh.size} device blocks, "
+                    f"{device.free} are free and only {self._givable(plan).size} more can be "
+                    "given back (the rest are pinned or this prompt's own); nothing changed")
+
+    def _make_room(self, plan: _GroupCommit) -> None:
+        group, core = plan.group, self.core
+        if plan.replaced.size:
+            core.fire(group.name, plan.replaced, Event.INVALIDATE)
+            waiting = core.reclaimable(group.name)
+            core.fire(group.name, waiting[np.isin(waiting, plan.replaced)], Event.FREE)
+        short = plan.fresh.size - group.pools[Tier.DEVICE].free
+        if short <= 0:
+            return
+        chosen = self._givable(plan)[:short]
+        invalid = np.isin(chosen, core.reclaimable(group.name))
+        core.fire(group.name, chosen[invalid], Event.FREE)
+        readable = chosen[~invalid]
+        spilled = np.zeros(readable.size, dtype=np.bool_)
+        if Tier.HOST in group.pools:
+            # Keep the content a tier down where there is room: still a hit, restorable.
+            can = group.event_row(Event.SPILL_BEGIN)[group.states[readable]]
+            began = np.zeros(readable.size, dtype=np.bool_)
+            began[can] = core.fire(group.name, readable[can], Event.SPILL_BEGIN, masked=True)
+            spilled[began] = core.fire(group.name, readable[began], Event.SPILL_DONE,
+                                       masked=True)
+            stuck = began & ~spilled
+            core.fire(group.name, readable[stuck], Event.SPILL_FAIL)
+        core.fire(group.name, readable[~spilled], Event.EVICT)
+
+    def _write(self, plan: _GroupCommit, prompt: Prompt) -> NDArray[np.intp]:
+        group, core, fresh = plan.group, self.core, plan.fresh
+        if not fresh.size:
+            return np.zeros(0, dtype=np.intp)
+        high, low = prompt.words(group.decl.block_size)
+        ids = core.allocate(group.name, fresh, high[fresh], low[fresh])
+        core.fire(group.name, ids, Event.WRITE_BEGIN)
+        if group.target is not None:
+            core.set_index_refs(group.name, ids, self._targets(group, prompt, fresh))
+        core.write(group.name, ids, plan.payload)
+        core.fire(group.name, ids, Event.WRITE_DONE)
         return ids
 
-    def _compress_old(self, group: GroupState, prompt: Prompt) -> None:
-        """Compress every raw history block of the prompt that is now older than the tail
-        (blocks cached by a shorter prompt included); pinned ones wait (masked fire)."""
-        decl = group.decl
-        high, low = prompt.words(decl.block_size)
+    def _settle(self, group: GroupState, prompt: Prompt) -> None:
+        """Fire the kind's settle events (compression) on the prompt's cached blocks whose
+        state has a row for them; pinned ones wait (masked fire)."""
+        if not group.rule.settle_events:
+            return
+        high, low = prompt.words(group.decl.block_size)
         ids = self.core.lookup_words(group.name, high, low)
-        ends = (np.arange(ids.size) + 1) * decl.block_size
-        old = ids[(ids >= 0) & (ends <= prompt.n_tokens - (decl.tail_tokens or 0))]
-        # Which blocks can start compressing is the table's answer, not a state name.
-        raw = old[group.event_row(Event.COMPRESS_BEGIN)[group.states[old]]]
-        if raw.size:
-            moved = self.core.fire(group.name, raw, Event.COMPRESS_BEGIN)
-            self.core.fire(group.name, raw[moved], Event.COMPRESS_DONE, masked=True)
+        ids = ids[ids >= 0]
+        for event in group.rule.settle_events:
+            ready = ids[group.event_row(event)[group.states[ids]]]
+            if ready.size:
+                self.core.fire(group.name, ready, event, masked=True)
 
     def _targets(self, group: GroupState, prompt: Prompt,
                  index: NDArray[np.int64]) -> NDArray[np.int32]:

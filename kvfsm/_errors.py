@@ -62,3 +62,16 @@ class GuardRejected(TransitionError):
 
 class BindingError(KvfsmError):
     """A machine was built without an implementation for a guard or effect its table uses."""
+
+
+class TokenError(KvfsmError, ValueError):
+    """Token ids that are not integers in ``[0, 2**63)``, or not one flat sequence of them.
+
+    The message names the first bad position and its value, e.g.
+    ``token_ids[3] = 0.5 is not an integer token id``.
+    """
+
+
+class ForeignPromptError(KvfsmError):
+    """A prompt was used with an engine (or a block size) it was not made for: its block hashes
+    would never match that engine's cache, or it keeps none at the size asked for."""

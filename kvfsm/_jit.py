@@ -2,11 +2,20 @@
 
 A kernel is a plain Python function over NumPy arrays and scalars, written so that numba can
 compile it (``nopython`` mode, no Python objects), writing its answer into an ``out`` array.
-:func:`kernel` wraps it; numba is imported and the kernel compiled on first use (or by
-:func:`warm_up`), and the machine code is cached on disk (``__pycache__``, or numba's user cache
-directory where the package is read-only). Every kernel has a vectorized NumPy twin at its call
-site; the twin serves when numba is not installed or ``KVFSM_JIT=0`` is set, and the test suite
-runs both and requires equal answers.
+:func:`kernel` wraps it in one :class:`Kernel` object that also owns
+
+* its *twin*: the vectorized NumPy implementation, with the same signature (writing into the
+  same ``out``; a loop with no vectorized form has its plain-Python function), which serves
+  when numba is not installed, ``KVFSM_JIT=0`` is set, or a test turns compiled kernels off
+  (``settings.using(False)``);
+* its *inputs*: a generator of random valid arguments, with which one differential test
+  (``tests/test_jit.py``) runs every registered kernel compiled, as its twin and as plain
+  Python, and requires equal answers.
+
+Calling the kernel dispatches once on :attr:`JitSettings.enabled`; call sites just call it.
+numba is imported and the kernel compiled on first use (or by :func:`warm_up`), and the machine
+code is cached on disk (``__pycache__``, or numba's user cache directory where the package is
+read-only).
 
 Why not always NumPy: a probe chain or a per-row "any reference bad" is a short loop per key. As
 array operations it costs a dozen passes over the batch, each allocating; compiled it is one
@@ -43,7 +52,7 @@ def _numba() -> Any:
 
 
 class JitSettings:
-    """Whether call sites use compiled kernels (tests flip ``enabled`` to run both paths)."""
+    """Whether kernels run compiled or as their NumPy twins (tests flip ``enabled`` to run both)."""
 
     def __init__(self) -> None:
         self._enabled: bool | None = None
@@ -83,15 +92,25 @@ class JitSettings:
 
 settings = JitSettings()
 
+#: ``example()``: arguments of the call site's types; ``inputs(rng)``: random valid arguments.
+Example = Callable[[], tuple[Any, ...]]
+Inputs = Callable[[np.random.Generator], tuple[Any, ...]]
+
 
 class Kernel:
-    """A kernel function, compiled on first call. ``python`` is the function itself (a slow
-    loop, for tests that compare it with the compiled version and with the NumPy twin)."""
+    """A kernel: ``python`` is the function itself (a slow loop, numba's source), ``compiled``
+    its numba version (compiled on first use), ``twin`` its vectorized NumPy version; calling
+    the kernel runs the compiled version when :attr:`JitSettings.enabled`, else the twin.
+    ``example()`` gives small arguments of the call site's exact types (for :func:`warm_up`),
+    ``inputs(rng)`` random valid arguments (for the differential test; None: the kernel is left
+    out of it)."""
 
-    def __init__(self, function: Callable[..., None],
-                 example: Callable[[], tuple[Any, ...]]) -> None:
+    def __init__(self, function: Callable[..., None], *, example: Example,
+                 twin: Callable[..., None] | None = None, inputs: Inputs | None = None) -> None:
         self.python = function
+        self.twin = function if twin is None else twin
         self.example = example
+        self.inputs = inputs
         self.__doc__ = function.__doc__
         self.__name__ = function.__name__
         self._compiled: Callable[..., None] | None = None
@@ -101,13 +120,20 @@ class Kernel:
         if self._compiled is None:
             numba = _numba()
             if numba is None:
-                raise RuntimeError(f"kernel {self.__name__} called without numba; call sites "
-                                   "check kvfsm._jit.settings.enabled first")
+                raise RuntimeError(f"kernel {self.__name__} cannot be compiled: numba is missing "
+                                   f"or {ENV_VAR}=0 (calling the kernel runs its NumPy twin)")
             self._compiled = numba.njit(cache=True, nogil=True)(self.python)
         return self._compiled
 
     def __call__(self, *args: Any) -> None:
-        (self._compiled or self.compiled)(*args)
+        # The one dispatch: a property read, as call sites did before kernels owned their twins.
+        if settings.enabled:
+            (self._compiled or self.compiled)(*args)
+        else:
+            self.twin(*args)
+
+    def __repr__(self) -> str:
+        return f"<kernel {self.__name__}>"
 
 
 def read_only(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -117,17 +143,24 @@ def read_only(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return array
 
 
-#: Every kernel, for :func:`warm_up`.
+#: Every kernel, for :func:`warm_up` and the differential test.
 _KERNELS: list[Kernel] = []
 
 
-def kernel(example: Callable[[], tuple[Any, ...]]) -> Callable[[Callable[..., None]], Kernel]:
-    """Decorator making a :class:`Kernel`. ``example()`` returns small arguments of exactly the
-    types the call site passes (numba compiles one version per argument types), so
-    :func:`warm_up` compiles the version the hot path will use."""
+def kernel(*, example: Example, twin: Callable[..., None] | None = None,
+           inputs: Inputs | None = None) -> Callable[[Callable[..., None]], Kernel]:
+    """Decorator making a :class:`Kernel` and registering it in ``_KERNELS``.
+
+    ``example()`` returns small arguments of exactly the types the call site passes (numba
+    compiles one version per argument types), so :func:`warm_up` compiles the version the hot
+    path will use. ``twin`` is the NumPy implementation, taking the same arguments and writing
+    the same answer into ``out`` (None: a loop with no vectorized form, whose plain-Python
+    function serves as its twin). ``inputs(rng)`` returns random valid arguments (from a
+    ``numpy.random.Generator``), varied enough that a twin differing from the kernel on some
+    valid input shows in a few hundred draws; every kernel with a vectorized twin gives it."""
 
     def decorate(function: Callable[..., None]) -> Kernel:
-        wrapped = Kernel(function, example)
+        wrapped = Kernel(function, example=example, twin=twin, inputs=inputs)
         _KERNELS.append(wrapped)
         return wrapped
 
@@ -140,4 +173,4 @@ def warm_up() -> None:
     if not settings.enabled:
         return
     for each in _KERNELS:
-        each(*each.example())
+        each.compiled(*each.example())

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from kvfsm import __version__
@@ -21,12 +22,42 @@ from kvfsm.spec import (
     spec_files,
 )
 
+_EXIT_CODES = """\
+exit status: 0 done and clean; 1 a check found problems, or a file or folder could not be read,
+written or created, or a bench ran out of memory; 2 the command cannot run as asked (a bad flag,
+an unknown or invalid spec, a missing optional package)."""
+
+
+def positive_int(text: str) -> int:
+    """The argparse type of every count flag: an integer of 1 or more (0 would run vacuously)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+@contextlib.contextmanager
+def _doing(action: str, path: Path) -> Iterator[None]:
+    """Re-raise an OSError with what was being done to which path, for main() to print."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot {action} {path}: {exc.strerror or exc}") from exc
+
 
 def _resolve_lifecycle(spec: str) -> Lifecycle:
     """A spec path, or the name of a shipped lifecycle."""
-    if Path(spec).exists():
-        return load_lifecycle(spec)
     shipped = shipped_lifecycles()
+    if Path(spec).exists():
+        if _is_model(Path(spec)):
+            raise KvfsmError(
+                f"{spec}: a model declaration, not a lifecycle spec; draw one of the lifecycles "
+                f"its groups follow (shipped: {sorted(shipped)})"
+            )
+        return load_lifecycle(spec)
     if spec in shipped:
         return shipped[spec]
     raise KvfsmError(f"{spec}: neither a spec file nor a shipped lifecycle ({sorted(shipped)})")
@@ -51,7 +82,7 @@ def _spec_check(paths: Sequence[str], objects: int, out: list[str]) -> bool:
         return False
     models = [path for path in files if _is_model(path)]
     # A model may follow a shipped lifecycle or one of the lifecycles checked in this run.
-    known = set(shipped_lifecycles()) if models else set()
+    known: dict[str, Lifecycle] = shipped_lifecycles() if models else {}
     clean = True
     for path in files:
         if path in models:
@@ -62,7 +93,7 @@ def _spec_check(paths: Sequence[str], objects: int, out: list[str]) -> bool:
             clean = False
             out.extend(str(problem) for problem in err.problems)
             continue
-        known.add(lifecycle.name)
+        known[lifecycle.name] = lifecycle
         result = check_lifecycle(compile_lifecycle(lifecycle), Bounds(objects=objects))
         if result.ok:
             out.append(
@@ -98,25 +129,40 @@ def _cmd_spec_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_diagram(args: argparse.Namespace) -> int:
+    if args.format in ("png", "svg") and args.output is None:
+        raise KvfsmError(f"--format {args.format} needs -o FILE (or -o - for stdout)")
     data = diagram(_resolve_lifecycle(args.spec), args.format)
-    if args.output in (None, "-"):
-        if args.format in ("png", "svg") and args.output is None:
-            raise KvfsmError(f"--format {args.format} needs -o FILE")
+    if args.output == "-" or args.output is None:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
     else:
-        Path(args.output).write_bytes(data)
-        print(f"wrote {args.output} ({len(data)} bytes)")
+        # Drawn before anything is created, so a refused format leaves no empty folders behind.
+        target = Path(args.output)
+        with _doing("write", target):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        print(f"wrote {target} ({len(data)} bytes)")
     return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from kvfsm.bench import bench_fsm, bench_lookup, bench_state
 
-    if args.what == "lookup":
-        figures = bench_lookup(tokens=args.tokens)
-    else:
-        figures = {"fsm": bench_fsm, "state": bench_state}[args.what](blocks=args.blocks)
+    def progress(line: str) -> None:
+        # stderr, so stdout stays the figures alone (parseable with --json).
+        print(line, file=sys.stderr, flush=True)
+
+    report = None if args.quiet else progress
+    flag, size = ("--tokens", args.tokens) if args.what == "lookup" else ("--blocks", args.blocks)
+    try:
+        if args.what == "lookup":
+            figures = bench_lookup(tokens=args.tokens, progress=report)
+        else:
+            run = {"fsm": bench_fsm, "state": bench_state}[args.what]
+            figures = run(blocks=args.blocks, progress=report)
+    except MemoryError as exc:
+        raise MemoryError(
+            f"bench {args.what}: not enough memory for {flag} {size} ({exc})") from exc
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
@@ -127,15 +173,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    out_dir = Path(args.output)
+    with _doing("create folder", out_dir):  # first, so a bad -o fails before any work
+        out_dir.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
     clean = _spec_check([], 3, lines)
     print("kvfsm demo: lifecycle tables of every cache-object kind, checked exhaustively")
     print("\n".join(lines))
-    out_dir = Path(args.output)
-    out_dir.mkdir(parents=True, exist_ok=True)
     for name, lifecycle in shipped_lifecycles().items():
         target = out_dir / f"{name}.mmd"
-        target.write_bytes(diagram(lifecycle, "mermaid"))
+        with _doing("write", target):
+            target.write_bytes(diagram(lifecycle, "mermaid"))
         print(f"wrote {target}")
     from kvfsm._demo_faults import fault_report
 
@@ -145,7 +193,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvfsm", description=__doc__)
+    parser = argparse.ArgumentParser(prog="kvfsm", description=__doc__, epilog=_EXIT_CODES)
     parser.add_argument("--version", action="version", version=f"kvfsm {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -155,38 +203,63 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="validate specs and run the bounded exhaustive checker"
     )
     check.add_argument("paths", nargs="*", help="spec files or folders (default: shipped specs)")
-    check.add_argument("--objects", type=int, default=3, help="objects in the checked pool")
+    check.add_argument("--objects", type=positive_int, default=3,
+                       help="objects in the checked pool (>= 1; default 3)")
     check.set_defaults(run=_cmd_spec_check)
 
     draw = commands.add_parser("diagram", help="draw a lifecycle")
     draw.add_argument("spec", help="a spec file or the name of a shipped lifecycle")
     draw.add_argument("--format", "-f", choices=FORMATS, default="mermaid")
-    draw.add_argument("-o", "--output", help="output file ('-' or omitted: stdout)")
+    draw.add_argument("-o", "--output",
+                      help="output file, its missing parent folders created ('-' or omitted: "
+                      "stdout; png and svg need -o)")
     draw.set_defaults(run=_cmd_diagram)
 
-    bench = commands.add_parser("bench", help="measure")
+    bench = commands.add_parser(
+        "bench", help="measure",
+        description="Measure; progress lines go to stderr, the figures alone to stdout.")
     bench.add_argument("what", choices=["fsm", "state", "lookup"],
                        help="fsm: the lifecycle tables alone; state: the state core's bytes per "
                        "block and its allocate-write-free throughput; lookup: the verdict of a "
                        "long prompt against a hit-only per-block walk")
     bench.add_argument("--json", action="store_true", help="print JSON")
-    bench.add_argument("--blocks", type=int, default=1_000_000, help="objects per batch")
-    bench.add_argument("--tokens", type=int, default=131_072, help="prompt tokens (lookup)")
+    bench.add_argument("-q", "--quiet", action="store_true",
+                       help="print no progress lines on stderr")
+    bench.add_argument("--blocks", type=positive_int, default=1_000_000,
+                       help="objects per batch (fsm, state; >= 1)")
+    bench.add_argument("--tokens", type=positive_int, default=131_072,
+                       help="prompt tokens (lookup; >= 1)")
     bench.set_defaults(run=_cmd_bench)
 
     demo = commands.add_parser("demo", help="the main job on embedded defaults")
-    demo.add_argument("-o", "--output", default="kvfsm-demo", help="folder for diagrams")
+    demo.add_argument("-o", "--output", default="kvfsm-demo",
+                      help="folder for diagrams, created if missing")
     demo.set_defaults(run=_cmd_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; errors print as ``kvfsm: error: ...`` on stderr, never as a traceback
+    (usage errors exit 2 from argparse itself)."""
     args = build_parser().parse_args(argv)
     try:
         code: int = args.run(args)
+    except SpecError as err:
+        # One line per problem, each marked, so no line of the report reads as output.
+        for problem in err.problems:
+            print(f"kvfsm: error: {problem}", file=sys.stderr)
+        return 2
     except KvfsmError as err:
         print(f"kvfsm: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        # _doing() put what and where into strerror; a bare OSError names its file itself.
+        where = f"{err.filename}: " if err.filename is not None else ""
+        print(f"kvfsm: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 1
+    except MemoryError as err:
+        print(f"kvfsm: error: {err or 'out of memory'}", file=sys.stderr)
+        return 1
     return code
 
 

@@ -225,3 +225,44 @@ def batch_scenarios(draw: st.DrawFn, max_capacity: int = 12) -> BatchScenario:
     ids = draw(id_lists(capacity))
     oracle = draw(guard_oracles(lifecycle))
     return BatchScenario(name, tuple(starts), event, tuple(ids), oracle)
+
+
+@attrs.frozen
+class GuardOrderScenario:
+    """One batched fire of ``event`` whose rows are given a capacity guard and a stateless guard:
+    object ``i`` is first driven to ``starts[i]`` with every guard passing, then ``event`` is
+    fired on ``ids`` while the capacity guard admits the first ``room`` ids it is shown and the
+    stateless guard refuses exactly the ids in ``refused``."""
+
+    lifecycle_name: str
+    event: Event
+    starts: tuple[str, ...]
+    ids: tuple[int, ...]
+    room: int
+    refused: frozenset[int]
+
+    @property
+    def capacity(self) -> int:
+        return len(self.starts)
+
+
+@st.composite
+def guard_order_scenarios(
+    draw: st.DrawFn, lifecycle_name: str, event: Event, max_capacity: int = 10
+) -> GuardOrderScenario:
+    """Objects mostly in states with a row for ``event`` (often several such states, so that
+    several rows share the guards), sometimes in one without; a batch of distinct ids in random
+    order; room for any number of them; and any set of ids the stateless guard refuses."""
+    lifecycle = shipped()[lifecycle_name]
+    reachable = sorted(shortest_paths(lifecycle))
+    with_row = [s for s in reachable if event in legal_events(lifecycle, s)]
+    without = [s for s in reachable if s not in with_row]
+    used = draw(st.lists(st.sampled_from(with_row), min_size=1, max_size=3, unique=True))
+    if without and draw(st.booleans()):
+        used.append(draw(st.sampled_from(without)))
+    capacity = draw(st.integers(1, max_capacity))
+    starts = draw(st.lists(st.sampled_from(used), min_size=capacity, max_size=capacity))
+    ids = draw(id_lists(capacity))
+    room = draw(st.integers(0, capacity))
+    refused = draw(st.frozensets(st.integers(0, capacity - 1)))
+    return GuardOrderScenario(lifecycle_name, event, tuple(starts), tuple(ids), room, refused)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from kvfsm import KvfsmError
 from kvfsm.bench import bench_lookup
 from kvfsm.cli import main
 
@@ -28,3 +29,29 @@ def test_cli_bench_lookup_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "lookup", "--json", "--tokens", "2048"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert set(KEYS) <= set(figures)
+
+
+def test_cli_bench_lookup_reports_progress_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "lookup", "--json", "--tokens", "2048"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["tokens"] == 2048  # progress never reaches stdout
+    progress = captured.err.splitlines()
+    assert "bench lookup: hashing 2048 tokens..." in progress
+    assert all(line.startswith("bench lookup: ") for line in progress)
+    assert main(["bench", "lookup", "--quiet", "--tokens", "2048"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_bench_lookup_refuses_empty_prompts() -> None:
+    with pytest.raises(KvfsmError, match=r"bench lookup: tokens and repeat must be >= 1, got 0, 3"):
+        bench_lookup(tokens=0, repeat=3)
+
+
+def test_bench_lookup_counts_runs_of_long_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvfsm.bench import _timing
+
+    monkeypatch.setattr(_timing, "RUN_LINE_INTERVAL_S", 0.0)  # every measurement counts as long
+    lines: list[str] = []
+    bench_lookup(tokens=1024, repeat=3, progress=lines.append)
+    assert "bench lookup: hit-only baseline: 3/3 runs" in lines
+    assert "bench lookup: hashing: 2/3 runs" in lines

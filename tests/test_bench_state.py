@@ -67,6 +67,25 @@ def test_cli_bench_state_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["blocks"] == BLOCKS
 
 
+def test_cli_bench_state_reports_progress_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "state", "--json", "--blocks", str(BLOCKS)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["blocks"] == BLOCKS  # progress never reaches stdout
+    progress = captured.err.splitlines()
+    assert f"bench state: cycle 1/3 of {BLOCKS} blocks..." in progress
+    assert all(line.startswith("bench state: ") for line in progress)
+    assert main(["bench", "state", "--quiet", "--blocks", str(BLOCKS)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_bench_fsm_refuses_empty_runs() -> None:
+    from kvfsm import KvfsmError
+    from kvfsm.bench import bench_fsm
+
+    with pytest.raises(KvfsmError, match=r"bench fsm: blocks, .* must be >= 1, got 0, 20000, 2000"):
+        bench_fsm(blocks=0)
+
+
 def test_cli_bench_fsm_still_works(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "fsm", "--blocks", "2000"]) == 0
     assert "batched_per_s" in capsys.readouterr().out

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from kvfsm.cli import main
 from kvfsm.spec import shipped_specs_dir
 
 FULL_KV = shipped_specs_dir() / "lifecycles" / "full_kv.toml"
+INSTALL_HINT = 'pip install "kvfsm[diagrams]"'
 
 
 def test_spec_check_shipped_is_clean(capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,3 +140,112 @@ def test_tools_bench_runs_every_measurement(capsys: pytest.CaptureFixture[str]) 
     assert module.main(["--quick"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report) == {"fsm", "state", "lookup"}
+
+
+def error_line(err: str) -> str:
+    """The one line an error printed: no traceback, no continuation lines."""
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "value"),
+    [
+        (["bench", "lookup", "--tokens", "0"], "--tokens", "0"),
+        (["bench", "lookup", "--tokens", "-5"], "--tokens", "-5"),
+        (["bench", "fsm", "--blocks", "0"], "--blocks", "0"),
+        (["bench", "state", "--blocks", "-1"], "--blocks", "-1"),
+        (["spec", "check", "--objects", "0"], "--objects", "0"),
+        (["spec", "check", "--objects", "-1"], "--objects", "-1"),
+    ],
+)
+def test_integer_flags_below_one_are_usage_errors(
+    argv: list[str], flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"error: argument {flag}: must be an integer >= 1, got {value!r}" in captured.err
+
+
+def test_diagram_dot_without_graphviz_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Without the graphviz package, transitions falls back to Mermaid; that must not reach a .dot.
+    monkeypatch.setitem(sys.modules, "graphviz", None)
+    backend = importlib.import_module("transitions.extensions.diagrams_graphviz")
+    monkeypatch.setattr(backend, "pgv", None)
+    target = tmp_path / "x.dot"
+    assert main(["diagram", "full_kv", "--format", "dot", "-o", str(target)]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("kvfsm: error: ") and INSTALL_HINT in line
+    assert not target.exists()
+
+
+def test_diagram_creates_missing_parent_folders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "missing" / "dir" / "x.mmd"
+    assert main(["diagram", "full_kv", "-o", str(target)]) == 0
+    assert "stateDiagram-v2" in target.read_text()
+    assert capsys.readouterr().out == f"wrote {target} ({target.stat().st_size} bytes)\n"
+
+
+def test_diagram_unwritable_output_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["diagram", "full_kv", "-o", str(tmp_path)]) == 1  # a folder, not a file
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith(f"kvfsm: error: cannot write {tmp_path}: ")
+
+
+def test_demo_output_that_is_a_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    assert main(["demo", "-o", str(taken)]) == 1
+    assert error_line(capsys.readouterr().err).startswith(
+        f"kvfsm: error: cannot create folder {taken}: ")
+
+
+def test_bench_too_large_for_memory_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "fsm", "--quiet", "--blocks", str(10**15)]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("kvfsm: error: bench fsm: not enough memory for --blocks " + str(10**15))
+
+
+def test_bench_fsm_reports_progress_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "fsm", "--json", "--blocks", "2000"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["blocks"] == 2000
+    progress = captured.err.splitlines()
+    assert "bench fsm: batched fire of 2000 blocks..." in progress
+    assert all(line.startswith("bench fsm: ") for line in progress)
+    assert main(["bench", "fsm", "--quiet", "--blocks", "2000"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_invalid_spec_prints_every_problem_as_an_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    assert main(["diagram", str(empty)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3  # no [lifecycle], no [states], no [[rows]]
+    for line in lines:
+        assert line.startswith(f"kvfsm: error: {empty}: "), line
+
+
+def test_diagram_of_a_model_declaration_says_what_it_is(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    dense = shipped_specs_dir() / "models" / "dense.toml"
+    assert main(["diagram", str(dense)]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith(f"kvfsm: error: {dense}: a model declaration, not a lifecycle spec")

@@ -7,8 +7,17 @@ import attrs
 import numpy as np
 import pytest
 
-from kvfsm.fsm import INVALID, NO_ROW, CompiledTable, compile_lifecycle
-from kvfsm.spec import Event, Tier, shipped_specs_dir, spec_files
+from kvfsm.fsm import (
+    FORM_CODE,
+    FORM_COMPRESSED,
+    FORM_NONE,
+    FORM_RAW,
+    INVALID,
+    NO_ROW,
+    CompiledTable,
+    compile_lifecycle,
+)
+from kvfsm.spec import Content, Event, Form, Tier, shipped_specs_dir, spec_files
 
 from .strategies import shipped, table_of
 
@@ -111,9 +120,61 @@ def test_slots_and_residency_match_the_spec(table: CompiledTable) -> None:
         assert table.residency[index] == expected, state.name
 
 
-@pytest.mark.parametrize(
-    "field", ["next_state", "row_of", "readable", "hashed", "in_flight", "holds_slot", "residency"]
+def test_form_codes() -> None:
+    assert (FORM_NONE, FORM_RAW, FORM_COMPRESSED) == (0, 1, 2)
+    assert dict(FORM_CODE) == {Form.NONE: 0, Form.RAW: 1, Form.COMPRESSED: 2}
+    with pytest.raises(TypeError):
+        FORM_CODE[Form.RAW] = 3  # type: ignore[index]
+
+
+def test_per_state_content_columns_match_the_spec(table: CompiledTable) -> None:
+    states = table.lifecycle.states
+    assert table.complete.tolist() == [s.content is Content.COMPLETE for s in states]
+    assert table.partial.tolist() == [s.content is Content.PARTIAL for s in states]
+    assert table.writable.tolist() == [
+        s.content is Content.PARTIAL and s.residency is Tier.DEVICE for s in states
+    ]
+    assert table.form.tolist() == [FORM_CODE[s.form] for s in states]
+    assert table.restoring.tolist() == [
+        s.in_flight and s.residency not in (None, Tier.DEVICE) and Tier.DEVICE in s.slots
+        for s in states
+    ]
+    for flags in (table.complete, table.partial, table.writable, table.restoring):
+        assert flags.dtype == np.bool_
+        assert flags.shape == (len(states),)
+    assert table.form.dtype == np.int8 and table.form.shape == (len(states),)
+
+
+def test_named_columns_of_full_kv() -> None:
+    """The columns say, by state name, what code used to work out by hand."""
+    table = table_of(FULL_KV)
+
+    def named(column: np.ndarray) -> set[str]:
+        return {table.state_name(int(i)) for i in np.flatnonzero(column)}
+
+    assert named(table.writable) == {"writing"}
+    assert named(table.partial) == {"writing"}
+    assert named(table.restoring) == {"restoring_host", "restoring_disk", "restoring_remote"}
+    assert named(table.form == FORM_NONE) == {"free", "allocated", "invalid"}
+    assert named(table.form == FORM_COMPRESSED) == set()
+    assert "device" in named(table.complete) and "host" in named(table.complete)
+
+
+def test_compressed_form_column() -> None:
+    table = table_of("compressed")
+    assert table.form[table.state_id("raw")] == FORM_RAW
+    assert table.form[table.state_id("compressing")] == FORM_RAW
+    assert table.form[table.state_id("compressed")] == FORM_COMPRESSED
+    assert table.form[table.state_id("disk")] == FORM_COMPRESSED
+
+
+COLUMNS = (
+    "next_state", "row_of", "readable", "hashed", "in_flight", "holds_slot", "residency",
+    "complete", "partial", "writable", "form", "restoring",
 )
+
+
+@pytest.mark.parametrize("field", COLUMNS)
 def test_tables_are_read_only(table: CompiledTable, field: str) -> None:
     array = getattr(table, field)
     before = array.copy()
@@ -136,7 +197,6 @@ def test_table_fields_cannot_be_rebound(table: CompiledTable) -> None:
 
 def test_compiling_twice_gives_equal_tables(table: CompiledTable) -> None:
     again = compile_lifecycle(table.lifecycle)
-    for field in ("next_state", "row_of", "readable", "hashed", "in_flight", "holds_slot",
-                  "residency"):
+    for field in COLUMNS:
         np.testing.assert_array_equal(getattr(again, field), getattr(table, field), field)
     assert dict(again.state_ids) == dict(table.state_ids)

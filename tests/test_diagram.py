@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import sys
 
 import pytest
 
@@ -11,6 +13,15 @@ from kvfsm.fsm import diagram, lifecycle_page, svg_spec_hash
 from kvfsm.spec import shipped_lifecycles
 
 LIFECYCLE = shipped_lifecycles()["full_kv"]
+INSTALL_HINT = 'pip install "kvfsm[diagrams]"'
+
+
+def hide_package(monkeypatch: pytest.MonkeyPatch, package: str) -> None:
+    """Make ``package`` (graphviz or pygraphviz) look uninstalled, to kvfsm and to `transitions`'
+    backend module, which imported it (or not) once at its own import."""
+    monkeypatch.setitem(sys.modules, package, None)
+    backend = importlib.import_module(f"transitions.extensions.diagrams_{package}")
+    monkeypatch.setattr(backend, "pgv", None)
 
 
 def test_mermaid_names_every_state_and_row() -> None:
@@ -56,3 +67,22 @@ def test_page_has_a_row_per_state_and_transition() -> None:
         assert f"| `{state.name}` |" in page
     for row in LIFECYCLE.rows:
         assert f"| {row.index} | `{row.source}` | `{row.event.spec_name}` | `{row.dest}` |" in page
+
+
+def test_dot_without_graphviz_is_refused_not_mermaid(monkeypatch: pytest.MonkeyPatch) -> None:
+    hide_package(monkeypatch, "graphviz")
+    with pytest.raises(KvfsmError) as caught:
+        diagram(LIFECYCLE, "dot")
+    message = str(caught.value)
+    assert "'graphviz'" in message and INSTALL_HINT in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("fmt", ["png", "svg"])
+def test_rendered_formats_without_pygraphviz_are_refused(
+    monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    hide_package(monkeypatch, "pygraphviz")
+    with pytest.raises(KvfsmError, match=r"'pygraphviz'.*pip install \"kvfsm\[diagrams\]\""):
+        diagram(LIFECYCLE, fmt)
+

@@ -2,16 +2,39 @@
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvfsm import Engine, VerifyPolicy
-from kvfsm.spec import Form, GroupKind, ModelDecl, shipped_models
-from kvfsm.state import NO_TARGET, CoreConfig
+from kvfsm import Engine, ForeignPromptError, KvfsmError, StateCore, TokenError, VerifyPolicy
+from kvfsm.spec import (
+    Event,
+    Form,
+    GroupKind,
+    Layout,
+    ModelDecl,
+    Tier,
+    parse_model,
+    shipped_lifecycles,
+    shipped_models,
+)
+from kvfsm.state import NO_TARGET, CoreConfig, StateError
 from kvfsm.verify import Level, Reason
-from tests.verify_models import DEEPSEEK, DENSE, FOUR, GPT_OSS, QWEN, block_id, engine, tokens
+from tests.verify_models import (
+    DEEPSEEK,
+    DENSE,
+    FOUR,
+    FULL,
+    GPT_OSS,
+    QWEN,
+    block_id,
+    engine,
+    group,
+    model,
+    tokens,
+)
 
 #: Verification strength, weakest first.
 STRENGTH = {Level.FAST: 0, Level.STANDARD: 1, Level.FULL: 2}
@@ -105,9 +128,9 @@ def test_commit_is_idempotent(decl: ModelDecl) -> None:
     verdict = eng.lookup(prompt)
     again = eng.commit(eng.prompt(tokens(321)))
     assert all(ids.size == 0 for ids in again.values()), again
-    for name, group in eng.core.groups.items():
-        assert np.array_equal(group.states, states[name]), name
-        assert group.free_top == free[name], name
+    for name, each in eng.core.groups.items():
+        assert np.array_equal(each.states, states[name]), name
+        assert each.free_top == free[name], name
     assert eng.lookup(prompt) == verdict
     assert eng.core.check_invariants() == []
 
@@ -156,33 +179,45 @@ def test_commit_keeps_recurrent_snapshots_only_at_checkpoints(decl: ModelDecl,
 
 
 @pytest.mark.parametrize("length", [63, 64, 127, 128, 129, 200, 256, 320, 321, 400, 700])
-def test_commit_compresses_history_older_than_the_tail(length: int) -> None:
-    """A history block is compressed exactly when it ends at or before the raw tail starts
-    (``tail_tokens`` before the prompt's end); the tail stays raw."""
+def test_commit_compresses_every_complete_history_block(length: int) -> None:
+    """As the model does, a prefill compresses every complete window of history: every cached
+    history block is compressed and read only as compressed."""
     eng = engine(DEEPSEEK)
     text = tokens(length)
     eng.commit(eng.prompt(text))
     decl = eng.core.group("history").decl
-    tail = decl.tail_tokens or 0
     for index in range(length // decl.block_size):
         block = block_id(eng, "history", text, index)
-        old = (index + 1) * decl.block_size <= length - tail
-        assert _state(eng, "history", block) == ("compressed" if old else "raw"), index
-        form = Form.COMPRESSED if old else Form.RAW
+        assert _state(eng, "history", block) == "compressed", index
+        form = Form.COMPRESSED
         assert eng.core.read("history", [block], form=form).shape == (1, decl.payload_bytes)
     assert eng.core.check_invariants() == []
 
 
-def test_commit_of_an_extended_prompt_compresses_the_old_tail() -> None:
+@pytest.mark.parametrize("length", [320, 321, 384, 1024])
+def test_a_committed_prompt_is_usable_up_to_its_last_boundary(length: int) -> None:
+    """Regression: commit then look up the same tokens on deepseek_v4_like gave usable 0
+    (``tail_missing``) at 320, 384 and 1024 tokens."""
+    eng = Engine("deepseek_v4_like", CoreConfig(device_blocks=128, host_blocks=16,
+                                                backend="numpy"))
+    prompt = eng.prompt(tokens(length))
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    assert verdict.usable_tokens == verdict.hit_tokens == (length - 1) // 64 * 64
+    assert eng.core.check_invariants() == []
+
+
+def test_commit_of_an_extended_prompt_keeps_the_shorter_one_usable() -> None:
     text = tokens(400)
     eng = engine(DEEPSEEK)
-    eng.commit(eng.prompt(text[:200]))  # history blocks 0, 1 compressed; block 2 the raw tail
-    eng.commit(eng.prompt(text))  # the tail is now block 5: blocks 0..4 are older
-    for index in range(5):
+    eng.commit(eng.prompt(text[:200]))
+    eng.commit(eng.prompt(text))
+    for index in range(6):
         assert _state(eng, "history", block_id(eng, "history", text, index)) == "compressed"
     fresh = engine(DEEPSEEK)
     fresh.commit(fresh.prompt(text))
     assert eng.lookup(text).usable_tokens == fresh.lookup(text).usable_tokens == 384
+    assert eng.lookup(text[:200]).usable_tokens == 192
 
 
 @pytest.mark.parametrize("length", [40, 64, 200, 321])
@@ -206,3 +241,225 @@ def test_commit_points_index_blocks_at_history_complete_before_them(length: int)
         assert sorted(targets) == sorted(history_ids[j] for j in complete[-top_k:]), i
     assert eng.core.check_invariants() == []
     assert eng.lookup(text).usable_tokens == (length - 1) // 64 * 64
+
+
+# -- regressions: what an engine must refuse or get right ----------------------------------------
+
+
+def test_an_engine_loads_a_shipped_model_by_name() -> None:
+    eng = Engine("dense", CoreConfig(device_blocks=16, backend="numpy"))
+    assert eng.model.name == "dense"
+    with pytest.raises(KvfsmError, match="no shipped model 'nope'"):
+        Engine("nope")
+
+
+def test_an_engine_runs_a_custom_lifecycle() -> None:
+    lifecycles = dict(shipped_lifecycles())
+    custom = attrs.evolve(lifecycles["full_kv"], name="my_kv")
+    model = parse_model(
+        '[model]\nname = "m"\ndescription = "d"\nlayout_version = 1\n'
+        + group("attn", "full", "my_kv", 16), lifecycles={**lifecycles, "my_kv": custom})
+    with pytest.raises(KvfsmError, match="my_kv"):
+        Engine(model)  # not given: a clear error, not a KeyError
+    eng = Engine(model, CoreConfig(device_blocks=16, backend="numpy"),
+                 lifecycles={"my_kv": custom})
+    text = tokens(33)
+    eng.commit(text.tolist())  # a list commits as it looks up
+    assert eng.lookup(text.tolist()).usable_tokens == 32
+
+
+def test_a_core_without_the_lifecycles_it_needs_says_which() -> None:
+    with pytest.raises(KvfsmError, match=r"lifecycles \['full_kv'\]"):
+        StateCore(DENSE, lifecycles={})
+
+
+def test_unknown_events_are_named() -> None:
+    eng = engine(DENSE)
+    with pytest.raises(KvfsmError, match="unknown event 'no_such_event'"):
+        eng.core.fire("attn", [0], "no_such_event")
+
+
+def test_restorable_honours_the_speculative_drop_when_nothing_is_usable() -> None:
+    """Regression: dense, 321 tokens, blocks 0-15 spilled: restorable was 320 with the drop."""
+    eng = engine(DENSE, device=32, host=32)
+    text = tokens(321)
+    eng.commit(text)
+    ids = [block_id(eng, "attn", text, i) for i in range(16)]
+    eng.core.fire("attn", ids, "spill_begin")
+    eng.core.fire("attn", ids, "spill_done")
+    assert eng.lookup(text).restorable_tokens == 320
+    dropped = eng.lookup(text, drop_last_block=True)
+    assert (dropped.usable_tokens, dropped.restorable_tokens) == (0, 304)
+    assert Reason.SPEC_DECODE_DROP in dropped.reason_set
+
+
+def test_a_prefix_written_under_two_layouts_is_never_usable_as_a_whole() -> None:
+    """Without ``kernel_layouts`` each group reads its declared layout."""
+    eng = engine(DENSE)
+    text = tokens(321)
+    eng.commit(text[:161])
+    decl = eng.core.group("attn").decl
+    eng.core.set_write_layout("attn", Layout(("block", "dim", "token"), decl.layout.alignment,
+                                             decl.layout.padding))
+    eng.commit(text)
+    verdict = eng.lookup(text)
+    assert verdict.usable_tokens == 160
+    assert Reason.LAYOUT_MISMATCH in verdict.reason_set
+
+
+def test_unknown_groups_are_refused_not_ignored() -> None:
+    eng = engine(DENSE)
+    text = tokens(40)
+    with pytest.raises(KvfsmError, match="no group 'typo'"):
+        eng.lookup(text, kernel_layouts={"typo": eng.core.group("attn").decl.layout})
+    with pytest.raises(KvfsmError, match="no group 'typo'"):
+        eng.commit(text, groups=["typo"])
+    assert eng.core.group("attn").free_top == eng.core.group("attn").n_blocks
+
+
+def test_a_prompt_is_bound_to_its_engine() -> None:
+    """Regression: another engine's prompt committed under the wrong identity, another
+    cache_salt was accepted, other block sizes crashed with a bare KeyError."""
+    text = tokens(100)
+    same_sizes = model("t_dense_twin", FULL)
+    for other in (engine(same_sizes),
+                  Engine(DENSE, CoreConfig(device_blocks=16, cache_salt="tenant-b",
+                                           backend="numpy")),
+                  engine(QWEN), engine(DEEPSEEK)):
+        foreign = other.prompt(text)
+        eng = engine(DENSE)
+        for call in (eng.lookup, eng.commit):
+            with pytest.raises(ForeignPromptError):
+                call(foreign)
+        assert eng.core.group("attn").free_top == eng.core.group("attn").n_blocks
+
+
+@pytest.mark.parametrize("level", ["FULL", "full", Level.FULL])
+def test_a_level_named_by_string_runs_its_checks(level: object) -> None:
+    eng = engine(DENSE)
+    text = tokens(161)
+    eng.commit(text)
+    group = eng.core.group("attn")
+    block = block_id(eng, "attn", text, 5)
+    group.pools[Tier.DEVICE].data[int(group.slot[Tier.DEVICE][block]), 3] ^= 0x01
+    verdict = eng.lookup(text, level=level)  # type: ignore[arg-type]
+    assert verdict.level is Level.FULL
+    assert verdict.usable_tokens == 80
+
+
+def test_an_unknown_level_is_refused() -> None:
+    with pytest.raises(KvfsmError, match="unknown verification level 'MAX'"):
+        engine(DENSE).lookup(tokens(40), level="MAX")
+
+
+@pytest.mark.parametrize("bad", [[0.5] * 321, np.arange(321) + 0.9, [-1] * 40,
+                                 np.full(40, 2**63, dtype=np.uint64)])
+def test_token_ids_must_be_non_negative_integers(bad: object) -> None:
+    """Regression: floats hit the cache of their truncation, negative ids were accepted and
+    uint64 ids at or above 2**63 wrapped."""
+    eng = engine(DENSE)
+    eng.commit(np.zeros(321, dtype=np.int64))
+    with pytest.raises(TokenError):
+        eng.lookup(bad)  # type: ignore[arg-type]
+    with pytest.raises(TokenError):
+        eng.commit(bad)  # type: ignore[arg-type]
+
+
+def test_commit_is_all_or_nothing_across_groups() -> None:
+    """Regression: device_blocks=100, 1700 tokens: the window group raised and 26 history
+    blocks stayed allocated."""
+    eng = Engine("deepseek_v4_like", CoreConfig(device_blocks=100, backend="numpy"))
+    before = {name: g.states.copy() for name, g in eng.core.groups.items()}
+    with pytest.raises(StateError, match="commit needs"):
+        eng.commit(tokens(1700))
+    for name, each in eng.core.groups.items():
+        assert np.array_equal(each.states, before[name]), name
+    assert eng.core.check_invariants() == []
+
+
+def test_commit_makes_room_by_giving_back_the_least_recently_used() -> None:
+    eng = engine(DENSE, device=20, host=0)
+    old, newer, fresh = tokens(161, seed=1), tokens(81, seed=2), tokens(161, seed=3)
+    eng.commit(old)
+    eng.commit(newer)  # 10 + 5 of 20 device blocks
+    eng.lookup(newer)
+    eng.commit(fresh)  # 10 more: 5 must go, the oldest (the first prompt's)
+    assert eng.lookup(fresh).usable_tokens == 160
+    assert eng.lookup(newer).usable_tokens == 80
+    assert eng.lookup(old).usable_tokens < 160
+    assert eng.core.check_invariants() == []
+
+
+def test_commit_spills_where_a_tier_has_room() -> None:
+    eng = engine(DENSE, device=20, host=8)
+    old, fresh = tokens(161, seed=1), tokens(321, seed=3)
+    eng.commit(old)
+    eng.commit(fresh)
+    verdict = eng.lookup(old)
+    assert verdict.hit_tokens > 0  # some of the old prompt went to host, still a hit
+    assert Reason.NOT_RESIDENT in verdict.reason_set
+    assert verdict.restorable_tokens > verdict.usable_tokens
+    assert eng.core.check_invariants() == []
+
+
+def test_pinned_blocks_are_never_given_back() -> None:
+    eng = engine(DENSE, device=20, host=0)
+    old = tokens(161, seed=1)
+    eng.commit(old)
+    ids = [block_id(eng, "attn", old, i) for i in range(10)]
+    eng.core.pin("attn", ids)
+    with pytest.raises(StateError, match="pinned"):
+        eng.commit(tokens(321, seed=3))
+    assert eng.lookup(old).usable_tokens == 160
+
+
+def test_index_blocks_left_invalid_give_their_slots_back() -> None:
+    """Regression: index blocks invalidated with their history kept their device slot
+    forever; eviction never offered them."""
+    eng = engine(DEEPSEEK, device=40, host=0)
+    first = tokens(321, seed=1)
+    eng.commit(first)
+    history = block_id(eng, "history", first, 0)
+    eng.core.fire("history", [history], "evict")
+    stuck = eng.core.blocks_in("index", "invalid")
+    assert stuck.size > 0
+    assert set(eng.core.reclaimable("index").tolist()) == set(stuck.tolist())
+    assert eng.core.eviction_candidates("index", stuck.size).tolist() == sorted(
+        stuck.tolist(), key=lambda b: int(eng.core.group("index").last_use[b]))
+    for seed in range(2, 7):  # growing prompts of other users under pressure
+        eng.commit(tokens(321, seed=seed))
+        assert eng.core.check_invariants() == []
+    assert eng.core.blocks_in("index", "invalid").size <= stuck.size
+
+
+def test_a_verdict_never_offers_restores_the_gate_would_refuse() -> None:
+    """Regression: max_restores_in_flight=0 gave restorable 320 and a plan whose first step
+    raised GuardRejected."""
+    for budget, restorable in ((0, 32), (1, 80), (3, 192)):
+        eng = Engine(DENSE, CoreConfig(device_blocks=32, host_blocks=32,
+                                       max_restores_in_flight=budget, backend="numpy"))
+        text = tokens(321)
+        eng.commit(text)
+        ids = [block_id(eng, "attn", text, i) for i in (2, 5, 9, 12)]
+        eng.core.fire("attn", ids, "spill_begin")
+        eng.core.fire("attn", ids, "spill_done")
+        verdict = eng.lookup(text)
+        restores = [s for s in verdict.plan if Event.RESTORE_BEGIN in s.path]
+        assert len(restores) <= budget
+        assert verdict.restorable_tokens == restorable
+        for step in verdict.plan:
+            for event in step.path:
+                eng.core.fire(step.group, [step.block_id], event)
+        assert eng.lookup(text).usable_tokens >= verdict.restorable_tokens
+
+
+def test_verdict_summary_is_short() -> None:
+    eng = engine(DEEPSEEK)
+    text = tokens(1025)
+    eng.commit(text)
+    eng.core.fire("history", [block_id(eng, "history", text, 2)], "evict")
+    verdict = eng.lookup(text)
+    shown = str(verdict)
+    assert shown.startswith("Verdict(STANDARD): 1025 prompt tokens, hit ")
+    assert len(shown.splitlines()) <= 4
+    assert "not_cached (history)" in shown

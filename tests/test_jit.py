@@ -1,5 +1,6 @@
-"""Compiled kernels: same answers as their NumPy twins, compiled before the first request, and
-a clean NumPy fallback when numba is missing or disabled."""
+"""Compiled kernels: same answers as their NumPy twins and their plain-Python source (one
+differential test for every registered kernel), compiled before the first request, and a clean
+NumPy fallback when numba is missing or disabled."""
 
 from __future__ import annotations
 
@@ -7,17 +8,32 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvfsm._jit import _KERNELS, warm_up
+# Imported for their kernels: each registers itself in _KERNELS.
+import kvfsm.state._hashtable
+import kvfsm.verify._block_facts
+import kvfsm.verify._index_check
+from kvfsm._jit import _KERNELS, Kernel, warm_up
 from kvfsm._jit import settings as jit
 from kvfsm.verify import Level
 from tests.verify_models import DEEPSEEK, FOUR, GPT_OSS, PROMPTS, drive, engine
 
 needs_numba = pytest.mark.skipif(not jit.available, reason="numba is not installed")
+
+
+#: Every kernel of the lookup path; each must give random inputs for the differential test.
+LOOKUP_KERNELS = {
+    kvfsm.state._hashtable.probe_kernel,
+    kvfsm.verify._block_facts.block_facts_kernel,
+    kvfsm.verify._index_check.refs_fit_kernel,
+}
 
 
 def _python(code: str, **env: str) -> str:
@@ -87,23 +103,79 @@ def test_disabled_by_environment_falls_back_to_numpy() -> None:
     assert out == "numpy 384 False True"
 
 
-def test_a_kernel_called_without_numba_says_so() -> None:
+def test_without_numba_a_kernel_runs_its_twin_and_compiling_says_why() -> None:
     out = _python("""
+        import sys
         from kvfsm.state._hashtable import probe_kernel
+        args = probe_kernel.example()
+        probe_kernel(*args)
         try:
-            probe_kernel(*probe_kernel.example())
+            probe_kernel.compiled
         except RuntimeError as error:
-            print("settings.enabled" in str(error))
+            print(args[5].tolist(), "numba" in sys.modules, "KVFSM_JIT=0" in str(error))
     """, KVFSM_JIT="off")
-    assert out == "True"
+    assert out == "[-1] False True"
+
+
+def _copied(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Fresh copies of the array arguments (read-only ones stay read-only: numba compiles a
+    separate version for them, and the call sites pass them so)."""
+    def copy(value: Any) -> Any:
+        if not isinstance(value, np.ndarray):
+            return value
+        fresh = value.copy()
+        fresh.flags.writeable = value.flags.writeable
+        return fresh
+
+    return tuple(copy(value) for value in args)
+
+
+def _written(function: Callable[..., None], args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Every argument after ``function`` ran on copies of ``args`` (``out`` included)."""
+    fresh = _copied(args)
+    function(*fresh)
+    return fresh
+
+
+def test_every_lookup_kernel_is_registered_with_a_twin_and_inputs() -> None:
+    registered = {each for each in _KERNELS if each.inputs is not None}
+    assert registered >= LOOKUP_KERNELS
+    for each in LOOKUP_KERNELS:
+        assert each.twin is not each.python, each.__name__
+
+
+@pytest.mark.parametrize("each", [
+    pytest.param(each, id=each.__name__, marks=pytest.mark.skipif(
+        each.inputs is None, reason=f"{each.__name__} gives no random inputs"))
+    for each in _KERNELS])
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_every_kernel_agrees_compiled_as_twin_and_as_python(each: Kernel, seed: int) -> None:
+    """For random valid inputs, the plain-Python function, the NumPy twin, the compiled version
+    (where numba is available) and the kernel called either way leave the same arguments:
+    ``out`` the same, and the inputs as they were (or changed alike)."""
+    assert each.inputs is not None
+    args = each.inputs(np.random.default_rng(seed))
+    runs: dict[str, Callable[..., None]] = {
+        "python": each.python, "twin": each.twin, "call, numpy": each}
+    with jit.using(False):
+        results = {name: _written(run, args) for name, run in runs.items()}
+    if jit.available:
+        results["compiled"] = _written(each.compiled, args)
+        with jit.using(True):
+            results["call, numba"] = _written(each, args)
+    expected = results.pop("python")
+    for name, got in results.items():
+        for i, (want, value) in enumerate(zip(expected, got, strict=True)):
+            if isinstance(want, np.ndarray):
+                assert value.dtype == want.dtype and value.tolist() == want.tolist(), \
+                    f"{each.__name__} {name}: argument {i} differs from the Python function's"
 
 
 @needs_numba
 def test_python_and_compiled_kernels_agree_on_their_examples() -> None:
     """The uncompiled function is the compiled one's source; on the examples both write the
     same answer."""
-    import numpy as np
-
     for each in _KERNELS:
         slow, fast = each.example(), each.example()
         each.python(*slow)

@@ -19,13 +19,15 @@ from kvfsm import (
     KvfsmError,
     TransitionError,
 )
-from kvfsm.fsm import CompiledTable, EffectFn, GuardFn, Machine, bind_all
+from kvfsm.fsm import CompiledTable, EffectFn, GuardFn, Machine, bind_all, compile_lifecycle
 from kvfsm.spec import Call, Event, Row
 
 from .strategies import (
     BatchScenario,
+    GuardOrderScenario,
     SettableOracle,
     batch_scenarios,
+    guard_order_scenarios,
     shipped,
     shortest_paths,
     table_of,
@@ -659,3 +661,119 @@ def test_all_or_nothing_batch_moves_every_id_or_changes_nothing(
         assert all(moved)
         assert mask.tolist() == [True] * len(scenario.ids)
         assert Outcome(tuple(names(machine)), effects_per_id(log)) == expected
+
+
+# -- properties: guard order with a capacity guard -------------------------------------------
+
+CAPACITY_GUARD = Call("has_room", "device")
+STATELESS_GUARD = Call("no_pins")
+GUARD_ORDERS = {
+    "capacity-first": (CAPACITY_GUARD, STATELESS_GUARD),
+    "stateless-first": (STATELESS_GUARD, CAPACITY_GUARD),
+}
+
+
+def with_row_guards(name: str, event: Event, guards: tuple[Call, ...]) -> CompiledTable:
+    """The shipped lifecycle ``name`` with every row of ``event`` given exactly ``guards``."""
+    lifecycle = shipped()[name]
+    rows = tuple(attrs.evolve(row, guards=guards) if row.event is event else row
+                 for row in lifecycle.rows)
+    return compile_lifecycle(attrs.evolve(lifecycle, rows=rows))
+
+
+class OrderedGuards:
+    """The capacity guard admits the first ``room`` ids it is shown (every id while ``room`` is
+    None) and records what it was shown; the stateless guard refuses the ids in ``refused``."""
+
+    def __init__(self) -> None:
+        self.room: int | None = None
+        self.refused: frozenset[int] = frozenset()
+        self.shown: list[tuple[int, ...]] = []
+
+    def capacity(self, ids: IdArray, call: Call) -> NDArray[np.bool_]:
+        if self.room is None:
+            return always(ids, call)
+        self.shown.append(tuple(ids.tolist()))
+        return np.arange(ids.shape[0]) < self.room
+
+    def stateless(self, ids: IdArray, call: Call) -> NDArray[np.bool_]:
+        return ~np.isin(ids, np.fromiter(self.refused, dtype=np.intp, count=len(self.refused)))
+
+    def bindings(self) -> dict[str, GuardFn]:
+        return {CAPACITY_GUARD.name: self.capacity, STATELESS_GUARD.name: self.stateless}
+
+
+@attrs.frozen
+class Expected:
+    """What the plain reference says a batch does: the ids that move (in batch order), the ids
+    the capacity guard is shown, or the refusal (exception class name and the ids it names)."""
+
+    moved: tuple[int, ...] = ()
+    shown: tuple[tuple[int, ...], ...] = ()
+    refusal: tuple[str, tuple[int, ...]] | None = None
+
+
+def reference_guarded_fire(
+    scenario: GuardOrderScenario, order: tuple[Call, ...], masked: bool
+) -> Expected:
+    """Guards in declared order, each over the ids that survived the ones before it, in batch
+    order; all-or-nothing stops at the first id without a row or the first guard that says no."""
+    lifecycle = shipped()[scenario.lifecycle_name]
+    sources = {row.source for row in lifecycle.rows if row.event is scenario.event}
+    survivors = [obj for obj in scenario.ids if scenario.starts[obj] in sources]
+    if not masked and len(survivors) < len(scenario.ids):
+        illegal = tuple(obj for obj in scenario.ids if obj not in survivors)
+        return Expected(refusal=("IllegalTransition", illegal))
+    shown: list[tuple[int, ...]] = []
+    for call in order:
+        if not survivors:
+            break
+        if call == CAPACITY_GUARD:
+            shown.append(tuple(survivors))
+            verdict = [position < scenario.room for position in range(len(survivors))]
+        else:
+            verdict = [obj not in scenario.refused for obj in survivors]
+        failed = tuple(obj for obj, ok in zip(survivors, verdict, strict=True) if not ok)
+        if failed and not masked:
+            return Expected(shown=tuple(shown), refusal=("GuardRejected", failed))
+        survivors = [obj for obj, ok in zip(survivors, verdict, strict=True) if ok]
+    return Expected(moved=tuple(survivors), shown=tuple(shown))
+
+
+@pytest.mark.parametrize("masked", [True, False], ids=["masked", "all-or-nothing"])
+@pytest.mark.parametrize("order", list(GUARD_ORDERS), ids=list(GUARD_ORDERS))
+@given(scenario=guard_order_scenarios(FULL_KV, Event.RESTORE_BEGIN))
+def test_guards_run_in_declared_order_each_over_the_survivors_of_the_ones_before(
+    scenario: GuardOrderScenario, order: str, masked: bool
+) -> None:
+    """Whatever the declared order of a capacity guard and a stateless guard on the rows of an
+    event, and whatever mix of rows the batch takes, ``fire_batch`` evaluates the guards in that
+    order, each exactly once, over the ids (in batch order) that have a row and passed every
+    guard before it: so a capacity guard placed after a stateless one gives its room only to ids
+    the stateless one let through, and one placed before it may spend room on ids the stateless
+    one then refuses. Masked, exactly the ids surviving every guard move and the rest stay put;
+    all-or-nothing, the first refusing guard (or a missing row) is raised naming the ids it
+    refused and nothing changes."""
+    guards = GUARD_ORDERS[order]
+    table = with_row_guards(FULL_KV, scenario.event, guards)
+    oracle = OrderedGuards()
+    machine = Machine(table, scenario.capacity, guards=oracle.bindings(), permissive=True)
+    for obj, state in enumerate(scenario.starts):
+        drive(machine, obj, state)
+    oracle.room, oracle.refused = scenario.room, scenario.refused
+    before = names(machine)
+    expected = reference_guarded_fire(scenario, guards, masked)
+    try:
+        mask = machine.fire_batch(list(scenario.ids), scenario.event, masked=masked)
+    except TransitionError as exc:
+        assert expected.refusal == (type(exc).__name__, exc.ids)
+        assert names(machine) == before
+    else:
+        assert expected.refusal is None
+        moved = tuple(obj for obj, ok in zip(scenario.ids, mask.tolist(), strict=True) if ok)
+        assert moved == expected.moved
+        dest = {row.source: row.dest for row in table.lifecycle.rows
+                if row.event is scenario.event}
+        assert names(machine) == [dest[state] if obj in moved else state
+                                  for obj, state in enumerate(before)]
+    assert tuple(oracle.shown) == expected.shown

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import kvfsm
 import kvfsm.fsm
+import kvfsm.kinds
 import kvfsm.memory
 import kvfsm.spec
 import kvfsm.state
@@ -36,6 +37,7 @@ EXPECTED = {
     "shipped_lifecycles", "CoreConfig", "InvariantViolation", "ModelDecl", "PrefixHashes",
     "StateCore", "StateError", "explore_core", "load_model", "shipped_models",
     "DeviceProfile", "Engine", "Level", "Prompt", "Reason", "Verdict", "VerifyPolicy",
+    "BlockInfo", "ForeignPromptError", "TokenError",
 }
 
 
@@ -46,7 +48,7 @@ def test_top_level_surface() -> None:
 
 
 def test_subpackages_export_what_they_list() -> None:
-    for module in (kvfsm.fsm, kvfsm.spec, kvfsm.state, kvfsm.memory, kvfsm.verify):
+    for module in (kvfsm.fsm, kvfsm.spec, kvfsm.state, kvfsm.memory, kvfsm.verify, kvfsm.kinds):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
 
@@ -69,5 +71,7 @@ def test_errors_share_a_base() -> None:
         "TransitionError",
         "StateError",
         "InvariantViolation",
+        "TokenError",
+        "ForeignPromptError",
     ):
         assert issubclass(getattr(kvfsm, name), kvfsm.KvfsmError)

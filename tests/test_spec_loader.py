@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from kvfsm._errors import SpecError, SpecProblem
-from kvfsm.spec import Content, Event, Form, Lifecycle, Tier, load_lifecycle, parse_lifecycle
+from kvfsm.spec import (
+    Content,
+    Event,
+    Form,
+    GroupKind,
+    Lifecycle,
+    Tier,
+    load_lifecycle,
+    parse_lifecycle,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FULL_KV = REPO_ROOT / "specs" / "lifecycles" / "full_kv.toml"
@@ -18,6 +27,7 @@ SOURCE = "mini.toml"
 VALID_SPEC = """\
 [lifecycle]
 name = "mini"
+kind = "full"
 description = "A minimal KV block lifecycle for the loader tests."
 initial = "free"
 
@@ -89,6 +99,7 @@ effects = ["return_slot:device"]
 LIFECYCLE_HEADER = """\
 [lifecycle]
 name = "mini"
+kind = "full"
 description = "A minimal KV block lifecycle for the loader tests."
 initial = "free"
 """
@@ -111,12 +122,21 @@ ROW5 = (
 )
 ROW6_EVENT = 'event = "free"\n'
 ROW6_EFFECTS = 'effects = ["return_slot:device"]\n'
+KIND = 'kind = "full"\n'
 
 
 def edit(old: str, new: str, text: str = VALID_SPEC) -> str:
     """``text`` with the one occurrence of ``old`` replaced by ``new``."""
     assert text.count(old) == 1, f"anchor must occur exactly once: {old!r}"
     return text.replace(old, new)
+
+
+def rename_allocated(toml_string: str) -> str:
+    """VALID_SPEC with state ``allocated`` renamed everywhere; ``toml_string`` is the new name as
+    a TOML basic string (quotes and escapes included)."""
+    text = edit("[states.allocated]", f"[states.{toml_string}]")
+    assert text.count('"allocated"') == 4
+    return text.replace('"allocated"', toml_string)
 
 
 def append(extra: str) -> str:
@@ -143,6 +163,7 @@ def test_valid_spec_parses() -> None:
     lifecycle = parse_lifecycle(VALID_SPEC, source=SOURCE)
     assert isinstance(lifecycle, Lifecycle)
     assert lifecycle.name == "mini"
+    assert lifecycle.kind is GroupKind.FULL
     assert lifecycle.initial == "free"
     assert lifecycle.source == SOURCE
     assert lifecycle.state_names == ("free", "allocated", "writing", "device")
@@ -215,6 +236,80 @@ MALFORMED: list[tuple[str, str, str, str, str]] = [
         "initial-not-declared",
         edit('initial = "free"\n', 'initial = "empty"\n'),
         "lifecycle", "initial", "initial state 'empty' is not among the states",
+    ),
+    (
+        "missing-kind",
+        edit(KIND, ""),
+        "lifecycle", "kind", "missing 'kind'",
+    ),
+    (
+        "unknown-kind",
+        edit(KIND, 'kind = "full_kv"\n'),
+        "lifecycle", "kind", "'kind': unknown value 'full_kv'",
+    ),
+    (
+        "kind-not-a-string",
+        edit(KIND, "kind = 1\n"),
+        "lifecycle", "kind", "'kind' must be a str, got int",
+    ),
+    (
+        "lifecycle-name-with-punctuation",
+        edit('name = "mini"\n', 'name = "mini-kv"\n'),
+        "lifecycle", "name", "lifecycle name 'mini-kv' must match",
+    ),
+    (
+        "state-name-empty",
+        rename_allocated('""'),
+        "states", "''", "state name '' must match '[a-z_][a-z0-9_]*'",
+    ),
+    (
+        "state-name-with-newline",
+        rename_allocated('"alloc\\nated"'),
+        "states", "'alloc\\nated'", "state name 'alloc\\nated' must match",
+    ),
+    (
+        "state-name-with-trailing-newline",
+        rename_allocated('"allocated\\n"'),
+        "states", "'allocated\\n'", "state name 'allocated\\n' must match",
+    ),
+    (
+        "state-name-with-arrow",
+        rename_allocated('"spill->host"'),
+        "states", "'spill->host'", "state name 'spill->host' must match",
+    ),
+    (
+        "state-name-upper-case",
+        rename_allocated('"Allocated"'),
+        "states", "'Allocated'", "state name 'Allocated' must match",
+    ),
+    (
+        "state-name-leading-digit",
+        rename_allocated('"2nd"'),
+        "states", "'2nd'", "state name '2nd' must match",
+    ),
+    (
+        "no-readable-state",
+        edit("readable = true\n", ""),
+        "lifecycle", "kind", "no readable state",
+    ),
+    (
+        "compressed-kind-without-compressed-form",
+        edit(KIND, 'kind = "compressed"\n'),
+        "lifecycle", "kind", "kind 'compressed' needs a readable state of form 'compressed'",
+    ),
+    (
+        "compressed-kind-without-raw-form",
+        edit(
+            'content = "complete"\nform = "raw"\n',
+            'content = "complete"\nform = "compressed"\n',
+            edit(KIND, 'kind = "compressed"\n'),
+        ),
+        "lifecycle", "kind", "kind 'compressed' needs a readable state of form 'raw'",
+    ),
+    (
+        "sparse-index-readable-without-targets-current",
+        edit(KIND, 'kind = "sparse_index"\n'),
+        "rows", "#3", "makes a sparse_index block readable without guard 'targets_current'",
     ),
     (
         "unknown-lifecycle-key",
@@ -510,6 +605,43 @@ def test_empty_state_doc_is_rejected() -> None:
     with pytest.raises(SpecError) as info:
         parse_lifecycle(edit(ALLOCATED_DOC, 'doc = ""\n'), source=SOURCE)
     find_problem(info.value, "states", "allocated", "doc")
+
+
+def test_a_bad_state_name_keeps_every_problem_on_one_line() -> None:
+    """A name with a line break is quoted wherever a problem names it, and the state is not
+    passed on: nothing downstream (diagrams, docs) ever sees it."""
+    text = rename_allocated('"alloc\\nated"')
+    writing = "\n\n[states.writing]"
+    text = edit(f'slots = ["device"]{writing}', f'slots = ["gpu"]{writing}', text)
+    with pytest.raises(SpecError) as info:
+        parse_lifecycle(text, source=SOURCE)
+    err = info.value
+    find_problem(err, "states", "'alloc\\nated'", "state name")
+    find_problem(err, "states", "'alloc\\nated'", "'slots': unknown value 'gpu'")
+    assert len(str(err).splitlines()) == len(err.problems)
+    assert [p for p in err.problems if "not a declared state" in p.message] == []
+
+
+def test_sparse_index_kind_accepts_rows_guarded_by_targets_current() -> None:
+    text = edit(KIND, 'kind = "sparse_index"\n')
+    text = edit(
+        'dest = "device"\neffects = ["bump_epoch", "publish_hash"]\n',
+        'dest = "device"\nguards = ["targets_current"]\neffects = ["bump_epoch", "publish_hash"]\n',
+        text,
+    )
+    assert parse_lifecycle(text, source=SOURCE).kind is GroupKind.SPARSE_INDEX
+
+
+def test_compressed_kind_accepts_both_readable_forms() -> None:
+    text = edit(KIND, 'kind = "compressed"\n') + (
+        '\n[states.compressed]\ndoc = "Compressed in place."\nslots = ["device"]\n'
+        'residency = "device"\ncontent = "complete"\nform = "compressed"\nreadable = true\n'
+        'hashed = true\n\n[[rows]]\nsource = "device"\nevent = "compress_done"\n'
+        'dest = "compressed"\neffects = ["bump_epoch", "invalidate_dependents"]\n\n'
+        '[[rows]]\nsource = "compressed"\nevent = "evict"\ndest = "free"\n'
+        'guards = ["no_pins"]\n' + ROW5_EFFECTS
+    )
+    assert parse_lifecycle(text, source=SOURCE).kind is GroupKind.COMPRESSED
 
 
 # ------------------------------------------------------------------------------ files

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 
 from kvfsm._errors import SpecError, SpecProblem
 from kvfsm.spec import (
+    MAX_BLOCK_BYTES,
     GroupDecl,
     GroupKind,
     Layout,
@@ -22,7 +24,7 @@ from kvfsm.spec import (
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "mini_model.toml"
-LIFECYCLES = ("full_kv", "sliding_window", "compressed", "sparse_index", "recurrent")
+LIFECYCLES = shipped_lifecycles()
 
 LAYOUT = """
 [groups.layout]
@@ -67,7 +69,6 @@ lifecycle = "compressed"
 block_size = 64
 shape = [64, 32]
 dtype = "float16"
-tail_tokens = 64
 sub_blocks = 4
 
 [groups.layout]
@@ -151,9 +152,9 @@ def test_valid_model_parses() -> None:
     assert model.group_names == ("attn", "swa", "hist", "idx", "rec")
     assert [g.kind for g in model.groups] == list(GroupKind)
     swa = model.group("swa")
-    assert swa.window == 128 and swa.tail_tokens is None and swa.top_k is None
+    assert swa.window == 128 and swa.sub_blocks is None and swa.top_k is None
     hist = model.group("hist")
-    assert (hist.tail_tokens, hist.sub_blocks) == (64, 4)
+    assert hist.sub_blocks == 4
     idx = model.group("idx")
     assert (idx.target_group, idx.top_k, idx.dtype) == ("hist", 8, "int32")
     assert model.group("rec").checkpoint_interval == 128
@@ -166,8 +167,26 @@ def test_valid_model_parses() -> None:
 
 def test_default_lifecycles_are_the_shipped_ones() -> None:
     assert parse_model(VALID_MODEL).name == "mini"
+    some = {name: LIFECYCLES[name] for name in ("sliding_window", "compressed")}
     with pytest.raises(SpecError, match="unknown lifecycle 'full_kv'"):
-        parse_model(VALID_MODEL, lifecycles=["sliding_window", "compressed"])
+        parse_model(VALID_MODEL, lifecycles=some)
+
+
+def test_lifecycles_are_given_as_values_not_names() -> None:
+    """Names alone cannot be checked against the groups' kinds."""
+    with pytest.raises(TypeError, match="must map names to Lifecycle values"):
+        parse_model(VALID_MODEL, lifecycles=list(LIFECYCLES))  # type: ignore[arg-type]
+
+
+def test_group_kind_must_be_its_lifecycle_kind() -> None:
+    """A lifecycle renamed is still checked by its declared kind, not by its name."""
+    renamed = {"mine": LIFECYCLES["sparse_index"], **LIFECYCLES}
+    with pytest.raises(SpecError) as info:
+        parse_model(edit('lifecycle = "full_kv"', 'lifecycle = "mine"'), source=SOURCE,
+                    lifecycles=renamed)
+    problem = find_problem(info.value, "groups", "#1 (attn)", "group 'attn' has kind 'full'")
+    assert "lifecycle 'mine' is for kind 'sparse_index'" in problem.message
+    assert len(info.value.problems) == 1
 
 
 EXPECTED_SHIPPED = {
@@ -206,7 +225,7 @@ def test_shipped_kind_specific_values() -> None:
     assert models["gpt_oss_like"].group("swa").window == 128
     deepseek = models["deepseek_v4_like"]
     history = deepseek.group("history")
-    assert (history.block_size, history.sub_blocks, history.tail_tokens) == (64, 4, 64)
+    assert (history.block_size, history.sub_blocks) == (64, 4)
     assert deepseek.group("swa").window == 128
     assert deepseek.group("swa").block_size == 16
     assert (deepseek.group("index").target_group, deepseek.group("index").top_k) == ("history", 8)
@@ -396,9 +415,34 @@ MALFORMED: list[tuple[str, str, str, str, str]] = [
         "groups", "#2 (swa)", "'window' must be >= 1, got 0",
     ),
     (
-        "tail-tokens-missing",
-        edit("tail_tokens = 64\n", ""),
-        "groups", "#3 (hist)", "missing 'tail_tokens'",
+        "tail-tokens-is-no-longer-a-key",
+        edit(HIST_SUB_BLOCKS, HIST_SUB_BLOCKS + "tail_tokens = 64\n"),
+        "groups", "#3 (hist)", "'tail_tokens' is no longer a key",
+    ),
+    (
+        "kind-differs-from-lifecycle-kind",
+        edit('lifecycle = "full_kv"', 'lifecycle = "sliding_window"'),
+        "groups", "#1 (attn)",
+        "group 'attn' has kind 'full' but its lifecycle 'sliding_window' is for kind "
+        "'sliding_window'",
+    ),
+    (
+        "index-follows-a-kv-lifecycle",
+        edit('lifecycle = "sparse_index"', 'lifecycle = "full_kv"'),
+        "groups", "#4 (idx)",
+        "group 'idx' has kind 'sparse_index' but its lifecycle 'full_kv' is for kind 'full'",
+    ),
+    (
+        "group-name-trailing-newline",
+        edit('name = "attn"', 'name = "attn\\n"'),
+        "groups", "#1 ('attn\\n')", "letters, digits and '_'",
+    ),
+    (
+        "block-over-the-byte-cap",
+        edit("shape = [64, 32]", f"shape = [{1 << 40}, {1 << 20}]"),
+        "groups", "#3 (hist)",
+        f"one block of group 'hist' takes {(1 << 61)} bytes (2.15e+09 GiB), over the "
+        f"{MAX_BLOCK_BYTES}-byte cap",
     ),
     (
         "sub-blocks-not-divisor",
@@ -457,6 +501,7 @@ def test_malformed_model_is_rejected(text: str, table: str, row: str, message: s
     with pytest.raises(SpecError) as info:
         parse(text)
     find_problem(info.value, table, row, message)
+    assert len(str(info.value).splitlines()) == len(info.value.problems)  # one line each
 
 
 def test_every_problem_is_reported_at_once() -> None:
@@ -485,6 +530,36 @@ def test_a_broken_target_does_not_cascade() -> None:
     assert [(p.row, p.message) for p in info.value.problems] == [
         ("#3 (hist)", "'block_size' must be >= 1, got -64")
     ]
+
+
+def test_tail_tokens_is_gone_from_the_declaration() -> None:
+    assert "tail_tokens" not in attrs.fields_dict(GroupDecl)
+    with pytest.raises(SpecError) as info:
+        parse(edit(HIST_SUB_BLOCKS, HIST_SUB_BLOCKS + "tail_tokens = 64\n"))
+    (problem,) = info.value.problems
+    assert "sliding_window group" in problem.message
+    assert "unknown key" not in problem.message
+
+
+def _attn_of_last_dim(last: int) -> str:
+    """VALID_MODEL with attn's block 16 x 2 x 2 x ``last`` float16 (128 * last bytes)."""
+    return edit("shape = [16, 2, 2, 16]", f"shape = [16, 2, 2, {last}]")
+
+
+def test_block_byte_cap_is_inclusive() -> None:
+    at_cap = MAX_BLOCK_BYTES // 128
+    assert parse(_attn_of_last_dim(at_cap)).group("attn").block_bytes == MAX_BLOCK_BYTES
+    with pytest.raises(SpecError) as info:
+        parse(_attn_of_last_dim(at_cap + 2))
+    (problem,) = info.value.problems
+    assert problem.row == "#1 (attn)"
+    assert f"takes {MAX_BLOCK_BYTES + 256} bytes" in problem.message
+
+
+def test_padding_and_alignment_count_towards_the_byte_cap() -> None:
+    at_cap = _attn_of_last_dim(MAX_BLOCK_BYTES // 128)
+    with pytest.raises(SpecError, match=f"takes {MAX_BLOCK_BYTES + 256} bytes"):
+        parse(edit("padding = 0", "padding = 1", at_cap))
 
 
 def test_load_model_reads_files(tmp_path: Path) -> None:

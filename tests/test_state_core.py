@@ -529,18 +529,29 @@ def test_core_config_per_group_overrides_slots() -> None:
     assert config.slots("other") == {Tier.DEVICE: 4, Tier.HOST: 2}  # no override: defaults
 
 
+def test_a_group_without_device_slots_is_refused() -> None:
+    config = CoreConfig(device_blocks=4, per_group={"swa": {"device": 0}}, backend="numpy")
+    with pytest.raises(KvfsmError, match="swa"):
+        StateCore(GPT_OSS, config)
+
+
 @pytest.mark.parametrize(
-    ("config", "group"),
+    ("fields", "message"),
     [
-        pytest.param(CoreConfig(device_blocks=0, host_blocks=4, backend="numpy"), "attn",
-                     id="no-device-blocks"),
-        pytest.param(CoreConfig(device_blocks=4, per_group={"swa": {"device": 0}},
-                                backend="numpy"), "swa", id="per-group-zero"),
+        ({"device_blocks": 0}, "device_blocks must be >= 1"),
+        ({"device_blocks": -1}, "device_blocks must be >= 1"),
+        ({"host_blocks": -1}, "host_blocks must be >= 0"),
+        ({"max_restores_in_flight": -1}, "max_restores_in_flight must be >= 0"),
+        ({"device_blocks": 2.5}, "device_blocks must be an int"),
+        ({"device_blocks": True}, "device_blocks must be an int"),
+        ({"backend": "tpu"}, "backend must be one of"),
+        ({"per_group": {"swa": {"device": -2}}}, "must be an int >= 0"),
+        ({"per_group": {"swa": {"nvme": 2}}}, "unknown tier 'nvme'"),
     ],
 )
-def test_a_group_without_device_slots_is_refused(config: CoreConfig, group: str) -> None:
-    with pytest.raises(KvfsmError, match=group):
-        StateCore(GPT_OSS, config)
+def test_config_values_are_validated(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(KvfsmError, match=message):
+        CoreConfig(**fields)  # type: ignore[arg-type]
 
 
 # -- the invariant report -----------------------------------------------------------------------
@@ -551,7 +562,7 @@ def test_assert_invariants_lists_a_hand_corrupted_slot() -> None:
     ids = _allocate(core, "attn", 2, first_key=1)
     _complete(core, "attn", ids)
     core.assert_invariants()
-    core.group("attn").slot[Tier.DEVICE][ids[0]] = -1  # a device block that holds no slot
+    core.group("attn")._blocks.slot[Tier.DEVICE][ids[0]] = -1  # a device block with no slot
     problems = core.check_invariants()
     assert problems
     assert all(p.startswith("attn: ") for p in problems)

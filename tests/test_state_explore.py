@@ -46,7 +46,7 @@ def test_a_hash_map_that_forgets_to_drop_is_caught(monkeypatch: pytest.MonkeyPat
 
 def test_a_slot_leak_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     def forget(self: GroupState, ids: np.ndarray, call: object, row: object) -> None:
-        self.slot[call.tier][ids] = -1  # type: ignore[attr-defined]
+        self._blocks.slot[call.tier][ids] = -1  # type: ignore[attr-defined]
 
     monkeypatch.setattr(GroupState, "_return_slot", forget)
     result = explore_core(shipped_models()["dense"], TINY, max_configurations=50)

@@ -387,12 +387,22 @@ class GptOssCore(CoreMachine):
     model = shipped_models()["gpt_oss_like"]
 
 
-# CI budget (the issue asks for at least 200 examples of 50 steps); `long` raises both.
-# At least the CI budget; a bigger loaded profile (HYPOTHESIS_PROFILE=long) raises both.
-FUZZ = settings(max_examples=max(200, settings.default.max_examples),
-                stateful_step_count=max(50, settings.default.stateful_step_count),
-                deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+#: The fuzz budget follows the loaded Hypothesis profile (``settings.default`` once conftest
+#: or ``CI=true`` has loaded it): FUZZ_SCALE times its ``max_examples``, its
+#: ``stateful_step_count`` and everything else it sets (the ``ci`` profile's derandomize). The
+#: default and ``ci`` profiles (100 examples, 50 steps) give the CI budget the issue asks for,
+#: 200 examples of 50 steps; ``HYPOTHESIS_PROFILE=long`` gives 10,000 of 100; a smaller profile
+#: gives a shorter run.
+FUZZ_SCALE = 2
+FUZZ = settings(
+    settings.default,
+    max_examples=FUZZ_SCALE * settings.default.max_examples,
+    deadline=None,
+    suppress_health_check=sorted(
+        {*settings.default.suppress_health_check, HealthCheck.too_slow,
+         HealthCheck.filter_too_much}, key=lambda check: check.value),
+)
+
 
 def test_deepseek_core_agrees_with_reference() -> None:
     run_state_machine_as_test(DeepseekCore, settings=FUZZ)

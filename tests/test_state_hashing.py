@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from kvfsm import TokenError
 from kvfsm.state import PrefixHashes, hash_seed, join_words, split_digest
 
 SEED = hash_seed("m", 1)
@@ -146,10 +147,23 @@ def test_the_same_tokens_as_a_list_or_an_array_hash_alike() -> None:
     tokens = list(range(40))
     as_list = _hashes(tokens, 8).keys()
     assert _hashes(np.array(tokens, dtype=np.int32), 8).keys() == as_list
-    assert _hashes(np.array(tokens, dtype=np.int64).reshape(5, 8), 8).keys() == as_list
+    with pytest.raises(TokenError, match="1-D"):  # a batch of requests is not one prompt
+        _hashes(np.array(tokens, dtype=np.int64).reshape(5, 8), 8)
+    assert _hashes(np.arange(80)[::2], 8).keys() == _hashes(list(range(0, 80, 2)), 8).keys()
+    assert _hashes(np.array(tokens, dtype=">i8"), 8).keys() == as_list
 
 
 @pytest.mark.parametrize("block_size", [0, -1, -16])
 def test_block_size_below_one_is_refused(block_size: int) -> None:
     with pytest.raises(ValueError, match="block_size"):
         PrefixHashes(SEED, block_size)
+
+
+def test_prefix_hashes_refuse_what_is_not_a_token_id() -> None:
+    """Regression: ``PrefixHashes([0.5] * 16)`` hashed like ``[0] * 16``."""
+    hashes = PrefixHashes(hash_seed("m", 1, ""), 16)
+    hashes.extend(np.arange(8))
+    for bad in ([0.5] * 16, np.arange(16) - 1, np.full(16, 2**63, dtype=np.uint64)):
+        with pytest.raises(TokenError):
+            hashes.extend(bad)
+    assert (hashes.n_tokens, hashes.n_blocks) == (8, 0)

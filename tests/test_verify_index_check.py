@@ -40,6 +40,14 @@ def _indexed(refs_of_row: list[list[int]]) -> tuple[Engine, np.ndarray, np.ndarr
     return eng, ids, history
 
 
+def _behind_the_cores_back(array: np.ndarray) -> np.ndarray:
+    """A writable view of a group's metadata array, to corrupt it as no core event would (the
+    core hands out read-only views of arrays it writes)."""
+    writable = array.view()
+    writable.flags.writeable = True
+    return writable
+
+
 def _check(eng: Engine, ids: np.ndarray, history: np.ndarray | None) -> IndexCheck:
     return IndexCheck(eng.core.group("index"), ids.astype(np.intp),
                       None if history is None else history.astype(np.intp))
@@ -85,7 +93,7 @@ def test_a_target_freed_or_moved_makes_its_rows_stale() -> None:
 def test_an_epoch_bump_makes_the_reference_stale() -> None:
     eng, ids, history = _indexed([[0]] * ROWS)
     group = eng.core.group("history")
-    group.epoch[history[0]] += 1  # as a spill/restore round trip would
+    _behind_the_cores_back(group.epoch)[history[0]] += 1  # as a spill/restore round trip would
     check = _check(eng, ids, history)
     assert not check.fit.any()
     assert check.reason(5) is Reason.INDEX_STALE
@@ -112,7 +120,7 @@ def test_a_reference_outside_the_target_group_fails_and_is_never_read(corrupt: i
     """Metadata corrupted behind the core's back (the core refuses such targets on write):
     the row fails as stale, the restore plan's residency check and the reason do not crash."""
     eng, ids, history = _indexed([[0] if row >= 3 else [] for row in range(ROWS)])
-    eng.core.group("index").refs_target[ids[14], 1] = corrupt
+    _behind_the_cores_back(eng.core.group("index").refs_target)[ids[14], 1] = corrupt
     check = _check(eng, ids, history)
     assert np.flatnonzero(~check.fit).tolist() == [14]
     assert check.reason(14) is Reason.INDEX_STALE

@@ -10,14 +10,30 @@ from kvfsm import Engine
 from kvfsm.spec import Event, Layout, Tier
 from kvfsm.state import NO_TARGET
 from kvfsm.verify import DeviceProfile, Level, Reason, Verdict
-from tests.verify_models import DEEPSEEK, DENSE, GPT_OSS, QWEN, TWO_SIZES, block_id, engine, tokens
+from kvfsm.verify._group_eval import GroupEval
+from tests.verify_models import (
+    DEEPSEEK,
+    DENSE,
+    GPT_OSS,
+    HISTORY_SWA,
+    QWEN,
+    TWO_SIZES,
+    block_id,
+    engine,
+    tokens,
+)
 
 #: Every test runs with compiled kernels and with their NumPy twins.
 pytestmark = pytest.mark.usefixtures("jit_backend")
 
 
-def _only(verdict: Verdict, reason: Reason) -> None:
-    assert reason in verdict.reason_set, verdict.reasons
+#: Prompt-level context a verdict may add to any block-level reason.
+CONTEXT = frozenset({Reason.BLOCK_BOUNDARY, Reason.PROMPT_END})
+
+
+def _only(verdict: Verdict, *reasons: Reason) -> None:
+    """The reasons of ``verdict`` are exactly ``reasons``, besides prompt-level context."""
+    assert verdict.reason_set - (CONTEXT - set(reasons)) == set(reasons), verdict.reasons
 
 
 def _blocks_before(verdict: Verdict, reason: Reason, block_size: int) -> None:
@@ -34,7 +50,7 @@ def _dense(length: int = 161) -> tuple[Engine, np.ndarray]:
 
 
 def _history_by_hand(eng: Engine, text: np.ndarray, compress: dict[int, str]) -> None:
-    """Commit the window and index groups, and the history with chosen blocks left raw or
+    """Commit the other groups, and the history with chosen blocks left raw or
     mid-compression (the engine's commit would compress them)."""
     prompt = eng.prompt(text)
     core = eng.core
@@ -50,7 +66,7 @@ def _history_by_hand(eng: Engine, text: np.ndarray, compress: dict[int, str]) ->
             core.fire("history", [block], Event.COMPRESS_BEGIN)
         if how == "compressed":
             core.fire("history", [block], Event.COMPRESS_DONE)
-    eng.commit(prompt, groups=["swa", "index"])
+    eng.commit(prompt, groups=[g for g in core.groups if g != "history"])
 
 
 def test_not_cached() -> None:
@@ -63,38 +79,59 @@ def test_not_cached() -> None:
 
 
 def test_compressed_incomplete_and_its_plan_compresses() -> None:
-    eng = engine(DEEPSEEK)
-    text = tokens(321)  # history blocks 0..4; 0..3 must be compressed at 320
+    eng = engine(HISTORY_SWA)
+    text = tokens(321)  # history blocks 0..4, every one needed compressed at 320
     _history_by_hand(eng, text, {1: "raw", 4: "raw"})
     verdict = eng.lookup(text)
     _only(verdict, Reason.COMPRESSED_INCOMPLETE)
-    (short,) = verdict.reasons_of(Reason.COMPRESSED_INCOMPLETE)
-    assert (short.group, short.block_index) == ("history", 1)
-    # Raw, block 1 can still serve as the uncompressed tail at 128; past it, it cannot.
-    assert verdict.usable_tokens == 128
+    shorts = verdict.reasons_of(Reason.COMPRESSED_INCOMPLETE)
+    assert [(s.group, s.block_index) for s in shorts] == [("history", 1), ("history", 4)]
+    # Nothing raw at a compression boundary: a raw block 1 serves no length past 64.
+    assert verdict.usable_tokens == 64
     assert verdict.restorable_tokens == 320
-    (step,) = [s for s in verdict.plan if s.group == "history"]
-    assert [e.spec_name for e in step.path] == ["compress_begin", "compress_done"]
+    assert [(s.block_index, [e.spec_name for e in s.path]) for s in verdict.plan] == [
+        (1, ["compress_begin", "compress_done"]), (4, ["compress_begin", "compress_done"])]
+
+
+def test_compressing_a_block_under_an_index_is_not_offered_as_a_restore() -> None:
+    """Compressing a history block moves its epoch and invalidates the index rows pointing at
+    it, so a plan that compresses it cannot keep those rows: they are recomputed."""
+    eng = engine(DEEPSEEK)
+    text = tokens(321)
+    _history_by_hand(eng, text, {1: "raw"})
+    verdict = eng.lookup(text)
+    assert verdict.usable_tokens == verdict.restorable_tokens == 64
+    assert verdict.plan == ()
 
 
 def test_mid_compression() -> None:
-    eng = engine(DEEPSEEK)
+    eng = engine(HISTORY_SWA)
     text = tokens(321)
     _history_by_hand(eng, text, {2: "compressing", 4: "raw"})
     verdict = eng.lookup(text)
-    _only(verdict, Reason.MID_COMPRESSION)
-    assert verdict.usable_tokens == 192  # block 2, still raw, is the tail at 192 at most
-    assert [e.spec_name for s in verdict.plan for e in s.path] == ["compress_done"]
+    _only(verdict, Reason.MID_COMPRESSION, Reason.COMPRESSED_INCOMPLETE)
+    (mid,) = verdict.reasons_of(Reason.MID_COMPRESSION)
+    assert (mid.group, mid.block_index) == ("history", 2)
+    assert verdict.usable_tokens == 128  # blocks 0 and 1 compressed; 2 is not yet
+    assert [(s.block_index, [e.spec_name for e in s.path]) for s in verdict.plan] == [
+        (2, ["compress_done"]), (4, ["compress_begin", "compress_done"])]
 
 
 def test_tail_missing() -> None:
-    eng = engine(DEEPSEEK)
+    """A length inside a compressed block needs that block's first tokens raw; compressed, it
+    cannot serve them. Candidate lengths are whole multiples of every block size, so only a
+    group's own evaluation at such a length asks for a raw tail today."""
+    eng = engine(HISTORY_SWA)
     text = tokens(321)
-    _history_by_hand(eng, text, {})  # even the last block compressed: no raw tail left
-    verdict = eng.lookup(text)
-    _only(verdict, Reason.TAIL_MISSING)
-    assert verdict.reasons_of(Reason.TAIL_MISSING)[0].block_index == 4
-    assert verdict.usable_tokens < 320 and verdict.restorable_tokens < 320
+    eng.commit(eng.prompt(text))
+    group = eng.core.group("history")
+    high, low = eng.prompt(text).words(64)
+    evaluation = GroupEval(eng.core, group, high, low, np.array([0, 64, 100]),
+                           level=Level.FULL, kernel_layout=None, profile=DeviceProfile())
+    assert evaluation.now.tolist() == [True, True, False]
+    index, compressed = evaluation.failing(100)
+    assert (index.tolist(), compressed.tolist()) == ([1], [False])
+    assert evaluation.reason(1, False) is Reason.TAIL_MISSING
 
 
 def test_window_mismatch() -> None:
@@ -108,8 +145,22 @@ def test_window_mismatch() -> None:
 
 
 def test_index_stale() -> None:
-    """An index spilled while its target changed comes back stale: it is never usable, and
-    restoring it is not in the plan."""
+    """An index whose recorded target epoch no longer matches its target (metadata that
+    disagrees with the history it points at) is never usable, and restoring it is not in the
+    plan."""
+    eng = engine(DEEPSEEK)
+    text = tokens(321)
+    eng.commit(eng.prompt(text))
+    index = block_id(eng, "index", text, 10)
+    eng.core.group("index")._blocks.refs_epoch[index, 0] += 1
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.INDEX_STALE)
+    _blocks_before(verdict, Reason.INDEX_STALE, 16)
+    assert all(s.block_id != index for s in verdict.plan)
+
+
+def test_an_index_spilled_while_its_target_is_evicted_is_invalidated() -> None:
+    """The index leaves the hash map with its target (no stale index survives to be read)."""
     eng = engine(DEEPSEEK)
     text = tokens(321)
     eng.commit(eng.prompt(text))
@@ -117,12 +168,11 @@ def test_index_stale() -> None:
     index = block_id(eng, "index", text, 10)
     target = int(core.group("index").refs_target[index][0])
     core.fire("index", [index], "spill_begin")
-    core.fire("history", [target], "evict")  # spilling index has no invalidate row
-    core.fire("index", [index], "spill_done")
+    core.fire("history", [target], "evict")
+    assert core.describe("index", index).state == "invalid"
     verdict = eng.lookup(text)
-    _only(verdict, Reason.INDEX_STALE)
-    _blocks_before(verdict, Reason.INDEX_STALE, 16)
-    assert all(s.block_id != index for s in verdict.plan)
+    assert verdict.usable_tokens <= 10 * 16
+    assert core.check_invariants() == []
 
 
 def test_not_resident_is_restorable() -> None:
@@ -239,7 +289,7 @@ def test_sub_blocks_missing() -> None:
     """Defence in depth: the lifecycle never completes a block with missing sub-blocks, so
     this needs a corrupted bitmap to show up."""
     eng, text = _dense()
-    eng.core.group("attn").sub_blocks[block_id(eng, "attn", text, 1)] = 0
+    eng.core.group("attn")._blocks.sub_blocks[block_id(eng, "attn", text, 1)] = 0
     verdict = eng.lookup(text)
     _only(verdict, Reason.SUB_BLOCKS_MISSING)
     assert verdict.usable_tokens == 16

@@ -112,19 +112,31 @@ def test_two_three_and_four_group_mixes_serve_a_committed_prompt() -> None:
         assert not verdict.plan
 
 
-def test_compressed_history_with_tail_is_usable_where_the_tail_is_raw() -> None:
-    """History blocks older than the tail are compressed; the last one stays raw."""
+def test_compressed_history_is_usable_at_every_boundary() -> None:
+    """A prefill compresses every complete history block; a prefix is usable at each
+    compression boundary, with nothing raw needed there (shorter prompts sharing the blocks
+    included)."""
     eng = engine(DEEPSEEK)
-    text = tokens(257)  # 4 history blocks: 0..2 compressed, 3 raw
+    text = tokens(257)
     eng.commit(eng.prompt(text))
-    states = [eng.core.group("history").table.state_name(int(s))
-              for s in eng.core.group("history").states[:4]]
-    assert sorted(states) == ["compressed", "compressed", "compressed", "raw"]
+    states = [eng.core.describe("history", int(b)).state
+              for b in eng.core.lookup_words("history", *eng.prompt(text).words(64))]
+    assert states == ["compressed"] * 4
     assert eng.lookup(text).usable_tokens == 256
-    shorter = eng.lookup(text[:193])  # at 192 block 2 would have to be the raw tail
-    assert shorter.hit_tokens == 192
-    assert shorter.usable_tokens < 192
-    assert Reason.TAIL_MISSING in shorter.reason_set
+    for length, usable in ((193, 192), (129, 128), (65, 64)):
+        shorter = eng.lookup(text[:length])
+        assert shorter.hit_tokens == shorter.usable_tokens == usable
+
+
+def test_a_shorter_commit_then_a_longer_one_keeps_the_shorter_usable() -> None:
+    """Commit 200 then 300 tokens: the 200-token prompt is still usable at 192."""
+    eng = engine(DEEPSEEK)
+    text = tokens(300)
+    eng.commit(eng.prompt(text[:200]))
+    eng.commit(eng.prompt(text))
+    assert eng.lookup(text[:200]).usable_tokens == 192
+    assert eng.lookup(text).usable_tokens == 256
+    assert eng.core.check_invariants() == []
 
 
 def test_spill_then_restore_plan_recovers_everything() -> None:

@@ -41,7 +41,7 @@ def model(name: str, *groups: str) -> ModelDecl:
 
 FULL = group("attn", "full", "full_kv", 16)
 SWA = group("swa", "sliding_window", "sliding_window", 16, "window = 64")
-HISTORY = group("history", "compressed", "compressed", 64, "tail_tokens = 64\nsub_blocks = 4")
+HISTORY = group("history", "compressed", "compressed", 64, "sub_blocks = 4")
 INDEX = group("index", "sparse_index", "sparse_index", 16,
               'target_group = "history"\ntop_k = 4')
 DELTA = group("delta", "recurrent", "recurrent", 16, "checkpoint_interval = 64")
@@ -53,6 +53,8 @@ GPT_OSS = model("t_gpt_oss", FULL, SWA)
 TWO_SIZES = model("t_two_sizes", FULL, WIDE)
 QWEN = model("t_qwen", FULL, DELTA)
 DEEPSEEK = model("t_deepseek", HISTORY, SWA, INDEX)
+#: Compressed history and a window, no index pointing into the history.
+HISTORY_SWA = model("t_history_swa", HISTORY, SWA)
 FOUR = model("t_four", HISTORY, SWA, INDEX, DELTA)
 
 
@@ -83,12 +85,13 @@ PROMPTS = [np.concatenate([tokens(64, seed=9), tokens(257, seed=s)]) for s in ra
 def drive(eng: Engine, data: st.DataObject, steps: int) -> set[str]:
     """Take ``eng`` through ``steps`` random operations: commits of prompt prefixes, lifecycle
     events on live blocks, host copies corrupted on purpose, device profiles stricter than the
-    pools, and index references scrambled behind the core's back (a stale, dead, foreign or
+    pools, bits flipped in device memory under readable blocks (silent corruption no fire
+    sees), and index references scrambled behind the core's back (a stale, dead, foreign or
     unused target; the core's invariants then rightly fail). Returns the operations drawn."""
     drawn: set[str] = set()
     for _ in range(steps):
-        op = data.draw(st.sampled_from(["commit", "event", "corrupt", "profile", "scramble"]),
-                       label="op")
+        op = data.draw(st.sampled_from(["commit", "event", "corrupt", "flip", "profile",
+                                        "scramble"]), label="op")
         drawn.add(op)
         name = data.draw(st.sampled_from(sorted(eng.core.groups)), label="group")
         group = eng.core.group(name)
@@ -110,6 +113,12 @@ def drive(eng: Engine, data: st.DataObject, steps: int) -> set[str]:
             if held.size:
                 block = int(data.draw(st.sampled_from(held.tolist()), label="block"))
                 group.pools[Tier.HOST].data[int(group.slot[Tier.HOST][block]), 0] ^= 0xFF
+        elif op == "flip":
+            held = np.flatnonzero(group.slot[Tier.DEVICE] != -1)
+            if held.size:
+                block = int(data.draw(st.sampled_from(held.tolist()), label="block"))
+                byte = data.draw(st.integers(0, group.decl.payload_bytes - 1), label="byte")
+                group.pools[Tier.DEVICE].data[int(group.slot[Tier.DEVICE][block]), byte] ^= 0x04
         elif op == "profile":
             eng.profile = DeviceProfile(
                 "drawn", base_alignment=data.draw(st.sampled_from([64, 256, 4096, 1 << 16])),
@@ -120,8 +129,8 @@ def drive(eng: Engine, data: st.DataObject, steps: int) -> set[str]:
                 block = int(data.draw(st.sampled_from(live.tolist()), label="block"))
                 slot = data.draw(st.integers(0, group.refs_target.shape[1] - 1), label="ref")
                 # Mostly real targets, sometimes outside the target group (corrupt metadata).
-                group.refs_target[block, slot] = data.draw(
+                group._blocks.refs_target[block, slot] = data.draw(
                     st.integers(NO_TARGET, group.target.n_blocks - 1)
                     | st.sampled_from([-5, group.target.n_blocks, 1 << 30]), label="target")
-                group.refs_epoch[block, slot] = data.draw(st.integers(0, 3), label="epoch")
+                group._blocks.refs_epoch[block, slot] = data.draw(st.integers(0, 3), label="epoch")
     return drawn

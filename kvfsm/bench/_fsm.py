@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvfsm.bench._timing import median_seconds
+from kvfsm._errors import KvfsmError
+from kvfsm.bench._timing import Progress, ProgressFn, median_seconds
 from kvfsm.fsm._compiled import compile_lifecycle
 from kvfsm.fsm._machine import Machine
 from kvfsm.fsm._reference import ReferenceMachine
@@ -21,12 +22,21 @@ def bench_fsm(
     scalar_cycles: int = 20_000,
     reference_cycles: int = 2_000,
     repeat: int = 5,
+    progress: ProgressFn | None = None,
 ) -> dict[str, float | int | str]:
     """Transitions per second of the three ways to drive the ``full_kv`` lifecycle.
 
     Guards and effects are bound permissively (always pass, do nothing): this measures the
     table machinery itself; the memory work of effects is measured by ``bench state``.
+    ``progress`` takes a line per measurement (nothing is reported without it).
     """
+    counts = (blocks, scalar_cycles, reference_cycles, repeat)
+    if min(counts) < 1:
+        raise KvfsmError(
+            "bench fsm: blocks, scalar_cycles, reference_cycles and repeat must be >= 1, got "
+            + ", ".join(map(str, counts))
+        )
+    report = Progress("bench fsm", progress)
     lifecycle = shipped_lifecycles()["full_kv"]
     table = compile_lifecycle(lifecycle)
 
@@ -38,7 +48,8 @@ def bench_fsm(
         for event in CYCLE:
             batched.fire_batch(ids, event)
 
-    batched_s = median_seconds(batched_cycle, repeat=repeat)
+    report.phase(f"batched fire of {blocks} blocks")
+    batched_s = median_seconds(batched_cycle, repeat=repeat, on_run=report.runs("batched fire"))
 
     scalar = Machine(table, 1, permissive=True)
 
@@ -48,7 +59,8 @@ def bench_fsm(
             for event in CYCLE:
                 fire(0, event)
 
-    scalar_s = median_seconds(scalar_cycles_run, repeat=repeat)
+    report.phase(f"scalar fire, {scalar_cycles} cycles")
+    scalar_s = median_seconds(scalar_cycles_run, repeat=repeat, on_run=report.runs("scalar fire"))
 
     reference = ReferenceMachine(lifecycle)
 
@@ -58,7 +70,9 @@ def bench_fsm(
             for event in CYCLE:
                 fire(event)
 
-    reference_s = median_seconds(reference_run, repeat=repeat)
+    report.phase(f"the transitions library, {reference_cycles} cycles")
+    reference_s = median_seconds(
+        reference_run, repeat=repeat, on_run=report.runs("the transitions library"))
 
     batched_per_s = blocks * len(CYCLE) / batched_s
     transitions_per_s = reference_cycles * len(CYCLE) / reference_s

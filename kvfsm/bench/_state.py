@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
+from kvfsm.bench._timing import Progress, ProgressFn
 from kvfsm.fsm import EffectFn, Machine
 from kvfsm.spec import Call, Event, GroupDecl, GroupKind, Layout, ModelDecl, Row, shipped_models
 from kvfsm.state import CoreConfig, GroupState, StateCore
@@ -62,7 +63,7 @@ def logical_arrays(group: GroupState) -> dict[str, NDArray[np.generic]]:
         "position": group.position,
         "pins": group.pins,
         "last_use": group.last_use,
-        "verified": group.verified,
+        "check": group.check,
         "layout_id": group.layout_id,
     }
     for tier, slots in group.slot.items():
@@ -159,12 +160,17 @@ def _require(ok: bool, what: str) -> None:
         raise KvfsmError(f"bench state: {what}")
 
 
-def bench_state(*, blocks: int = 1_000_000, repeat: int = 3) -> dict[str, float | int | str]:
+def bench_state(
+    *, blocks: int = 1_000_000, repeat: int = 3, progress: ProgressFn | None = None
+) -> dict[str, float | int | str]:
     """Footprint per block, and blocks per second through allocate -> write_begin -> write ->
     write_done -> evict on batches of ``blocks`` (median of ``repeat`` cycles after one warm-up).
+    ``progress`` takes a line per cycle and phase (nothing is reported without it).
     """
     if blocks < 1 or repeat < 1:
         raise KvfsmError(f"bench state: blocks and repeat must be >= 1, got {blocks}, {repeat}")
+    report = Progress("bench state", progress)
+    report.phase(f"building a core of {blocks} blocks")
     model = bench_model()
     decl = model.groups[0]
     core = StateCore(model, CoreConfig(device_blocks=blocks, host_blocks=0, backend="numpy"))
@@ -214,8 +220,13 @@ def bench_state(*, blocks: int = 1_000_000, repeat: int = 3) -> dict[str, float 
                  f"{len(group.hash_map)} after evict")
         return times | {f"effect:{key}": value for key, value in spent.items()}
 
+    report.phase(f"warm-up cycle of {blocks} blocks")
     cycle()  # warm-up: first touches of the pool and arrays
-    runs = [cycle() for _ in range(repeat)]
+    runs: list[dict[str, float]] = []
+    for done in range(repeat):
+        report.phase(f"cycle {done + 1}/{repeat} of {blocks} blocks")
+        runs.append(cycle())
+    report.phase("checking invariants")
     # Untimed: one full cycle more, so the invariants are checked with every block published
     # and again with none. The hash table's arrays are allocated up front at their full size.
     for phase in PHASES[:-1]:
@@ -233,6 +244,7 @@ def bench_state(*, blocks: int = 1_000_000, repeat: int = 3) -> dict[str, float 
     effects = sorted({key for run in runs for key in run if key.startswith("effect:")})
     hash_map_s = sum(median(f"effect:{e}") for e in HASH_MAP_EFFECTS)
     outside_s = sum(median(f"outside:{p}") for p in PHASES)
+    report.phase("measuring the footprint per block")
     figures: dict[str, float | int | str] = dict(footprint())
     figures |= {
         "blocks": blocks,

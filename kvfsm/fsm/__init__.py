@@ -10,7 +10,16 @@ from kvfsm.fsm._checker import (
     Violation,
     check_lifecycle,
 )
-from kvfsm.fsm._compiled import INVALID, NO_ROW, CompiledTable, compile_lifecycle
+from kvfsm.fsm._compiled import (
+    FORM_CODE,
+    FORM_COMPRESSED,
+    FORM_NONE,
+    FORM_RAW,
+    INVALID,
+    NO_ROW,
+    CompiledTable,
+    compile_lifecycle,
+)
 from kvfsm.fsm._diagram import FORMATS, diagram, lifecycle_page, svg_spec_hash
 from kvfsm.fsm._machine import EffectFn, GuardFn, Machine, bind_all
 from kvfsm.fsm._reference import ReferenceMachine
@@ -18,6 +27,10 @@ from kvfsm.fsm._reference import ReferenceMachine
 __all__ = [
     "BUILTIN_INVARIANTS",
     "FORMATS",
+    "FORM_CODE",
+    "FORM_COMPRESSED",
+    "FORM_NONE",
+    "FORM_RAW",
     "INVALID",
     "NO_LEAK",
     "NO_ROW",

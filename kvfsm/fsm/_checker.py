@@ -18,7 +18,7 @@ import numpy as np
 
 from kvfsm.fsm._compiled import INVALID, CompiledTable
 from kvfsm.spec._model import Call
-from kvfsm.spec._vocabulary import Content, Event, Tier
+from kvfsm.spec._vocabulary import Event, Tier
 
 Config = tuple[int, ...]
 
@@ -104,8 +104,7 @@ def _pinned_readable(view: View) -> bool:
 
 
 def _hashed_complete(view: View) -> bool:
-    incomplete = np.array([s.content is not Content.COMPLETE for s in view.table.lifecycle.states])
-    return not bool(view.per_state[view.table.hashed & incomplete].any())
+    return not bool(view.per_state[view.table.hashed & ~view.table.complete].any())
 
 
 def _spilled_off_device(view: View) -> bool:

@@ -6,6 +6,7 @@ Per-block state is one ``uint8``; a transition over a batch is a gather from the
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final, TypeVar
 
@@ -14,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm.spec._model import Lifecycle, Row
-from kvfsm.spec._vocabulary import Event, Tier
+from kvfsm.spec._vocabulary import Content, Event, Form, Tier
 
 _A = TypeVar("_A", bound=np.ndarray)
 
@@ -22,6 +23,15 @@ _A = TypeVar("_A", bound=np.ndarray)
 INVALID: Final = 255
 #: ``row_of`` value of a ``(state, event)`` pair that has no row.
 NO_ROW: Final = -1
+
+#: ``form`` codes: the representation of a state's content, as one int8 per state.
+FORM_NONE: Final = 0
+FORM_RAW: Final = 1
+FORM_COMPRESSED: Final = 2
+#: The ``form`` code of each :class:`Form`.
+FORM_CODE: Final[Mapping[Form, int]] = MappingProxyType(
+    {Form.NONE: FORM_NONE, Form.RAW: FORM_RAW, Form.COMPRESSED: FORM_COMPRESSED}
+)
 
 
 @attrs.frozen(eq=False)
@@ -41,6 +51,16 @@ class CompiledTable:
     holds_slot: NDArray[np.bool_]
     #: Per state: the tier of the authoritative content, or -1.
     residency: NDArray[np.int8]
+    #: Per state: the content is complete / partial.
+    complete: NDArray[np.bool_]
+    partial: NDArray[np.bool_]
+    #: Per state: partial content resident on the device, where a write may land.
+    writable: NDArray[np.bool_]
+    #: Per state: the content's representation, a :data:`FORM_CODE` value.
+    form: NDArray[np.int8]
+    #: Per state: being restored: in flight, content in a lower tier, a device slot held
+    #: (what the restore admission gate counts).
+    restoring: NDArray[np.bool_]
     state_ids: MappingProxyType[str, int]
 
     @property
@@ -89,19 +109,33 @@ def compile_lifecycle(lifecycle: Lifecycle) -> CompiledTable:
     holds_slot = np.zeros((n_states, n_tiers), dtype=np.bool_)
     for index, state in enumerate(lifecycle.states):
         holds_slot[index, list(state.slots)] = True
+    states = lifecycle.states
+
+    def column(flags: list[bool]) -> NDArray[np.bool_]:
+        return _readonly(np.array(flags, dtype=np.bool_))
+
     return CompiledTable(
         lifecycle=lifecycle,
         next_state=_readonly(next_state),
         row_of=_readonly(row_of),
-        readable=_readonly(np.array([s.readable for s in lifecycle.states], dtype=np.bool_)),
-        hashed=_readonly(np.array([s.hashed for s in lifecycle.states], dtype=np.bool_)),
-        in_flight=_readonly(np.array([s.in_flight for s in lifecycle.states], dtype=np.bool_)),
+        readable=column([s.readable for s in states]),
+        hashed=column([s.hashed for s in states]),
+        in_flight=column([s.in_flight for s in states]),
         holds_slot=_readonly(holds_slot),
         residency=_readonly(
-            np.array(
-                [-1 if s.residency is None else int(s.residency) for s in lifecycle.states],
-                dtype=np.int8,
-            )
+            np.array([-1 if s.residency is None else int(s.residency) for s in states], np.int8)
+        ),
+        complete=column([s.content is Content.COMPLETE for s in states]),
+        partial=column([s.content is Content.PARTIAL for s in states]),
+        writable=column(
+            [s.content is Content.PARTIAL and s.residency is Tier.DEVICE for s in states]
+        ),
+        form=_readonly(np.array([FORM_CODE[s.form] for s in states], dtype=np.int8)),
+        restoring=column(
+            [
+                s.in_flight and s.residency not in (None, Tier.DEVICE) and Tier.DEVICE in s.slots
+                for s in states
+            ]
         ),
         state_ids=MappingProxyType(ids),
     )

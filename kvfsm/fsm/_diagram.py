@@ -1,11 +1,13 @@
 """Diagrams of lifecycles via `transitions`' GraphMachine, and the generated docs page per spec.
 
 Mermaid text needs nothing beyond `transitions`; DOT text needs the pure-Python `graphviz`
-package; PNG and SVG need pygraphviz (system graphviz), installed by the ``diagrams`` extra.
+package; PNG and SVG need pygraphviz (its wheels bundle the graphviz library). The ``diagrams``
+extra installs both.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -22,20 +24,41 @@ _ENGINES: Final[dict[str, Engine]] = {
     "svg": "pygraphviz",
 }
 _HASH_MARK: Final = "kvfsm spec sha256:"
+_INSTALL_HINT: Final = 'pip install "kvfsm[diagrams]"'
+
+
+def _require_engine(fmt: str, engine: Engine) -> None:
+    """Refuse ``fmt`` when the package of its engine is missing. Checked here because
+    `transitions` would otherwise fall back, with only a log warning, to the next engine down
+    (pygraphviz -> graphviz -> mermaid) and draw the wrong format."""
+    if engine == "mermaid":
+        return
+    try:
+        importlib.import_module(engine)
+    except ImportError as exc:
+        # Missing outright, or installed but broken (say, a shared library it links is gone).
+        missing = getattr(exc, "name", None) == engine
+        why = "is not installed" if missing else f"fails to import: {exc}"
+        raise KvfsmError(
+            f"diagram format {fmt!r} needs the Python package {engine!r}, which {why}; "
+            f"install it with: {_INSTALL_HINT}"
+        ) from exc
 
 
 class _Model:
     """A bare model object for GraphMachine to attach ``get_graph`` to."""
 
 
-def _graph(lifecycle: Lifecycle, engine: Engine) -> Any:
+def _graph(lifecycle: Lifecycle, fmt: str) -> Any:
+    engine = _ENGINES[fmt]
+    _require_engine(fmt, engine)
     try:
         from transitions.extensions import GraphMachine
     except ImportError as exc:  # pragma: no cover - transitions always ships it
         raise KvfsmError(f"transitions' GraphMachine unavailable: {exc}") from exc
     model = _Model()
     try:
-        GraphMachine(
+        machine = GraphMachine(
             model=model,
             states=list(lifecycle.state_names),
             transitions=transitions_rows(lifecycle, None),
@@ -46,10 +69,18 @@ def _graph(lifecycle: Lifecycle, engine: Engine) -> Any:
             title=lifecycle.name,
         )
     except ImportError as exc:
-        extra = "pip install 'kvfsm[diagrams]'" + (
-            " (pygraphviz needs the system graphviz library)" if engine == "pygraphviz" else ""
+        raise KvfsmError(
+            f"diagram format {fmt!r}: the {engine} engine of transitions does not load ({exc}); "
+            f"install it with: {_INSTALL_HINT}"
+        ) from exc
+    # The package imported above, yet transitions may still have fallen back (its backend
+    # module caught the import failure when it was first imported).
+    backend = getattr(machine.graph_cls, "__module__", "")
+    if not backend.endswith(f".diagrams_{engine}"):
+        raise KvfsmError(
+            f"diagram format {fmt!r}: transitions drew with {backend or 'another backend'} "
+            f"instead of its {engine} engine; install it with: {_INSTALL_HINT}"
         )
-        raise KvfsmError(f"{engine} engine not installed for this diagram format: {extra}") from exc
     return model.get_graph()  # type: ignore[attr-defined]
 
 
@@ -57,7 +88,7 @@ def diagram(lifecycle: Lifecycle, fmt: str) -> bytes:
     """The diagram of ``lifecycle`` in ``fmt`` (one of :data:`FORMATS`), as bytes."""
     if fmt not in FORMATS:
         raise KvfsmError(f"unknown diagram format {fmt!r}; expected one of {list(FORMATS)}")
-    graph = _graph(lifecycle, _ENGINES[fmt])
+    graph = _graph(lifecycle, fmt)
     if fmt == "mermaid":
         return str(graph.draw(None)).encode("utf-8")
     if fmt == "dot":

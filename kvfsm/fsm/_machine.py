@@ -53,6 +53,12 @@ def _event_id(event: Event | str | int) -> Event:
         raise KvfsmError(f"unknown event id {event!r}") from None
 
 
+#: Told, after every fire that moved objects, which ids moved, on which event and from which
+#: states: how an owner keeps indexes derived from the states (a free-id stack, counts of
+#: operations in flight) in step with every fire, at the cost of the ids moved.
+MovedFn = Callable[[IdArray, Event, NDArray[np.uint8]], None]
+
+
 class Machine:
     """States of ``capacity`` objects of one lifecycle, all starting in the initial state.
 
@@ -71,12 +77,14 @@ class Machine:
         effects: Mapping[str, EffectFn] | None = None,
         permissive: bool = False,
         name: str | None = None,
+        on_moved: MovedFn | None = None,
     ) -> None:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self.table = table
         #: How errors name this machine (the lifecycle's name unless the owner says better).
         self.name = name or table.name
+        self._on_moved = on_moved
         self._states = np.full(capacity, table.initial, dtype=np.uint8)
         self._guards, self._effects = self._bind(table, guards or {}, effects or {}, permissive)
         rows = table.lifecycle.rows
@@ -180,6 +188,9 @@ class Machine:
             for call, effect in self._row_effects[row_index]:
                 effect(ids, call, row)
         self._states[obj] = dest
+        if self._on_moved is not None:
+            self._on_moved(np.array([obj], dtype=np.intp), ev,
+                           np.array([state], dtype=np.uint8))
         return dest
 
     def fire_batch(
@@ -221,8 +232,19 @@ class Machine:
             ok = self._apply_guards(batch, current, by_row, ok, ev, masked)
             self._apply_effects(batch, {r: p[ok[p]] for r, p in by_row.items()})
         self._states[batch[ok]] = dest[ok]
+        self._moved(batch, current, ok, ev)
         ok_mask: NDArray[np.bool_] = ok
         return ok_mask
+
+    def _moved(self, batch: IdArray, before: NDArray[np.uint8], ok: NDArray[np.bool_] | None,
+               ev: Event) -> None:
+        """Tell the owner which ids moved (``ok`` None: all of them) and from where."""
+        if self._on_moved is None:
+            return
+        if ok is None or bool(ok.all()):
+            self._on_moved(batch, ev, before)
+        elif ok.any():
+            self._on_moved(batch[ok], ev, before[ok])
 
     # -- internals -------------------------------------------------------------------------
 
@@ -246,11 +268,14 @@ class Machine:
             if ok.all():
                 self._apply_effects(batch, {row_index: None})
                 self._states[batch] = dest
+                self._moved(batch, current, None, ev)
                 return ok
             self._apply_effects(batch, {row_index: np.flatnonzero(ok).astype(np.intp)})
             self._states[batch[ok]] = dest
+            self._moved(batch, current, ok, ev)
             return ok
         self._states[batch] = dest
+        self._moved(batch, current, None, ev)
         return ok
 
     def _names(self, state_ids: NDArray[np.uint8]) -> list[str]:
@@ -362,4 +387,4 @@ def bind_all(
     return {name: make() for name in names}
 
 
-__all__: Sequence[str] = ["EffectFn", "GuardFn", "Machine", "bind_all"]
+__all__: Sequence[str] = ["EffectFn", "GuardFn", "Machine", "MovedFn", "bind_all"]

@@ -2,7 +2,7 @@
 
 from kvfsm.spec._loader import load_lifecycle, parse_lifecycle
 from kvfsm.spec._model import Call, Lifecycle, Row, StateDef
-from kvfsm.spec._models import GroupDecl, GroupKind, Layout, ModelDecl
+from kvfsm.spec._models import MAX_BLOCK_BYTES, GroupDecl, Layout, ModelDecl
 from kvfsm.spec._models_loader import load_model, parse_model, shipped_models
 from kvfsm.spec._shipped import shipped_lifecycles, shipped_specs_dir, spec_files
 from kvfsm.spec._vocabulary import (
@@ -11,12 +11,14 @@ from kvfsm.spec._vocabulary import (
     Content,
     Event,
     Form,
+    GroupKind,
     Tier,
 )
 
 __all__ = [
     "EFFECTS",
     "GUARDS",
+    "MAX_BLOCK_BYTES",
     "Call",
     "Content",
     "Event",

@@ -22,16 +22,19 @@ from kvfsm.spec._vocabulary import (
     EVENT_NAMES,
     GUARDS,
     GUARDS_WITH_TIER,
+    KIND_NAMES,
+    NAME_PATTERN,
     NO_TIER,
     TIER_NAMES,
     Content,
     Event,
     Form,
+    GroupKind,
     Tier,
 )
 
 _TOP_KEYS = frozenset({"lifecycle", "states", "rows"})
-_LIFECYCLE_KEYS = frozenset({"name", "description", "initial"})
+_LIFECYCLE_KEYS = frozenset({"name", "kind", "description", "initial"})
 _STATE_KEYS = frozenset(
     {"doc", "slots", "residency", "content", "form", "readable", "hashed", "in_flight"}
 )
@@ -96,12 +99,14 @@ def parse_lifecycle(text: str, *, source: str = "<string>") -> Lifecycle:
     rows = _read_rows(doc.get("rows"), declared, row_lines, problems)
     problems.raise_if_any()
 
-    name, description, initial = header
+    name, kind, description, initial = header
     if initial not in {s.name for s in states}:
         problems.add("lifecycle", "initial", f"initial state {initial!r} is not among the states")
         problems.raise_if_any()
+    assert kind is not None  # a missing or unknown kind is a problem raised above
     lifecycle = Lifecycle(
         name=name,
+        kind=kind,
         description=description,
         initial=initial,
         states=tuple(states),
@@ -125,15 +130,37 @@ def _typed(
     return None
 
 
-def _read_header(raw: Any, problems: _Problems) -> tuple[str, str, str]:
+def _name_problem(name: str, what: str) -> str | None:
+    """Why ``name`` cannot name a lifecycle or state, or None when it can."""
+    if NAME_PATTERN.fullmatch(name):
+        return None
+    return (
+        f"{what} name {name!r} must match {NAME_PATTERN.pattern!r}: lower-case letters, digits "
+        "and '_', not starting with a digit (it becomes a diagram node id and a docs anchor)"
+    )
+
+
+def _read_header(raw: Any, problems: _Problems) -> tuple[str, GroupKind | None, str, str]:
     if raw is None:
-        problems.add("lifecycle", "-", "missing [lifecycle] table with name, description, initial")
-        return ("", "", "")
+        problems.add(
+            "lifecycle", "-", "missing [lifecycle] table with name, kind, description, initial"
+        )
+        return ("", None, "", "")
     if not isinstance(raw, dict):
         problems.add("lifecycle", "-", "[lifecycle] must be a table")
-        return ("", "", "")
+        return ("", None, "", "")
     for key in sorted(set(raw) - _LIFECYCLE_KEYS):
         problems.add("lifecycle", key, f"unknown key {key!r}; expected {sorted(_LIFECYCLE_KEYS)}")
+    kind: GroupKind | None = None
+    if "kind" not in raw:
+        problems.add(
+            "lifecycle",
+            "kind",
+            f"missing 'kind': the kind of cache group it is for, one of {list(KIND_NAMES)}",
+        )
+    else:
+        kind = _read_enum(raw["kind"], GroupKind, KIND_NAMES, ("lifecycle", "kind", "kind"),
+                          problems)
     out: list[str] = []
     for key in ("name", "description", "initial"):
         if key not in raw:
@@ -142,7 +169,11 @@ def _read_header(raw: Any, problems: _Problems) -> tuple[str, str, str]:
             out.append("")
             continue
         out.append(_typed(raw[key], str, "lifecycle", key, key, problems) or "")
-    return (out[0], out[1], out[2])
+    if "name" in raw and isinstance(raw["name"], str):
+        message = _name_problem(raw["name"], "lifecycle")
+        if message:
+            problems.add("lifecycle", "name", message)
+    return (out[0], kind, out[1], out[2])
 
 
 def _read_enum(
@@ -175,11 +206,16 @@ def _read_states(raw: Any, problems: _Problems) -> list[StateDef]:
         problems.add("states", "-", f"{len(raw)} states; a compiled table holds at most 254")
     tiers = (*TIER_NAMES,)
     states: list[StateDef] = []
-    for name, body in raw.items():
+    for declared_name, body in raw.items():
+        before = len(problems.items)
+        # A bad name is shown quoted, so even one holding a line break stays on its own line.
+        bad_name = _name_problem(declared_name, "state")
+        name = declared_name if bad_name is None else repr(declared_name)
+        if bad_name:
+            problems.add("states", name, bad_name)
         if not isinstance(body, dict):
             problems.add("states", name, "must be a table ([states.NAME])")
             continue
-        before = len(problems.items)
         for key in sorted(set(body) - _STATE_KEYS):
             problems.add("states", name, f"unknown key {key!r}; expected {sorted(_STATE_KEYS)}")
         doc = body.get("doc")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from kvfsm.spec._vocabulary import Content, Event, Form, Tier
+from kvfsm.spec._vocabulary import Content, Event, Form, GroupKind, Tier
 
 
 @attrs.frozen
@@ -73,6 +73,8 @@ class Lifecycle:
     """
 
     name: str
+    #: The kind of cache group this lifecycle is for; a model group must have the same kind.
+    kind: GroupKind = attrs.field(validator=attrs.validators.instance_of(GroupKind))
     description: str
     initial: str
     states: tuple[StateDef, ...]

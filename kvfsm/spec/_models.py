@@ -8,23 +8,14 @@ the declarations into these frozen values.
 
 from __future__ import annotations
 
-import enum
 import math
 from typing import Final
 
 import attrs
 import numpy as np
 
-
-class GroupKind(enum.Enum):
-    """What a cache group stores; decides which kind-specific keys its declaration carries."""
-
-    FULL = "full"
-    SLIDING_WINDOW = "sliding_window"
-    COMPRESSED = "compressed"
-    SPARSE_INDEX = "sparse_index"
-    RECURRENT = "recurrent"
-
+# GroupKind lives in the vocabulary because lifecycles carry one too; re-exported for old imports.
+from kvfsm.spec._vocabulary import GroupKind as GroupKind
 
 #: Element types a block may hold. Only names numpy knows, because pools are numpy/cupy arrays;
 #: bfloat16 and the float8 types have no numpy dtype.
@@ -32,6 +23,10 @@ DTYPES: Final = ("float16", "float32", "int8", "uint8", "int32")
 
 #: A compressed block's written sub-blocks are tracked in a 16-bit mask.
 MAX_SUB_BLOCKS: Final = 16
+
+#: The largest block (payload plus padding, rounded up to the alignment) a declaration may ask
+#: for. Pools allocate whole blocks; a bigger one is a typo in ``shape``, not a cache layout.
+MAX_BLOCK_BYTES: Final = 1 << 30
 
 
 @attrs.frozen
@@ -66,8 +61,6 @@ class GroupDecl:
     layout: Layout
     #: sliding_window: tokens of history a query attends to.
     window: int | None = None
-    #: compressed: length in tokens of the uncompressed (raw) tail.
-    tail_tokens: int | None = None
     #: compressed: how many sub-blocks one block is written in.
     sub_blocks: int | None = None
     #: sparse_index: the group whose blocks the index points at.

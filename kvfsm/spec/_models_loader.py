@@ -8,16 +8,28 @@ position and name (``#2 (swa)``).
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
+
 from kvfsm._errors import SpecError
 from kvfsm.spec._loader import _Problems, read_spec_text
-from kvfsm.spec._models import DTYPES, MAX_SUB_BLOCKS, GroupDecl, GroupKind, Layout, ModelDecl
+from kvfsm.spec._model import Lifecycle
+from kvfsm.spec._models import (
+    DTYPES,
+    MAX_BLOCK_BYTES,
+    MAX_SUB_BLOCKS,
+    GroupDecl,
+    Layout,
+    ModelDecl,
+)
 from kvfsm.spec._shipped import shipped_lifecycles, shipped_specs_dir, spec_files
+from kvfsm.spec._vocabulary import GroupKind
 
 _TOP_KEYS = frozenset({"model", "groups"})
 _MODEL_KEYS = ("name", "description", "layout_version")
@@ -27,14 +39,23 @@ _LAYOUT_KEYS = ("dim_order", "alignment", "padding")
 _KIND_KEYS: Final = {
     GroupKind.FULL: (),
     GroupKind.SLIDING_WINDOW: ("window",),
-    GroupKind.COMPRESSED: ("tail_tokens", "sub_blocks"),
+    GroupKind.COMPRESSED: ("sub_blocks",),
     GroupKind.SPARSE_INDEX: ("target_group", "top_k"),
     GroupKind.RECURRENT: ("checkpoint_interval",),
 }
 _KIND_OF_KEY: Final = {key: kind for kind, keys in _KIND_KEYS.items() for key in keys}
+#: Keys that were part of the schema once, and why they are gone.
+_REMOVED_KEYS: Final = {
+    "tail_tokens": (
+        "'tail_tokens' is no longer a key: a compressed group of block size C needs raw tokens "
+        "only after its last full block (floor(L/C)*C up to L), and the recent raw tokens a "
+        "layer attends belong to its sliding_window group"
+    ),
+}
 _KIND_NAMES: Final = tuple(kind.value for kind in GroupKind)
-# Group names become keys of state arrays, metrics labels and file names.
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Group names become keys of state arrays, metrics labels and file names (fullmatch: with `$`
+# a trailing newline would still match).
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class _Reader:
@@ -105,27 +126,34 @@ class _Reader:
         return tuple(value)
 
 
-def load_model(path: str | Path, lifecycles: Iterable[str] | None = None) -> ModelDecl:
+def load_model(path: str | Path, lifecycles: Mapping[str, Lifecycle] | None = None) -> ModelDecl:
     """Load and validate the model declaration at ``path``; raises :class:`SpecError`.
 
-    ``lifecycles`` are the lifecycle names a group may follow (default: the shipped ones).
+    ``lifecycles`` are the lifecycles a group may follow, by name (default: the shipped ones).
     """
     path = Path(path)
     return parse_model(read_spec_text(path), source=str(path), lifecycles=lifecycles)
 
 
 def parse_model(
-    text: str, *, source: str = "<string>", lifecycles: Iterable[str] | None = None
+    text: str, *, source: str = "<string>", lifecycles: Mapping[str, Lifecycle] | None = None
 ) -> ModelDecl:
     """Parse and validate model declaration text; ``source`` names it in error messages and
-    ``lifecycles`` are the lifecycle names a group may follow (default: the shipped ones)."""
+    ``lifecycles`` are the lifecycles a group may follow, by name (default: the shipped ones).
+    A group's kind must be its lifecycle's kind."""
+    if lifecycles is not None and not isinstance(lifecycles, Mapping):
+        # Names alone cannot be checked against the groups' kinds.
+        raise TypeError(
+            "lifecycles must map names to Lifecycle values (e.g. shipped_lifecycles()), "
+            f"got {type(lifecycles).__name__}"
+        )
     problems = _Problems(source)
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         problems.add("-", "-", f"TOML syntax error: {exc}")
         raise SpecError(problems.items) from exc
-    known = frozenset(shipped_lifecycles() if lifecycles is None else lifecycles)
+    known = shipped_lifecycles() if lifecycles is None else lifecycles
 
     for key in sorted(set(doc) - _TOP_KEYS):
         problems.add(
@@ -147,7 +175,7 @@ def parse_model(
 
 def shipped_models() -> dict[str, ModelDecl]:
     """Every shipped model declaration, by name."""
-    known = tuple(shipped_lifecycles())
+    known = shipped_lifecycles()
     out: dict[str, ModelDecl] = {}
     for path in spec_files([shipped_specs_dir() / "models"]):
         model = load_model(path, known)
@@ -171,7 +199,9 @@ def _read_header(raw: Any, problems: _Problems) -> tuple[str, str, int]:
     return (name or "", description or "", version or 0)
 
 
-def _read_groups(raw: Any, lifecycles: frozenset[str], problems: _Problems) -> list[GroupDecl]:
+def _read_groups(
+    raw: Any, lifecycles: Mapping[str, Lifecycle], problems: _Problems
+) -> list[GroupDecl]:
     if raw is None:
         problems.add("groups", "-", "missing [[groups]]: a model declares at least one group")
         return []
@@ -186,7 +216,10 @@ def _read_groups(raw: Any, lifecycles: frozenset[str], problems: _Problems) -> l
     targets: list[tuple[str, str, str]] = []
     for position, body in enumerate(raw, start=1):
         name = body.get("name") if isinstance(body, dict) else None
-        label = f"#{position} ({name})" if isinstance(name, str) else f"#{position}"
+        # A name with a line break or other control character is quoted, so each problem
+        # stays on one line.
+        shown = name if isinstance(name, str) and name.isprintable() else repr(name)
+        label = f"#{position} ({shown})" if isinstance(name, str) else f"#{position}"
         if not isinstance(body, dict):
             problems.add("groups", label, "must be a table ([[groups]])")
             continue
@@ -217,14 +250,16 @@ def _read_groups(raw: Any, lifecycles: frozenset[str], problems: _Problems) -> l
 
 
 def _read_group(
-    body: dict[str, Any], label: str, lifecycles: frozenset[str], problems: _Problems
+    body: dict[str, Any], label: str, lifecycles: Mapping[str, Lifecycle], problems: _Problems
 ) -> dict[str, Any] | None:
     """The fields of one group as GroupDecl keyword arguments, or None when one is missing."""
     read = _Reader(body, "groups", label, problems)
-    for key in sorted(set(body) - set(_GROUP_KEYS) - set(_KIND_OF_KEY)):
+    for key in sorted(set(body) & set(_REMOVED_KEYS)):
+        read.add(_REMOVED_KEYS[key])
+    for key in sorted(set(body) - set(_GROUP_KEYS) - set(_KIND_OF_KEY) - set(_REMOVED_KEYS)):
         read.add(f"unknown key {key!r}; expected {[*_GROUP_KEYS, *_KIND_OF_KEY]}")
     name = read.text("name")
-    if name is not None and not _NAME.match(name):
+    if name is not None and not _NAME.fullmatch(name):
         read.add(f"group name {name!r} must be letters, digits and '_', not starting with a digit")
         name = None
     kind_name = read.text("kind")
@@ -238,6 +273,13 @@ def _read_group(
     if lifecycle is not None and lifecycle not in lifecycles:
         read.add(f"unknown lifecycle {lifecycle!r}; known: {sorted(lifecycles)}")
         lifecycle = None
+    elif lifecycle is not None and kind is not None and lifecycles[lifecycle].kind is not kind:
+        follows = lifecycles[lifecycle].kind.value
+        read.add(
+            f"group {body.get('name')!r} has kind {kind.value!r} but its lifecycle "
+            f"{lifecycle!r} is for kind {follows!r}: a group follows a lifecycle of its own kind"
+        )
+        lifecycle = None
     block_size = read.integer("block_size")
     shape = read.sizes("shape")
     dtype = read.text("dtype")
@@ -250,6 +292,8 @@ def _read_group(
             f"'layout.dim_order' names {len(layout.dim_order)} dimensions but a block has "
             f"{len(shape) + 1} (the block dimension plus 'shape' {list(shape)})"
         )
+    if shape is not None and dtype is not None:
+        _check_block_bytes(body.get("name"), shape, dtype, layout, read)
     extra = _read_kind_keys(body, kind, block_size, read) if kind is not None else None
     fields = {
         "name": name,
@@ -263,6 +307,21 @@ def _read_group(
     if extra is None or any(value is None for value in fields.values()):
         return None
     return fields | extra
+
+
+def _check_block_bytes(
+    name: Any, shape: tuple[int, ...], dtype: str, layout: Layout | None, read: _Reader
+) -> None:
+    """Refuse a block over :data:`MAX_BLOCK_BYTES` here, not as a MemoryError in the pools."""
+    size = math.prod(shape) * int(np.dtype(dtype).itemsize)
+    if layout is not None:
+        size = -(-(size + layout.padding) // layout.alignment) * layout.alignment
+    if size > MAX_BLOCK_BYTES:
+        read.add(
+            f"one block of group {name!r} takes {size} bytes ({size / (1 << 30):.3g} GiB), over "
+            f"the {MAX_BLOCK_BYTES}-byte cap (MAX_BLOCK_BYTES, "
+            f"{MAX_BLOCK_BYTES / (1 << 30):g} GiB): check 'shape'"
+        )
 
 
 def _read_layout(body: dict[str, Any], read: _Reader) -> Layout | None:
@@ -304,7 +363,6 @@ def _read_kind_keys(
     if kind is GroupKind.SLIDING_WINDOW:
         out["window"] = read.integer("window")
     elif kind is GroupKind.COMPRESSED:
-        out["tail_tokens"] = read.integer("tail_tokens")
         sub_blocks = out["sub_blocks"] = read.integer("sub_blocks")
         if sub_blocks is not None and sub_blocks > MAX_SUB_BLOCKS:
             read.add(f"'sub_blocks' must be <= {MAX_SUB_BLOCKS}, got {sub_blocks}")

@@ -1,7 +1,8 @@
 """Whole-table checks the TOML structure cannot express: graph shape and row/state consistency.
 
 These are the checks the `transitions` library does not make: unreachable states, dead ends,
-leaks (no way back to the free state), and effects that disagree with what the states declare.
+leaks (no way back to the free state), effects that disagree with what the states declare, and
+the structure the lifecycle's kind needs.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from kvfsm.spec._vocabulary import Content, Form, Tier
+from kvfsm.spec._vocabulary import Content, Form, GroupKind, Tier
 
 if TYPE_CHECKING:
     from kvfsm.spec._model import Lifecycle, Row, StateDef
@@ -22,6 +23,7 @@ def validate_lifecycle(lifecycle: Lifecycle) -> Iterator[Finding]:
     """Yield ``(table, row, message)`` for every semantic problem of ``lifecycle``."""
     yield from _check_states(lifecycle)
     yield from _check_graph(lifecycle)
+    yield from _check_kind(lifecycle)
     for row in lifecycle.rows:
         yield from _check_row(lifecycle.state(row.source), lifecycle.state(row.dest), row)
 
@@ -61,6 +63,35 @@ def _check_states(lifecycle: Lifecycle) -> Iterator[Finding]:
             f"initial state {initial.name!r} must hold no slot, "
             "no content and no hash: it is the free state",
         )
+
+
+def _check_kind(lifecycle: Lifecycle) -> Iterator[Finding]:
+    """What every kind, and each kind in particular, needs of the states and rows."""
+    kind = lifecycle.kind.value
+    readable_forms = {state.form for state in lifecycle.states if state.readable}
+    if not readable_forms:
+        yield ("lifecycle", "kind", "no readable state: a block that can never be read is useless")
+    if lifecycle.kind is GroupKind.COMPRESSED:
+        for form in (Form.RAW, Form.COMPRESSED):
+            if readable_forms and form not in readable_forms:
+                yield (
+                    "lifecycle",
+                    "kind",
+                    f"kind {kind!r} needs a readable state of form {form.value!r}: a block is "
+                    "read raw until it is compressed, and compressed after",
+                )
+    if lifecycle.kind is GroupKind.SPARSE_INDEX:
+        # An index is only as good as its targets: whatever makes it readable re-checks them.
+        for row in lifecycle.rows:
+            src, dst = lifecycle.state(row.source), lifecycle.state(row.dest)
+            guarded = any(call.name == "targets_current" for call in row.guards)
+            if dst.readable and not src.readable and not guarded:
+                yield (
+                    "rows",
+                    row.label,
+                    f"makes a {kind} block readable without guard 'targets_current': it could "
+                    "be read while pointing at blocks that changed meanwhile",
+                )
 
 
 def _reach(start: str, edges: dict[str, set[str]]) -> set[str]:

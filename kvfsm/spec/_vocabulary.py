@@ -8,8 +8,28 @@ spec error, never a silent no-op.
 from __future__ import annotations
 
 import enum
+import re
 from types import MappingProxyType
 from typing import Final
+
+#: What a lifecycle or state name must look like: it becomes a Mermaid/DOT node id, a docs
+#: anchor and part of every problem line, so no punctuation, spaces or line breaks.
+#: (``fullmatch``: with ``$`` a trailing newline would still match.)
+NAME_PATTERN: Final = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+class GroupKind(enum.Enum):
+    """What a cache group stores; a model group and the lifecycle it follows share one kind,
+    and the kind decides which group keys and which lifecycle structure are required."""
+
+    FULL = "full"
+    SLIDING_WINDOW = "sliding_window"
+    COMPRESSED = "compressed"
+    SPARSE_INDEX = "sparse_index"
+    RECURRENT = "recurrent"
+
+
+KIND_NAMES: Final = tuple(kind.value for kind in GroupKind)
 
 
 class Event(enum.IntEnum):

@@ -1,14 +1,27 @@
 """The logical line: per-group metadata arrays, prefix identity, and the core that owns them."""
 
-from kvfsm.state._core import CoreConfig, InvariantViolation, StateCore, StateError
+from kvfsm.state._core import BlockInfo, CoreConfig, InvariantViolation, StateCore
 from kvfsm.state._explore import CoreCheckResult, CoreViolation, explore_core
-from kvfsm.state._group import NO_TARGET, GroupState
+from kvfsm.state._group import (
+    FAILED,
+    MAX_PINS,
+    NO_TARGET,
+    UNCHECKED,
+    VERIFIED,
+    GroupState,
+    StateError,
+)
 from kvfsm.state._hashing import PrefixHashes, hash_seed, join_words, split_digest
 from kvfsm.state._invariants import CORE_INVARIANTS, CoreInvariant, core_problems
 
 __all__ = [
     "CORE_INVARIANTS",
+    "FAILED",
+    "MAX_PINS",
     "NO_TARGET",
+    "UNCHECKED",
+    "VERIFIED",
+    "BlockInfo",
     "CoreCheckResult",
     "CoreConfig",
     "CoreInvariant",

@@ -7,29 +7,35 @@ recency) and check first that the lifecycle state allows it, so a refused call c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm.fsm import compile_lifecycle
+from kvfsm.fsm import FORM_CODE, INVALID, compile_lifecycle
 from kvfsm.memory import Backend, NumpyBackend, SlotPool, select_backend
 from kvfsm.spec import (
-    Content,
     Event,
     Form,
-    GroupKind,
     Layout,
     Lifecycle,
     ModelDecl,
     Tier,
     shipped_lifecycles,
 )
-from kvfsm.state._group import NO_TARGET, GroupState, IdArray
+from kvfsm.state._group import (
+    FAILED,
+    NO_TARGET,
+    UNCHECKED,
+    VERIFIED,
+    GroupState,
+    IdArray,
+    StateError,
+)
 from kvfsm.state._hashing import hash_seed, join_words
 
 #: The low 64-bit word of a 128-bit key.
@@ -39,29 +45,76 @@ _WORD = (1 << 64) - 1
 _Shaped = TypeVar("_Shaped", NDArray[np.uint8], NDArray[np.int32])
 
 
-class StateError(KvfsmError):
-    """An operation is not allowed in the current state of some blocks; nothing changed."""
+#: Backends a config may name.
+BACKENDS: Final = ("auto", "numpy", "cupy")
+
+
+def _count(minimum: int) -> Callable[[object, attrs.Attribute[int], int], None]:
+    """attrs validator: an ``int`` (not a bool) of at least ``minimum``."""
+
+    def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+        if not isinstance(value, int | np.integer) or isinstance(value, bool):
+            raise KvfsmError(f"CoreConfig.{attribute.name} must be an int, got {value!r}")
+        if value < minimum:
+            raise KvfsmError(f"CoreConfig.{attribute.name} must be >= {minimum}, got {value}")
+
+    return check
+
+
+def _check_per_group(instance: object,
+                     attribute: attrs.Attribute[Mapping[str, Mapping[str, int]]],
+                     value: Mapping[str, Mapping[str, int]]) -> None:
+    for group, sizes in value.items():
+        for tier_name, count in sizes.items():
+            if not isinstance(tier_name, str) or tier_name.upper() not in Tier.__members__:
+                raise KvfsmError(f"CoreConfig.per_group[{group!r}]: unknown tier {tier_name!r}; "
+                                 f"tiers: {[t.spec_name for t in Tier]}")
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise KvfsmError(f"CoreConfig.per_group[{group!r}][{tier_name!r}] must be an "
+                                 f"int >= 0, got {count!r}")
+
+
+def _check_backend(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value not in BACKENDS:
+        raise KvfsmError(f"CoreConfig.backend must be one of {list(BACKENDS)}, got {value!r}")
 
 
 @attrs.frozen
 class CoreConfig:
     """Pool sizes and limits. ``per_group`` overrides slots per tier for named groups."""
 
-    device_blocks: int = 256
-    host_blocks: int = 0
-    per_group: Mapping[str, Mapping[str, int]] = attrs.field(factory=dict)
-    max_restores_in_flight: int = 64
-    cache_salt: str = ""
-    backend: str = "auto"
+    device_blocks: int = attrs.field(default=256, validator=_count(1))
+    host_blocks: int = attrs.field(default=0, validator=_count(0))
+    per_group: Mapping[str, Mapping[str, int]] = attrs.field(factory=dict,
+                                                             validator=_check_per_group)
+    max_restores_in_flight: int = attrs.field(default=64, validator=_count(0))
+    cache_salt: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    backend: str = attrs.field(default="auto", validator=_check_backend)
 
     def slots(self, group: str) -> dict[Tier, int]:
         sizes = {Tier.DEVICE: self.device_blocks, Tier.HOST: self.host_blocks}
         for tier_name, count in self.per_group.get(group, {}).items():
-            if tier_name.upper() not in Tier.__members__:
-                raise KvfsmError(f"CoreConfig.per_group[{group!r}]: unknown tier {tier_name!r}; "
-                                 f"tiers: {[t.spec_name for t in Tier]}")
             sizes[Tier[tier_name.upper()]] = int(count)
         return {tier: count for tier, count in sizes.items() if count > 0}
+
+
+@attrs.frozen
+class BlockInfo:
+    """What the core records about one block (for callers and debugging)."""
+
+    group: str
+    block: int
+    state: str
+    position: int
+    epoch: int
+    pins: int
+    #: The layout its content was written under.
+    layout: Layout
+    #: True: its bytes matched their checksum at the current epoch; False: a lookup saw them
+    #: fail; None: not checked since the epoch last moved.
+    verified: bool | None
+    #: The tiers where it holds a slot, with the slot.
+    slots: Mapping[Tier, int]
 
 
 class StateCore:
@@ -77,14 +130,19 @@ class StateCore:
     ) -> None:
         self.model = model
         self.config = config or CoreConfig()
-        self.backend = backend or select_backend(self.config.backend)
-        host_backend = NumpyBackend()
-        known = lifecycles if lifecycles is not None else shipped_lifecycles()
-        self.seed = hash_seed(model.name, model.layout_version, self.config.cache_salt)
+        known = dict(shipped_lifecycles()) if lifecycles is None else dict(lifecycles)
+        missing = sorted({g.lifecycle for g in model.groups} - set(known))
+        if missing:
+            raise KvfsmError(f"{model.name}: groups follow lifecycles {missing} that were not "
+                             f"given; lifecycles: {sorted(known)} (pass lifecycles={{name: "
+                             "Lifecycle}} for custom ones)")
         unknown = sorted(set(self.config.per_group) - {g.name for g in model.groups})
         if unknown:
             raise KvfsmError(f"CoreConfig.per_group names groups {unknown} that {model.name!r} "
                              f"does not have; groups: {[g.name for g in model.groups]}")
+        self.backend = backend or select_backend(self.config.backend)
+        host_backend = NumpyBackend()
+        self.seed = hash_seed(model.name, model.layout_version, self.config.cache_salt)
         self._tick = 0
         groups: dict[str, GroupState] = {}
         for decl in model.groups:
@@ -94,12 +152,18 @@ class StateCore:
                 if tier not in table.lifecycle.tiers:
                     continue  # the lifecycle never puts this kind there
                 on_device = tier is Tier.DEVICE
-                pools[tier] = SlotPool(
-                    tier, count, decl.payload_bytes,
-                    backend=self.backend if on_device else host_backend,
-                    alignment=decl.layout.alignment,
-                    pinned=not on_device and self.backend.is_gpu,
-                )
+                try:
+                    pools[tier] = SlotPool(
+                        tier, count, decl.payload_bytes,
+                        backend=self.backend if on_device else host_backend,
+                        alignment=decl.layout.alignment,
+                        pinned=not on_device and self.backend.is_gpu,
+                    )
+                except MemoryError:
+                    raise KvfsmError(
+                        f"group {decl.name!r}: no memory for {count} {tier.spec_name} blocks "
+                        f"of {decl.block_bytes} bytes ({count * decl.block_bytes} bytes); "
+                        "lower the pool sizes in CoreConfig") from None
             if Tier.DEVICE not in pools:
                 raise KvfsmError(f"group {decl.name!r}: needs at least one device slot")
             groups[decl.name] = GroupState(
@@ -108,8 +172,8 @@ class StateCore:
                 dependents=self._dependents_of(decl.name),
             )
         for state in groups.values():
-            if state.decl.kind is GroupKind.SPARSE_INDEX and state.decl.target_group:
-                state.target = groups[state.decl.target_group]
+            if state.decl.target_group is not None:
+                state.bind_target(groups[state.decl.target_group])
         self.groups: Mapping[str, GroupState] = MappingProxyType(groups)
 
     # -- lookup helpers --------------------------------------------------------------------
@@ -117,12 +181,15 @@ class StateCore:
     def group(self, name: str) -> GroupState:
         try:
             return self.groups[name]
-        except KeyError:
+        except (KeyError, TypeError):
             raise KvfsmError(f"{self.model.name}: no group {name!r}; "
                              f"groups: {sorted(self.groups)}") from None
 
     def _ids(self, group: GroupState, ids: ArrayLike, *, unique: bool = True) -> IdArray:
-        batch = np.asarray(ids, dtype=np.intp).ravel()
+        raw = np.asarray(ids)
+        if raw.size and not np.issubdtype(raw.dtype, np.integer):
+            raise KvfsmError(f"{group.name}: block ids must be integers, got dtype {raw.dtype}")
+        batch = raw.astype(np.intp, copy=False).ravel()
         if batch.size and (batch.min() < 0 or batch.max() >= group.n_blocks):
             raise KvfsmError(f"{group.name}: block ids must lie in [0, {group.n_blocks})")
         if unique and batch.size > 1:
@@ -172,9 +239,8 @@ class StateCore:
         ids = state.pop_free_ids(pos.size)
         if ids.size < pos.size:
             raise StateError(f"{group}: {pos.size} blocks asked, {ids.size} logical ids free")
-        moved = state.machine.fire_batch(ids, Event.ALLOCATE)
-        state.note_allocated(ids, moved)
-        state.position[ids], state.hash_high[ids], state.hash_low[ids] = pos, high, low
+        state.machine.fire_batch(ids, Event.ALLOCATE)
+        state.record_identity(ids, pos, high, low)
         self.touch(group, ids)
         return ids
 
@@ -182,14 +248,12 @@ class StateCore:
              masked: bool = False) -> NDArray[np.bool_]:
         """Fire ``event`` on blocks of ``group`` (use :meth:`allocate` to allocate)."""
         state = self.group(group)
-        ev = Event.from_name(event) if isinstance(event, str) else Event(event)
+        ev = _event(group, event)
         if ev is Event.ALLOCATE:
             raise KvfsmError(f"{group}: use StateCore.allocate, which also records the block's "
                              "identity, rather than firing 'allocate'")
         batch = self._ids(state, ids, unique=False)  # the machine refuses repeats itself
-        moved = state.machine.fire_batch(batch, ev, masked=masked)
-        state.note_entered_free(batch[moved])
-        return moved
+        return state.machine.fire_batch(batch, ev, masked=masked)
 
     def _dependents_of(self, group: str) -> Callable[[IdArray], None]:
         def invalidate(ids: IdArray) -> None:
@@ -198,15 +262,18 @@ class StateCore:
         return invalidate
 
     def _invalidate_dependents(self, group: str, ids: IdArray) -> None:
-        """Invalidate every index block that points at one of ``ids`` (an effect)."""
+        """Invalidate every index block that points at one of ``ids`` (an effect). The reverse
+        map finds them, so this costs the references to ``ids``, not the pool."""
+        if not ids.size:
+            return
         for state in self.groups.values():
-            if state.target is None or state.target.name != group or not ids.size:
+            if state.target is None or state.target.name != group or state.dependents is None:
                 continue
-            points = np.isin(state.refs_target, ids).any(axis=1)
-            candidates = np.flatnonzero(points & state.event_row(Event.INVALIDATE)[state.states])
-            if candidates.size:
-                moved = state.machine.fire_batch(candidates, Event.INVALIDATE, masked=True)
-                state.note_entered_free(candidates[moved])
+            rows = state.dependents.rows_pointing_at(ids)
+            if rows.size:
+                candidates = rows[state.event_row(Event.INVALIDATE)[state.states[rows]]]
+                if candidates.size:
+                    state.machine.fire_batch(candidates, Event.INVALIDATE, masked=True)
 
     # -- data ------------------------------------------------------------------------------
 
@@ -218,17 +285,14 @@ class StateCore:
         """
         state = self.group(group)
         batch = self._ids(state, ids)
-        writing = np.array([s.content is Content.PARTIAL and s.residency is Tier.DEVICE
-                            for s in state.table.lifecycle.states])
-        self._require(state, batch, writing, "write")
+        self._require(state, batch, state.table.writable, "write")
         pool = state.pools[Tier.DEVICE]
         slots = state.slot[Tier.DEVICE][batch]
         data = np.asarray(payload, dtype=np.uint8)
         payload_bytes = state.decl.payload_bytes
         if sub_block is None:
             pool.write(slots, self._rows(group, data, batch.size, payload_bytes))
-            state.sub_blocks[batch] = state.full_sub_mask
-            state.layout_id[batch] = state.write_layout
+            state.record_written(batch)
             return
         parts = state.decl.sub_blocks or 0
         if not 0 <= sub_block < parts:
@@ -239,8 +303,7 @@ class StateCore:
         rows = pool.read(slots)
         rows[:, start:stop] = chunk
         pool.write(slots, rows)
-        state.sub_blocks[batch] |= np.uint16(1 << sub_block)
-        state.layout_id[batch] = state.write_layout
+        state.record_written(batch, 1 << sub_block)
 
     @staticmethod
     def _rows(group: str, data: _Shaped, count: int, width: int, what: str = "payload bytes"
@@ -254,12 +317,7 @@ class StateCore:
     def set_write_layout(self, group: str, layout: Layout) -> None:
         """Blocks written from now on are laid out as ``layout`` (e.g. the engine switched
         kernels); lookups compare each block's recorded layout with the reading kernel's."""
-        state = self.group(group)
-        if layout not in state.layouts:
-            if len(state.layouts) >= 255:
-                raise KvfsmError(f"{group}: too many layouts")
-            state.layouts.append(layout)
-        state.write_layout = state.layouts.index(layout)
+        self.group(group).add_layout(layout)
 
     def read(self, group: str, ids: ArrayLike, *, form: Form | None = None) -> NDArray[np.uint8]:
         """The bytes of readable blocks; ``form`` asserts how the caller will interpret them."""
@@ -267,8 +325,8 @@ class StateCore:
         batch = self._ids(state, ids)
         self._require(state, batch, state.table.readable, "read")
         if form is not None:
-            forms = np.array([s.form is form for s in state.table.lifecycle.states])
-            self._require(state, batch, forms, f"read as {form.value}")
+            self._require(state, batch, state.table.form == FORM_CODE[form],
+                          f"read as {form.value}")
         return state.pools[Tier.DEVICE].read(state.slot[Tier.DEVICE][batch])
 
     def set_index_refs(self, group: str, ids: ArrayLike, targets: ArrayLike) -> None:
@@ -277,16 +335,13 @@ class StateCore:
         batch = self._ids(state, ids)
         if state.target is None:
             raise KvfsmError(f"{group}: not a sparse-index group")
-        writing = np.array([s.content is Content.PARTIAL for s in state.table.lifecycle.states])
-        self._require(state, batch, writing, "set index references of")
+        self._require(state, batch, state.table.partial, "set index references of")
         top_k = state.refs_target.shape[1]
         refs = self._rows(group, np.asarray(targets, dtype=np.int32), batch.size, top_k,
                           f"index targets (top_k {top_k})")
-        used = refs != NO_TARGET
         if ((refs < NO_TARGET) | (refs >= state.target.n_blocks)).any():
             raise KvfsmError(f"{group}: target ids outside [0, {state.target.n_blocks})")
-        state.refs_target[batch] = refs
-        state.refs_epoch[batch] = np.where(used, state.target.epoch[np.where(used, refs, 0)], 0)
+        state.record_refs(batch, refs)
 
     # -- readers ---------------------------------------------------------------------------
 
@@ -299,8 +354,13 @@ class StateCore:
         if state.target is not None and targets.size:
             self._require(state.target, np.unique(targets), state.target.table.readable,
                           "pin (as index targets)")
-            np.add.at(state.target.pins, targets, 1)
-        state.pins[batch] += np.uint16(1)
+            state.target.add_pins(targets)  # checks its limit before any pin moves
+        try:
+            state.add_pins(batch)
+        except StateError:
+            if state.target is not None and targets.size:
+                state.target.add_pins(targets, -1)
+            raise
         self.touch(group, batch)
 
     def unpin(self, group: str, ids: ArrayLike) -> None:
@@ -311,15 +371,15 @@ class StateCore:
                              f"{batch[state.pins[batch] == 0][:8].tolist()}")
         targets = self._index_targets(state, batch)
         if state.target is not None and targets.size:
-            held = np.bincount(targets, minlength=state.target.n_blocks)
-            short = np.flatnonzero(state.target.pins < held)
+            touched, held = np.unique(targets, return_counts=True)
+            short = touched[state.target.pins[touched] < held]
             if short.size:
                 # Someone unpinned a target this index still holds: refuse, never wrap.
                 raise StateError(f"{group}: unpinning index blocks would release pins on "
                                  f"{state.target.name} blocks {short[:8].tolist()} that are "
                                  "no longer held (unbalanced unpin)")
-            np.subtract.at(state.target.pins, targets, 1)
-        state.pins[batch] -= np.uint16(1)
+            state.target.add_pins(targets, -1)
+        state.add_pins(batch, -1)
 
     @staticmethod
     def _index_targets(state: GroupState, batch: IdArray) -> IdArray:
@@ -334,23 +394,87 @@ class StateCore:
         state = self.group(group)
         batch = self._ids(state, ids, unique=False)
         self._tick += 1
-        state.last_use[batch] = self._tick
+        state.touch(batch, self._tick)
 
     def eviction_candidates(self, group: str, count: int) -> IdArray:
-        """Up to ``count`` least recently used device blocks that may be evicted now."""
+        """Up to ``count`` device blocks to give back now, oldest use first: unpinned blocks
+        left invalid (their slot is only waiting for readers to finish) before unpinned
+        readable ones that may be evicted."""
         state = self.group(group)
+        reclaim = self.reclaimable(group)[:count]
+        count -= reclaim.size
+        if count <= 0:
+            return reclaim
         evictable = state.event_row(Event.EVICT) & state.table.readable
         mask = evictable[state.states] & (state.pins == 0)
         candidates = np.flatnonzero(mask)
-        if candidates.size <= count:
-            return candidates[np.argsort(state.last_use[candidates], kind="stable")]
-        oldest = np.argpartition(state.last_use[candidates], count - 1)[:count]
-        chosen = candidates[oldest]
-        return chosen[np.argsort(state.last_use[chosen], kind="stable")]
+        if candidates.size > count:
+            oldest = np.argpartition(state.last_use[candidates], count - 1)[:count]
+            candidates = candidates[oldest]
+        chosen = candidates[np.argsort(state.last_use[candidates], kind="stable")]
+        return np.concatenate([reclaim, chosen]).astype(np.intp)
+
+    def reclaimable(self, group: str) -> IdArray:
+        """Unpinned blocks holding a device slot whose content is no longer trusted or reached
+        (``invalid``): the table lets ``free`` return their slot."""
+        state = self.group(group)
+        table = state.table
+        # The states invalidation leads into (not `allocated`, which looks the same but is a
+        # write about to start) that hold a device slot until freed.
+        entered = table.next_state[:, Event.INVALIDATE]
+        invalidated = np.zeros(table.n_states, dtype=np.bool_)
+        invalidated[entered[entered != INVALID]] = True
+        waiting = invalidated & state.event_row(Event.FREE) & table.holds_slot[:, Tier.DEVICE] \
+            & ~table.hashed
+        return np.flatnonzero(waiting[state.states] & (state.pins == 0)).astype(np.intp)
 
     def hash_key(self, group: str, block: int) -> int:
         state = self.group(group)
         return join_words(int(state.hash_high[block]), int(state.hash_low[block]))
+
+    # -- what the core knows about blocks ---------------------------------------------------
+
+    def describe(self, group: str, block: int) -> BlockInfo:
+        """Everything the core records about one block."""
+        state = self.group(group)
+        index = int(self._ids(state, [block])[0])
+        check = int(state.check[index])
+        return BlockInfo(
+            group=group, block=index, state=state.machine.state_of(index),
+            position=int(state.position[index]), epoch=int(state.epoch[index]),
+            pins=int(state.pins[index]), layout=state.layouts[int(state.layout_id[index])],
+            verified=None if check == UNCHECKED else check == VERIFIED,
+            slots={tier: int(slots[index]) for tier, slots in state.slot.items()
+                   if slots[index] >= 0})
+
+    def blocks_in(self, group: str, states: str | Iterable[str]) -> IdArray:
+        """Ids of the blocks in the named lifecycle states (e.g. ``"invalid"``,
+        ``"compressing"``)."""
+        state = self.group(group)
+        names = [states] if isinstance(states, str) else list(states)
+        wanted = np.zeros(state.table.n_states, dtype=np.bool_)
+        for name in names:
+            try:
+                wanted[state.table.state_id(name)] = True
+            except KeyError:
+                raise KvfsmError(f"{group}: lifecycle {state.table.name!r} has no state "
+                                 f"{name!r}; states: {list(state.table.state_ids)}") from None
+        return np.flatnonzero(wanted[state.states]).astype(np.intp)
+
+    def failed_blocks(self, group: str) -> IdArray:
+        """Blocks a lookup saw fail their checksum at their current epoch."""
+        return np.flatnonzero(self.group(group).check == FAILED).astype(np.intp)
+
+    def record_checks(self, group: str, ids: ArrayLike, passed: ArrayLike) -> None:
+        """Apply checksum results a lookup computed (``Verdict.checks``): a pass is trusted by
+        reduced levels until the block's epoch moves; a failure makes the block unusable at
+        every level until then."""
+        state = self.group(group)
+        batch = self._ids(state, ids, unique=False)
+        ok = np.asarray(passed, dtype=np.bool_).ravel()
+        if ok.size != batch.size:
+            raise KvfsmError(f"{group}: {batch.size} ids but {ok.size} results")
+        state.record_checks(batch, ok)
 
     # -- invariants ------------------------------------------------------------------------
 
@@ -365,6 +489,15 @@ class StateCore:
         problems = self.check_invariants()
         if problems:
             raise InvariantViolation(problems)
+
+
+def _event(group: str, event: Event | str | int) -> Event:
+    """``event`` as an Event, or a KvfsmError naming the group and the known events."""
+    try:
+        return Event.from_name(event) if isinstance(event, str) else Event(event)
+    except (KeyError, ValueError):
+        raise KvfsmError(f"{group}: unknown event {event!r}; events: "
+                         f"{[e.spec_name for e in Event]}") from None
 
 
 class InvariantViolation(KvfsmError):

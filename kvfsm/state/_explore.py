@@ -20,7 +20,7 @@ import attrs
 import numpy as np
 
 from kvfsm._errors import KvfsmError
-from kvfsm.spec import Content, Event, ModelDecl
+from kvfsm.spec import Event, ModelDecl
 from kvfsm.state._core import CoreConfig, StateCore
 from kvfsm.state._group import NO_TARGET
 from kvfsm.state._invariants import core_problems
@@ -119,8 +119,7 @@ class _Runner:
         elif op == "unpin":
             core.unpin(name, [block])
         elif op == "refs" and group.target is not None:
-            complete = np.array([s.content is Content.COMPLETE and s.hashed
-                                 for s in group.target.table.lifecycle.states])
+            complete = group.target.table.complete & group.target.table.hashed
             targets = np.flatnonzero(complete[group.target.states])[: group.refs_target.shape[1]]
             refs = np.full((1, group.refs_target.shape[1]), NO_TARGET, dtype=np.int32)
             refs[0, : targets.size] = targets

@@ -4,23 +4,74 @@ Every lifecycle state change goes through the group's :class:`~kvfsm.fsm.Machine
 bound here are the memory work the spec rows name (take/return a slot, copy between tiers,
 checksum, bump epoch, enter/leave the hash map, invalidate dependents). Per block the metadata
 is a handful of fixed-width integers; there are no per-block Python objects.
+
+The per-block arrays are private (``_blocks``) and this class is their only writer: everyone
+else sees read-only views, so no caller can move a block's metadata behind the machine's back.
+Indexes derived from the states (the free-id stack) are kept by the machine's ``on_moved`` hook,
+so every fire, whoever makes it, keeps them exact.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm._errors import KvfsmError
 from kvfsm.fsm import INVALID, CompiledTable, EffectFn, GuardFn, Machine
+from kvfsm.kinds import rule_of
 from kvfsm.memory import SlotPool
-from kvfsm.spec import Call, Event, GroupDecl, GroupKind, Layout, Row, Tier
+from kvfsm.spec import Call, Event, GroupDecl, Layout, Row, Tier
+from kvfsm.state._dependents import Dependents
 from kvfsm.state._hashtable import BlockHashTable
 
 IdArray = NDArray[np.intp]
 #: ``refs_target`` value of an unused index entry.
-NO_TARGET = -1
+NO_TARGET: Final = -1
+#: ``check`` codes: what lookups learned of a block's bytes at its current epoch.
+UNCHECKED: Final = 0
+VERIFIED: Final = 1
+FAILED: Final = 2
+#: Most readers that may pin one block at once (``pins`` is uint16).
+MAX_PINS: Final = int(np.iinfo(np.uint16).max)
+
+
+class StateError(KvfsmError):
+    """An operation is not allowed in the current state of some blocks; nothing changed."""
+
+
+def _read_only(array: NDArray[Any]) -> NDArray[Any]:
+    view = array.view()
+    view.setflags(write=False)
+    return view
+
+
+class _Blocks:
+    """The writable per-block arrays of one group (private to :class:`GroupState`)."""
+
+    def __init__(self, n: int, tiers: list[Tier], top_k: int) -> None:
+        self.epoch = np.zeros(n, dtype=np.uint32)
+        self.position = np.full(n, -1, dtype=np.int32)
+        self.pins = np.zeros(n, dtype=np.uint16)
+        self.last_use = np.zeros(n, dtype=np.uint32)
+        #: UNCHECKED / VERIFIED / FAILED at the block's current epoch (every bump resets it).
+        self.check = np.zeros(n, dtype=np.uint8)
+        #: Index into ``GroupState.layouts`` of the layout the content was written under.
+        self.layout_id = np.zeros(n, dtype=np.uint8)
+        #: Per tier with a pool: the slot each block holds there, or -1.
+        self.slot = {tier: np.full(n, -1, dtype=np.int32) for tier in tiers}
+        self.hash_high = np.zeros(n, dtype=np.uint64)
+        self.hash_low = np.zeros(n, dtype=np.uint64)
+        # Which sub-blocks have been written; a block not split into sub-blocks is one, so no
+        # kind can complete a block whose content was never written.
+        self.sub_blocks = np.zeros(n, dtype=np.uint16)
+        self.refs_target = np.full((n if top_k else 0, top_k), NO_TARGET, dtype=np.int32)
+        self.refs_epoch = np.zeros((n if top_k else 0, top_k), dtype=np.uint32)
+        # Logical ids in the free state, as a stack: allocation is O(k), not a scan.
+        self.free_ids = np.arange(n - 1, -1, -1, dtype=np.int32)
+        self.free_top = n
 
 
 class GroupState:
@@ -37,46 +88,41 @@ class GroupState:
     ) -> None:
         self.decl = decl
         self.table = table
+        self.rule = rule_of(decl)
         self.pools = dict(pools)
         n = sum(pool.capacity for pool in self.pools.values())
         self.n_blocks = n
-        self.epoch = np.zeros(n, dtype=np.uint32)
-        self.position = np.full(n, -1, dtype=np.int32)
-        self.pins = np.zeros(n, dtype=np.uint16)
-        self.last_use = np.zeros(n, dtype=np.uint32)
-        #: The block's content was verified against its checksum at its current epoch
-        #: (set by record_checksum and by verifying lookups, cleared by every epoch bump).
-        self.verified = np.zeros(n, dtype=np.bool_)
-        #: Index into ``layouts`` of the layout the block's content was written under.
-        self.layout_id = np.zeros(n, dtype=np.uint8)
+        top_k = self.rule.index_width(decl)
+        self._blocks = blocks = _Blocks(n, list(self.pools), top_k)
+        self.epoch = _read_only(blocks.epoch)
+        self.position = _read_only(blocks.position)
+        self.pins = _read_only(blocks.pins)
+        self.last_use = _read_only(blocks.last_use)
+        self.check = _read_only(blocks.check)
+        self.layout_id = _read_only(blocks.layout_id)
+        self.slot = {tier: _read_only(slots) for tier, slots in blocks.slot.items()}
+        self.hash_high = _read_only(blocks.hash_high)
+        self.hash_low = _read_only(blocks.hash_low)
+        self.sub_blocks = _read_only(blocks.sub_blocks)
+        self.refs_target = _read_only(blocks.refs_target)
+        self.refs_epoch = _read_only(blocks.refs_epoch)
+        self.free_ids = _read_only(blocks.free_ids)
         self.layouts: list[Layout] = [decl.layout]
         self.write_layout = 0
-        #: Per tier this group has a pool for: the slot each block holds there, or -1.
-        self.slot = {tier: np.full(n, -1, dtype=np.int32) for tier in self.pools}
-        self.hash_high = np.zeros(n, dtype=np.uint64)
-        self.hash_low = np.zeros(n, dtype=np.uint64)
         #: The prefix hash map: 128-bit chained hash -> block id (complete blocks only), an
         #: open-addressing table of arrays sized for every block at once.
         self.hash_map = BlockHashTable(n)
-        # Which sub-blocks have been written; a block not split into sub-blocks is one, so no
-        # kind can complete a block whose content was never written.
-        self.sub_blocks = np.zeros(n, dtype=np.uint16)
         self.full_sub_mask = (1 << (decl.sub_blocks or 1)) - 1
-        top_k = decl.top_k if decl.kind is GroupKind.SPARSE_INDEX and decl.top_k else 0
-        self.refs_target = np.full((n if top_k else 0, top_k), NO_TARGET, dtype=np.int32)
-        self.refs_epoch = np.zeros((n if top_k else 0, top_k), dtype=np.uint32)
         #: Set by the core for sparse-index groups: the group the index points into.
         self.target: GroupState | None = None
+        #: Which index rows point at which target blocks (sparse-index groups, once bound).
+        self.dependents: Dependents | None = None
         self._max_restores = max_restores_in_flight
+        self._restoring = 0
         self._dependents = dependents
-        # Logical ids in the free state, as a stack: allocation is O(k), not a scan.
-        self.free_ids = np.arange(n - 1, -1, -1, dtype=np.int32)
-        self.free_top = n
         self.machine = Machine(table, n, guards=self._guards(), effects=self._effects(),
-                               name=f"group {decl.name!r} ({table.name})")
-        self._restoring = np.array(
-            [s.in_flight and s.residency not in (None, Tier.DEVICE)
-             and Tier.DEVICE in s.slots for s in table.lifecycle.states], dtype=np.bool_)
+                               name=f"group {decl.name!r} ({table.name})",
+                               on_moved=self._on_moved)
 
     @property
     def name(self) -> str:
@@ -86,14 +132,30 @@ class GroupState:
     def states(self) -> NDArray[np.uint8]:
         return self.machine.states
 
+    @property
+    def free_top(self) -> int:
+        return self._blocks.free_top
+
+    @property
+    def verified(self) -> NDArray[np.bool_]:
+        """Per block: its bytes were verified against their checksum at the current epoch."""
+        verified: NDArray[np.bool_] = self._blocks.check == VERIFIED
+        return verified
+
+    def bind_target(self, target: GroupState) -> None:
+        """Make this sparse-index group point into ``target`` (called once by the core)."""
+        self.target = target
+        self.dependents = Dependents(self.n_blocks, self.refs_target.shape[1], target.n_blocks)
+
     # -- guards ----------------------------------------------------------------------------
 
     def _guards(self) -> dict[str, GuardFn]:
         return {
             "has_room": self._has_room,
-            "no_pins": lambda ids, call: self.pins[ids] == 0,
+            "no_pins": lambda ids, call: self._blocks.pins[ids] == 0,
             "admission_open": self._admission_open,
-            "all_sub_blocks_present": lambda ids, call: self.sub_blocks[ids] == self.full_sub_mask,
+            "all_sub_blocks_present": lambda ids, call:
+                self._blocks.sub_blocks[ids] == self.full_sub_mask,
             "checksum_ok": self._checksum_ok,
             "targets_current": lambda ids, call: self.targets_current(ids),
         }
@@ -103,14 +165,21 @@ class GroupState:
         room = pool.free if pool is not None else 0
         return np.arange(ids.shape[0]) < room
 
+    def restores_in_flight(self) -> int:
+        """Blocks of this group in a restoring state (kept by every fire, O(1) to read)."""
+        return self._restoring
+
+    def restore_budget(self) -> int:
+        """Restores the admission gate lets begin now."""
+        return max(self._max_restores - self.restores_in_flight(), 0)
+
     def _admission_open(self, ids: IdArray, call: Call) -> NDArray[np.bool_]:
-        in_flight = int(self._restoring[self.states].sum())
-        return np.arange(ids.shape[0]) < max(self._max_restores - in_flight, 0)
+        return np.arange(ids.shape[0]) < self.restore_budget()
 
     def _checksum_ok(self, ids: IdArray, call: Call) -> NDArray[np.bool_]:
         # Restores copy content and its recorded checksum into the device slot at begin; done
         # recomputes over the bytes that actually arrived.
-        return self.pools[Tier.DEVICE].verify_checksum(self.slot[Tier.DEVICE][ids])
+        return self.pools[Tier.DEVICE].verify_checksum(self._blocks.slot[Tier.DEVICE][ids])
 
     def targets_current(self, ids: IdArray) -> NDArray[np.bool_]:
         """Per index block: every target it holds is still at the epoch it was indexed at."""
@@ -145,26 +214,27 @@ class GroupState:
         return self.pools[tier]
 
     def _take_slot(self, ids: IdArray, call: Call, row: Row) -> None:
-        self.slot[call.tier][ids] = self._pool(call.tier, row).take(ids)  # type: ignore[index]
+        self._blocks.slot[call.tier][ids] = self._pool(call.tier, row).take(ids)  # type: ignore[index]
 
     def _return_slot(self, ids: IdArray, call: Call, row: Row) -> None:
-        self._pool(call.tier, row).release(self.slot[call.tier][ids])  # type: ignore[index]
-        self.slot[call.tier][ids] = -1  # type: ignore[index]
+        slots = self._blocks.slot[call.tier]  # type: ignore[index]
+        self._pool(call.tier, row).release(slots[ids])
+        slots[ids] = -1
 
     def _copy_to(self, ids: IdArray, call: Call, row: Row) -> None:
         source = self.table.lifecycle.state(row.source).residency
         src_pool, dst_pool = self._pool(source, row), self._pool(call.tier, row)
-        src_pool.copy_rows_to(self.slot[source][ids], dst_pool,  # type: ignore[index]
-                              self.slot[call.tier][ids])  # type: ignore[index]
+        src_pool.copy_rows_to(self._blocks.slot[source][ids], dst_pool,  # type: ignore[index]
+                              self._blocks.slot[call.tier][ids])  # type: ignore[index]
 
     def _bump_epoch(self, ids: IdArray, call: Call, row: Row) -> None:
-        self.epoch[ids] += np.uint32(1)
-        self.verified[ids] = False
+        self._blocks.epoch[ids] += np.uint32(1)
+        self._blocks.check[ids] = UNCHECKED
 
     def _record_checksum(self, ids: IdArray, call: Call, row: Row) -> None:
         tier = self.table.lifecycle.state(row.dest).residency
-        self._pool(tier, row).record_checksum(self.slot[tier][ids])  # type: ignore[index]
-        self.verified[ids] = True  # the checksum was just taken from these very bytes
+        self._pool(tier, row).record_checksum(self._blocks.slot[tier][ids])  # type: ignore[index]
+        self._blocks.check[ids] = VERIFIED  # the checksum was just taken from these very bytes
 
     def _publish_hash(self, ids: IdArray, call: Call, row: Row) -> None:
         # A second block with the same content keeps the first as the one the map serves.
@@ -176,30 +246,103 @@ class GroupState:
 
     def _clear_sub_blocks(self, ids: IdArray, call: Call, row: Row) -> None:
         # Forget everything written so far: the sub-block bitmap and any index references.
-        self.sub_blocks[ids] = 0
-        if self.refs_target.size:
-            self.refs_target[ids] = NO_TARGET
-            self.refs_epoch[ids] = 0
+        self._blocks.sub_blocks[ids] = 0
+        if self.dependents is not None:
+            self.dependents.unlink(ids)
+            self._blocks.refs_target[ids] = NO_TARGET
+            self._blocks.refs_epoch[ids] = 0
 
-    # -- free-id stack ---------------------------------------------------------------------
+    # -- the free-id stack, kept by every fire -------------------------------------------------
 
     def pop_free_ids(self, count: int) -> IdArray:
-        """Up to ``count`` ids in the free state (not yet moved out of it)."""
-        take = min(count, self.free_top)
-        return self.free_ids[self.free_top - take : self.free_top][::-1].astype(np.intp)
+        """Up to ``count`` ids in the free state, the next ones :meth:`allocate` would take."""
+        blocks = self._blocks
+        take = min(count, blocks.free_top)
+        return blocks.free_ids[blocks.free_top - take : blocks.free_top][::-1].astype(np.intp)
 
-    def note_allocated(self, ids: IdArray, moved: NDArray[np.bool_]) -> None:
-        """``ids`` came from :meth:`pop_free_ids`; put back the ones that did not move."""
-        rest = ids[~moved][::-1].astype(np.int32)
-        self.free_top -= ids.size
-        self.free_ids[self.free_top : self.free_top + rest.size] = rest
-        self.free_top += rest.size
+    def _on_moved(self, ids: IdArray, event: Event, before: NDArray[np.uint8]) -> None:
+        blocks, initial = self._blocks, self.table.initial
+        after = self.states[ids]
+        restoring = self.table.restoring
+        self._restoring += int(restoring[after].sum()) - int(restoring[before].sum())
+        now_free = after == initial
+        if event is Event.ALLOCATE or not now_free.all():
+            self._left_free(ids[~now_free])
+        entered = ids[now_free]
+        blocks.free_ids[blocks.free_top : blocks.free_top + entered.size] = entered
+        blocks.free_top += entered.size
 
-    def note_entered_free(self, ids: IdArray) -> None:
-        """Push ids that a fire moved into the initial state."""
-        entered = ids[self.states[ids] == self.table.initial]
-        self.free_ids[self.free_top : self.free_top + entered.size] = entered
-        self.free_top += entered.size
+    def _left_free(self, ids: IdArray) -> None:
+        """Take ids that left the free state off the stack."""
+        blocks = self._blocks
+        top = blocks.free_top
+        if not ids.size:
+            return
+        head = blocks.free_ids[top - ids.size : top]
+        if ids.size <= top and np.array_equal(np.sort(head), np.sort(ids)):
+            blocks.free_top -= ids.size  # the usual case: allocate took the top of the stack
+            return
+        # Fired on chosen free ids directly: remove them wherever they sit (rare, O(stack)).
+        stack = blocks.free_ids[:top]
+        kept = stack[~np.isin(stack, ids)]
+        blocks.free_ids[: kept.size] = kept
+        blocks.free_top = int(kept.size)
+
+    # -- data the core writes (the lifecycle state allows it; the core checked) ---------------
+
+    def record_identity(self, ids: IdArray, position: NDArray[np.int32],
+                        high: NDArray[np.uint64], low: NDArray[np.uint64]) -> None:
+        self._blocks.position[ids] = position
+        self._blocks.hash_high[ids] = high
+        self._blocks.hash_low[ids] = low
+
+    def record_written(self, ids: IdArray, sub_mask: int | None = None) -> None:
+        """Content was written: every sub-block (``sub_mask`` None) or those of the mask."""
+        if sub_mask is None:
+            self._blocks.sub_blocks[ids] = self.full_sub_mask
+        else:
+            self._blocks.sub_blocks[ids] |= np.uint16(sub_mask)
+        self._blocks.layout_id[ids] = self.write_layout
+
+    def record_refs(self, ids: IdArray, refs: NDArray[np.int32]) -> None:
+        """Set index references at the targets' current epochs (sparse-index groups)."""
+        if self.target is None or self.dependents is None:
+            raise KvfsmError(f"{self.name}: not a sparse-index group")
+        used = refs != NO_TARGET
+        self._blocks.refs_target[ids] = refs
+        self._blocks.refs_epoch[ids] = np.where(
+            used, self.target.epoch[np.where(used, refs, 0)], 0)
+        self.dependents.link(ids, refs)
+
+    def add_pins(self, ids: IdArray, count: int = 1) -> None:
+        """``count`` more readers hold each of ``ids`` (repeats add up); never wraps."""
+        pins = self._blocks.pins
+        if count > 0:
+            touched, held = np.unique(ids, return_counts=True)
+            if (pins[touched].astype(np.int64) + held * count > MAX_PINS).any():
+                raise StateError(f"{self.name}: more than {MAX_PINS} pins on one block")
+            np.add.at(pins, ids, np.uint16(count))
+        else:
+            np.subtract.at(pins, ids, np.uint16(-count))
+
+    def touch(self, ids: IdArray, tick: int) -> None:
+        self._blocks.last_use[ids] = tick
+
+    def record_checks(self, ids: IdArray, passed: NDArray[np.bool_]) -> None:
+        """Checksum results a lookup saw at the blocks' current epochs. A failure sticks until
+        the block's epoch moves; a pass never clears a failure."""
+        check = self._blocks.check
+        check[ids[~passed]] = FAILED
+        good = ids[passed]
+        check[good[check[good] == UNCHECKED]] = VERIFIED
+
+    def add_layout(self, layout: Layout) -> None:
+        """Blocks written from now on are laid out as ``layout``."""
+        if layout not in self.layouts:
+            if len(self.layouts) > int(np.iinfo(np.uint8).max):
+                raise KvfsmError(f"{self.name}: too many layouts")
+            self.layouts.append(layout)
+        self.write_layout = self.layouts.index(layout)
 
     def event_row(self, event: Event) -> NDArray[np.bool_]:
         """Per state: the event has a row from it."""

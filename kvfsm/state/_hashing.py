@@ -13,6 +13,8 @@ import numpy as np
 import xxhash
 from numpy.typing import ArrayLike, NDArray
 
+from kvfsm._tokens import as_token_ids
+
 _TOKEN_DTYPE = np.dtype("<i8")
 
 
@@ -50,14 +52,16 @@ class PrefixHashes:
         self._digests: list[bytes] = []
 
     def extend(self, token_ids: Sequence[int] | ArrayLike) -> None:
-        """Append tokens and hash every block they complete (O(new tokens))."""
-        new = np.asarray(token_ids, dtype=_TOKEN_DTYPE).ravel()
+        """Append tokens and hash every block they complete (O(new tokens)). Token ids must be
+        integers in ``[0, 2**63)`` (:class:`~kvfsm.TokenError` otherwise, nothing appended)."""
+        new = as_token_ids(token_ids)
         self._n_tokens += new.size
         tokens = np.concatenate([self._pending, new]) if self._pending.size else new
         size = self.block_size
         complete = tokens.size - tokens.size % size
         parent = self._digests[-1] if self._digests else self._seed
-        raw = tokens[:complete].tobytes()
+        # A view, not tobytes(): hashing a long prompt need not copy all of its tokens first.
+        raw = np.ascontiguousarray(tokens[:complete]).data.cast("B")
         step = size * _TOKEN_DTYPE.itemsize
         for start in range(0, len(raw), step):
             parent = xxhash.xxh3_128_digest(parent + raw[start : start + step])

@@ -7,9 +7,9 @@ block published it is at most half full. Collisions are resolved by linear probi
 
 Every batch operation is vectorized in probe rounds: one round is a few array operations over
 the keys still pending, and the number of rounds is the longest probe chain met (small at a load
-factor of one half); finding keys (every lookup) runs instead as one compiled pass walking each
-key's chain (``probe_kernel``, numba) when compiled kernels are enabled, the rounds being its
-NumPy twin. Removal leaves a tombstone; when tombstones exceed a quarter of the capacity
+factor of one half); finding keys (every lookup) is the kernel ``probe_kernel``: one compiled
+pass walking each key's chain (numba) when compiled kernels are enabled, else its NumPy twin,
+the probe rounds. Removal leaves a tombstone; when tombstones exceed a quarter of the capacity
 the table is rebuilt in place (its live entries re-inserted, vectorized). There is no Python
 object per entry and no Python loop per key on any batch path.
 
@@ -26,7 +26,6 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kvfsm._jit import kernel
-from kvfsm._jit import settings as jit
 
 #: ``value`` of a slot that never held an entry since the last rebuild.
 EMPTY = -1
@@ -52,13 +51,85 @@ def _probe_example() -> tuple[object, ...]:
     return keys, keys, value, keys[:1], keys[:1], np.empty(1, dtype=np.intp), True
 
 
-@kernel(example=_probe_example)
+def _probe_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """A valid table (no key twice, none past an empty slot of its chain: keys inserted at the
+    first empty slot, some then removed to tombstones; now and then no empty slot at all) and
+    keys to find: stored ones, and others sharing home slots and words with them."""
+    capacity = 1 << int(rng.integers(3, 7))
+    full = rng.random() < 0.1
+    n_keys = capacity if full else int(rng.integers(0, capacity // 2 + 1))
+    key_high = np.zeros(capacity, dtype=np.uint64)
+    key_low = np.zeros(capacity, dtype=np.uint64)
+    value = np.full(capacity, EMPTY, dtype=np.int32)
+    # Few distinct high words and low words in a few multiples of the capacity: long chains,
+    # and keys equal in one word only.
+    high_words = rng.integers(0, 3, 2 * capacity).astype(np.uint64)
+    low_words = rng.integers(0, 4 * capacity, 2 * capacity).astype(np.uint64)
+    stored: set[tuple[int, int]] = set()
+    for hi, lo in zip(high_words.tolist(), low_words.tolist(), strict=True):
+        if len(stored) == n_keys:
+            break
+        if (hi, lo) in stored:
+            continue
+        stored.add((hi, lo))
+        pos = lo & (capacity - 1)
+        while value[pos] != EMPTY:
+            pos = (pos + 1) & (capacity - 1)
+        key_high[pos], key_low[pos] = hi, lo
+        value[pos] = rng.integers(0, 8)  # block 0 often: a twin must not take it for a marker
+    value[(value >= 0) & (rng.random(capacity) < 0.3)] = TOMBSTONE
+    # Keys to find: stored ones (removed ones included), and others sharing a word with them.
+    n = int(rng.integers(0, 2 * capacity))
+    high = rng.choice(high_words, n).astype(np.uint64)
+    low = rng.choice(low_words, n).astype(np.uint64)
+    chosen = rng.random(n) < 0.5
+    if stored:
+        pairs = np.array(sorted(stored), dtype=np.uint64)[rng.integers(0, len(stored), n)]
+        high[chosen], low[chosen] = pairs[chosen, 0], pairs[chosen, 1]
+    return (key_high, key_low, value, high, low, np.full(n, -7, dtype=np.intp),
+            bool(rng.integers(0, 2)))
+
+
+def _probe_twin(key_high: U64Array, key_low: U64Array, value: NDArray[np.int32],
+                high: U64Array, low: U64Array, out: IdArray, want_block: bool) -> None:
+    """:func:`probe_kernel` as vectorized probe rounds: one round is a few array operations
+    over the keys still pending."""
+    capacity = value.size
+    # First round: the home slot alone, where most keys are (1-D, the cheapest form: three
+    # gathers and compares over every key, no index lists).
+    pos = (low & np.uint64(capacity - 1)).astype(np.intp)
+    values = value[pos]
+    hit = (values >= 0) & (key_low[pos] == low) & (key_high[pos] == high)
+    found: IdArray = np.where(hit, pos, -1)
+    pending = np.flatnonzero(~hit & (values != EMPTY))
+    pos, hi, lo = pos[pending] + 1, high[pending], low[pending]
+    # Later rounds: WINDOW contiguous slots per key still pending. Flat positions of the
+    # few set entries stand in for reductions along the short axis, which are slow.
+    wrap = capacity - 1
+    probed = 1  # slots of each chain examined; past the capacity a chain has no end
+    while pending.size and probed < capacity:
+        probed += WINDOW
+        slots = (pos[:, None] + _WINDOW_OFFSETS) & wrap
+        values = value[slots]
+        flat = np.flatnonzero((values >= 0) & (key_low[slots] == lo[:, None]))
+        rows, cols = flat // WINDOW, flat % WINDOW
+        keep = key_high[slots[rows, cols]] == hi[rows]
+        rows, cols = rows[keep], cols[keep]
+        found[pending[rows]] = slots[rows, cols]
+        go = np.ones(pending.size, dtype=np.bool_)
+        go[np.flatnonzero(values == EMPTY) // WINDOW] = False
+        go[rows] = False
+        pending, pos, hi, lo = pending[go], pos[go] + WINDOW, hi[go], lo[go]
+    out[:] = np.where(found >= 0, value[np.maximum(found, 0)], -1) if want_block else found
+
+
+@kernel(example=_probe_example, twin=_probe_twin, inputs=_probe_inputs)
 def probe_kernel(key_high: U64Array, key_low: U64Array, value: NDArray[np.int32],
                  high: U64Array, low: U64Array, out: IdArray, want_block: bool) -> None:
     """Per key, linear probing from its home until its entry or an empty slot: ``out`` gets
-    the slot (``want_block`` false) or the block id (true), -1 when absent. One pass, compiled;
-    the twin of the vectorized rounds in :meth:`BlockHashTable._find`. A chain never runs past
-    the capacity, so a table left without empty slots (corrupt) still ends the probe."""
+    the slot (``want_block`` false) or the block id (true), -1 when absent. One pass, compiled
+    (the twin, :func:`_probe_twin`, probes in vectorized rounds). A chain never runs past the
+    capacity, so a table left without empty slots (corrupt) still ends the probe."""
     mask = np.uint64(value.size - 1)
     wrap = value.size - 1
     for i in range(high.size):
@@ -114,48 +185,16 @@ class BlockHashTable:
 
     def _find(self, high: U64Array, low: U64Array) -> IdArray:
         """The slot holding each key, or -1."""
-        if jit.enabled:
-            slots = np.empty(high.size, dtype=np.intp)
-            probe_kernel(self.key_high, self.key_low, self.value, high, low, slots, False)
-            return slots
-        # First round: the home slot alone, where most keys are (1-D, the cheapest form: three
-        # gathers and compares over every key, no index lists).
-        pos = self._home(low)
-        values = self.value[pos]
-        hit = (values >= 0) & (self.key_low[pos] == low) & (self.key_high[pos] == high)
-        found: IdArray = np.where(hit, pos, -1)
-        pending = np.flatnonzero(~hit & (values != EMPTY))
-        pos, hi, lo = pos[pending] + 1, high[pending], low[pending]
-        # Later rounds: WINDOW contiguous slots per key still pending. Flat positions of the
-        # few set entries stand in for reductions along the short axis, which are slow.
-        wrap = self.capacity - 1
-        probed = 1  # slots of each chain examined; past the capacity a chain has no end
-        while pending.size and probed < self.capacity:
-            probed += WINDOW
-            slots = (pos[:, None] + _WINDOW_OFFSETS) & wrap
-            values = self.value[slots]
-            flat = np.flatnonzero((values >= 0) & (self.key_low[slots] == lo[:, None]))
-            rows, cols = flat // WINDOW, flat % WINDOW
-            keep = self.key_high[slots[rows, cols]] == hi[rows]
-            rows, cols = rows[keep], cols[keep]
-            found[pending[rows]] = slots[rows, cols]
-            go = np.ones(pending.size, dtype=np.bool_)
-            go[np.flatnonzero(values == EMPTY) // WINDOW] = False
-            go[rows] = False
-            pending, pos, hi, lo = pending[go], pos[go] + WINDOW, hi[go], lo[go]
-        return found
+        slots = np.empty(high.size, dtype=np.intp)
+        probe_kernel(self.key_high, self.key_low, self.value, high, low, slots, False)
+        return slots
 
     def lookup(self, high: ArrayLike, low: ArrayLike) -> IdArray:
         """The block id of each key ``(high, low)``, or -1 where the key is absent."""
         hi, lo = _words(high, low)
-        if jit.enabled:
-            found = np.empty(hi.size, dtype=np.intp)
-            probe_kernel(self.key_high, self.key_low, self.value, hi, lo, found, True)
-            return found
-        slots = self._find(hi, lo)
-        blocks: IdArray = np.where(slots >= 0, self.value[np.maximum(slots, 0)], -1).astype(
-            np.intp)
-        return blocks
+        found = np.empty(hi.size, dtype=np.intp)
+        probe_kernel(self.key_high, self.key_low, self.value, hi, lo, found, True)
+        return found
 
     def insert_first(self, high: ArrayLike, low: ArrayLike, blocks: ArrayLike) -> None:
         """Map each key to its block unless the key is mapped already (``dict.setdefault``);

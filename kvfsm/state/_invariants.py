@@ -15,8 +15,8 @@ import attrs
 import numpy as np
 
 from kvfsm.fsm import BUILTIN_INVARIANTS, Bounds, View
-from kvfsm.spec import Content, Tier
-from kvfsm.state._group import GroupState
+from kvfsm.spec import Tier
+from kvfsm.state._group import NO_TARGET, GroupState
 
 if TYPE_CHECKING:
     from kvfsm.state._core import StateCore
@@ -78,8 +78,7 @@ def _lines_agree(group: GroupState) -> list[str]:
 
 
 def _hash_map_complete(group: GroupState) -> list[str]:
-    complete = np.array([s.hashed and s.content is Content.COMPLETE
-                         for s in group.table.lifecycle.states])
+    complete = group.table.hashed & group.table.complete
     high, low, blocks = group.hash_map.entries()
     incomplete = ~complete[group.states[blocks]]
     out = [f"block {block} reachable by hash in state "
@@ -104,9 +103,16 @@ def _index_targets_current(group: GroupState) -> list[str]:
         if stale.size else []
 
 
+def _dependents_exact(group: GroupState) -> list[str]:
+    if group.dependents is None:
+        return []
+    linked = np.flatnonzero((group.refs_target != NO_TARGET).any(axis=1)).astype(np.intp)
+    return group.dependents.problems(group.refs_target, linked)
+
+
 def _sub_blocks_complete(group: GroupState) -> list[str]:
-    complete = np.array([s.content is Content.COMPLETE for s in group.table.lifecycle.states])
-    bad = np.flatnonzero(complete[group.states] & (group.sub_blocks != group.full_sub_mask))
+    complete = group.table.complete[group.states]
+    bad = np.flatnonzero(complete & (group.sub_blocks != group.full_sub_mask))
     return [f"complete blocks {bad[:8].tolist()} miss sub-blocks"] if bad.size else []
 
 
@@ -129,6 +135,8 @@ CORE_INVARIANTS: tuple[CoreInvariant, ...] = (
                   "tombstone counts match the table's slots", _hash_table_sound),
     CoreInvariant("index_current", "a readable index never points to a freed or reused block",
                   _index_targets_current),
+    CoreInvariant("dependents_exact", "the reverse map from target blocks to index rows holds "
+                  "exactly the references the index rows record", _dependents_exact),
     CoreInvariant("sub_blocks_complete", "a complete block has every sub-block written",
                   _sub_blocks_complete),
     CoreInvariant("free_ids_exact", "the free-id stack holds exactly the free blocks",

@@ -1,9 +1,10 @@
 """The verdict: a prefix hit is not a usable cache."""
 
-from kvfsm.verify._lookup import lookup
+from kvfsm.verify._lookup import as_level, lookup
 from kvfsm.verify._paths import RestorePaths, restore_paths
 from kvfsm.verify._prompt import Prompt
 from kvfsm.verify._types import (
+    Checks,
     DeviceProfile,
     GroupVerdict,
     KernelLayouts,
@@ -15,6 +16,7 @@ from kvfsm.verify._types import (
 )
 
 __all__ = [
+    "Checks",
     "DeviceProfile",
     "GroupVerdict",
     "KernelLayouts",
@@ -25,6 +27,7 @@ __all__ = [
     "RestoreStep",
     "Shortfall",
     "Verdict",
+    "as_level",
     "lookup",
     "restore_paths",
 ]

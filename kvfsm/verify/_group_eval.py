@@ -10,10 +10,12 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm._reasons import Reason
+from kvfsm.kinds import Needed
 from kvfsm.memory import SlotPool
 from kvfsm.memory._backend import data_ptr
-from kvfsm.spec import Form, GroupKind, Layout, Tier
-from kvfsm.state import GroupState, StateCore
+from kvfsm.spec import Form, Layout, Tier
+from kvfsm.state import FAILED, NO_TARGET, UNCHECKED, GroupState, StateCore
 from kvfsm.verify._block_facts import (
     FOUND,
     LAYOUT,
@@ -32,7 +34,7 @@ from kvfsm.verify._paths import (
     FORM_CODES,
     restore_paths,
 )
-from kvfsm.verify._types import DeviceProfile, Level, Reason
+from kvfsm.verify._types import DeviceProfile, Level
 
 Bools = NDArray[np.bool_]
 RAW, COMPRESSED = FORM_CODES[Form.RAW], FORM_CODES[Form.COMPRESSED]
@@ -66,22 +68,28 @@ def _aligned(pool: SlotPool, profile: DeviceProfile, slots: NDArray[np.int32],
     return ok
 
 
-def _checksums_pass(group: GroupState, pool: SlotPool, level: Level, slots: NDArray[np.int32],
-                    readable_ids: NDArray[np.intp], readable: Bools) -> Bools | None:
+def _checksums(group: GroupState, pool: SlotPool, level: Level, slots: NDArray[np.int32],
+               readable_ids: NDArray[np.intp], readable: Bools
+               ) -> tuple[Bools | None, NDArray[np.intp], Bools]:
     """Layer 1 per prompt block: the readable blocks' bytes match their checksums (None: all
-    do). FULL recomputes all; reduced levels trust a verification made at the block's current
-    epoch (every epoch bump clears it), and record the ones they make."""
-    todo = np.ones(slots.size, dtype=np.bool_) if level is Level.FULL else \
-        ~group.verified[readable_ids]
-    if not todo.any():
-        return None
-    passed = pool.verify_checksum(slots[todo])
-    group.verified[readable_ids[todo][passed]] = True
-    if passed.all():
-        return None
+    do), and the checks made (block ids, passed) for the caller to record.
+
+    FULL recomputes every block; reduced levels recompute only blocks not checked since their
+    epoch last moved and trust earlier passes. A block any lookup saw fail stays failed at
+    every level until its epoch moves: no level calls it usable again.
+    """
+    check = group.check[readable_ids]
+    failed_before = check == FAILED
+    todo = np.ones(slots.size, dtype=np.bool_) if level is Level.FULL else check == UNCHECKED
+    passed = pool.verify_checksum(slots[todo]) if todo.any() else np.zeros(0, dtype=np.bool_)
+    made = readable_ids[todo]
+    if passed.all() and not failed_before.any():
+        return None, made, passed
+    good = ~failed_before
+    good[todo] &= passed
     ok = np.ones(readable.size, dtype=np.bool_)
-    ok[np.flatnonzero(readable)[todo]] = passed
-    return ok
+    ok[readable] = good
+    return ok, made, passed
 
 
 def _both(first: Bools | None, second: Bools | None) -> Bools | None:
@@ -89,6 +97,51 @@ def _both(first: Bools | None, second: Bools | None) -> Bools | None:
     if first is None or second is None:
         return second if first is None else first
     return first & second
+
+
+def _spans(need: Needed, n: int) -> tuple[NDArray[np.int64], NDArray[np.int64],
+                                          NDArray[np.int64]]:
+    """``need``'s block spans clipped to the ``n`` blocks the prompt has."""
+    hi = np.minimum(need.hi, n)
+    cut = np.minimum(need.cut, hi)
+    return np.minimum(need.lo, cut), cut, hi
+
+
+def usable_at(need: Needed, n: int, ok_raw: Bools, ok_cmp: Bools) -> Bools:
+    """Per candidate length: every block the kind needs there (of the prompt's ``n``) is ok
+    in its form: ``ok_cmp`` over ``[lo, cut)``, ``ok_raw`` over ``[cut, hi)``. O(n + lengths)
+    with prefix sums, exact for kinds whose needed blocks are not a prefix."""
+    inside = (need.hi <= n) | (need.lo >= need.hi)  # an empty span needs no block
+    lo, cut, hi = _spans(need, n)
+    if bool(ok_raw.all()) and bool((lo == cut).all()):
+        usable = inside.copy()  # every raw block passes and none is needed compressed
+    else:
+        raw_bad = _prefix(~ok_raw)
+        usable = inside & (raw_bad[hi] - raw_bad[cut] == 0)
+        if bool((lo < cut).any()):
+            cmp_bad = _prefix(~ok_cmp)
+            usable &= cmp_bad[cut] - cmp_bad[lo] == 0
+    if need.servable is not None:
+        usable &= need.servable
+    return usable
+
+
+def _targets_settled(group: GroupState, rows: NDArray[np.intp], history: GroupEval) -> Bools:
+    """Per index row: every target it references is the prompt's history block at the target's
+    position and is settled there (see :attr:`GroupEval.settled`)."""
+    target = group.target
+    assert target is not None, f"group {group.name!r} has no target group"
+    refs = group.refs_target[rows]
+    used = refs != NO_TARGET
+    in_range = (refs >= 0) & (refs < target.n_blocks)
+    held = np.where(in_range, refs, 0)
+    position = target.position[held]
+    placed = (position >= 0) & (position < history.n)
+    at = np.where(placed, position, 0)
+    settled = placed & history.settled[at] & (history.ids[at] == held)
+    bad = (used & ~(in_range & settled)) | (refs < NO_TARGET)
+    result: Bools = ~bad.any(axis=1)
+    return result
 
 
 class GroupEval:
@@ -110,19 +163,20 @@ class GroupEval:
     ) -> None:
         self.group = group
         self.decl = group.decl
+        self.rule = group.rule
         self.lengths = lengths
         size = self.decl.block_size
         # Every complete block of the prompt: candidates use the first lengths[-1] // size, the
         # rest tells how far this group's chain reaches.
-        self.n = int(high.size)
-        n = self.n
+        self.n = n = int(high.size)
         self.ids = core.lookup_words(group.name, high[:n], low[:n]) if n else \
             np.zeros(0, dtype=np.intp)
         self.paths = paths = restore_paths(group.table)
-        # Layers 1 (sub-blocks), 2 (recorded layout vs the kernel's) and 3 (position), and what
-        # each block's state allows: one byte per block, in one pass over the metadata.
-        layout_ok = np.ones(len(group.layouts), dtype=np.bool_) if kernel_layout is None else \
-            np.array([layout == kernel_layout for layout in group.layouts], dtype=np.bool_)
+        # Layers 1 (sub-blocks), 2 (recorded layout vs the kernel's; the group's declared
+        # layout when the caller names none) and 3 (position), and what each block's state
+        # allows: one byte per block, in one pass over the metadata.
+        reads = kernel_layout or self.decl.layout
+        layout_ok = np.array([layout == reads for layout in group.layouts], dtype=np.bool_)
         self.facts = facts = block_facts(group, self.ids, layout_ok, paths.code)
         self.found = found = facts != 0
         readable = (facts & READABLE) != 0
@@ -134,6 +188,9 @@ class GroupEval:
         self.restore_aligned = alignment_guaranteed(pool, profile)
         self.align_ok: Bools | None = None
         self.checksum_ok: Bools | None = None
+        #: The checksums this lookup computed: block ids and whether each passed.
+        self.checked: tuple[NDArray[np.intp], Bools] = (np.zeros(0, dtype=np.intp),
+                                                       np.zeros(0, dtype=np.bool_))
         check_alignment = not (level is Level.FAST and self.restore_aligned)
         if (check_alignment or checksums) and readable.any():
             readable_ids = safe[readable]
@@ -141,16 +198,17 @@ class GroupEval:
             if check_alignment:
                 self.align_ok = _aligned(pool, profile, slots, readable)
             if checksums:
-                self.checksum_ok = _checksums_pass(group, pool, level, slots, readable_ids,
-                                                   readable)
-        checked = _both(self.align_ok, self.checksum_ok)
+                self.checksum_ok, made, passed = _checksums(group, pool, level, slots,
+                                                            readable_ids, readable)
+                self.checked = (made, passed)
+        checked_ok = _both(self.align_ok, self.checksum_ok)
         # Sparse index: targets current (epochs) and inside this prompt's history (layer 3).
         self.index: IndexCheck | None = None
         sound = (facts & SOUND) == SOUND
         if group.target is not None and n:
             self.index = IndexCheck(group, safe, history.ids if history else None)
             sound &= self.index.fit
-        good = sound if checked is None else sound & checked
+        good = sound if checked_ok is None else sound & checked_ok
         self.now_raw = good & ((facts & READ_RAW) != 0)
         self.now_cmp = good & ((facts & READ_COMPRESSED) != 0)
         # After the plan: blocks reaching the form by a content-preserving path; readable
@@ -158,82 +216,79 @@ class GroupEval:
         if not self.restore_aligned:
             movable = np.zeros(n, dtype=np.bool_)
         else:
-            movable = sound if checked is None else sound & ~(readable & ~checked)
-            if self.index is not None and not self.now_raw.all():
-                movable = movable & self.index.targets_resident()  # a restore bumps epochs
+            movable = sound if checked_ok is None else sound & ~(readable & ~checked_ok)
         self.after_raw = self.now_raw | (movable & ((facts & TO_RAW) != 0))
         self.after_cmp = self.now_cmp | (movable & ((facts & TO_COMPRESSED) != 0))
+        if self.index is not None and history is not None and \
+                not bool(history.settled.all()):
+            # Every step of a plan on a target (a restore, a compression) bumps its epoch and
+            # invalidates the index rows pointing at it: after the plan a row still counts
+            # only if each of its targets already sits, usable, in its settled form.
+            stays = _targets_settled(group, safe, history)
+            self.after_raw = self.after_raw & stays
+            self.after_cmp = self.after_cmp & stays
         self.chain_tokens = (int(np.argmin(found)) if not found.all() else n) * size
+        self.needed_at = self.rule.needed(self.decl, lengths)
         # The classic hit: hash presence only, under the kind's own rule (a sliding window
         # needs only its window, a recurrent group a snapshot at exactly L).
         self.hit = self._usable(found, found)
         self.now = self._usable(self.now_raw, self.now_cmp)
         plan_changes_nothing = bool(np.array_equal(self.after_raw, self.now_raw)) and \
             bool(np.array_equal(self.after_cmp, self.now_cmp))
+        #: Per candidate length: usable once the plan for that length has run (which may
+        #: also break what is usable now, e.g. index rows over a target the plan moves).
         self.after: Bools = self.now if plan_changes_nothing else \
-            self._usable(self.after_raw, self.after_cmp) | self.now
+            self._usable(self.after_raw, self.after_cmp) & self._admitted()
+
+    @property
+    def settled(self) -> Bools:
+        """Per block: usable now in the form its kind settles in (no plan step will touch it)."""
+        settled: Bools = self.now_cmp if self.rule.settled_form is Form.COMPRESSED \
+            else self.now_raw
+        return settled
 
     # -- usable at every candidate length ----------------------------------------------------
 
-    def blocks_at(self, length: NDArray[np.int64]) -> NDArray[np.int64]:
-        return length // self.decl.block_size
-
-    def tail_start(self, length: NDArray[np.int64]) -> NDArray[np.int64]:
-        """First block that must be raw at ``length`` (compressed kind)."""
-        tail = self.decl.tail_tokens or 0
-        return np.maximum(length - tail, 0) // self.decl.block_size
-
-    def window_start(self, length: NDArray[np.int64]) -> NDArray[np.int64]:
-        """First block the next token's window reads: tokens ``[L-(W-1), L)``."""
-        window = self.decl.window or 1
-        return np.maximum(length - (window - 1), 0) // self.decl.block_size
-
     def _usable(self, ok_raw: Bools, ok_cmp: Bools) -> Bools:
-        lengths = self.lengths
-        kind = self.decl.kind
-        if kind in (GroupKind.FULL, GroupKind.SLIDING_WINDOW, GroupKind.SPARSE_INDEX) and \
-                bool(ok_raw.all()):
-            return np.ones(lengths.size, dtype=np.bool_)  # every block passes: every length
-        blocks = self.blocks_at(lengths)
-        if kind is GroupKind.RECURRENT:
-            interval = self.decl.checkpoint_interval or self.decl.block_size
-            last = np.maximum(blocks - 1, 0)
-            has = np.where(blocks > 0, ok_raw[last] if ok_raw.size else False, True)
-            return np.asarray((lengths % interval == 0) & has)
-        raw_bad = _prefix(~ok_raw)
-        if kind is GroupKind.SLIDING_WINDOW:
-            start = self.window_start(lengths)
-            return np.asarray(raw_bad[blocks] - raw_bad[start] == 0)
-        if kind is GroupKind.COMPRESSED:
-            cmp_bad = _prefix(~ok_cmp)
-            start = self.tail_start(lengths)
-            return np.asarray((cmp_bad[start] == 0) & (raw_bad[blocks] - raw_bad[start] == 0))
-        return np.asarray(raw_bad[blocks] == 0)
+        usable: Bools = usable_at(self.needed_at, self.n, ok_raw, ok_cmp)
+        return usable
+
+    def _admitted(self) -> Bools:
+        """Per candidate length: the restores the plan needs there fit the group's admission
+        budget, so the verdict never offers a plan the gate would refuse."""
+        budget = self.group.restore_budget()
+        states = np.where(self.found, self.group.states[np.where(self.found, self.ids, 0)], 0)
+        restores_raw = ~self.now_raw & self.after_raw & self.paths.restores[Form.RAW][states]
+        restores_cmp = ~self.now_cmp & self.after_cmp & \
+            self.paths.restores[Form.COMPRESSED][states]
+        if int(restores_raw.sum()) + int(restores_cmp.sum()) <= budget:
+            return np.ones(self.lengths.size, dtype=np.bool_)
+        lo, cut, hi = _spans(self.needed_at, self.n)
+        raw_count, cmp_count = _prefix(restores_raw), _prefix(restores_cmp)
+        asked = raw_count[hi] - raw_count[cut] + cmp_count[cut] - cmp_count[lo]
+        admitted: Bools = asked <= budget
+        return admitted
 
     # -- reasons ---------------------------------------------------------------------------
 
     def needed(self, length: int) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
         """Block indices needed at ``length`` and, per block, whether it must be compressed."""
-        at = np.array([length], dtype=np.int64)
-        end = int(self.blocks_at(at)[0])
-        kind = self.decl.kind
-        if kind is GroupKind.RECURRENT:
-            index = np.arange(end - 1, end) if end else np.zeros(0, dtype=np.int64)
-        elif kind is GroupKind.SLIDING_WINDOW:
-            index = np.arange(int(self.window_start(at)[0]), end)
-        else:
-            index = np.arange(end)
-        compressed = np.zeros(index.size, dtype=np.bool_)
-        if kind is GroupKind.COMPRESSED:
-            compressed = index < int(self.tail_start(at)[0])
-        return index, compressed
+        need = self.rule.needed(self.decl, np.array([length], dtype=np.int64))
+        index = np.arange(int(need.lo[0]), int(need.hi[0]), dtype=np.int64)
+        return index, index < int(need.cut[0])
+
+    def servable(self, length: int) -> bool:
+        """The kind can serve ``length`` at all (whatever its blocks)."""
+        need = self.rule.needed(self.decl, np.array([length], dtype=np.int64))
+        return need.servable is None or bool(need.servable[0])
 
     def failing(self, length: int) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
         """The needed blocks at ``length`` that are not usable now, and their needed form."""
         index, compressed = self.needed(length)
         index_in = index < self.n
-        index, compressed = index[index_in], compressed[index_in]
-        ok = np.where(compressed, self.now_cmp[index], self.now_raw[index])
+        ok = np.zeros(index.size, dtype=np.bool_)
+        inside = index[index_in]
+        ok[index_in] = np.where(compressed[index_in], self.now_cmp[inside], self.now_raw[inside])
         return index[~ok], compressed[~ok]
 
     def state(self, index: int) -> int:
@@ -242,10 +297,11 @@ class GroupEval:
 
     def reason(self, index: int, compressed: bool) -> Reason | None:
         """Why block ``index`` is not usable now in the needed form (None when it is)."""
+        if index >= self.n:
+            return self.rule.missing
         facts = int(self.facts[index])
         if not facts & FOUND:
-            return Reason.WINDOW_MISMATCH if self.decl.kind is GroupKind.SLIDING_WINDOW \
-                else Reason.NOT_CACHED
+            return self.rule.missing
         if not facts & PLACED:
             return Reason.POSITION_CONFLICT
         if not facts & WHOLE:

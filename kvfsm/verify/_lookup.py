@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvfsm.spec import Form, GroupKind, Tier
+from kvfsm._errors import KvfsmError
+from kvfsm.spec import Form, Layout, Tier
 from kvfsm.state import StateCore
 from kvfsm.verify._group_eval import GroupEval
-from kvfsm.verify._paths import restore_paths
 from kvfsm.verify._prompt import Prompt
 from kvfsm.verify._types import (
+    Checks,
     DeviceProfile,
     GroupVerdict,
     KernelLayouts,
@@ -26,8 +27,6 @@ from kvfsm.verify._types import (
     Verdict,
 )
 
-#: Kinds whose hit is a contiguous prefix of blocks.
-PREFIX_KINDS = frozenset({GroupKind.FULL, GroupKind.COMPRESSED, GroupKind.SPARSE_INDEX})
 #: At most this many block-level shortfalls are listed per group and reason.
 MAX_LISTED = 16
 
@@ -39,11 +38,31 @@ def _largest(vector: np.ndarray, below: int | None = None) -> int:
     return int(hits[-1]) if hits.size else 0
 
 
+def as_level(level: Level | str) -> Level:
+    """``level`` as a :class:`Level` (its name or value, any case), or a KvfsmError."""
+    if isinstance(level, Level):
+        return level
+    if isinstance(level, str):
+        for known in Level:
+            if level.lower() in (known.value, known.name.lower()):
+                return known
+    raise KvfsmError(f"unknown verification level {level!r}; levels: "
+                     f"{[known.name for known in Level]}")
+
+
+def check_kernel_layouts(core: StateCore, kernel_layouts: KernelLayouts | None) -> None:
+    """Every group ``kernel_layouts`` names exists and maps to a Layout."""
+    for name, layout in (kernel_layouts or {}).items():
+        core.group(name)  # names the groups when it does not exist
+        if not isinstance(layout, Layout):
+            raise KvfsmError(f"kernel_layouts[{name!r}] must be a Layout, got {layout!r}")
+
+
 def lookup(
     core: StateCore,
     prompt: Prompt,
     *,
-    level: Level = Level.FULL,
+    level: Level | str = Level.FULL,
     kernel_layouts: KernelLayouts | None = None,
     profile: DeviceProfile | None = None,
     drop_last_block: bool = False,
@@ -51,16 +70,23 @@ def lookup(
 ) -> Verdict:
     """How much of ``prompt`` the core can serve now, after restores, and why not more.
 
+    A lookup writes no state: the checksums it computed are in ``Verdict.checks`` for the
+    caller to record (:meth:`StateCore.record_checks`; :class:`~kvfsm.Engine` does).
     ``checksums=False`` leaves out the data checksums of layer 1 (for measuring the metadata
     path alone); every other check still runs.
     """
+    level = as_level(level)
+    check_kernel_layouts(core, kernel_layouts)
+    prompt.check_made_for(core.seed, (g.block_size for g in core.model.groups), "engine")
     profile = profile or DeviceProfile()
     step = core.model.lcm_block_size
     last = max(prompt.n_tokens - 1, 0)  # the last prompt token is always computed
     lengths = np.arange(last // step + 1, dtype=np.int64) * step
     layouts = kernel_layouts or {}
     evals: dict[str, GroupEval] = {}
-    order = sorted(core.groups.values(), key=lambda g: g.decl.kind is GroupKind.SPARSE_INDEX)
+    # Groups whose blocks point into another group come after it (the index check reads the
+    # prompt's blocks of the target group).
+    order = sorted(core.groups.values(), key=lambda g: g.rule.has_targets)
     for group in order:
         high, low = prompt.words(group.decl.block_size)
         target = group.decl.target_group
@@ -72,16 +98,19 @@ def lookup(
     after = np.logical_and.reduce([e.after for e in evals.values()])
     usable_at, restorable_at = _largest(now), _largest(after)
     reasons: list[Shortfall] = []
-    if drop_last_block and usable_at > 0:
-        usable_at = _largest(now, below=usable_at)
-        restorable_at = _largest(after, below=restorable_at)
+    if drop_last_block and (usable_at > 0 or restorable_at > 0):
+        # Speculative decoding recomputes the last reusable block, now and after a plan alike.
+        if usable_at > 0:
+            usable_at = _largest(now, below=usable_at)
+        if restorable_at > 0:
+            restorable_at = _largest(after, below=restorable_at)
         reasons.append(Shortfall(Reason.SPEC_DECODE_DROP, "*",
                                  detail="speculative decoding recomputes the last block"))
     usable, restorable = int(lengths[usable_at]), int(lengths[max(restorable_at, usable_at)])
 
     hit = int(lengths[_largest(np.logical_and.reduce([e.hit for e in evals.values()]))])
     # What each group's hash chain covers on its own, in tokens (prefix kinds only).
-    prefix = [e for e in evals.values() if e.decl.kind in PREFIX_KINDS]
+    prefix = [e for e in evals.values() if e.rule.prefix_hit]
     if prefix and step > min(e.decl.block_size for e in prefix):
         covered = min(min(e.chain_tokens for e in prefix), last)
         finest = min(e.decl.block_size for e in prefix)
@@ -102,28 +131,29 @@ def lookup(
                 reasons.append(shortfall)
     groups = tuple(_group_verdict(e, lengths) for e in evals.values())
     plan = _plan(evals, restorable) if restorable > usable else ()
+    checks = tuple(Checks(name, e.checked[0], e.checked[1])
+                   for name, e in evals.items() if e.checked[0].size)
     return Verdict(
         prompt_tokens=prompt.n_tokens, hit_tokens=hit, usable_tokens=usable,
         restorable_tokens=restorable, recompute_from=usable, level=level,
-        groups=groups, reasons=tuple(reasons), plan=plan)
+        groups=groups, reasons=tuple(reasons), plan=plan, checks=checks)
 
 
 def _group_verdict(e: GroupEval, lengths: np.ndarray) -> GroupVerdict:
     usable = int(lengths[_largest(e.now)])
-    restorable = int(lengths[_largest(e.after | e.now)])
+    restorable = max(int(lengths[_largest(e.after)]), usable)
     hit = int(lengths[_largest(e.hit)])
     stop: Reason | None = None
     if not e.now[-1] and usable < int(lengths[-1]):
         probe = int(lengths[min(_largest(e.now) + 1, lengths.size - 1)])
-        if e.decl.kind is GroupKind.RECURRENT and probe % (e.decl.checkpoint_interval or 1):
-            stop = Reason.NO_CHECKPOINT
+        if not e.servable(probe):
+            stop = e.rule.unservable
         else:
             index, compressed = e.failing(probe)
             if index.size:
                 stop = e.reason(int(index[0]), bool(compressed[0]))
-            if stop is None:
-                stop = Reason.NO_CHECKPOINT if e.decl.kind is GroupKind.RECURRENT \
-                    else Reason.NOT_CACHED
+        if stop is None:
+            stop = e.rule.unservable or Reason.NOT_CACHED
     return GroupVerdict(e.group.name, e.decl.kind, e.decl.block_size, hit, usable, restorable,
                         stop)
 
@@ -134,12 +164,10 @@ def _shortfalls(evals: dict[str, GroupEval], length: int, usable: int) -> list[S
     if length <= usable:
         return out
     for name, e in evals.items():
-        if e.decl.kind is GroupKind.RECURRENT:
-            interval = e.decl.checkpoint_interval or e.decl.block_size
-            if length % interval:
-                out.append(Shortfall(Reason.NO_CHECKPOINT, name, detail=(
-                    f"snapshots every {interval} tokens; none at {length}")))
-                continue
+        if not e.servable(length) and e.rule.unservable is not None:
+            out.append(Shortfall(e.rule.unservable, name,
+                                 detail=e.rule.unservable_detail(e.decl, length)))
+            continue
         index, compressed = e.failing(length)
         counts: dict[Reason, int] = {}
         for i, c in zip(index.tolist(), compressed.tolist(), strict=True):
@@ -147,7 +175,8 @@ def _shortfalls(evals: dict[str, GroupEval], length: int, usable: int) -> list[S
             if why is None or counts.get(why, 0) >= MAX_LISTED:
                 continue
             counts[why] = counts.get(why, 0) + 1
-            out.append(Shortfall(why, name, i, int(e.ids[i])))
+            block = int(e.ids[i]) if i < e.n else -1
+            out.append(Shortfall(why, name, i, block))
     return out
 
 
@@ -156,7 +185,7 @@ def _plan(evals: dict[str, GroupEval], length: int) -> tuple[RestoreStep, ...]:
     steps: list[RestoreStep] = []
     for name, e in evals.items():
         index, compressed = e.failing(length)
-        paths = restore_paths(e.group.table)
+        paths = e.paths
         for i, c in zip(index.tolist(), compressed.tolist(), strict=True):
             state = e.state(i)
             path = paths.path(state, Form.COMPRESSED if c else Form.RAW)

@@ -32,11 +32,15 @@ class RestorePaths:
         self.table = table
         self.paths: dict[Form, list[tuple[Event, ...] | None]] = {}
         self.reachable: dict[Form, NDArray[np.bool_]] = {}
+        #: Per form, per state: the path begins a restore (what the admission gate counts).
+        self.restores: dict[Form, NDArray[np.bool_]] = {}
         for form in (Form.RAW, Form.COMPRESSED):
             targets = {i for i, s in enumerate(states) if s.readable and s.form is form}
             paths = [_shortest(table, start, targets, complete) for start in range(len(states))]
             self.paths[form] = paths
             self.reachable[form] = np.array([p is not None for p in paths], dtype=np.bool_)
+            self.restores[form] = np.array([p is not None and Event.RESTORE_BEGIN in p
+                                            for p in paths], dtype=np.bool_)
         # One code per state so a lookup turns every per-state fact into a single gather.
         readable = table.readable
         self.code = (

@@ -7,6 +7,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from kvfsm._errors import ForeignPromptError
+from kvfsm._tokens import as_token_ids
 from kvfsm.state import PrefixHashes
 
 
@@ -14,28 +16,86 @@ class Prompt:
     """Tokens of one request and their block hashes for every block size the model uses.
 
     Hashes are computed once, incrementally (as vLLM's requests keep them), so a lookup never
-    hashes: it only reads the words.
+    hashes: it only reads the words. A prompt is bound to the ``seed`` (model, layout version,
+    cache salt) and ``block_sizes`` it was made with; :meth:`check_made_for` tells an engine
+    whether it may use it.
     """
 
     def __init__(self, seed: bytes, block_sizes: Iterable[int],
                  token_ids: Sequence[int] | ArrayLike = ()) -> None:
-        self._hashes = {size: PrefixHashes(seed, size) for size in sorted(set(block_sizes))}
+        self._seed = bytes(seed)
+        self._block_sizes = tuple(sorted(set(block_sizes)))
+        self._hashes = {size: PrefixHashes(self._seed, size) for size in self._block_sizes}
         self._words: dict[int, tuple[NDArray[np.uint64], NDArray[np.uint64]]] = {}
-        self.n_tokens = 0
+        # Tokens so far live in _buffer[:_n_tokens]; the buffer doubles when full, so appending
+        # one token at a time stays amortized O(1).
+        self._buffer = np.zeros(0, dtype=np.int64)
+        self._n_tokens = 0
         self.extend(token_ids)
 
+    @property
+    def seed(self) -> bytes:
+        """The root digest the block hashes chain from (see :func:`kvfsm.state.hash_seed`)."""
+        return self._seed
+
+    @property
+    def block_sizes(self) -> tuple[int, ...]:
+        """The block sizes whose hashes this prompt keeps, ascending, each once."""
+        return self._block_sizes
+
+    @property
+    def n_tokens(self) -> int:
+        return self._n_tokens
+
+    @property
+    def token_ids(self) -> NDArray[np.int64]:
+        """Every token so far, as a read-only int64 array (later extends do not change it)."""
+        view = self._buffer[: self._n_tokens]
+        view.flags.writeable = False
+        return view
+
     def extend(self, token_ids: Sequence[int] | ArrayLike) -> None:
-        """Append tokens (hashing only the blocks they complete)."""
-        tokens = np.asarray(token_ids, dtype=np.int64).ravel()
+        """Append tokens (hashing only the blocks they complete).
+
+        Raises :class:`TokenError` (and changes nothing) unless every id is an integer in
+        ``[0, 2**63)``; see :func:`as_token_ids` for what is accepted.
+        """
+        tokens = as_token_ids(token_ids)  # validate all before changing anything
         if not tokens.size:
             return
+        end = self._n_tokens + tokens.size
+        if end > self._buffer.size:
+            grown = np.empty(max(end, 2 * self._buffer.size), dtype=np.int64)
+            grown[: self._n_tokens] = self._buffer[: self._n_tokens]
+            self._buffer = grown
+        self._buffer[self._n_tokens : end] = tokens
         for hashes in self._hashes.values():
             hashes.extend(tokens)
-        self.n_tokens += tokens.size
+        self._n_tokens = end
         self._words.clear()
+
+    def check_made_for(self, seed: bytes, block_sizes: Iterable[int], owner: str) -> None:
+        """Raise :class:`ForeignPromptError` unless this prompt was made with ``seed`` and keeps
+        every one of ``block_sizes`` (``owner`` names the maker to use instead)."""
+        if bytes(seed) != self._seed:
+            raise ForeignPromptError(
+                "prompt was made for another model, layout version or cache_salt; make it with "
+                f"{owner}.prompt(...)")
+        missing = sorted(set(block_sizes) - set(self._block_sizes))
+        if missing:
+            raise ForeignPromptError(
+                f"prompt keeps block sizes {list(self._block_sizes)} but {owner} also needs "
+                f"{missing}; make it with {owner}.prompt(...)")
 
     def words(self, block_size: int) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
         """``(high, low)`` hash words of every complete block at ``block_size``."""
+        if block_size not in self._hashes:
+            raise ForeignPromptError(
+                f"prompt keeps no hashes at block size {block_size} (it keeps "
+                f"{list(self._block_sizes)}); make it with the engine's prompt(...)")
         if block_size not in self._words:
             self._words[block_size] = self._hashes[block_size].words()
         return self._words[block_size]
+
+    def __repr__(self) -> str:
+        return f"Prompt(n_tokens={self._n_tokens}, block_sizes={self._block_sizes})"

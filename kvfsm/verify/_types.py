@@ -6,49 +6,11 @@ import enum
 from collections.abc import Mapping
 
 import attrs
+import numpy as np
+from numpy.typing import NDArray
 
+from kvfsm._reasons import Reason as Reason  # re-exported: reasons live below the kinds
 from kvfsm.spec import Event, GroupKind, Layout, Tier
-
-
-class Reason(enum.Enum):
-    """Why some tokens of a prompt are not reusable right now. Values are stable strings."""
-
-    #: The block is not in the prefix hash map (never computed, or evicted).
-    NOT_CACHED = "not_cached"
-    #: A history block needed in compressed form is still raw (compression not started).
-    COMPRESSED_INCOMPLETE = "compressed_incomplete"
-    #: A history block needed in compressed form is being compressed right now.
-    MID_COMPRESSION = "mid_compression"
-    #: The uncompressed tail is missing: a block the kernel must read raw is compressed.
-    TAIL_MISSING = "tail_missing"
-    #: A block inside the sliding window ``[L-W+1, L)`` is missing.
-    WINDOW_MISMATCH = "window_mismatch"
-    #: A sparse-index block points at a target whose epoch changed (freed, reused, moved).
-    INDEX_STALE = "index_stale"
-    #: The content lives in host, disk or remote memory: restore it first.
-    NOT_RESIDENT = "not_resident"
-    #: A restore of the block is running; wait for it.
-    RESTORE_IN_FLIGHT = "restore_in_flight"
-    #: The block was written under another layout than the reading kernel declares.
-    LAYOUT_MISMATCH = "layout_mismatch"
-    #: The block's address or size breaks the device profile's alignment.
-    MISALIGNED = "misaligned"
-    #: Groups do not fit together: an index points outside this prompt's history.
-    GROUP_GAP = "group_gap"
-    #: The block found by hash sits at another position than the prompt needs.
-    POSITION_CONFLICT = "position_conflict"
-    #: The bytes on the device no longer match the recorded checksum.
-    CHECKSUM_MISMATCH = "checksum_mismatch"
-    #: Not every sub-block of the block was written.
-    SUB_BLOCKS_MISSING = "sub_blocks_missing"
-    #: A recurrent group has no snapshot at exactly this length.
-    NO_CHECKPOINT = "no_checkpoint"
-    #: Hit lengths of groups with different block sizes meet only at multiples of their LCM.
-    BLOCK_BOUNDARY = "block_boundary"
-    #: The last prompt token is always computed (its logits start generation).
-    PROMPT_END = "prompt_end"
-    #: Speculative decoding asked to recompute the last reusable block.
-    SPEC_DECODE_DROP = "spec_decode_drop"
 
 
 class Level(enum.Enum):
@@ -111,6 +73,15 @@ class GroupVerdict:
     stop: Reason | None
 
 
+@attrs.frozen(eq=False)
+class Checks:
+    """The checksums one lookup computed over one group's blocks, for the core to record."""
+
+    group: str
+    block_ids: NDArray[np.intp]
+    passed: NDArray[np.bool_]
+
+
 @attrs.frozen
 class Verdict:
     """The answer to "can this prefix be reused right now, after which restores, or not"."""
@@ -128,12 +99,42 @@ class Verdict:
     groups: tuple[GroupVerdict, ...]
     reasons: tuple[Shortfall, ...]
     plan: tuple[RestoreStep, ...]
+    #: Checksums computed by this lookup (applied by ``Engine.lookup``; see
+    #: :meth:`StateCore.record_checks`).
+    checks: tuple[Checks, ...] = attrs.field(default=(), repr=False, eq=False)
 
     def group(self, name: str) -> GroupVerdict:
         for group in self.groups:
             if group.name == name:
                 return group
-        raise KeyError(name)
+        raise KeyError(f"no group {name!r} in this verdict; groups: "
+                       f"{[group.name for group in self.groups]}")
+
+    def summary(self) -> str:
+        """A few lines for a person: the numbers, the reasons by count, the plan's size."""
+        head = (f"Verdict({self.level.name}): {self.prompt_tokens} prompt tokens, hit "
+                f"{self.hit_tokens}, usable {self.usable_tokens}, restorable "
+                f"{self.restorable_tokens}")
+        lines = [head]
+        counts: dict[tuple[Reason, str], int] = {}
+        for shortfall in self.reasons:
+            key = (shortfall.reason, shortfall.group)
+            counts[key] = counts.get(key, 0) + 1
+        if counts:
+            lines.append("  reasons: " + ", ".join(
+                f"{reason.value}" + (f" ({group})" if group != "*" else "")
+                + (f" x{count}" if count > 1 else "")
+                for (reason, group), count in counts.items()))
+        if self.plan:
+            by_group: dict[str, int] = {}
+            for step in self.plan:
+                by_group[step.group] = by_group.get(step.group, 0) + 1
+            lines.append("  plan: " + ", ".join(f"{count} steps on {group}"
+                                                for group, count in by_group.items()))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
 
     def reasons_of(self, reason: Reason) -> tuple[Shortfall, ...]:
         return tuple(s for s in self.reasons if s.reason is reason)

@@ -1,0 +1,307 @@
+"""Prompt: token ids are validated integers, kept in order, and bound to the engine's seed."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvfsm import ForeignPromptError, KvfsmError, TokenError
+from kvfsm.state import hash_seed
+from kvfsm.verify import Prompt
+
+SEED = hash_seed("m", 1)
+OTHER_SEED = hash_seed("m", 1, "tenant-a")
+SIZES = (1, 4, 16)
+
+
+def _prompt(tokens: Any, sizes: tuple[int, ...] = SIZES) -> Prompt:
+    return Prompt(SEED, sizes, tokens)
+
+
+def _same_words(a: Prompt, b: Prompt, size: int) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(a.words(size), b.words(size), strict=True))
+
+
+# --- which token ids are accepted -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", ">i8", "object"])
+def test_every_integer_dtype_hashes_like_the_list(dtype: str) -> None:
+    tokens = list(range(100))
+    want = _prompt(tokens)
+    got = _prompt(np.array(tokens, dtype=dtype))
+    assert all(_same_words(got, want, size) for size in SIZES)
+    assert got.token_ids.tolist() == tokens
+
+
+@pytest.mark.parametrize(
+    "container",
+    [tuple, range, iter, lambda t: [np.int32(v) for v in t]],
+    ids=["tuple", "range", "iterator", "numpy-scalars"])
+def test_other_integer_sequences_hash_like_the_list(container: Callable[[Any], Any]) -> None:
+    tokens = list(range(5, 70))
+    source = range(5, 70) if container is range else container(tokens)
+    assert _same_words(_prompt(source), _prompt(tokens), 16)
+
+
+def test_the_largest_int64_is_a_valid_id_and_empty_input_is_nothing() -> None:
+    top = 2**63 - 1
+    for tokens in ([top], np.array([top], dtype=np.uint64), np.array([top], dtype=np.int64)):
+        assert _prompt(tokens).token_ids.tolist() == [top]
+    for empty in ([], (), np.array([]), np.zeros(0, dtype=np.int32)):
+        assert _prompt(empty).n_tokens == 0
+
+
+# --- which token ids are refused, and what the error says -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tokens", "message"),
+    [
+        ([0.5] * 321, "token_ids[0] = 0.5 is not an integer token id"),
+        (np.arange(321) + 0.9, "token_ids[0] = 0.9 is not an integer token id"),
+        ([3.0], "token_ids[0] = 3.0 is not an integer token id"),
+        (np.array([3.0, 4.0]), "token_ids[0] = 3.0 is not an integer token id"),
+        ([1, 2, 7, 2.0], "token_ids[3] = 2.0 is not an integer token id"),
+        ([1, np.float64(2.0)], "token_ids[1] = 2.0 is not an integer token id"),
+        (np.array([1 + 2j]), "token_ids[0] = (1+2j) is not an integer token id"),
+    ],
+    ids=["float-list", "float-array", "integral-float", "integral-float-array", "mixed-list",
+         "numpy-float-scalar", "complex"],
+)
+def test_floats_are_refused_even_when_integral(tokens: Any, message: str) -> None:
+    with pytest.raises(TokenError, match=re.escape(message)) as raised:
+        _prompt(tokens)
+    if "j)" not in message:
+        assert "bug upstream" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "message"),
+    [
+        ([4, 5, 6, -1], r"token_ids\[3\] = -1 is negative"),
+        (np.array([4, -7, -1], dtype=np.int64), r"token_ids\[1\] = -7 is negative"),
+        (np.array([4, -3], dtype=np.int8), r"token_ids\[1\] = -3 is negative"),
+        ([-1, 2**63], r"token_ids\[0\] = -1 is negative"),
+    ],
+)
+def test_negative_ids_are_refused(tokens: Any, message: str) -> None:
+    with pytest.raises(TokenError, match=message):
+        _prompt(tokens)
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [np.array([0, 1, 2, 3, 4, 5, 6, 2**64 - 1], dtype=np.uint64),
+     [0, 1, 2, 3, 4, 5, 6, 2**64 - 1]],
+    ids=["uint64-array", "list"],
+)
+def test_ids_from_two_to_the_63_are_refused_not_wrapped(tokens: Any) -> None:
+    with pytest.raises(TokenError, match=r"token_ids\[7\] = 18446744073709551615 is >= 2\*\*63"):
+        _prompt(tokens)
+    with pytest.raises(TokenError, match=r"token_ids\[0\] = 9223372036854775808 is >= 2\*\*63"):
+        _prompt([2**63])
+    with pytest.raises(TokenError, match=r"token_ids\[0\] = 36893488147419103232 is >= 2\*\*63"):
+        _prompt([2**65])
+
+
+@pytest.mark.parametrize(
+    ("tokens", "position"),
+    [(np.ones(8, dtype=bool), 0), ([True, False], 0), ([5, 9, True], 2), ([5, np.False_], 1)],
+    ids=["bool-array", "bool-list", "bool-among-ints", "numpy-bool-among-ints"],
+)
+def test_bools_are_refused_as_a_mask_is_not_a_prompt(tokens: Any, position: int) -> None:
+    with pytest.raises(TokenError, match=rf"token_ids\[{position}\] = (True|False) .*mask"):
+        _prompt(tokens)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "message"),
+    [
+        ("hello", "token_ids is str"),
+        (b"\x01\x02", "token_ids is bytes"),
+        (["1", "2"], r"token_ids\[0\] = '1' is not an integer token id"),
+        (np.array(["1", "2"]), r"token_ids\[0\] = '1' is not an integer token id"),
+        ([[1, 2], [3, 4]], r"token_ids\[0\] = \[1, 2\] is a sequence: token_ids must be 1-D"),
+        ([1, [2, 3]], r"token_ids\[1\] = \[2, 3\] is a sequence"),
+        (np.zeros((5, 8), dtype=np.int64), r"must be 1-D .*shape \(5, 8\)"),
+        (np.int64(5), r"must be 1-D .*shape \(\)"),
+        (5, "must be a 1-D sequence of token ids, got int 5"),
+        ({1, 2}, "must be a 1-D sequence of token ids, got set"),
+        (np.array([1, None], dtype=object), r"token_ids\[1\] = None is not an integer token id"),
+    ],
+    ids=["str", "bytes", "str-list", "str-array", "nested", "ragged", "2-D", "0-D", "scalar",
+         "set", "object-array"],
+)
+def test_strings_nesting_and_scalars_are_refused(tokens: Any, message: str) -> None:
+    with pytest.raises(TokenError, match=message):
+        _prompt(tokens)
+
+
+def test_a_token_error_is_a_kvfsm_error_and_a_value_error() -> None:
+    with pytest.raises(KvfsmError):
+        _prompt([0.5])
+    with pytest.raises(ValueError):
+        _prompt([-1])
+
+
+def test_a_refused_extend_changes_nothing() -> None:
+    prompt = _prompt(list(range(30)))
+    before = (prompt.n_tokens, prompt.token_ids.copy(),
+              [[w.copy() for w in prompt.words(size)] for size in SIZES])
+    for bad in ([*range(40), -1], [*range(40), 0.5], np.arange(40.0), [[1, 2]]):
+        with pytest.raises(TokenError):
+            prompt.extend(bad)
+    assert prompt.n_tokens == before[0]
+    assert np.array_equal(prompt.token_ids, before[1])
+    for size, words in zip(SIZES, before[2], strict=True):
+        assert all(np.array_equal(a, b) for a, b in zip(prompt.words(size), words, strict=True))
+    prompt.extend(range(30, 34))  # and it still works, as if nothing had been refused
+    assert _same_words(prompt, _prompt(list(range(34))), 4)
+
+
+# --- torch tensors (duck typed; torch is optional) --------------------------------------------
+
+
+def test_torch_integer_tensors_are_accepted_and_others_refused() -> None:
+    torch = pytest.importorskip("torch")
+    tokens = list(range(50))
+    want = _prompt(tokens)
+    for dtype in (torch.int64, torch.int32, torch.uint8):
+        assert _same_words(_prompt(torch.tensor(tokens, dtype=dtype)), want, 16)
+    with pytest.raises(TokenError, match=r"token_ids\[0\] = 0.5 is not an integer token id"):
+        _prompt(torch.full((4,), 0.5))
+    with pytest.raises(TokenError, match=r"token_ids\[0\] = 3.0 is not an integer token id"):
+        _prompt(torch.tensor([3.0], requires_grad=True))
+    with pytest.raises(TokenError, match="bfloat16"):
+        _prompt(torch.tensor([3.0], dtype=torch.bfloat16))
+    with pytest.raises(TokenError, match="mask"):
+        _prompt(torch.ones(4, dtype=torch.bool))
+    with pytest.raises(TokenError, match=r"token_ids\[2\] = -1 is negative"):
+        _prompt(torch.tensor([1, 2, -1]))
+    with pytest.raises(TokenError, match="must be 1-D"):
+        _prompt(torch.zeros(2, 3, dtype=torch.int64))
+
+
+# --- the tokens are kept -----------------------------------------------------------------------
+
+
+def test_token_ids_are_every_token_so_far_read_only_and_stable() -> None:
+    prompt = _prompt([])
+    expected: list[int] = []
+    views = []
+    for step in range(300):  # one token at a time, as decoding appends them, plus a few chunks
+        chunk = [step] if step % 50 else list(range(step, step + 7))
+        prompt.extend(chunk)
+        expected.extend(chunk)
+        views.append((prompt.token_ids, list(expected)))
+    assert prompt.n_tokens == len(expected)
+    for view, then in views:  # every earlier answer still shows the tokens of its time
+        assert view.dtype == np.int64
+        assert view.tolist() == then
+    assert not prompt.token_ids.flags.writeable
+    with pytest.raises(ValueError):
+        prompt.token_ids[0] = 1
+    assert _same_words(prompt, _prompt(expected), 16)
+
+
+# --- the prompt is bound to its engine ---------------------------------------------------------
+
+
+def test_seed_and_block_sizes_are_kept_sorted_unique_and_read_only() -> None:
+    prompt = Prompt(SEED, [16, 4, 16, 1], [1, 2, 3])
+    assert prompt.seed == SEED
+    assert prompt.block_sizes == (1, 4, 16)
+    with pytest.raises(AttributeError):
+        prompt.seed = OTHER_SEED  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        prompt.block_sizes = (8,)  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        prompt.n_tokens = 0  # type: ignore[misc]
+
+
+def test_check_made_for_accepts_its_own_engine_even_when_it_keeps_more_sizes() -> None:
+    prompt = Prompt(SEED, [4, 16], [1, 2, 3])
+    prompt.check_made_for(SEED, [16, 4], "engine")
+    prompt.check_made_for(SEED, iter([16]), "engine")
+
+
+def test_check_made_for_refuses_another_seed() -> None:
+    prompt = Prompt(SEED, [16], [1, 2, 3])
+    with pytest.raises(ForeignPromptError,
+                       match=r"prompt was made for another model, layout version or cache_salt; "
+                             r"make it with engine\.prompt\(\.\.\.\)"):
+        prompt.check_made_for(OTHER_SEED, [16], "engine")
+
+
+def test_check_made_for_refuses_a_missing_block_size_naming_it() -> None:
+    prompt = Prompt(SEED, [16], [1, 2, 3])
+    with pytest.raises(ForeignPromptError, match=r"keeps block sizes \[16\].*needs \[4, 64\]"):
+        prompt.check_made_for(SEED, [4, 16, 64], "engine")
+    assert issubclass(ForeignPromptError, KvfsmError)
+
+
+def test_words_at_a_size_not_kept_is_a_foreign_prompt_error_naming_the_size() -> None:
+    prompt = Prompt(SEED, [16], list(range(32)))
+    with pytest.raises(ForeignPromptError, match=r"block size 8 \(it keeps \[16\]\)"):
+        prompt.words(8)
+
+
+# --- the invariant -----------------------------------------------------------------------------
+
+#: Containers a caller may hand over, with the largest id each can hold.
+CONTAINERS: dict[str, tuple[Callable[[list[int]], Any], int]] = {
+    "list": (list, 2**63 - 1),
+    "int32": (lambda t: np.array(t, dtype=np.int32), 2**31 - 1),
+    "int64": (lambda t: np.array(t, dtype=np.int64), 2**63 - 1),
+    "uint64": (lambda t: np.array(t, dtype=np.uint64), 2**63 - 1),
+}
+#: Small ids make equal and near-equal prompts likely; large ones reach the int64 edge.
+TOKEN = st.one_of(st.integers(0, 3), st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1))
+
+
+@st.composite
+def _token_pairs(draw: st.DrawFn) -> tuple[list[int], list[int]]:
+    first = draw(st.lists(TOKEN, max_size=24))
+    how = draw(st.sampled_from(["same", "one-changed", "cut", "independent"]))
+    if how == "same":
+        return first, list(first)
+    if how == "one-changed" and first:
+        changed = list(first)
+        position = draw(st.integers(0, len(first) - 1))
+        changed[position] = draw(TOKEN)
+        return first, changed
+    if how == "cut":
+        return first, first[: draw(st.integers(0, len(first)))]
+    return first, draw(st.lists(TOKEN, max_size=24))
+
+
+@settings(max_examples=300, deadline=None)
+@given(pair=_token_pairs(), kinds=st.tuples(*[st.sampled_from(sorted(CONTAINERS))] * 2),
+       block_size=st.integers(2, 5))
+def test_block_words_are_equal_iff_token_ids_are_equal_as_integers(
+    pair: tuple[list[int], list[int]], kinds: tuple[str, str], block_size: int
+) -> None:
+    """Two prompts hash equal block words iff their token ids are equal as integers, whatever
+    containers (list, int32/int64/uint64 arrays) carried them: at block size 1 for all tokens,
+    at a larger size for the tokens of its complete blocks."""
+    prompts = []
+    for tokens, kind in zip(pair, kinds, strict=True):
+        make, largest = CONTAINERS[kind]
+        if max(tokens, default=0) > largest:  # the ids do not fit that dtype: use a list
+            make = list
+        prompts.append(Prompt(SEED, (1, block_size), make(tokens)))
+    first, second = prompts
+    assert first.token_ids.tolist() == pair[0] and second.token_ids.tolist() == pair[1]
+    assert _same_words(first, second, 1) == (pair[0] == pair[1])
+    whole = [len(t) - len(t) % block_size for t in pair]
+    assert _same_words(first, second, block_size) == (
+        pair[0][: whole[0]] == pair[1][: whole[1]])
