@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kvfsm.kinds import RULES, rule_of
 from kvfsm.spec import Event, GroupDecl, GroupKind, Layout
-from kvfsm.verify._group_eval import usable_at
+from kvfsm.verify._group_eval import Spans, usable_at
 
 LAYOUT = Layout(("block", "token", "dim"), 256, 0)
 
@@ -79,7 +79,7 @@ def test_block_spans_match_the_token_level_rule(kind: tuple[GroupKind, dict[str,
     ok_cmp = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
     step = block * step_blocks
     lengths = np.arange(0, (n + 2) * block + 1, step, dtype=np.int64)
-    fast = usable_at(rule_of(decl).needed(decl, lengths), n, ok_raw, ok_cmp)
+    fast = usable_at(Spans(rule_of(decl).needed(decl, lengths), n), ok_raw, ok_cmp)
     spec = [_oracle(decl, int(length), n, ok_raw, ok_cmp) for length in lengths]
     assert fast.tolist() == spec
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from kvfsm import GuardRejected, KvfsmError
 from kvfsm.spec import Event, Form, Layout, Tier
 from kvfsm.state import (
+    MAX_PINS,
     NO_TARGET,
     CoreConfig,
     InvariantViolation,
@@ -571,3 +572,110 @@ def test_assert_invariants_lists_a_hand_corrupted_slot() -> None:
         core.assert_invariants()
     assert raised.value.problems == tuple(problems)
     assert all(p in str(raised.value) for p in problems)
+
+
+# -- derived indexes kept by every fire; values that cannot wrap ---------------------------------
+
+
+def test_firing_through_the_machine_keeps_the_free_stack_exact() -> None:
+    """Regression: firing through ``group.machine`` bypassed the free-id stack."""
+    core = _core()
+    group = core.group("attn")
+    ids = _allocate(core, "attn", 3, first_key=1)
+    _complete(core, "attn", ids)
+    group.machine.fire_batch(ids[:2], Event.EVICT)  # not through core.fire
+    assert core.check_invariants() == []
+    # Allocating chosen free ids directly through the machine takes them off the stack too.
+    free = np.sort(group.free_ids[: group.free_top])
+    chosen = free[[0, free.size // 2]]
+    group.machine.fire_batch(chosen, Event.ALLOCATE)
+    assert not np.isin(chosen, group.free_ids[: group.free_top]).any()
+    assert core.check_invariants() == []
+
+
+def test_restores_in_flight_are_counted_by_every_fire() -> None:
+    core = _core(max_restores_in_flight=2)
+    group = core.group("attn")
+    ids = _allocate(core, "attn", 3, first_key=1)
+    _complete(core, "attn", ids)
+    core.fire("attn", ids, Event.SPILL_BEGIN)
+    core.fire("attn", ids, Event.SPILL_DONE)
+    assert core.fire("attn", ids, Event.RESTORE_BEGIN, masked=True).tolist() == [True, True,
+                                                                                False]
+    assert (group.restores_in_flight(), group.restore_budget()) == (2, 0)
+    group.machine.fire_batch(ids[:1], Event.RESTORE_FAIL)
+    assert (group.restores_in_flight(), group.restore_budget()) == (1, 1)
+
+
+def test_pins_never_wrap() -> None:
+    core = _core()
+    group = core.group("attn")
+    ids = _allocate(core, "attn", 1, first_key=1)
+    _complete(core, "attn", ids)
+    group._blocks.pins[ids] = MAX_PINS - 1  # as if 65534 readers held it
+    core.pin("attn", ids)
+    with pytest.raises(StateError, match="pins"):
+        core.pin("attn", ids)
+    assert int(group.pins[ids[0]]) == MAX_PINS
+
+
+def test_an_index_pin_that_would_wrap_its_target_changes_nothing() -> None:
+    from tests.verify_models import engine, tokens
+
+    eng = engine(DEEPSEEK)
+    text = tokens(321)
+    eng.commit(text)
+    core = eng.core
+    high, low = eng.prompt(text).words(16)
+    row = int(core.lookup_words("index", high[10:11], low[10:11])[0])
+    target = int(core.group("index").refs_target[row, 0])
+    core.group("history")._blocks.pins[target] = MAX_PINS
+    with pytest.raises(StateError, match="pins"):
+        core.pin("index", [row])
+    assert int(core.group("index").pins[row]) == 0
+    assert int(core.group("history").pins[target]) == MAX_PINS
+
+
+def test_metadata_is_read_only_outside_the_core() -> None:
+    core = _core()
+    group = core.group("attn")
+    for view in (group.epoch, group.pins, group.position, group.check, group.sub_blocks,
+                 group.slot[Tier.DEVICE], group.free_ids, group.states):
+        with pytest.raises(ValueError, match="read-only"):
+            view[0] = 1
+
+
+def test_evicting_a_target_walks_only_its_own_references() -> None:
+    """Finding the index rows that point at an evicted history block costs the references to
+    it, not the index pool (it scanned every reference before)."""
+    from tests.verify_models import engine, tokens
+
+    eng = engine(DEEPSEEK, device=400, host=0)
+    for seed in range(8):
+        eng.commit(tokens(1025, seed=seed))
+    index, history = eng.core.group("index"), eng.core.group("history")
+    assert index.dependents is not None
+    text = tokens(1025, seed=3)
+    target = int(eng.core.lookup_words("history", *[w[5:6] for w in
+                                                    eng.prompt(text).words(64)])[0])
+    pointing = int((index.refs_target == target).sum())
+    assert 0 < pointing < int((index.refs_target != NO_TARGET).sum()) // 20
+    eng.core.fire("history", [target], Event.EVICT)
+    assert index.dependents.last_walked == pointing
+    assert history.states[target] == history.table.initial
+    assert eng.core.check_invariants() == []
+
+
+def test_describe_and_blocks_in_show_what_a_caller_needs() -> None:
+    core = _core()
+    ids = _allocate(core, "attn", 2, first_key=1)
+    _complete(core, "attn", ids)
+    info = core.describe("attn", int(ids[0]))
+    assert (info.state, info.position, info.pins, info.verified) == ("device", 0, 0, True)
+    assert info.layout == core.group("attn").decl.layout
+    assert set(info.slots) == {Tier.DEVICE}
+    core.fire("attn", ids[1:], Event.INVALIDATE)
+    assert core.blocks_in("attn", "invalid").tolist() == [int(ids[1])]
+    assert core.blocks_in("attn", ["invalid", "device"]).tolist() == sorted(ids.tolist())
+    with pytest.raises(KvfsmError, match="no state 'nope'"):
+        core.blocks_in("attn", "nope")

@@ -11,6 +11,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._reasons import Reason
+from kvfsm.fsm import FORM_COMPRESSED as COMPRESSED
+from kvfsm.fsm import FORM_RAW as RAW
 from kvfsm.kinds import Needed
 from kvfsm.memory import SlotPool
 from kvfsm.memory._backend import data_ptr
@@ -31,13 +33,11 @@ from kvfsm.verify._block_facts import (
 )
 from kvfsm.verify._index_check import IndexCheck
 from kvfsm.verify._paths import (
-    FORM_CODES,
     restore_paths,
 )
 from kvfsm.verify._types import DeviceProfile, Level
 
 Bools = NDArray[np.bool_]
-RAW, COMPRESSED = FORM_CODES[Form.RAW], FORM_CODES[Form.COMPRESSED]
 
 
 def _prefix(bad: Bools) -> NDArray[np.int64]:
@@ -99,30 +99,33 @@ def _both(first: Bools | None, second: Bools | None) -> Bools | None:
     return first & second
 
 
-def _spans(need: Needed, n: int) -> tuple[NDArray[np.int64], NDArray[np.int64],
-                                          NDArray[np.int64]]:
-    """``need``'s block spans clipped to the ``n`` blocks the prompt has."""
-    hi = np.minimum(need.hi, n)
-    cut = np.minimum(need.cut, hi)
-    return np.minimum(need.lo, cut), cut, hi
+class Spans:
+    """A kind's needed block spans at every candidate length, clipped to the ``n`` blocks the
+    prompt has, with what every "usable at L" evaluation of the group shares computed once."""
+
+    def __init__(self, need: Needed, n: int) -> None:
+        self.hi = np.minimum(need.hi, n)
+        self.cut = np.minimum(need.cut, self.hi)
+        self.lo = np.minimum(need.lo, self.cut)
+        #: Every needed block exists in the prompt (an empty span needs none), and the kind
+        #: can serve the length at all.
+        inside = (need.hi <= n) | (need.lo >= need.hi)
+        self.base: Bools = inside if need.servable is None else inside & need.servable
+        self.base.setflags(write=False)
+        self.reads_compressed = bool((self.lo < self.cut).any())
 
 
-def usable_at(need: Needed, n: int, ok_raw: Bools, ok_cmp: Bools) -> Bools:
-    """Per candidate length: every block the kind needs there (of the prompt's ``n``) is ok
-    in its form: ``ok_cmp`` over ``[lo, cut)``, ``ok_raw`` over ``[cut, hi)``. O(n + lengths)
-    with prefix sums, exact for kinds whose needed blocks are not a prefix."""
-    inside = (need.hi <= n) | (need.lo >= need.hi)  # an empty span needs no block
-    lo, cut, hi = _spans(need, n)
-    if bool(ok_raw.all()) and bool((lo == cut).all()):
-        usable = inside.copy()  # every raw block passes and none is needed compressed
-    else:
-        raw_bad = _prefix(~ok_raw)
-        usable = inside & (raw_bad[hi] - raw_bad[cut] == 0)
-        if bool((lo < cut).any()):
-            cmp_bad = _prefix(~ok_cmp)
-            usable &= cmp_bad[cut] - cmp_bad[lo] == 0
-    if need.servable is not None:
-        usable &= need.servable
+def usable_at(spans: Spans, ok_raw: Bools, ok_cmp: Bools) -> Bools:
+    """Per candidate length: every block the kind needs there is ok in its form: ``ok_cmp``
+    over ``[lo, cut)``, ``ok_raw`` over ``[cut, hi)``. O(n + lengths) with prefix sums, exact
+    for kinds whose needed blocks are not a prefix."""
+    if not spans.reads_compressed and bool(ok_raw.all()):
+        return spans.base  # every raw block passes and none is needed compressed
+    raw_bad = _prefix(~ok_raw)
+    usable: Bools = spans.base & (raw_bad[spans.hi] - raw_bad[spans.cut] == 0)
+    if spans.reads_compressed:
+        cmp_bad = _prefix(~ok_cmp)
+        usable &= cmp_bad[spans.cut] - cmp_bad[spans.lo] == 0
     return usable
 
 
@@ -228,7 +231,7 @@ class GroupEval:
             self.after_raw = self.after_raw & stays
             self.after_cmp = self.after_cmp & stays
         self.chain_tokens = (int(np.argmin(found)) if not found.all() else n) * size
-        self.needed_at = self.rule.needed(self.decl, lengths)
+        self.spans = Spans(self.rule.needed(self.decl, lengths), n)
         # The classic hit: hash presence only, under the kind's own rule (a sliding window
         # needs only its window, a recurrent group a snapshot at exactly L).
         self.hit = self._usable(found, found)
@@ -250,8 +253,7 @@ class GroupEval:
     # -- usable at every candidate length ----------------------------------------------------
 
     def _usable(self, ok_raw: Bools, ok_cmp: Bools) -> Bools:
-        usable: Bools = usable_at(self.needed_at, self.n, ok_raw, ok_cmp)
-        return usable
+        return usable_at(self.spans, ok_raw, ok_cmp)
 
     def _admitted(self) -> Bools:
         """Per candidate length: the restores the plan needs there fit the group's admission
@@ -263,7 +265,7 @@ class GroupEval:
             self.paths.restores[Form.COMPRESSED][states]
         if int(restores_raw.sum()) + int(restores_cmp.sum()) <= budget:
             return np.ones(self.lengths.size, dtype=np.bool_)
-        lo, cut, hi = _spans(self.needed_at, self.n)
+        lo, cut, hi = self.spans.lo, self.spans.cut, self.spans.hi
         raw_count, cmp_count = _prefix(restores_raw), _prefix(restores_cmp)
         asked = raw_count[hi] - raw_count[cut] + cmp_count[cut] - cmp_count[lo]
         admitted: Bools = asked <= budget

@@ -13,11 +13,9 @@ from collections import deque
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm.fsm import INVALID, CompiledTable
-from kvfsm.spec import Content, Event, Form
+from kvfsm.fsm import FORM_CODE, FORM_COMPRESSED, FORM_RAW, INVALID, CompiledTable
+from kvfsm.spec import Event, Form
 
-#: Code per form in :class:`RestorePaths` arrays.
-FORM_CODES = {Form.NONE: 0, Form.RAW: 1, Form.COMPRESSED: 2}
 #: Bits of :attr:`RestorePaths.code`.
 READABLE_RAW, READABLE_COMPRESSED, REACHES_RAW, REACHES_COMPRESSED = 1, 2, 4, 8
 
@@ -26,17 +24,17 @@ class RestorePaths:
     """Per state: the shortest content-preserving path to a readable state of each form."""
 
     def __init__(self, table: CompiledTable) -> None:
-        states = table.lifecycle.states
-        self.form = np.array([FORM_CODES[s.form] for s in states], dtype=np.int8)
-        complete = [s.content is Content.COMPLETE for s in states]
+        self.form = table.form
+        complete = table.complete.tolist()
         self.table = table
         self.paths: dict[Form, list[tuple[Event, ...] | None]] = {}
         self.reachable: dict[Form, NDArray[np.bool_]] = {}
         #: Per form, per state: the path begins a restore (what the admission gate counts).
         self.restores: dict[Form, NDArray[np.bool_]] = {}
         for form in (Form.RAW, Form.COMPRESSED):
-            targets = {i for i, s in enumerate(states) if s.readable and s.form is form}
-            paths = [_shortest(table, start, targets, complete) for start in range(len(states))]
+            targets = set(np.flatnonzero(table.readable & (table.form == FORM_CODE[form])).tolist())
+            paths = [_shortest(table, start, targets, complete)
+                     for start in range(table.n_states)]
             self.paths[form] = paths
             self.reachable[form] = np.array([p is not None for p in paths], dtype=np.bool_)
             self.restores[form] = np.array([p is not None and Event.RESTORE_BEGIN in p
@@ -44,8 +42,8 @@ class RestorePaths:
         # One code per state so a lookup turns every per-state fact into a single gather.
         readable = table.readable
         self.code = (
-            (readable & (self.form == FORM_CODES[Form.RAW])) * READABLE_RAW
-            | (readable & (self.form == FORM_CODES[Form.COMPRESSED])) * READABLE_COMPRESSED
+            (readable & (self.form == FORM_RAW)) * READABLE_RAW
+            | (readable & (self.form == FORM_COMPRESSED)) * READABLE_COMPRESSED
             | self.reachable[Form.RAW] * REACHES_RAW
             | self.reachable[Form.COMPRESSED] * REACHES_COMPRESSED
         ).astype(np.uint8)
