@@ -133,11 +133,15 @@ class Engine:
         All or nothing across groups: when a group lacks device room, unpinned blocks of
         other prompts are given back first (invalid ones, then least recently used ones,
         spilled where a tier has room, else evicted); if that cannot make enough room a
-        :class:`StateError` says where, and nothing changed. Returns the new block ids per
-        group.
+        :class:`StateError` says where, and no block was allocated or given back. (Blocks of
+        the prompt already cached are settled first, e.g. compressed, as the prefill does to
+        them anyway: it takes no room, and index blocks are then written against the settled
+        history.) Returns the new block ids per group.
         """
         prompt = self._own(prompt)
         chosen = self._groups(groups)
+        for group in chosen:
+            self._settle(group, prompt)
         plans = [self._plan(group, prompt, payload) for group in chosen]
         self._check_room(plans)
         out: dict[str, NDArray[np.intp]] = {}

@@ -463,3 +463,27 @@ def test_verdict_summary_is_short() -> None:
     assert shown.startswith("Verdict(STANDARD): 1025 prompt tokens, hit ")
     assert len(shown.splitlines()) <= 4
     assert "not_cached (history)" in shown
+
+
+def test_commit_settles_cached_history_before_indexing_it() -> None:
+    """Index rows cached over a history block that was left raw (a prefill interrupted before
+    compressing) are rewritten by the next commit of the prompt: it compresses the block
+    first, which invalidates them, and only then plans what to write."""
+    eng = engine(DEEPSEEK)
+    text = tokens(321)
+    prompt = eng.prompt(text)
+    core = eng.core
+    high, low = prompt.words(64)
+    ids = core.allocate("history", np.arange(high.size), high, low)
+    core.fire("history", ids, Event.WRITE_BEGIN)
+    core.write("history", ids, np.zeros((ids.size, core.group("history").decl.payload_bytes),
+                                        np.uint8))
+    core.fire("history", ids, Event.WRITE_DONE)
+    core.fire("history", ids[[0, 2, 3, 4]], Event.COMPRESS_BEGIN)
+    core.fire("history", ids[[0, 2, 3, 4]], Event.COMPRESS_DONE)  # block 1 stays raw
+    eng.commit(prompt, groups=["swa", "index"])  # index rows point at the raw block 1
+    assert eng.lookup(prompt).usable_tokens == 64
+    eng.commit(prompt)
+    assert _state(eng, "history", int(ids[1])) == "compressed"
+    assert eng.lookup(prompt).usable_tokens == 320
+    assert eng.core.check_invariants() == []
