@@ -32,6 +32,7 @@ from tests.verify_models import (
     block_id,
     engine,
     group,
+    history_by_hand,
     model,
     tokens,
 )
@@ -472,18 +473,9 @@ def test_commit_settles_cached_history_before_indexing_it() -> None:
     eng = engine(DEEPSEEK)
     text = tokens(321)
     prompt = eng.prompt(text)
-    core = eng.core
-    high, low = prompt.words(64)
-    ids = core.allocate("history", np.arange(high.size), high, low)
-    core.fire("history", ids, Event.WRITE_BEGIN)
-    core.write("history", ids, np.zeros((ids.size, core.group("history").decl.payload_bytes),
-                                        np.uint8))
-    core.fire("history", ids, Event.WRITE_DONE)
-    core.fire("history", ids[[0, 2, 3, 4]], Event.COMPRESS_BEGIN)
-    core.fire("history", ids[[0, 2, 3, 4]], Event.COMPRESS_DONE)  # block 1 stays raw
-    eng.commit(prompt, groups=["swa", "index"])  # index rows point at the raw block 1
+    history_by_hand(eng, text, {1: "raw"})  # index rows point at the raw block 1
     assert eng.lookup(prompt).usable_tokens == 64
     eng.commit(prompt)
-    assert _state(eng, "history", int(ids[1])) == "compressed"
+    assert _state(eng, "history", block_id(eng, "history", text, 1)) == "compressed"
     assert eng.lookup(prompt).usable_tokens == 320
     assert eng.core.check_invariants() == []

@@ -20,6 +20,7 @@ from tests.verify_models import (
     TWO_SIZES,
     block_id,
     engine,
+    history_by_hand,
     tokens,
 )
 
@@ -49,26 +50,6 @@ def _dense(length: int = 161) -> tuple[Engine, np.ndarray]:
     return eng, text
 
 
-def _history_by_hand(eng: Engine, text: np.ndarray, compress: dict[int, str]) -> None:
-    """Commit the other groups, and the history with chosen blocks left raw or
-    mid-compression (the engine's commit would compress them)."""
-    prompt = eng.prompt(text)
-    core = eng.core
-    high, low = prompt.words(64)
-    ids = core.allocate("history", np.arange(high.size), high, low)
-    core.fire("history", ids, Event.WRITE_BEGIN)
-    core.write("history", ids, np.zeros((ids.size, core.group("history").decl.payload_bytes),
-                                        np.uint8))
-    core.fire("history", ids, Event.WRITE_DONE)
-    for index, block in enumerate(ids.tolist()):
-        how = compress.get(index, "compressed")
-        if how in ("compressing", "compressed"):
-            core.fire("history", [block], Event.COMPRESS_BEGIN)
-        if how == "compressed":
-            core.fire("history", [block], Event.COMPRESS_DONE)
-    eng.commit(prompt, groups=[g for g in core.groups if g != "history"])
-
-
 def test_not_cached() -> None:
     eng, text = _dense()
     eng.core.fire("attn", [block_id(eng, "attn", text, 4)], "evict")
@@ -81,7 +62,7 @@ def test_not_cached() -> None:
 def test_compressed_incomplete_and_its_plan_compresses() -> None:
     eng = engine(HISTORY_SWA)
     text = tokens(321)  # history blocks 0..4, every one needed compressed at 320
-    _history_by_hand(eng, text, {1: "raw", 4: "raw"})
+    history_by_hand(eng, text, {1: "raw", 4: "raw"})
     verdict = eng.lookup(text)
     _only(verdict, Reason.COMPRESSED_INCOMPLETE)
     shorts = verdict.reasons_of(Reason.COMPRESSED_INCOMPLETE)
@@ -98,7 +79,7 @@ def test_compressing_a_block_under_an_index_is_not_offered_as_a_restore() -> Non
     it, so a plan that compresses it cannot keep those rows: they are recomputed."""
     eng = engine(DEEPSEEK)
     text = tokens(321)
-    _history_by_hand(eng, text, {1: "raw"})
+    history_by_hand(eng, text, {1: "raw"})
     verdict = eng.lookup(text)
     assert verdict.usable_tokens == verdict.restorable_tokens == 64
     assert verdict.plan == ()
@@ -107,7 +88,7 @@ def test_compressing_a_block_under_an_index_is_not_offered_as_a_restore() -> Non
 def test_mid_compression() -> None:
     eng = engine(HISTORY_SWA)
     text = tokens(321)
-    _history_by_hand(eng, text, {2: "compressing", 4: "raw"})
+    history_by_hand(eng, text, {2: "compressing", 4: "raw"})
     verdict = eng.lookup(text)
     _only(verdict, Reason.MID_COMPRESSION, Reason.COMPRESSED_INCOMPLETE)
     (mid,) = verdict.reasons_of(Reason.MID_COMPRESSION)

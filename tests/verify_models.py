@@ -134,3 +134,25 @@ def drive(eng: Engine, data: st.DataObject, steps: int) -> set[str]:
                     | st.sampled_from([-5, group.target.n_blocks, 1 << 30]), label="target")
                 group._blocks.refs_epoch[block, slot] = data.draw(st.integers(0, 3), label="epoch")
     return drawn
+
+
+def history_by_hand(eng: Engine, text: np.ndarray, compress: dict[int, str]) -> None:
+    """Commit the other groups, and the history with chosen blocks left raw or
+    mid-compression (the engine's commit would compress them)."""
+    prompt = eng.prompt(text)
+    core = eng.core
+    high, low = prompt.words(64)
+    ids = core.allocate("history", np.arange(high.size), high, low)
+    core.fire("history", ids, Event.WRITE_BEGIN)
+    core.write("history", ids, np.zeros((ids.size, core.group("history").decl.payload_bytes),
+                                        np.uint8))
+    core.fire("history", ids, Event.WRITE_DONE)
+    for index, block in enumerate(ids.tolist()):
+        how = compress.get(index, "compressed")
+        if how in ("compressing", "compressed"):
+            core.fire("history", [block], Event.COMPRESS_BEGIN)
+        if how == "compressed":
+            core.fire("history", [block], Event.COMPRESS_DONE)
+    others = [g for g in core.groups if g != "history"]
+    if others:
+        eng.commit(prompt, groups=others)
