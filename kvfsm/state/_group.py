@@ -136,12 +136,6 @@ class GroupState:
     def free_top(self) -> int:
         return self._blocks.free_top
 
-    @property
-    def verified(self) -> NDArray[np.bool_]:
-        """Per block: its bytes were verified against their checksum at the current epoch."""
-        verified: NDArray[np.bool_] = self._blocks.check == VERIFIED
-        return verified
-
     def bind_target(self, target: GroupState) -> None:
         """Make this sparse-index group point into ``target`` (called once by the core)."""
         self.target = target
