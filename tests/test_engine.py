@@ -479,3 +479,13 @@ def test_commit_settles_cached_history_before_indexing_it() -> None:
     assert _state(eng, "history", block_id(eng, "history", text, 1)) == "compressed"
     assert eng.lookup(prompt).usable_tokens == 320
     assert eng.core.check_invariants() == []
+
+
+def test_a_speculative_drop_on_compressed_history_lands_on_the_previous_boundary() -> None:
+    """Regression: with the raw tail rule every drop landed on 0."""
+    eng = Engine("deepseek_v4_like", CoreConfig(device_blocks=128, host_blocks=16,
+                                                backend="numpy"))
+    prompt = eng.prompt(tokens(321))
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt, drop_last_block=True)
+    assert (verdict.usable_tokens, verdict.restorable_tokens) == (256, 256)
