@@ -182,8 +182,8 @@ class Engine:
                             known[cached & ~failed].astype(np.intp))
 
     def _givable(self, plan: _GroupCommit) -> NDArray[np.intp]:
-        """Blocks of ``plan``'s group that may be given back for room, in the order to give
-        them: invalid first, then least recently used; never the prompt's own."""
+        """Blocks of ``plan``'s group that :meth:`give_back` may take for room: invalid
+        first, then least recently used; never the prompt's own."""
         group = plan.group
         candidates = self.core.eviction_candidates(group.name, group.n_blocks)
         return candidates[~np.isin(candidates, plan.kept)]
@@ -205,24 +205,31 @@ class Engine:
             core.fire(group.name, plan.replaced, Event.INVALIDATE)
             waiting = core.reclaimable(group.name)
             core.fire(group.name, waiting[np.isin(waiting, plan.replaced)], Event.FREE)
-        short = plan.fresh.size - group.pools[Tier.DEVICE].free
-        if short <= 0:
-            return
-        chosen = self._givable(plan)[:short]
-        invalid = np.isin(chosen, core.reclaimable(group.name))
-        core.fire(group.name, chosen[invalid], Event.FREE)
+        self.give_back(group.name, plan.fresh.size - group.pools[Tier.DEVICE].free, plan.kept)
+
+    def give_back(self, group: str, count: int, keep: ArrayLike = ()) -> int:
+        """Free up to ``count`` device slots of ``group``: unpinned invalid blocks first, then
+        the least recently used unpinned ones, spilled a tier down where there is room (still
+        a hit, restorable), else evicted; never a block of ``keep``. Returns the blocks given
+        back (commit uses it for room; a restore executor can too)."""
+        if count <= 0:
+            return 0
+        core = self.core
+        state = core.group(group)
+        candidates = core.eviction_candidates(group, state.n_blocks)
+        chosen = candidates[~np.isin(candidates, np.asarray(keep, dtype=np.intp))][:count]
+        invalid = np.isin(chosen, core.reclaimable(group))
+        core.fire(group, chosen[invalid], Event.FREE)
         readable = chosen[~invalid]
         spilled = np.zeros(readable.size, dtype=np.bool_)
-        if Tier.HOST in group.pools:
-            # Keep the content a tier down where there is room: still a hit, restorable.
-            can = group.event_row(Event.SPILL_BEGIN)[group.states[readable]]
+        if Tier.HOST in state.pools:
+            can = state.event_row(Event.SPILL_BEGIN)[state.states[readable]]
             began = np.zeros(readable.size, dtype=np.bool_)
-            began[can] = core.fire(group.name, readable[can], Event.SPILL_BEGIN, masked=True)
-            spilled[began] = core.fire(group.name, readable[began], Event.SPILL_DONE,
-                                       masked=True)
-            stuck = began & ~spilled
-            core.fire(group.name, readable[stuck], Event.SPILL_FAIL)
-        core.fire(group.name, readable[~spilled], Event.EVICT)
+            began[can] = core.fire(group, readable[can], Event.SPILL_BEGIN, masked=True)
+            spilled[began] = core.fire(group, readable[began], Event.SPILL_DONE, masked=True)
+            core.fire(group, readable[began & ~spilled], Event.SPILL_FAIL)
+        core.fire(group, readable[~spilled], Event.EVICT)
+        return int(chosen.size)
 
     def _write(self, plan: _GroupCommit, prompt: Prompt) -> NDArray[np.intp]:
         group, core, fresh = plan.group, self.core, plan.fresh

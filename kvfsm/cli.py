@@ -192,6 +192,111 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if clean else 1
 
 
+def config_setting(text: str) -> tuple[str, object, str]:
+    """The argparse type of ``--set``: ``KEY=VALUE`` with VALUE a JSON literal, as
+    ``(key, value, text)``."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(
+            f"{key}: {raw!r} is not a JSON literal (numbers, true/false/null, [lists], "
+            f"{{objects}}; quote strings: {key}='\"text\"')"
+        ) from None
+    return (key, value, text)
+
+
+def _from_config_command(args: argparse.Namespace) -> str:
+    """The command line that regenerates this output, for the generated file's header."""
+    import shlex
+
+    words = ["kvfsm", "model", "from-config"]
+    words += [args.config] if args.config is not None else ["--model-type", args.model_type]
+    if args.tiny:
+        words.append("--tiny")
+    for _key, _value, text in args.set:
+        words += ["--set", text]
+    if args.block_size != 16:
+        words += ["--block-size", str(args.block_size)]
+    if args.checkpoint_interval is not None:
+        words += ["--checkpoint-interval", str(args.checkpoint_interval)]
+    if args.name is not None:
+        words += ["--name", args.name]
+    return shlex.join(words)
+
+
+def _load_config(args: argparse.Namespace) -> object:
+    """The transformers config that ``model from-config`` was asked to declare."""
+    from kvfsm.serve._tiny import check_model_type, config_class, tiny_settings
+
+    if args.config is not None and args.model_type is not None:
+        raise KvfsmError("model from-config: give CONFIG_JSON or --model-type, not both")
+    if args.config is None and args.model_type is None:
+        raise KvfsmError("model from-config: give a CONFIG_JSON or a --model-type")
+    if args.tiny and args.model_type is None:
+        raise KvfsmError(
+            "model from-config: --tiny needs --model-type (a CONFIG_JSON is used as is)"
+        )
+    given: dict[str, object] = {}
+    if args.config is not None:
+        path = Path(args.config)
+        with _doing("read", path):
+            text = path.read_text(encoding="utf-8")
+        try:
+            given = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise KvfsmError(f"{path}: not valid JSON: {exc}") from None
+        if not isinstance(given, dict):
+            raise KvfsmError(f"{path}: a config must be a JSON object, got {type(given).__name__}")
+        if "model_type" not in given:
+            raise KvfsmError(f"{path}: no 'model_type' key; is it a transformers config.json?")
+        model_type = check_model_type(given["model_type"])
+    else:
+        model_type = check_model_type(args.model_type)
+        given = tiny_settings(model_type) if args.tiny else {}
+    cls = config_class(model_type)
+    known = set(cls().to_dict()) | set(getattr(cls, "attribute_map", {})) | set(given)
+    for key, _value, _text in args.set:
+        if key not in known:
+            raise KvfsmError(f"--set {key}: {model_type} configs have no key {key!r}")
+    settings = {**given, **{key: value for key, value, _text in args.set}}
+    try:
+        if args.config is not None:
+            return cls.from_dict(settings)
+        return cls(**settings)
+    except Exception as exc:  # transformers' validation errors share no base class
+        raise KvfsmError(f"{model_type} config: {' '.join(str(exc).split())}") from None
+
+
+def _cmd_model_from_config(args: argparse.Namespace) -> int:
+    from kvfsm.serve import declaration_toml
+    from kvfsm.spec import parse_model
+
+    config = _load_config(args)
+    name = args.name
+    if name is None and args.tiny:
+        name = f"tiny_{args.model_type}"
+    text = declaration_toml(
+        config, block_size=args.block_size, name=name,
+        checkpoint_interval=args.checkpoint_interval, generated_by=_from_config_command(args),
+    )
+    model = parse_model(text, source="<model from-config>")  # refuse to print what cannot load
+    if args.output is None or args.output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return 0
+    target = Path(args.output)
+    with _doing("write", target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    groups = ", ".join(f"{g.name} ({g.kind.value})" for g in model.groups)
+    print(f"wrote {target}: model {model.name}: {groups}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvfsm", description=__doc__, epilog=_EXIT_CODES)
     parser.add_argument("--version", action="version", version=f"kvfsm {__version__}")
@@ -230,6 +335,35 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--tokens", type=positive_int, default=131_072,
                        help="prompt tokens (lookup; >= 1)")
     bench.set_defaults(run=_cmd_bench)
+
+    model = commands.add_parser("model", help="work with model declarations")
+    model_commands = model.add_subparsers(dest="model_command", required=True)
+    from_config = model_commands.add_parser(
+        "from-config", help="declare the cache groups of a transformers model from its config",
+        description="Print (or write) the kvfsm model declaration of a transformers config: "
+        "every cache state the architecture keeps becomes a group of the right kind "
+        "(gpt_oss, qwen3_next, deepseek_v4; see docs/models.md). Needs transformers.")
+    from_config.add_argument("config", nargs="?", metavar="CONFIG_JSON",
+                             help="a transformers config.json")
+    from_config.add_argument("--model-type", metavar="T",
+                             help="start from transformers' default config of this model_type "
+                             "instead of a file")
+    from_config.add_argument("--tiny", action="store_true",
+                             help="with --model-type: the tiny stand-in config (kvfsm.serve."
+                             "tiny_config), named tiny_T")
+    from_config.add_argument("--set", action="append", default=[], type=config_setting,
+                             metavar="KEY=VALUE",
+                             help="override a config key before the config is built; VALUE is "
+                             "a JSON literal (repeatable)")
+    from_config.add_argument("--block-size", type=positive_int, default=16,
+                             help="tokens per block of the per-token groups (>= 1; default 16)")
+    from_config.add_argument("--checkpoint-interval", type=positive_int,
+                             help="tokens between recurrent snapshots (default: every block)")
+    from_config.add_argument("--name", help="the model's name (default: the model_type)")
+    from_config.add_argument("-o", "--output",
+                             help="output file, its missing parent folders created ('-' or "
+                             "omitted: stdout)")
+    from_config.set_defaults(run=_cmd_model_from_config)
 
     demo = commands.add_parser("demo", help="the main job on embedded defaults")
     demo.add_argument("-o", "--output", default="kvfsm-demo",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -33,3 +34,30 @@ def jit_backend(request: pytest.FixtureRequest) -> Iterator[str]:
         pytest.skip("numba is not installed (or KVFSM_JIT=0)")
     with jit.using(backend == "numba"):
         yield backend
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread; on a loaded 2-core machine torch's own threads
+    contend and a forward takes 30 times longer. Restores the setting afterwards."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def config() -> Any:
+    """The tiny GPT-OSS config (the serve tests' model)."""
+    from kvfsm.serve import tiny_config
+
+    return tiny_config("gpt_oss")
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    """The tiny GPT-OSS model, seeded."""
+    from kvfsm.serve import tiny_model
+
+    return tiny_model("gpt_oss", seed=0)

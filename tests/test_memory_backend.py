@@ -221,7 +221,9 @@ def test_auto_prefers_cupy_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_torch_view_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torch", None)
+    # Other tests may have imported torch already: hide every module the view imports.
+    for name in ("torch", "torch.utils", "torch.utils.dlpack"):
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(KvfsmError, match=r"pip install 'kvfsm\[torch\]'"):
         torch_view(np.zeros(4, dtype=np.uint8))
 

@@ -204,6 +204,22 @@ EXPECTED_SHIPPED = {
         ("attn", GroupKind.FULL, "full_kv"),
         ("delta", GroupKind.RECURRENT, "recurrent"),
     ],
+    # Generated from the tiny transformers configs (`kvfsm model from-config --tiny`).
+    "tiny_gpt_oss": [
+        ("full", GroupKind.FULL, "full_kv"),
+        ("sliding", GroupKind.SLIDING_WINDOW, "sliding_window"),
+    ],
+    "tiny_qwen3_next": [
+        ("full", GroupKind.FULL, "full_kv"),
+        ("linear", GroupKind.RECURRENT, "recurrent"),
+    ],
+    "tiny_deepseek_v4": [
+        ("sliding", GroupKind.SLIDING_WINDOW, "sliding_window"),
+        ("csa", GroupKind.COMPRESSED, "compressed"),
+        ("csa_index", GroupKind.COMPRESSED, "compressed"),
+        ("csa_overlap", GroupKind.RECURRENT, "recurrent"),
+        ("hca", GroupKind.COMPRESSED, "compressed"),
+    ],
 }
 
 

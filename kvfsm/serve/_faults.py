@@ -1,0 +1,180 @@
+"""Deterministic faults on a live engine, for the GPT-OSS kinds (full and sliding-window KV).
+
+Each injector acts on one block of a prompt (by its index in the prompt), through the state
+core's own events where the fault is a state (an eviction, a spill, a restore in flight) and on
+the pool bytes directly where it is damage no event records (a corrupted host copy, device bytes
+flipped in place). Each returns one line describing what it did, or why it did nothing (the
+block is not cached in that state), and never raises for a block that is missing.
+
+* :func:`evict_window_block`: a sliding-window block inside the window is evicted.
+* :func:`corrupt_host_copy`: a block is spilled to host and one byte of its host copy flipped.
+* :func:`flip_device_bytes`: sign bits of a resident block flipped on the device (silent: its
+  state and recorded checksum are unchanged; only a FULL lookup recomputes the checksum).
+* :func:`spill_block`: a block spilled to host and left there.
+* :func:`restore_in_flight`: a spilled block whose restore has begun and not finished; by
+  default half of the copy has not landed (the device slot's second half is still zeros).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from kvfsm._engine import Engine
+from kvfsm.spec import Event, GroupKind, Tier
+from kvfsm.state import GroupState
+from kvfsm.verify import Prompt
+
+
+def _prompt(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike) -> Prompt:
+    return prompt if isinstance(prompt, Prompt) else engine.prompt(prompt)
+
+
+def group_of_kind(engine: Engine, kind: GroupKind | str) -> str:
+    """The name of ``engine``'s first group of ``kind``."""
+    wanted = GroupKind(kind)
+    for decl in engine.model.groups:
+        if decl.kind is wanted:
+            return decl.name
+    raise KeyError(f"{engine.model.name}: no {wanted.value} group")
+
+
+def block_id(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, group: str,
+             index: int) -> int:
+    """The id of ``prompt``'s block ``index`` of ``group`` in the hash map, -1 if not cached."""
+    prompt = _prompt(engine, prompt)
+    high, low = prompt.words(engine.core.group(group).decl.block_size)
+    if not 0 <= index < high.size:
+        return -1
+    return int(engine.core.lookup_words(group, high[index : index + 1],
+                                        low[index : index + 1])[0])
+
+
+def window_blocks(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike,
+                  group: str | None = None) -> list[int]:
+    """Indices of the sliding-window blocks the prompt's longest reusable prefix needs (the
+    largest multiple of the block size below its last token)."""
+    prompt = _prompt(engine, prompt)
+    name = group or group_of_kind(engine, GroupKind.SLIDING_WINDOW)
+    state = engine.core.group(name)
+    step = engine.model.lcm_block_size
+    length = (max(prompt.n_tokens - 1, 0) // step) * step
+    needed = state.rule.needed(state.decl, np.array([length], dtype=np.int64))
+    return list(range(int(needed.lo[0]), int(needed.hi[0])))
+
+
+def _state(group: GroupState, block: int) -> str:
+    return group.table.state_name(int(group.states[block]))
+
+
+def _where(group: str, index: int, block: int) -> str:
+    return f"{group} block {index} (id {block})"
+
+
+def evict_window_block(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
+                       index: int | None = None, group: str | None = None) -> str:
+    """Evict a sliding-window block inside the window of the prompt's longest reusable prefix
+    (``index`` defaults to the window's last block)."""
+    name = group or group_of_kind(engine, GroupKind.SLIDING_WINDOW)
+    if index is None:
+        window = window_blocks(engine, prompt, name)
+        if not window:
+            return f"{name}: no window block to evict (prompt too short)"
+        index = window[-1]
+    block = block_id(engine, prompt, name, index)
+    if block < 0:
+        return f"{name} block {index}: not cached, nothing evicted"
+    state = engine.core.group(name)
+    before = _state(state, block)
+    moved = engine.core.fire(name, [block], Event.EVICT, masked=True)
+    if not moved[0]:
+        return f"{_where(name, index, block)}: cannot be evicted from {before!r}"
+    return f"{_where(name, index, block)} inside the window evicted (was {before!r})"
+
+
+def _spill(engine: Engine, name: str, block: int) -> bool:
+    """Spill ``block`` to host if it is resident; True when it ends on host."""
+    state = engine.core.group(name)
+    if _state(state, block) == "host":
+        return True
+    if not engine.core.fire(name, [block], Event.SPILL_BEGIN, masked=True)[0]:
+        return False
+    if not engine.core.fire(name, [block], Event.SPILL_DONE, masked=True)[0]:
+        engine.core.fire(name, [block], Event.SPILL_FAIL, masked=True)
+        return False
+    return True
+
+
+def spill_block(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
+                index: int, group: str | None = None) -> str:
+    """Spill a block to host and leave it there (a hit that must be restored before use)."""
+    name = group or group_of_kind(engine, GroupKind.FULL)
+    block = block_id(engine, prompt, name, index)
+    if block < 0:
+        return f"{name} block {index}: not cached, nothing spilled"
+    if not _spill(engine, name, block):
+        return f"{_where(name, index, block)}: cannot be spilled from " \
+               f"{_state(engine.core.group(name), block)!r}"
+    return f"{_where(name, index, block)} spilled to host, left unrestored"
+
+
+def corrupt_host_copy(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
+                      index: int, group: str | None = None, byte: int = 3) -> str:
+    """Spill a block to host (if resident) and flip one byte of its host copy (``byte`` 3 is
+    the sign and top exponent bits of the first float32 value)."""
+    name = group or group_of_kind(engine, GroupKind.FULL)
+    block = block_id(engine, prompt, name, index)
+    if block < 0:
+        return f"{name} block {index}: not cached, nothing corrupted"
+    if not _spill(engine, name, block):
+        return f"{_where(name, index, block)}: cannot be spilled from " \
+               f"{_state(engine.core.group(name), block)!r}"
+    state = engine.core.group(name)
+    slot = int(state.slot[Tier.HOST][block])
+    state.pools[Tier.HOST].data[slot, byte] ^= 0xFF
+    return f"{_where(name, index, block)} spilled, byte {byte} of its host copy flipped"
+
+
+def flip_device_bytes(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
+                      index: int, group: str | None = None, values: int = 16,
+                      first: int = 0) -> str:
+    """Flip the sign bit of ``values`` consecutive values (from value ``first``) of a resident
+    block's device bytes, in place: silent corruption, no state or checksum moves."""
+    name = group or group_of_kind(engine, GroupKind.FULL)
+    block = block_id(engine, prompt, name, index)
+    if block < 0:
+        return f"{name} block {index}: not cached, nothing flipped"
+    state = engine.core.group(name)
+    slot = int(state.slot[Tier.DEVICE][block])
+    if slot < 0:
+        return f"{_where(name, index, block)}: not on the device ({_state(state, block)!r})"
+    size = np.dtype(state.decl.dtype).itemsize
+    top = (first + np.arange(values)) * size + size - 1  # little-endian: sign in the last byte
+    state.pools[Tier.DEVICE].data[slot, top] ^= 0x80
+    return (f"{_where(name, index, block)}: sign bits of values {first}..{first + values - 1} "
+            "flipped on the device")
+
+
+def restore_in_flight(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
+                      index: int, group: str | None = None, landed: bool = False) -> str:
+    """Spill a block (if resident) and begin its restore without finishing it. Unless
+    ``landed``, the second half of the device slot is zeroed: that part of the copy has not
+    arrived yet."""
+    name = group or group_of_kind(engine, GroupKind.FULL)
+    block = block_id(engine, prompt, name, index)
+    if block < 0:
+        return f"{name} block {index}: not cached, no restore begun"
+    if not _spill(engine, name, block):
+        return f"{_where(name, index, block)}: cannot be spilled from " \
+               f"{_state(engine.core.group(name), block)!r}"
+    if not engine.core.fire(name, [block], Event.RESTORE_BEGIN, masked=True)[0]:
+        return f"{_where(name, index, block)}: spilled, restore refused (no room or admission)"
+    state = engine.core.group(name)
+    if not landed:
+        slot = int(state.slot[Tier.DEVICE][block])
+        half = state.decl.payload_bytes // 2
+        state.pools[Tier.DEVICE].data[slot, half : state.decl.payload_bytes] = 0
+    return (f"{_where(name, index, block)} spilled, restore in flight"
+            + ("" if landed else " (half of the copy not landed)"))
