@@ -1,7 +1,8 @@
-"""The verdict part of ``kvfsm demo``: one cached prompt, faults injected, hit vs usable.
+"""``kvfsm demo --faults``: one cached prompt, faults injected, hit vs usable.
 
-Until the serving demo (a tiny torch model) lands, this shows on the DeepSeek-style model what
-a hit-only cache would reuse and what kvfsm says is usable, and why.
+The verdict alone, with no model served and no extra package: on the DeepSeek-style declaration
+it shows what a hit-only cache would reuse and what kvfsm says is usable, and why. The serving
+demo (``kvfsm demo``, :mod:`kvfsm.serve._demo`) shows the same on real models' tokens.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ import tomllib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import attrs
+
 from kvfsm import __version__
 from kvfsm._errors import KvfsmError, SpecError
 from kvfsm.fsm import FORMATS, Bounds, check_lifecycle, compile_lifecycle, diagram
@@ -172,24 +174,85 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    out_dir = Path(args.output)
-    with _doing("create folder", out_dir):  # first, so a bad -o fails before any work
-        out_dir.mkdir(parents=True, exist_ok=True)
-    lines: list[str] = []
+def _demo_specs(out_dir: Path, lines: list[str]) -> bool:
+    """Check every shipped spec (report lines into ``lines``) and write the lifecycle diagrams
+    (mermaid) into ``out_dir``; True when the specs are clean."""
     clean = _spec_check([], 3, lines)
-    print("kvfsm demo: lifecycle tables of every cache-object kind, checked exhaustively")
-    print("\n".join(lines))
     for name, lifecycle in shipped_lifecycles().items():
         target = out_dir / f"{name}.mmd"
         with _doing("write", target):
             target.write_bytes(diagram(lifecycle, "mermaid"))
-        print(f"wrote {target}")
+        lines.append(f"wrote {target}")
+    return clean
+
+
+def _cmd_demo_faults(out_dir: Path) -> int:
+    lines: list[str] = []
+    clean = _demo_specs(out_dir, lines)
+    print("kvfsm demo: lifecycle tables of every cache-object kind, checked exhaustively")
+    print("\n".join(lines))
     from kvfsm._demo_faults import fault_report
 
     print("\nkvfsm demo: a prefix hit is not a usable cache")
     print("\n".join(fault_report()))
     return 0 if clean else 1
+
+
+def _demo_command(args: argparse.Namespace) -> str:
+    """The command line that regenerates this report, for its header."""
+    import shlex
+
+    words = ["kvfsm", "demo"]
+    if args.quick:
+        words.append("--quick")
+    for model_type in args.model or ():
+        words += ["--model", model_type]
+    if args.seed:
+        words += ["--seed", str(args.seed)]
+    return shlex.join(words)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    out_dir = Path(args.output)
+    if not args.faults:
+        from kvfsm.serve._demo import require_serve_packages
+
+        require_serve_packages()  # before anything is created or run
+    with _doing("create folder", out_dir):  # first, so a bad -o fails before any work
+        out_dir.mkdir(parents=True, exist_ok=True)
+    if args.faults:
+        return _cmd_demo_faults(out_dir)
+    from kvfsm.serve._demo import DemoSettings, quick_settings, run_demo
+    from kvfsm.serve._report import demo_figures, summary_lines, to_json, write_outputs
+
+    lines: list[str] = []
+    clean = _demo_specs(out_dir, lines)
+    problems = [line for line in lines if not line.startswith(("ok ", "wrote "))]
+    settings = quick_settings() if args.quick else DemoSettings()
+    if args.model:
+        settings = attrs.evolve(settings, models=tuple(dict.fromkeys(args.model)))
+    settings = attrs.evolve(settings, seed=args.seed)
+    demo = run_demo(settings, progress_bar=False if args.quiet else None)
+    if not demo.models:
+        raise KvfsmError("kvfsm.serve serves none of the models asked for: " + "; ".join(
+            f"{model_type}: {why}" for model_type, why in demo.skipped.items()))
+    figures = demo_figures(demo)
+    figures["specs_clean"] = clean
+    with _doing("write into", out_dir):
+        written = write_outputs(demo, figures, out_dir, command=_demo_command(args))
+    if args.json:
+        print(json.dumps(to_json(figures), indent=2))
+    else:
+        checked = sum(line.startswith("ok ") for line in lines)
+        print(f"kvfsm demo: {checked} shipped specs checked exhaustively"
+              + (", clean" if clean else f", {len(problems)} problem(s)")
+              + f"; lifecycle diagrams in {out_dir}/")
+        print("\n".join(problems + summary_lines(figures)))
+        print(f"wrote {', '.join(path.name for path in written)} in {out_dir}/")
+    if figures["kvfsm_wrong"]:
+        print(f"kvfsm demo: {figures['kvfsm_wrong']} kvfsm output(s) differ from recomputing",
+              file=sys.stderr)
+    return 0 if clean and not figures["kvfsm_wrong"] else 1
 
 
 def config_setting(text: str) -> tuple[str, object, str]:
@@ -365,9 +428,30 @@ def build_parser() -> argparse.ArgumentParser:
                              "omitted: stdout)")
     from_config.set_defaults(run=_cmd_model_from_config)
 
-    demo = commands.add_parser("demo", help="the main job on embedded defaults")
+    demo = commands.add_parser(
+        "demo", help="the main job on embedded defaults",
+        description="Serve tiny real transformers models (every architecture kvfsm.serve "
+        "serves) with no cache, a hit-only cache and kvfsm's verdict on one seeded faulted "
+        "workload, compare each request with recomputing, and print a short report per model. "
+        "Writes report.md, report.json, PNG plots, metrics.prom (Prometheus text) and the "
+        "lifecycle diagrams into -o DIR; a progress bar on stderr. Needs the serve extra: "
+        'pip install "kvfsm[serve]".')
     demo.add_argument("-o", "--output", default="kvfsm-demo",
-                      help="folder for diagrams, created if missing")
+                      help="folder for the report, plots, metrics and diagrams, created if "
+                      "missing (default kvfsm-demo)")
+    demo.add_argument("--json", action="store_true",
+                      help="print the figures as JSON instead of the report")
+    demo.add_argument("--quick", action="store_true",
+                      help="a small workload (a few seconds per model), for tests")
+    demo.add_argument("--model", action="append", metavar="T",
+                      choices=["deepseek_v4", "qwen3_next", "gpt_oss"],
+                      help="serve only this model type (repeatable; default: every one "
+                      "kvfsm.serve serves)")
+    demo.add_argument("--seed", type=int, default=0, help="workload and weights seed")
+    demo.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    demo.add_argument("--faults", action="store_true",
+                      help="instead: the verdict-only fault table on the DeepSeek-style "
+                      "declaration (no models served, no extra packages)")
     demo.set_defaults(run=_cmd_demo)
     return parser
 

@@ -105,8 +105,49 @@ def test_bench_fsm_json(capsys: pytest.CaptureFixture[str]) -> None:
     )
 
 
-def test_demo_writes_diagrams(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "-o", str(tmp_path)]) == 0
+def test_demo_serves_and_writes_report_and_diagrams(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for package in ("transformers", "torch", "matplotlib", "prometheus_client", "tqdm"):
+        pytest.importorskip(package)
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["demo", "--quick", "--model", "gpt_oss", "-o", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "shipped specs checked exhaustively, clean" in out
+    assert "GPT-OSS [full (full), sliding (sliding_window)]" in out
+    assert "hit rate" in out and "usable rate" in out and "kvfsm 0/" in out
+    assert sorted(p.stem for p in tmp_path.glob("*.mmd")) == [
+        "compressed",
+        "full_kv",
+        "recurrent",
+        "sliding_window",
+        "sparse_index",
+    ]
+    for name in ("report.md", "report.json", "metrics.prom", "overview.png",
+                 "gpt_oss_hit_vs_usable.png", "gpt_oss_token_sources.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+
+
+def test_demo_without_transformers_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers fails
+    target = tmp_path / "out"
+    assert main(["demo", "-o", str(target)]) == 2
+    captured = capsys.readouterr()
+    line = error_line(captured.err)
+    assert line.startswith("kvfsm: error: ") and 'pip install "kvfsm[serve]"' in line
+    assert "transformers" in line
+    assert captured.out == "" and not target.exists()
+
+
+def test_demo_faults_writes_diagrams(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--faults", "-o", str(tmp_path)]) == 0
     assert sorted(p.stem for p in tmp_path.glob("*.mmd")) == [
         "compressed",
         "full_kv",
@@ -116,10 +157,10 @@ def test_demo_writes_diagrams(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ]
 
 
-def test_demo_shows_hit_versus_usable_under_faults(
+def test_demo_faults_shows_hit_versus_usable(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["demo", "-o", str(tmp_path)]) == 0
+    assert main(["demo", "--faults", "-o", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "a prefix hit is not a usable cache" in out
     rows = {line.split("  ")[1].strip(): line for line in out.splitlines()
@@ -210,7 +251,7 @@ def test_demo_output_that_is_a_file_is_one_line(
 ) -> None:
     taken = tmp_path / "taken"
     taken.write_text("")
-    assert main(["demo", "-o", str(taken)]) == 1
+    assert main(["demo", "--faults", "-o", str(taken)]) == 1
     assert error_line(capsys.readouterr().err).startswith(
         f"kvfsm: error: cannot create folder {taken}: ")
 

@@ -201,3 +201,23 @@ def test_a_commit_without_room_raises_and_ends_the_recording(model: Any, config:
             assert not cache.layers[index].record_past
             assert cache.layers[index].keys.shape[-2] == config.sliding_window - 1
     assert engine.lookup(tokens).hit_tokens == 0
+
+
+def test_prefill_without_capture_points_is_one_forward(model: Any, config: Any,
+                                                       tokens: list[int], reference: Any) -> None:
+    """GPT-OSS's sliding layers record their past: nothing is captured between forwards, so a
+    recording prefill is one forward; it records until store, and after it decodes as usual."""
+    _, adapter = fresh(config)
+    assert adapter.chunk_ends(0, PROMPT) == [PROMPT]
+    cache = adapter.new_cache()
+    with torch.no_grad():
+        logits = adapter.prefill(model, cache, tokens, all_logits=True)
+    assert float((logits - reference).abs().max()) <= TOLERANCE
+    assert adapter.recording(cache)
+    adapter.store(tokens, cache)
+    assert not adapter.recording(cache)
+    with torch.no_grad():
+        last = adapter.prefill(model, cache, [5], PROMPT)
+        expected = model(input_ids=torch.tensor([[*tokens, 5]])).logits[0, -1]
+    assert last.shape == (1, config.vocab_size)
+    assert float((last[0] - expected).abs().max()) <= TOLERANCE

@@ -420,9 +420,10 @@ def test_gpt_oss_core_agrees_with_reference() -> None:
 def test_fuzzing_reaches_every_state_of_the_deepseek_model() -> None:
     """The rules are biased enough that spill, restore, compression and invalidation happen."""
     REACHED.clear()
-    # Derandomized so the coverage claim is a fixed fact, not a coin toss.
+    # Derandomized so the coverage claim is a fixed fact, not a coin toss; 600 examples, since
+    # at 300 which modules the session imported first could tip one state (restoring_host) out.
     run_state_machine_as_test(DeepseekCore, settings=settings(
-        FUZZ, max_examples=300, database=None, derandomize=True))
+        FUZZ, max_examples=600, database=None, derandomize=True))
     core = StateCore(DeepseekCore.model, CoreConfig(device_blocks=DEVICE, host_blocks=HOST,
                                                     backend="numpy"))
     missing = {

@@ -1,40 +1,81 @@
-"""Between a transformers KV cache and kvfsm's pools: commit by block, rebuild by verdict.
+"""Between a transformers cache and kvfsm's pools: commit by block, rebuild by verdict.
 
-:class:`CacheAdapter` serves a model whose layers keep full-attention or sliding-window K/V
-(GPT-OSS): each ``full`` group of the declaration holds the config's ``full_attention`` layers,
-each ``sliding_window`` group its ``sliding_attention`` layers, and one block's payload is
-``[layers of that type, 2 (K, V), num_key_value_heads, block_size, head_dim]`` with the layers
-in ``config.layer_types`` order.
+:class:`CacheAdapter` serves the three architectures ``kvfsm.serve.declare`` declares (GPT-OSS,
+Qwen3-Next, DeepSeek-V4), with the groups and packing conventions of
+``kvfsm/serve/_declare.py`` (docs/models.md, "Declarations from transformers configs").
 
-**How sliding-window blocks are captured.** transformers' ``DynamicSlidingWindowLayer`` keeps
-only the last ``sliding_window - 1`` tokens, so after an ordinary prefill of a long prompt the
-early window blocks no longer exist anywhere. Every cache the adapter hands out
-(:meth:`CacheAdapter.new_cache`, :meth:`CacheAdapter.rebuild`) therefore has its sliding layers
-*recording their past* (``activate_past_recording``: the layer keeps every token it is given
-until ``crop``, and attends exactly as it would without recording). One prefill of any length
-then leaves every block of the prompt in the cache; :meth:`CacheAdapter.store` commits them and
-ends the recording, trimming each sliding layer back to its window (``crop(0)``). Only blocks the
-cache never held stay out of reach: those before the window a cache was rebuilt with
-(:meth:`rebuild` reads only what the verdict needs). When the engine asks for such a block
-(because it is no longer cached, e.g. it was given back under memory pressure), that group is
-not committed for this prompt (:attr:`Stored.skipped` says why) and the other groups are; this
+**One kind, one codec.** Each declared group gets the codec of its kind, which alone knows how
+that kind's blocks map to transformers' cache fields:
+
+* :class:`KVBlocks` (``full``, ``sliding_window``): per-token K/V, sliced by block. GPT-OSS and
+  Qwen3-Next blocks are ``[layers, 2 (K, V), kv_heads, block, head_dim]``; DeepSeek-V4's shared
+  K=V blocks are ``[layers, block, head_dim]`` (one vector per token, stored once).
+* :class:`Snapshots` (``recurrent``): the fixed-size state at a checkpoint, packed per layer
+  into one float32 vector (Qwen3-Next: every linear layer's conv then recurrent state,
+  ``qwen3_next_state_shapes``; DeepSeek-V4: every CSA layer's overlap state,
+  ``deepseek_v4_overlap_shapes``).
+* :class:`Entries` (``compressed``): DeepSeek-V4's compressed entries (``compressed_kv`` of the
+  CSA compressor, ``csa``; of its lightning indexer, ``csa_index``; of the HCA compressor,
+  ``hca``), ``block / rate`` entries per block. The entry counters are ``L // rate``.
+
+Which layers a group holds follows its kind (and, for the three ``compressed`` groups, its
+name); every layer's every state must be held by some group, or the cache would be lost.
+
+**Capturing what transformers does not keep.** A cache holds the state *after its last token*:
+a recurrent layer keeps one state, a sliding-window layer its last ``window - 1`` tokens. The
+adapter gets the rest two ways, both only while a cache it handed out (:meth:`new_cache`,
+:meth:`rebuild`) is *recording*, that is until :meth:`store` commits it:
+
+* GPT-OSS's sliding layers (``DynamicSlidingWindowLayer``) record their past themselves
+  (``activate_past_recording``: every token is kept until ``crop``; attention is unchanged);
+  :meth:`store` commits and trims them back to their window (``crop(0)``).
+* Everything else is captured by :meth:`prefill`, which forwards a prompt **in chunks ending at
+  each capture point** (every checkpoint of a recurrent group; every block end of a sliding
+  group whose layers do not record, DeepSeek-V4's) and, after each chunk, copies what the
+  codecs capture there: the packed snapshot at a checkpoint, the sliding block that just ended
+  (the layer still holds it: ``block <= window - 1`` is checked). A ``csa_overlap``
+  checkpoint is a multiple of the CSA rate (its block is ``lcm(B, m)``), so there the CSA
+  compressor's buffer is empty and its overlap state is the one at that boundary; any other
+  chunk end only splits a forward (the compressors' buffers carry across forwards, and a rebuild
+  happens only at multiples of the LCM block size, where every buffer is empty). Chunked and
+  single forwards agree to float32 rounding. ``ServeLoop`` forwards prompts through
+  :meth:`prefill`; a model called directly leaves only what the cache itself holds (a snapshot
+  only at the cache's own length).
+
+A block the engine asks for that was never captured and that the cache no longer holds (e.g.
+an earlier checkpoint of a cache rebuilt at a later one, given back since) makes that group
+skipped for this prompt (:attr:`Stored.skipped` says why); the other groups are committed. This
 never makes anything usable that is not, it only caches less.
 
-**No second copy of the truth.** The adapter keeps no K/V: :meth:`store` slices the model's
-cache tensors into the engine's pools through ``Engine.commit(prompt, payload=...)`` and
-:meth:`rebuild` reads them back through ``engine.core.read`` (which refuses blocks that are not
-readable), viewing the bytes it returns as the declared dtype with ``torch.from_numpy`` (no copy)
-and making the one copy that turns block-major payloads into the cache's token-major
-``[1, kv_heads, tokens, head_dim]`` tensors.
+**Rebuild.** :meth:`rebuild` reads, through ``engine.core.read`` (which refuses unreadable
+blocks), exactly the blocks the verdict's usable length ``L`` needs, each kind by its rule:
+every full block before ``L``; the sliding blocks of ``[L - (W-1), L)``; the one snapshot
+ending at ``L``; every compressed block before ``L``; and writes them into a fresh cache: K/V
+through ``update``, with ``cumulative_length = L``; conv and recurrent states through
+``update_conv_state`` / ``update_recurrent_state``; overlap states, compressed entries and
+``entry_count = L // rate`` directly. Exact: restoring at ``L`` and forwarding the rest gives the
+logits of one uninterrupted forward to float32 rounding. Not rebuilt, because never needed at a
+block boundary: DeepSeek-V4's compressor buffers (empty there), transformers' conv states
+beyond the kernel, tokens of a sliding layer older than ``L - (W-1)`` (never read at ``L``).
+
+**No second copy of the truth.** Payloads are sliced from the cache's tensors (or from a
+capture of them) straight into the engine's pools through ``Engine.commit(prompt,
+payload=...)``; a rebuild views the bytes ``read`` returns as the declared dtype with
+``torch.from_numpy`` (no copy) before the one copy into the cache's layout. Captures live with
+the cache they were taken from and are dropped when :meth:`store` ends its recording.
 
 transformers and torch are imported inside the methods: ``import kvfsm`` needs neither.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import math
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import numpy as np
@@ -49,7 +90,8 @@ from kvfsm.verify import Level, Prompt, Verdict
 if TYPE_CHECKING:
     from transformers import DynamicCache
 
-#: The ``config.layer_types`` entry whose K/V each group kind holds.
+#: The ``config.layer_types`` entry whose K/V each per-token group kind holds (GPT-OSS,
+#: Qwen3-Next; DeepSeek-V4's ``sliding`` group holds every layer's K=V).
 LAYER_TYPE_OF: Mapping[GroupKind, str] = MappingProxyType({
     GroupKind.FULL: "full_attention",
     GroupKind.SLIDING_WINDOW: "sliding_attention",
@@ -57,6 +99,26 @@ LAYER_TYPE_OF: Mapping[GroupKind, str] = MappingProxyType({
 
 #: Reads the payload bytes of blocks: ``(group name, block ids) -> uint8 [k, payload_bytes]``.
 ReadFn = Callable[[str, NDArray[np.intp]], NDArray[np.uint8]]
+
+_CSA = "compressed_sparse_attention"
+_HCA = "heavily_compressed_attention"
+
+#: The states each layer type keeps, each of which some group must hold: ``kv`` per-token
+#: K/V, ``state`` a recurrent snapshot, ``compressor`` / ``indexer`` compressed entries.
+_STATES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "full_attention": ("kv",),
+    "sliding_attention": ("kv",),
+    "linear_attention": ("state",),
+    _CSA: ("kv", "compressor", "indexer", "state"),
+    _HCA: ("kv", "compressor"),
+})
+
+#: The ``compressed`` groups by name: (layer type, compressed_kv entry).
+_ENTRY_GROUPS: Mapping[str, tuple[str, str]] = MappingProxyType({
+    "csa": (_CSA, "compressor"),
+    "csa_index": (_CSA, "indexer"),
+    "hca": (_HCA, "compressor"),
+})
 
 
 class CacheAdapterError(KvfsmError):
@@ -93,15 +155,363 @@ class Stored:
     skipped: Mapping[str, str]
 
 
+@attrs.define
+class _Record:
+    """What a recording cache's prefills captured: per group, block index -> typed block."""
+
+    captured: dict[str, dict[int, Any]] = attrs.Factory(dict)
+
+
 def _torch() -> Any:
     import torch
 
     return torch
 
 
+def _seen(cache: Any) -> int | None:
+    """Tokens the cache has processed, from its attention layers (None if it has none)."""
+    for layer in cache.layers:
+        count = getattr(layer, "cumulative_length", None)
+        if count is not None:
+            return int(count)
+        keys = getattr(layer, "keys", None)
+        if keys is not None and keys.dim() == 4:
+            return int(keys.shape[-2])
+    return None
+
+
+def _check_dtype(group: str, layer: int, tensor: Any, decl: GroupDecl) -> None:
+    if str(tensor.dtype) != f"torch.{decl.dtype}":
+        raise CacheAdapterError(f"{group}: layer {layer} holds {tensor.dtype}, the declaration "
+                                f"{decl.dtype}")
+
+
+# ------------------------------------------------------------------------------ codecs
+
+
+class Codec:
+    """How the blocks of one group kind map to transformers cache fields.
+
+    :meth:`encode` slices blocks out of a cache, :meth:`decode` writes blocks into a fresh
+    cache; both in the declared shape (``[k, *decl.shape]``, typed tensors). A codec that needs
+    the cache at a position it will not stay at sets :attr:`capture_every`: :meth:`capture` is
+    then called after each prefill chunk ending at a positive multiple of it."""
+
+    #: The kinds this codec serves.
+    kinds: ClassVar[tuple[GroupKind, ...]] = ()
+    #: The states (see ``_STATES``) this codec's group holds for each of its layers.
+    state: str = "kv"
+    #: Capture after every prefill chunk ending at a multiple of this many tokens (0: never).
+    capture_every: int = 0
+
+    def __init__(self, group: LayerGroup, config: Any, probe: Any) -> None:
+        self.group = group
+        self.decl = group.decl
+        self.config = config
+
+    def _shape_error(self, expected: tuple[int, ...], what: str) -> CacheAdapterError:
+        return CacheAdapterError(
+            f"{self.group.name}: block shape {list(self.decl.shape)} does not fit the config's "
+            f"{len(self.group.layers)} layers; expected {list(expected)} ({what})")
+
+    def begin(self, cache: Any) -> None:
+        """A cache the adapter hands out starts recording."""
+
+    def end(self, cache: Any) -> None:
+        """The cache's recording ends (after :meth:`CacheAdapter.store`)."""
+
+    def capture(self, cache: Any, end: int) -> Any | None:
+        """The block ending at ``end`` (the cache's current length), or None."""
+        return None
+
+    def encode(self, cache: Any, index: NDArray[np.int64]) -> Any:
+        """Blocks ``index`` from what ``cache`` holds now: ``[k, *shape]``; raises
+        ``_Unavailable`` for a block it no longer holds."""
+        raise NotImplementedError
+
+    def decode(self, cache: Any, blocks: Any, index: NDArray[np.int64], length: int) -> None:
+        """Write blocks ``index`` (``[k, *shape]``, what a cache of ``length`` tokens needs of
+        this group) into the fresh ``cache``."""
+        raise NotImplementedError
+
+
+class KVBlocks(Codec):
+    """Per-token K/V by block (``full``, ``sliding_window``). Separate K and V
+    (``[layers, 2, kv_heads, B, head_dim]``) or shared K=V (``[layers, B, head_dim]``,
+    DeepSeek-V4). Sliding layers whose ``update`` honours ``record_past`` record their past;
+    others are captured at every block end."""
+
+    kinds = (GroupKind.FULL, GroupKind.SLIDING_WINDOW)
+
+    def __init__(self, group: LayerGroup, config: Any, probe: Any) -> None:
+        super().__init__(group, config, probe)
+        from transformers.cache_utils import DynamicSlidingWindowLayer
+
+        decl = self.decl
+        heads = int(config.num_key_value_heads)
+        head_dim = int(getattr(config, "head_dim", None)
+                       or config.hidden_size // config.num_attention_heads)
+        self.shared = len(decl.shape) == 3
+        layers = len(group.layers)
+        if self.shared:
+            expected: tuple[int, ...] = (layers, decl.block_size, head_dim)
+            if decl.shape != expected or heads != 1:
+                raise self._shape_error(expected, "layers, block tokens, head dim; shared K=V "
+                                                  "needs one KV head")
+        else:
+            expected = (layers, 2, heads, decl.block_size, head_dim)
+            if decl.shape != expected:
+                raise self._shape_error(expected, "layers, K/V, kv heads, block tokens, head dim")
+        self.sliding = decl.kind is GroupKind.SLIDING_WINDOW
+        if self.sliding and decl.window != config.sliding_window:
+            raise CacheAdapterError(f"{group.name}: window {decl.window} but the config's "
+                                    f"sliding_window is {config.sliding_window}")
+        # Layers whose update keeps every token while recording (transformers' own sliding
+        # layer); DeepSeek-V4's cache layers override update and always trim.
+        self.records = self.sliding and all(
+            type(probe.layers[i]).update is DynamicSlidingWindowLayer.update
+            for i in group.layers)
+        if self.sliding and not self.records:
+            if decl.block_size > config.sliding_window - 1:
+                raise CacheAdapterError(
+                    f"{group.name}: its layers keep {config.sliding_window - 1} tokens, fewer "
+                    f"than a block of {decl.block_size}: a block cannot be captured whole")
+            self.capture_every = decl.block_size
+
+    def begin(self, cache: Any) -> None:
+        if self.records:
+            for i in self.group.layers:
+                cache.layers[i].activate_past_recording()
+
+    def end(self, cache: Any) -> None:
+        if not self.records:
+            return
+        for i in self.group.layers:
+            layer = cache.layers[i]
+            if layer.record_past and layer.cumulative_length >= layer.sliding_window:
+                layer.crop(0)  # back to the last sliding_window - 1 tokens
+            layer.record_past = False
+
+    def capture(self, cache: Any, end: int) -> Any | None:
+        index = np.array([end // self.decl.block_size - 1], dtype=np.int64)
+        try:
+            return self.encode(cache, index)[0].clone()
+        except _Unavailable:
+            return None
+
+    def encode(self, cache: Any, index: NDArray[np.int64]) -> Any:
+        torch = _torch()
+        size = self.decl.block_size
+        per_layer = []
+        for layer_idx in self.group.layers:
+            layer: Any = cache.layers[layer_idx]
+            keys, values = layer.keys, layer.values
+            if keys is None or keys.dim() != 4 or keys.shape[0] != 1:
+                raise CacheAdapterError(f"{self.group.name}: layer {layer_idx} holds no "
+                                        "batch-1 K/V")
+            held = int(keys.shape[-2])
+            end = int(getattr(layer, "cumulative_length", held))
+            first = end - held  # absolute position of the first token the layer holds
+            lo, hi = int(index.min()) * size, (int(index.max()) + 1) * size
+            if lo < first or hi > end:
+                raise _Unavailable(self.group.name, (
+                    f"blocks {index.tolist()} need tokens [{lo}, {hi}); layer {layer_idx} holds "
+                    f"[{first}, {end}) (earlier ones slid out of its window before they could "
+                    "be captured)"))
+            _check_dtype(self.group.name, layer_idx, keys, self.decl)
+            tokens = (torch.as_tensor(index, device=keys.device)[:, None] * size
+                      + torch.arange(size, device=keys.device)[None, :]).reshape(-1) - first
+            if self.shared:  # [k*B, d] -> [k, B, d]
+                per_layer.append(keys[0, 0][tokens].reshape(index.size, size, -1))
+                continue
+            pair = torch.stack([keys[0][:, tokens], values[0][:, tokens]])  # [2, h, k*B, d]
+            pair = pair.reshape(2, pair.shape[1], index.size, size, pair.shape[-1])
+            per_layer.append(pair.permute(2, 0, 1, 3, 4))  # [k, 2, h, B, d]
+        return torch.stack(per_layer, dim=1)
+
+    def decode(self, cache: Any, blocks: Any, index: NDArray[np.int64], length: int) -> None:
+        k = index.size
+        if self.shared:  # [k, layers, B, d] -> [layers, k*B, d]: the one copy, token-major.
+            layers, size, dim = self.decl.shape
+            kv = blocks.permute(1, 0, 2, 3).reshape(layers, k * size, dim)
+            for slot, layer_idx in enumerate(self.group.layers):
+                shared = kv[slot][None, None]
+                cache.update(shared, shared, layer_idx)
+                cache.layers[layer_idx].cumulative_length = length
+            return
+        # [k, layers, 2, h, B, d] -> [layers, 2, h, k*B, d]: the one copy, token-major.
+        layers, _, heads, size, dim = self.decl.shape
+        kv = blocks.permute(1, 2, 3, 0, 4, 5).reshape(layers, 2, heads, k * size, dim)
+        for slot, layer_idx in enumerate(self.group.layers):
+            cache.update(kv[slot, 0][None], kv[slot, 1][None], layer_idx)
+            layer: Any = cache.layers[layer_idx]
+            if hasattr(layer, "cumulative_length"):
+                layer.cumulative_length = length
+
+
+class Snapshots(Codec):
+    """A recurrent snapshot (``recurrent``): the pieces of every layer's fixed-size state,
+    flattened row-major into one float32 vector per checkpoint. Captured after each prefill
+    chunk ending at a checkpoint; the cache's live state is the snapshot at its own length."""
+
+    kinds = (GroupKind.RECURRENT,)
+    state = "state"
+
+    def __init__(self, group: LayerGroup, config: Any, probe: Any) -> None:
+        super().__init__(group, config, probe)
+        from kvfsm.serve._declare import deepseek_v4_overlap_shapes, qwen3_next_state_shapes
+
+        shapes = (qwen3_next_state_shapes(config) if config.model_type == "qwen3_next"
+                  else deepseek_v4_overlap_shapes(config))
+        #: (layer, path after the layer index, shape) per piece, in packing order.
+        self.pieces = [(int(name.split(".")[1]), tuple(name.split(".")[2:]), shape)
+                       for name, shape in shapes]
+        floats = sum(math.prod(shape) for _, _, shape in self.pieces)
+        if self.decl.shape != (floats,):
+            raise self._shape_error((floats,), "one packed snapshot")
+        self.capture_every = self.decl.checkpoint_interval or self.decl.block_size
+
+    @staticmethod
+    def _get(layer: Any, path: tuple[str, ...]) -> Any:
+        if path == ("conv_state",):
+            return layer.conv_states[0]
+        if path == ("recurrent_state",):
+            return layer.recurrent_states[0]
+        part, field = path
+        return getattr(layer, field)[part]
+
+    def _pack(self, cache: Any) -> Any:
+        torch = _torch()
+        flat = []
+        for layer_idx, path, shape in self.pieces:
+            piece = self._get(cache.layers[layer_idx], path)
+            if piece is None:
+                raise _Unavailable(self.group.name, f"layer {layer_idx} holds no "
+                                                    f"{'.'.join(path)} yet")
+            if path == ("conv_state",):
+                piece = piece[..., -shape[-1]:]  # the kernel's inputs (more while recording)
+            if tuple(piece.shape) != (1, *shape):
+                raise CacheAdapterError(f"{self.group.name}: layer {layer_idx} "
+                                        f"{'.'.join(path)} is {list(piece.shape)}, expected "
+                                        f"{[1, *shape]}")
+            _check_dtype(self.group.name, layer_idx, piece, self.decl)
+            flat.append(piece.reshape(-1))
+        return torch.cat(flat)
+
+    def capture(self, cache: Any, end: int) -> Any | None:
+        try:
+            return self._pack(cache).clone()
+        except _Unavailable:
+            return None
+
+    def encode(self, cache: Any, index: NDArray[np.int64]) -> Any:
+        at = _seen(cache)
+        ends = ((index + 1) * self.decl.block_size).tolist()
+        if at is None or ends != [at]:
+            raise _Unavailable(self.group.name, (
+                f"snapshots after tokens {ends} were not captured and the cache holds only the "
+                f"state after {at} (prefill through CacheAdapter.prefill to capture them)"))
+        return self._pack(cache)[None]
+
+    def decode(self, cache: Any, blocks: Any, index: NDArray[np.int64], length: int) -> None:
+        flat, offset = blocks[0], 0
+        for layer_idx, path, shape in self.pieces:
+            size = math.prod(shape)
+            piece = flat[offset:offset + size].reshape(1, *shape).clone()
+            offset += size
+            layer: Any = cache.layers[layer_idx]
+            if path == ("conv_state",):
+                layer.update_conv_state(piece, conv_kernel_size=shape[-1])
+            elif path == ("recurrent_state",):
+                layer.update_recurrent_state(piece)
+            else:
+                part, field = path
+                getattr(layer, field)[part] = piece
+
+
+class Entries(Codec):
+    """Compressed entries (``compressed``): ``compressed_kv[part]`` of the group's layers, one
+    entry per ``rate`` tokens, ``block / rate`` per block (``[layers, block / rate, dim]``)."""
+
+    kinds = (GroupKind.COMPRESSED,)
+
+    def __init__(self, group: LayerGroup, config: Any, probe: Any) -> None:
+        super().__init__(group, config, probe)
+        layer_type, self.part = _ENTRY_GROUPS[group.name]
+        self.state = self.part
+        self.rate = int(config.compress_rates[layer_type])
+        dim = int(config.index_head_dim if self.part == "indexer" else config.head_dim)
+        size = self.decl.block_size
+        expected = (len(group.layers), size // self.rate, dim)
+        if size % self.rate or self.decl.shape != expected:
+            raise self._shape_error(expected, f"layers, entries of {self.rate} tokens, dim")
+        self.per_block = size // self.rate
+
+    def encode(self, cache: Any, index: NDArray[np.int64]) -> Any:
+        torch = _torch()
+        per, rows = self.per_block, []
+        wanted = (index[:, None] * per + np.arange(per)[None, :]).reshape(-1)
+        for layer_idx in self.group.layers:
+            entries = cache.layers[layer_idx].compressed_kv[self.part]
+            have = 0 if entries is None else int(entries.shape[1])
+            if int(wanted.max()) >= have:
+                raise _Unavailable(self.group.name, (
+                    f"blocks {index.tolist()} need entries up to {int(wanted.max())}; layer "
+                    f"{layer_idx} holds {have}"))
+            _check_dtype(self.group.name, layer_idx, entries, self.decl)
+            picked = entries[0][torch.as_tensor(wanted, device=entries.device)]
+            rows.append(picked.reshape(index.size, per, -1))
+        return torch.stack(rows, dim=1)  # [k, layers, per, dim]
+
+    def decode(self, cache: Any, blocks: Any, index: NDArray[np.int64], length: int) -> None:
+        count = length // self.rate
+        dim = self.decl.shape[-1]
+        for slot, layer_idx in enumerate(self.group.layers):
+            layer: Any = cache.layers[layer_idx]
+            entries = blocks[:, slot].reshape(-1, dim)[:count]
+            layer.compressed_kv[self.part] = entries[None].clone()
+            layer.entry_count[self.part] = count
+
+
+#: The codec of each group kind.
+CODECS: Mapping[GroupKind, type[Codec]] = MappingProxyType({
+    kind: codec for codec in (KVBlocks, Snapshots, Entries) for kind in codec.kinds})
+
+
+def _layers_of(decl: GroupDecl, config: Any, layer_types: list[str]) -> tuple[int, ...]:
+    """The layers ``decl`` holds, by the declaration conventions."""
+    deepseek = config.model_type == "deepseek_v4"
+    kind = decl.kind
+    if kind is GroupKind.SLIDING_WINDOW and deepseek:
+        wanted: tuple[str, ...] = tuple(_STATES)  # every layer keeps its sliding K=V
+    elif kind in LAYER_TYPE_OF:
+        wanted = (LAYER_TYPE_OF[kind],)
+    elif kind is GroupKind.RECURRENT:
+        wanted = (_CSA,) if deepseek else ("linear_attention",)
+    elif kind is GroupKind.COMPRESSED and decl.name in _ENTRY_GROUPS:
+        wanted = (_ENTRY_GROUPS[decl.name][0],)
+    elif kind is GroupKind.COMPRESSED:
+        raise CacheAdapterError(f"{decl.name}: a compressed group is one of "
+                                f"{sorted(_ENTRY_GROUPS)} (which entries it holds)")
+    else:
+        raise CacheAdapterError(f"{decl.name}: CacheAdapter has no codec for "
+                                f"{kind.value} groups")
+    return tuple(i for i, t in enumerate(layer_types) if t in wanted)
+
+
+def _new_dynamic_cache(config: Any) -> Any:
+    from transformers import DynamicCache
+
+    # An architecture's own cache layer classes register when its module is imported.
+    with contextlib.suppress(ImportError):
+        importlib.import_module(f"transformers.models.{config.model_type}."
+                                f"modeling_{config.model_type}")
+    return DynamicCache(config=config)
+
+
 class CacheAdapter:
     """Commits a transformers ``DynamicCache`` into ``engine``'s pools and rebuilds one from
-    them, for a model with full-attention and sliding-window layers (``config``)."""
+    them, for the model of ``config`` (see the module docstring)."""
 
     def __init__(self, engine: Engine, config: Any) -> None:
         self.engine = engine
@@ -109,62 +519,52 @@ class CacheAdapter:
         layer_types = list(getattr(config, "layer_types", None) or [])
         if not layer_types:
             raise CacheAdapterError("config has no layer_types: cannot map layers to groups")
-        kv_heads = int(config.num_key_value_heads)
-        head_dim = int(getattr(config, "head_dim", None)
-                       or config.hidden_size // config.num_attention_heads)
+        probe = _new_dynamic_cache(config)
         groups: list[LayerGroup] = []
+        codecs: dict[str, Codec] = {}
+        held: dict[tuple[int, str], str] = {}
         for decl in engine.model.groups:
-            if decl.kind not in LAYER_TYPE_OF:
-                raise CacheAdapterError(
-                    f"{decl.name}: CacheAdapter holds full and sliding_window groups only, not "
-                    f"{decl.kind.value}")
-            layer_type = LAYER_TYPE_OF[decl.kind]
-            layers = tuple(i for i, t in enumerate(layer_types) if t == layer_type)
-            if any(g.kind is decl.kind for g in groups):
-                raise CacheAdapterError(f"{decl.name}: a second {decl.kind.value} group; the "
-                                        f"{layer_type} layers are already held by another")
-            expected = (len(layers), 2, kv_heads, decl.block_size, head_dim)
-            if decl.shape != expected:
-                raise CacheAdapterError(
-                    f"{decl.name}: block shape {list(decl.shape)} does not fit the config's "
-                    f"{len(layers)} {layer_type} layers; expected {list(expected)} "
-                    "(layers, K/V, kv heads, block tokens, head dim)")
-            if decl.kind is GroupKind.SLIDING_WINDOW and decl.window != config.sliding_window:
-                raise CacheAdapterError(f"{decl.name}: window {decl.window} but the config's "
-                                        f"sliding_window is {config.sliding_window}")
-            groups.append(LayerGroup(decl.name, decl.kind, layers, decl))
-        held = {layer for group in groups for layer in group.layers}
-        unheld = sorted(set(range(len(layer_types))) - held)
+            layers = _layers_of(decl, config, layer_types)
+            group = LayerGroup(decl.name, decl.kind, layers, decl)
+            codec = CODECS[decl.kind](group, config, probe)
+            for layer in layers:
+                other = held.setdefault((layer, codec.state), decl.name)
+                if other != decl.name:
+                    raise CacheAdapterError(
+                        f"{decl.name}: layer {layer}'s {codec.state} state is already held by "
+                        f"{other!r} (a second {decl.kind.value} group)")
+            groups.append(group)
+            codecs[decl.name] = codec
+        unheld = sorted({f"{i} ({t}: {state})" for i, t in enumerate(layer_types)
+                         for state in _STATES.get(t, ("?",)) if (i, state) not in held},
+                        key=lambda s: int(s.split()[0]))
         if unheld:
-            raise CacheAdapterError(
-                f"layers {unheld} ({sorted({layer_types[i] for i in unheld})}) have no group "
-                f"in {engine.model.name!r}: their cache would be lost")
+            raise CacheAdapterError(f"layers {unheld} have no group in "
+                                    f"{engine.model.name!r}: their cache would be lost")
         self.groups: tuple[LayerGroup, ...] = tuple(groups)
+        self.codecs: Mapping[str, Codec] = MappingProxyType(codecs)
+        #: Caches handed out and still recording, with what their prefills captured.
+        self._records: weakref.WeakKeyDictionary[Any, _Record] = weakref.WeakKeyDictionary()
 
     # -- caches ----------------------------------------------------------------------------
 
     def new_cache(self) -> DynamicCache:
-        """An empty cache for ``config`` whose sliding layers record their past until
-        :meth:`store` (so a prefill leaves every block of the prompt in it)."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.config)
-        self._record(cache, True)
+        """An empty cache for ``config``, recording until :meth:`store` (its sliding layers
+        keep their past where they can, :meth:`prefill` captures the rest)."""
+        cache: DynamicCache = _new_dynamic_cache(self.config)
+        for codec in self.codecs.values():
+            codec.begin(cache)
+        self._records[cache] = _Record()
         return cache
 
-    def _sliding_layers(self, cache: DynamicCache) -> list[Any]:
-        from transformers.cache_utils import DynamicSlidingWindowLayer
+    def recording(self, cache: DynamicCache) -> bool:
+        """Whether ``cache`` was handed out by this adapter and not stored yet."""
+        return cache in self._records
 
-        return [layer for layer in cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
-
-    def _record(self, cache: DynamicCache, on: bool) -> None:
-        for layer in self._sliding_layers(cache):
-            if on:
-                layer.activate_past_recording()
-                continue
-            if layer.record_past and layer.cumulative_length >= layer.sliding_window:
-                layer.crop(0)  # back to the last sliding_window - 1 tokens
-            layer.record_past = False
+    def _end(self, cache: DynamicCache) -> None:
+        if self._records.pop(cache, None) is not None:
+            for codec in self.codecs.values():
+                codec.end(cache)
 
     def _prompt(self, prompt: Prompt | Sequence[int] | ArrayLike) -> Prompt:
         if not isinstance(prompt, Prompt):
@@ -173,14 +573,70 @@ class CacheAdapter:
         prompt.check_made_for(self.engine.core.seed, sizes, "engine")
         return prompt
 
+    # -- prefill ---------------------------------------------------------------------------
+
+    def chunk_ends(self, start: int, end: int) -> list[int]:
+        """Where :meth:`prefill` cuts ``[start, end)``: every capture point inside it, then
+        ``end``."""
+        steps = {c.capture_every for c in self.codecs.values() if c.capture_every}
+        points = {p for step in steps for p in range((start // step + 1) * step, end, step)}
+        return [*sorted(points), end] if end > start else []
+
+    def prefill(self, model: Any, cache: DynamicCache, tokens: Sequence[int], start: int = 0,
+                *, all_logits: bool = False, device: Any = None) -> Any:
+        """Forward ``tokens`` at positions ``start``.. on ``cache``. While the cache records
+        (it came from :meth:`new_cache` or :meth:`rebuild` and was not stored yet) the tokens
+        go in chunks ending at :meth:`chunk_ends`, and after each chunk (and at ``start``) the
+        codecs capture what they need there; otherwise in one forward. Returns float logits:
+        ``[1, vocab]`` of the last position, or ``[len(tokens), vocab]`` with
+        ``all_logits``."""
+        torch = _torch()
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise CacheAdapterError("prefill needs at least one token")
+        stop = start + len(tokens)
+        seen = _seen(cache)
+        if seen is not None and seen != start:
+            raise CacheAdapterError(f"the cache holds {seen} tokens; a prefill from position "
+                                    f"{start} would misplace every state it captures")
+        record = self._records.get(cache)
+        ends = self.chunk_ends(start, stop) if record is not None else [stop]
+        if record is not None:
+            self._capture(cache, record, start)
+        out, here = [], start
+        for end in ends:
+            ids = torch.tensor([tokens[here - start:end - start]], dtype=torch.long,
+                               device=device)
+            positions = torch.arange(here, end, dtype=torch.long, device=device)[None]
+            logits = model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True,
+                           logits_to_keep=0 if all_logits else 1).logits[0]
+            out.append(logits.float())
+            if record is not None:
+                self._capture(cache, record, end)
+            here = end
+        return torch.cat(out) if all_logits else out[-1][-1:]
+
+    def _capture(self, cache: DynamicCache, record: _Record, end: int) -> None:
+        for name, codec in self.codecs.items():
+            step = codec.capture_every
+            if not step or end <= 0 or end % step:
+                continue
+            captured = record.captured.setdefault(name, {})
+            index = end // codec.decl.block_size - 1
+            if index not in captured:
+                block = codec.capture(cache, end)
+                if block is not None:
+                    captured[index] = block
+
     # -- store -----------------------------------------------------------------------------
 
     def store(self, prompt: Prompt | Sequence[int] | ArrayLike, cache: DynamicCache) -> Stored:
         """Commit every complete block of ``prompt`` from ``cache`` (which holds at least the
         prompt's tokens, e.g. right after its prefill) through ``Engine.commit``, then end the
-        sliding layers' recording (also when the commit raises, e.g. a ``StateError`` for lack
-        of room). A group whose blocks the cache never held is skipped (see the module
-        docstring); the others are committed, all or nothing among themselves."""
+        cache's recording (also when the commit raises, e.g. a ``StateError`` for lack of
+        room). A group whose blocks were never captured and that the cache no longer holds is
+        skipped (see the module docstring); the others are committed, all or nothing among
+        themselves."""
         prompt = self._prompt(prompt)
         layers = cache.layers
         if len(layers) != len(self.config.layer_types):
@@ -204,7 +660,7 @@ class CacheAdapter:
                     skipped[gap.group] = gap.why
                     names.remove(gap.group)
         finally:
-            self._record(cache, False)
+            self._end(cache)
         return Stored(MappingProxyType(dict(ids)), MappingProxyType(skipped))
 
     def _group(self, name: str) -> LayerGroup:
@@ -215,36 +671,18 @@ class CacheAdapter:
 
     def _payload(self, cache: DynamicCache, group: LayerGroup,
                  index: NDArray[np.int64]) -> NDArray[np.uint8]:
-        """Blocks ``index`` of ``group`` sliced out of ``cache``: uint8 [k, payload_bytes]."""
+        """Blocks ``index`` of ``group``, captured or sliced out of ``cache``: uint8
+        [k, payload_bytes]."""
         torch = _torch()
         decl = group.decl
-        size = decl.block_size
         if not index.size:
             return np.zeros((0, decl.payload_bytes), dtype=np.uint8)
-        per_layer = []
-        for layer_idx in group.layers:
-            layer: Any = cache.layers[layer_idx]
-            keys, values = layer.keys, layer.values
-            if keys is None or keys.dim() != 4 or keys.shape[0] != 1:
-                raise CacheAdapterError(f"{group.name}: layer {layer_idx} holds no batch-1 K/V")
-            held = int(keys.shape[-2])
-            end = int(getattr(layer, "cumulative_length", held))
-            first = end - held  # absolute position of the first token the layer holds
-            lo, hi = int(index.min()) * size, (int(index.max()) + 1) * size
-            if lo < first or hi > end:
-                raise _Unavailable(group.name, (
-                    f"blocks {index.tolist()} need tokens [{lo}, {hi}); layer {layer_idx} holds "
-                    f"[{first}, {end}) (earlier ones slid out of its window before they could "
-                    "be captured)"))
-            if str(keys.dtype) != f"torch.{decl.dtype}":
-                raise CacheAdapterError(f"{group.name}: layer {layer_idx} holds {keys.dtype}, "
-                                        f"the declaration {decl.dtype}")
-            tokens = (torch.as_tensor(index, device=keys.device)[:, None] * size
-                      + torch.arange(size, device=keys.device)[None, :]).reshape(-1) - first
-            pair = torch.stack([keys[0][:, tokens], values[0][:, tokens]])  # [2, h, k*B, d]
-            pair = pair.reshape(2, pair.shape[1], index.size, size, pair.shape[-1])
-            per_layer.append(pair.permute(2, 0, 1, 3, 4))  # [k, 2, h, B, d]
-        blocks = torch.stack(per_layer, dim=1).contiguous().cpu()  # [k, layers, 2, h, B, d]
+        record = self._records.get(cache)
+        captured = record.captured.get(group.name, {}) if record is not None else {}
+        live = np.array([i for i in index.tolist() if i not in captured], dtype=np.int64)
+        sliced = iter(self.codecs[group.name].encode(cache, live)) if live.size else iter(())
+        blocks = torch.stack([captured[i] if i in captured else next(sliced)
+                              for i in index.tolist()]).contiguous().cpu()
         data: NDArray[np.uint8] = blocks.numpy().view(np.uint8).reshape(index.size, -1)
         padding = decl.layout.padding
         if padding:
@@ -266,8 +704,8 @@ class CacheAdapter:
         engine's pools, once the verdict allows ``length``: ``verdict.usable_tokens == length``
         for a given ``verdict`` of this prompt, else a lookup (at ``level``) of the prompt cut
         to ``length + 1`` tokens must find ``length`` usable (usability is not monotone in the
-        length: a shorter prefix needs other window blocks). Its sliding layers record their
-        past (see :meth:`new_cache`)."""
+        length: a shorter prefix needs other window blocks, another snapshot). It records (see
+        :meth:`new_cache`)."""
         prompt = self._prompt(prompt)
         length = int(length)
         if length < 0 or length > max(prompt.n_tokens - 1, 0):
@@ -288,9 +726,14 @@ class CacheAdapter:
         core = self.engine.core
 
         def read(name: str, ids: NDArray[np.intp]) -> NDArray[np.uint8]:
+            # ids are the needed blocks [lo, hi) in order: [lo, cut) in compressed form.
+            group = core.group(name)
+            needed = group.rule.needed(group.decl, np.array([length], dtype=np.int64))
+            compressed = int(needed.cut[0] - needed.lo[0])
             core.pin(name, ids)  # a reader pins what it reads
             try:
-                return core.read(name, ids, form=Form.RAW)
+                return np.concatenate([core.read(name, ids[:compressed], form=Form.COMPRESSED),
+                                       core.read(name, ids[compressed:], form=Form.RAW)])
             finally:
                 core.unpin(name, ids)
 
@@ -298,7 +741,8 @@ class CacheAdapter:
 
     def needed_blocks(self, prompt: Prompt, group: LayerGroup, length: int) -> NDArray[np.int64]:
         """Indices of ``prompt``'s blocks of ``group`` a cache of ``length`` tokens holds (the
-        kind's rule: every block for full attention, the window's for a sliding window)."""
+        kind's rule: every block for full attention and compressed entries, the window's for a
+        sliding window, the one ending at ``length`` for a recurrent snapshot)."""
         state = self.engine.core.group(group.name)
         needed = state.rule.needed(group.decl, np.array([length], dtype=np.int64))
         return np.arange(int(needed.lo[0]), int(needed.hi[0]), dtype=np.int64)
@@ -326,6 +770,8 @@ class CacheAdapter:
         for group in self.groups:
             decl = group.decl
             index = self.needed_blocks(prompt, group, length)
+            if not index.size:
+                continue
             high, low = prompt.words(decl.block_size)
             ids = core.lookup_words(group.name, high[index], low[index])
             if (ids < 0).any():
@@ -335,15 +781,7 @@ class CacheAdapter:
             data_bytes = decl.payload_bytes - decl.layout.padding
             typed = np.ascontiguousarray(raw[:, :data_bytes]).view(np.dtype(decl.dtype))
             blocks = torch.from_numpy(typed.reshape(index.size, *decl.shape))  # no copy
-            # [k, layers, 2, h, B, d] -> [layers, 2, h, k*B, d]: the one copy, token-major.
-            layers, _, heads, size, dim = decl.shape
-            kv = blocks.permute(1, 2, 3, 0, 4, 5).reshape(layers, 2, heads, index.size * size,
-                                                          dim)
             if device is not None:
-                kv = kv.to(device)
-            for slot, layer_idx in enumerate(group.layers):
-                cache.update(kv[slot, 0][None], kv[slot, 1][None], layer_idx)
-                layer: Any = cache.layers[layer_idx]
-                if hasattr(layer, "cumulative_length"):
-                    layer.cumulative_length = length
+                blocks = blocks.to(device)
+            self.codecs[group.name].decode(cache, blocks, index, length)
         return cache

@@ -41,11 +41,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._engine import Engine
-from kvfsm._errors import GuardRejected, IllegalTransition, KvfsmError
+from kvfsm._errors import KvfsmError
 from kvfsm.serve._adapter import CacheAdapter
 from kvfsm.spec import Event, Tier
 from kvfsm.state import StateCore, StateError
-from kvfsm.verify import Level, Prompt, Verdict, lookup
+from kvfsm.verify import Level, Prompt, RestoreStep, Verdict, lookup
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -107,6 +107,21 @@ class Result:
     events: tuple[str, ...] = ()
     #: Groups not committed for this prompt, and why.
     store_skipped: tuple[str, ...] = ()
+    #: The first verdict's shortfall reasons (``Reason`` values, one per shortfall, in the
+    #: verdict's order; empty in ``nocache`` mode).
+    reasons: tuple[str, ...] = ()
+    #: The executed plan's steps as ``(group, group kind, tier restored from, outcome)``;
+    #: outcome ``"done"``, or ``"<event> refused"`` for a step refused on the way (e.g.
+    #: ``"restore_done refused"``: the bytes that arrived failed their checksum). Tier is
+    #: ``"-"`` for a step that restores from no tier.
+    steps: tuple[tuple[str, str, str, str], ...] = ()
+    #: Of :attr:`reasons`, those of shortfalls on blocks inside the hit (a group's block whose
+    #: first token is below ``hit_tokens``): why hit tokens were not usable right away.
+    hit_reasons: tuple[str, ...] = ()
+    #: Seconds spent in kvfsm's bookkeeping for this request: lookups, plan execution and the
+    #: commit, without model forwards and without the adapter's tensor copies (slicing the
+    #: cache into block payloads) or cache rebuilds.
+    bookkeeping_s: float = 0.0
 
 
 def execute_plan(engine: Engine, verdict: Verdict, prompt: Prompt | None = None) -> PlanOutcome:
@@ -126,22 +141,55 @@ def execute_plan(engine: Engine, verdict: Verdict, prompt: Prompt | None = None)
         engine.give_back(name, wanted - core.group(name).pools[Tier.DEVICE].free, keep)
     done = refused = 0
     notes: list[str] = []
+    # Steps of one group with the same path fire together, one batch per event (masked: a
+    # refused block drops out of its batch), in plan order: targets' groups before indexes'.
+    batches: dict[tuple[str, tuple[Event, ...]], list[RestoreStep]] = {}
     for step in verdict.plan:
-        ids = [step.block_id]
-        for event in step.path:
-            try:
-                core.fire(step.group, ids, event)
-            except (GuardRejected, IllegalTransition) as why:
-                refused += 1
-                notes.append(f"{step.group} block {step.block_index} (id {step.block_id}): "
+        batches.setdefault((step.group, step.path), []).append(step)
+    for (group, path), steps in batches.items():
+        ids = np.array([step.block_id for step in steps], dtype=np.intp)
+        alive = np.ones(ids.size, dtype=np.bool_)
+        for event in path:
+            moved = core.fire(group, ids[alive], event, masked=True)
+            failed = np.flatnonzero(alive)[~moved]
+            state = core.group(group)
+            for index in failed.tolist():
+                step = steps[index]
+                row = state.table.row(int(state.states[step.block_id]), event)
+                why = "no row for its state" if row is None else \
+                    "a guard said no (one of " + ", ".join(str(c) for c in row.guards) + ")"
+                notes.append(f"{group} block {step.block_index} (id {step.block_id}): "
                              f"{event.spec_name} refused: {why}")
-                if event is Event.RESTORE_DONE:
-                    core.fire(step.group, ids, Event.RESTORE_FAIL, masked=True)
-                    core.fire(step.group, ids, Event.INVALIDATE, masked=True)
-                break
-        else:
-            done += 1
+            if failed.size and event is Event.RESTORE_DONE:
+                core.fire(group, ids[failed], Event.RESTORE_FAIL, masked=True)
+                core.fire(group, ids[failed], Event.INVALIDATE, masked=True)
+            alive[failed] = False
+        done += int(alive.sum())
+        refused += int((~alive).sum())
     return PlanOutcome(done, refused, tuple(notes))
+
+
+def _reasons(verdict: Verdict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The verdict's reason values, and those of shortfalls on blocks inside its hit."""
+    sizes = {group.name: group.block_size for group in verdict.groups}
+    inside = tuple(s.reason.value for s in verdict.reasons if s.group in sizes
+                   and 0 <= s.block_index * sizes[s.group] < verdict.hit_tokens)
+    return tuple(s.reason.value for s in verdict.reasons), inside
+
+
+def _step_outcomes(engine: Engine, verdict: Verdict,
+                   outcome: PlanOutcome) -> tuple[tuple[str, str, str, str], ...]:
+    """``(group, kind, tier, outcome)`` of each step of ``verdict.plan`` after
+    :func:`execute_plan` answered ``outcome`` (whose notes name each refused step)."""
+    kinds = {decl.name: decl.kind.value for decl in engine.model.groups}
+    out = []
+    for step in verdict.plan:
+        where = f"{step.group} block {step.block_index} (id {step.block_id}): "
+        note = next((n for n in outcome.notes if n.startswith(where)), None)
+        result = "done" if note is None else note[len(where):].split(":", 1)[0]
+        out.append((step.group, kinds.get(step.group, "?"),
+                    "-" if step.tier is None else step.tier.spec_name, result))
+    return tuple(out)
 
 
 def _own_blocks(engine: Engine, name: str, prompt: Prompt | None,
@@ -200,9 +248,30 @@ class ServeLoop:
         self.level = level
         self.hook = hook
         self.adapter = None if engine is None else CacheAdapter(engine, model.config)
+        #: Seconds the adapter spent slicing payloads out of caches since the last reset
+        #: (subtracted from the commit's time in ``Result.bookkeeping_s``).
+        self._copy_s = 0.0
+        if self.adapter is not None:
+            self._time_payload_copies(self.adapter)
         #: Where the model's weights live: inputs and rebuilt caches go there.
         self.device = getattr(model, "device", None)
         self.queue: deque[Request] = deque()
+
+    def _time_payload_copies(self, adapter: CacheAdapter) -> None:
+        """Time the adapter's payload slicing (its tensor copies), on this loop's own adapter
+        instance only; an adapter without ``_payload`` has its copies counted as bookkeeping."""
+        sliced = getattr(adapter, "_payload", None)
+        if sliced is None:
+            return
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return sliced(*args, **kwargs)
+            finally:
+                self._copy_s += time.perf_counter() - start
+
+        setattr(adapter, "_payload", timed)  # noqa: B010 - an instance attribute, not the class
 
     def submit(self, request: Request) -> None:
         self.queue.append(request)
@@ -234,43 +303,63 @@ class ServeLoop:
         numbers = (0, 0, 0)
         plan = PlanOutcome()
         prompt: Prompt | None = None
+        reasons: tuple[str, ...] = ()
+        hit_reasons: tuple[str, ...] = ()
+        steps: tuple[tuple[str, str, str, str], ...] = ()
+        bookkeeping = 0.0
         if self.mode == "nocache" or self.engine is None or self.adapter is None:
             cache: DynamicCache = DynamicCache(config=self.model.config)
             reused = 0
         else:
             engine, adapter = self.engine, self.adapter
+            clock = time.perf_counter()
             prompt = engine.prompt(tokens)
             if self.mode == "naive":
                 verdict = lookup(engine.core, prompt, level=Level.FAST, checksums=False)
+                bookkeeping += time.perf_counter() - clock
                 numbers = (verdict.hit_tokens, verdict.usable_tokens, verdict.restorable_tokens)
+                reasons, hit_reasons = _reasons(verdict)
                 reused = verdict.hit_tokens
                 cache = adapter.rebuild_unchecked(prompt, reused, hit_bytes(engine.core),
                                                   device=self.device)
             else:
                 verdict = engine.lookup(prompt, level=self.level)
                 numbers = (verdict.hit_tokens, verdict.usable_tokens, verdict.restorable_tokens)
+                reasons, hit_reasons = _reasons(verdict)
                 if verdict.restorable_tokens > verdict.usable_tokens and verdict.plan:
                     plan = execute_plan(engine, verdict, prompt)
+                    steps = _step_outcomes(engine, verdict, plan)
                     verdict = engine.lookup(prompt, level=self.level)
+                bookkeeping += time.perf_counter() - clock
                 reused = verdict.usable_tokens
                 cache = adapter.rebuild(prompt, reused, verdict=verdict, device=self.device)
         logits = self._forward(cache, tokens[reused:], reused)
         skipped: tuple[str, ...] = ()
         if self.adapter is not None and prompt is not None:
+            self._copy_s = 0.0
+            clock = time.perf_counter()
             try:
                 stored = self.adapter.store(prompt, cache)
                 skipped = tuple(f"{name}: {why}" for name, why in stored.skipped.items())
             except StateError as why:
                 skipped = (f"all groups: {why}",)
+            bookkeeping += max(time.perf_counter() - clock - self._copy_s, 0.0)
         first = logits.clone()
         generated = self._decode(cache, logits, len(tokens), request.max_new_tokens)
         return Result(request.rid, self.mode, len(tokens), *numbers, reused, generated,
-                      first.cpu().numpy().astype(np.float32), 0.0, plan, events, skipped)
+                      first.cpu().numpy().astype(np.float32), 0.0, plan, events, skipped,
+                      reasons=reasons, steps=steps, hit_reasons=hit_reasons,
+                      bookkeeping_s=bookkeeping)
 
     def _forward(self, cache: DynamicCache, tokens: Sequence[int], start: int) -> Any:
-        """Forward ``tokens`` at positions ``start``.. on ``cache``; the last position's logits."""
+        """Forward ``tokens`` at positions ``start``.. on ``cache``; the last position's logits.
+        With an adapter, through :meth:`CacheAdapter.prefill`: a cache it handed out and has
+        not stored yet is forwarded in chunks ending where its state must be captured
+        (recurrent checkpoints, block ends of sliding layers that do not record)."""
         import torch
 
+        if self.adapter is not None:
+            return self.adapter.prefill(self.model, cache, tokens, start, device=self.device)[-1]
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + len(tokens), dtype=torch.long,
                                  device=self.device)[None]

@@ -1,0 +1,237 @@
+"""The serving part of ``kvfsm demo``: every model ``kvfsm.serve`` serves, three modes, one
+faulted workload, compared request by request with recomputing everything.
+
+For each served model (:func:`served_models`, DeepSeek-V4 first), in this order:
+
+1. ``nocache`` on the workload: the reference tokens and first-step logits.
+2. ``naive`` and ``kvfsm`` on the faulted workload (:mod:`kvfsm.serve._workload`: the same
+   fault schedule applied by a hook to each engine, just before the chosen requests).
+3. ``naive`` and ``kvfsm`` on the same workload without faults, to show that kvfsm is not merely
+   conservative: with nothing wrong it reuses every token a hit-only engine reuses.
+
+Each caching run gets a fresh engine with the same pool sizes (tight enough that blocks are
+spilled to host and restored). ``kvfsm`` mode looks up at ``Level.FULL`` (device checksums
+recomputed), so silent device damage is seen too. :mod:`kvfsm.serve._report` turns the runs
+into the report, plots, metrics and JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Final
+
+import attrs
+
+from kvfsm._engine import Engine
+from kvfsm._errors import KvfsmError
+from kvfsm.serve._adapter import CacheAdapter, CacheAdapterError
+from kvfsm.serve._declare import declare
+from kvfsm.serve._loop import Mode, Request, Result, ServeLoop
+from kvfsm.serve._workload import (
+    DEFAULT_SIZE,
+    QUICK_SIZE,
+    Workload,
+    WorkloadSize,
+    demo_workload,
+)
+from kvfsm.state import CoreConfig
+from kvfsm.verify import Level
+
+#: The order the demo serves models in (when ``kvfsm.serve`` serves them).
+DEMO_ORDER: Final = ("deepseek_v4", "qwen3_next", "gpt_oss")
+
+#: The one line a missing optional package turns into.
+INSTALL_HINT: Final = 'pip install "kvfsm[serve]"'
+
+#: Runs per model, in order: (workload, mode). The reference runs once: faults never reach
+#: ``nocache`` mode (it has no engine).
+RUNS: Final[tuple[tuple[str, Mode], ...]] = (
+    ("reference", "nocache"),
+    ("faulted", "naive"),
+    ("faulted", "kvfsm"),
+    ("clean", "naive"),
+    ("clean", "kvfsm"),
+)
+
+#: Device / host blocks per group: less device room than the workload's working set, so that
+#: commits spill least recently used blocks to host and later prompts restore them.
+POOLS: Final = (64, 128)
+QUICK_POOLS: Final = (16, 32)
+
+
+def require_serve_packages() -> None:
+    """A :class:`KvfsmError` naming the install line when a package the demo needs is missing."""
+    import importlib.util
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):  # a broken install, or a module without a spec
+            return True
+
+    missing = [name for name in ("torch", "transformers", "matplotlib", "prometheus_client",
+                                 "tqdm") if absent(name)]
+    if missing:
+        raise KvfsmError(f"the serving demo needs {', '.join(missing)}: {INSTALL_HINT}")
+
+
+def engine_for(model_type: str, pools: tuple[int, int]) -> Engine:
+    from kvfsm.serve._tiny import tiny_config
+
+    return Engine(declare(tiny_config(model_type)),
+                  CoreConfig(device_blocks=pools[0], host_blocks=pools[1], backend="numpy"))
+
+
+def served_models(wanted: Sequence[str] = DEMO_ORDER) -> tuple[list[str], dict[str, str]]:
+    """The models of ``wanted`` that ``kvfsm.serve`` serves end to end (its cache adapter takes
+    every group of their declaration), in :data:`DEMO_ORDER`; and the others, with why not."""
+    from kvfsm.serve._tiny import tiny_config
+
+    served: list[str] = []
+    skipped: dict[str, str] = {}
+    for model_type in sorted(wanted, key=lambda t: DEMO_ORDER.index(t)
+                             if t in DEMO_ORDER else len(DEMO_ORDER)):
+        try:
+            CacheAdapter(engine_for(model_type, (1, 0)), tiny_config(model_type))
+        except (CacheAdapterError, NotImplementedError) as why:
+            skipped[model_type] = str(why)
+            continue
+        served.append(model_type)
+    return served, skipped
+
+
+@attrs.frozen(eq=False)
+class ModelRun:
+    """Everything one model's part of the demo produced."""
+
+    model_type: str
+    #: ``(name, kind)`` of each cache group of the model's declaration.
+    groups: tuple[tuple[str, str], ...]
+    workload: Workload
+    pools: tuple[int, int]
+    #: (workload, mode) -> one result per request, in request order.
+    runs: Mapping[tuple[str, str], tuple[Result, ...]]
+    #: Wall time of this model's whole part (model build, warm-up and every run), seconds.
+    wall_s: float
+
+
+@attrs.frozen
+class DemoSettings:
+    models: tuple[str, ...] = DEMO_ORDER
+    seed: int = 0
+    size: WorkloadSize = DEFAULT_SIZE
+    pools: tuple[int, int] = POOLS
+
+
+def quick_settings() -> DemoSettings:
+    """A small workload and pools for tests (a few seconds per model)."""
+    return DemoSettings(size=QUICK_SIZE, pools=QUICK_POOLS)
+
+
+@attrs.frozen(eq=False)
+class DemoRun:
+    """The demo's answer: one :class:`ModelRun` per served model, the models left out and why,
+    and the wall time of everything."""
+
+    models: tuple[ModelRun, ...]
+    skipped: Mapping[str, str]
+    wall_s: float
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread (torch's own threads contend on a small machine);
+    the previous setting is restored afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+#: Called once per served request: ``(model type, workload, mode) ->``.
+Progress = Callable[[str, str, str], None]
+
+
+def _serve(model: Any, engine: Engine | None, workload: Workload, mode: Mode, faulted: bool,
+           tick: Callable[[], None]) -> tuple[Result, ...]:
+    loop = ServeLoop(model, engine, mode, level=Level.FULL if mode == "kvfsm" else None,
+                     hook=workload.hook() if faulted else None)
+    for request in workload.requests:
+        loop.submit(request)
+    out = []
+    while loop.queue:
+        out.append(loop.step())
+        tick()
+    return tuple(out)
+
+
+def _warm_up(model: Any, model_type: str, workload: Workload) -> None:
+    """Serve two short requests in every mode on a throwaway engine: the first forwards and
+    the compiled lookup kernels (numba compiles on first use) are paid here, not in the runs."""
+    first = workload.requests[0].tokens
+    requests = [Request("warm0", first, 2), Request("warm1", first + first[:3], 2)]
+    for mode in ("nocache", "naive", "kvfsm"):
+        engine = None if mode == "nocache" else engine_for(model_type, (16, 8))
+        loop = ServeLoop(model, engine, mode, level=Level.FULL if mode == "kvfsm" else None)
+        for request in requests:
+            loop.submit(request)
+        loop.run()
+
+
+def run_model(model_type: str, settings: DemoSettings,
+              progress: Progress | None = None) -> ModelRun:
+    """One model's part of the demo (see the module docstring)."""
+    from kvfsm.serve._tiny import tiny_model
+
+    start = time.perf_counter()
+    model = tiny_model(model_type, seed=settings.seed)
+    declared = engine_for(model_type, (1, 0)).model
+    workload = demo_workload(declared, settings.seed, settings.size)
+    _warm_up(model, model_type, workload)
+    runs: dict[tuple[str, str], tuple[Result, ...]] = {}
+    for name, mode in RUNS:
+        engine = None if mode == "nocache" else engine_for(model_type, settings.pools)
+
+        def tick(name: str = name, mode: str = mode) -> None:
+            if progress is not None:
+                progress(model_type, name, mode)
+
+        runs[(name, mode)] = _serve(model, engine, workload, mode, name == "faulted", tick)
+        if engine is not None:
+            problems = engine.core.check_invariants()
+            if problems:
+                raise KvfsmError(f"{model_type} {name} {mode}: state invariants broken: "
+                                 f"{problems[:3]}")
+    groups = tuple((decl.name, decl.kind.value) for decl in declared.groups)
+    return ModelRun(model_type, groups, workload, settings.pools, MappingProxyType(runs),
+                    time.perf_counter() - start)
+
+
+def run_demo(settings: DemoSettings, *, progress_bar: bool | None = None) -> DemoRun:
+    """Every served model of ``settings.models``; a tqdm progress bar on stderr (``None``: only
+    when stderr is a terminal)."""
+    from tqdm import tqdm
+
+    start = time.perf_counter()
+    served, skipped = served_models(settings.models)
+    per_model = len(RUNS) * len(demo_workload(engine_for(served[0], (1, 0)).model,
+                                              settings.seed, settings.size).requests) \
+        if served else 0
+    results = []
+    with one_torch_thread(), tqdm(total=per_model * len(served), unit="req",
+                                  disable=None if progress_bar is None else not progress_bar,
+                                  leave=False, dynamic_ncols=True) as bar:
+        def progress(model_type: str, workload: str, mode: str) -> None:
+            bar.set_description(f"{model_type} {workload}/{mode}", refresh=False)
+            bar.update()
+
+        for model_type in served:
+            results.append(run_model(model_type, settings, progress))
+    return DemoRun(tuple(results), MappingProxyType(skipped), time.perf_counter() - start)

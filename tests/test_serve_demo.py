@@ -1,0 +1,193 @@
+"""The serving demo: seeded workloads and fault schedules, the figures it reports and the files
+it writes, on a quick run of every model kvfsm.serve serves."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvfsm.cli import main
+from kvfsm.serve import _workload as workload
+from kvfsm.serve import declare, tiny_config
+from kvfsm.spec import GroupKind
+
+pytest.importorskip("transformers")
+pytest.importorskip("torch")
+pytest.importorskip("matplotlib")
+pytest.importorskip("prometheus_client")
+pytest.importorskip("tqdm")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+MODEL_TYPES = ("deepseek_v4", "qwen3_next", "gpt_oss")
+KEYS = ("requests", "hit_rate", "usable_rate", "naive_wrong", "kvfsm_wrong", "max_logit_diff",
+        "tokens_reused", "tokens_recomputed", "wall_s", "overhead_vs_naive")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """``kvfsm demo --quick --json`` once: its folder and its JSON."""
+    out = tmp_path_factory.mktemp("demo")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["demo", "--quick", "--json", "-q", "-o", str(out)])
+    assert code == 0
+    return out, json.loads(stdout.getvalue())
+
+
+def served() -> list[str]:
+    from kvfsm.serve._demo import served_models
+
+    return served_models()[0]
+
+
+# -- workloads (no model) --------------------------------------------------------------------
+
+def test_workloads_are_seeded_odd_and_share_prefixes() -> None:
+    chat = workload.chat(3, users=3, turns=3)
+    assert chat == workload.chat(3, users=3, turns=3)
+    assert chat != workload.chat(4, users=3, turns=3)
+    assert all(len(r.tokens) % 2 == 1 for r in chat)  # never a multiple of a block size
+    system = chat[0].tokens[:96]
+    assert all(r.tokens[:96] == system for r in chat)
+    by_id = {r.rid: r.tokens for r in chat}
+    for user in range(3):  # each turn extends the user's previous prompt
+        assert by_id[f"u{user}t1"][: len(by_id[f"u{user}t0"])] == by_id[f"u{user}t0"]
+    qa = workload.document_qa(3, documents=2, questions=3)
+    assert all(len(r.tokens) % 2 == 1 for r in qa)
+    assert [r.rid for r in qa[:2]] == ["d0q0", "d1q0"]  # each document read cold first
+    assert len(workload.reusing(qa, 32)) == 4
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_fault_schedule_covers_every_group_kind(model_type: str) -> None:
+    model = declare(tiny_config(model_type))
+    work = workload.demo_workload(model, seed=0)
+    kinds = {decl.kind.value for decl in model.groups}
+    assert {fault.kind for fault in work.faults} == kinds
+    assert {fault.group for fault in work.faults} == {decl.name for decl in model.groups}
+    assert any(fault.damages for fault in work.faults)
+    reusing = set(workload.reusing(work.requests, 2 * model.lcm_block_size))
+    assert {fault.before for fault in work.faults} <= reusing
+    assert workload.demo_workload(model, seed=0) == work
+
+
+def test_fault_pairs_put_damage_first() -> None:
+    pairs = workload.fault_pairs(declare(tiny_config("gpt_oss")))
+    assert [(name, spec.name) for name, _kind, spec in pairs[:2]] == [
+        ("full", "corrupt_host_copy"), ("sliding", "flip_device_bytes")]
+    assert all(spec.damages for _name, _kind, spec in pairs[:4])
+    assert {kind for _name, kind, _spec in pairs} == {GroupKind.FULL, GroupKind.SLIDING_WINDOW}
+
+
+# -- the serving loop's new result fields ----------------------------------------------------
+
+def test_results_carry_reasons_steps_and_bookkeeping(model: Any, config: Any) -> None:
+    from kvfsm import Engine
+    from kvfsm.serve import Request, serve
+    from kvfsm.state import CoreConfig
+
+    tokens = [int(t) for t in np.random.default_rng(5).integers(0, 1000, 101)]
+    requests = [Request("a", tokens, 2), Request("b", [*tokens, 7, 8], 2)]
+    hook = workload.FaultHook([workload.Fault("b", "full", "full", "corrupt_host_copy", True)])
+    engine = Engine(declare(config), CoreConfig(device_blocks=16, host_blocks=8,
+                                                backend="numpy"))
+    first, second = serve(model, engine, requests, "kvfsm", level="full", hook=hook)
+    assert "corrupt_host_copy" in second.events[0] and "flipped" in second.events[0]
+    assert ("full", "full", "host", "restore_done refused") in second.steps
+    assert "not_resident" in second.reasons and "not_resident" in second.hit_reasons
+    assert second.usable_tokens < second.hit_tokens
+    assert first.steps == () and "not_cached" in first.reasons and first.hit_reasons == ()
+    for result in (first, second):
+        assert 0 < result.bookkeeping_s < result.wall_s
+    (plain,) = serve(model, None, requests[:1], "nocache")
+    assert (plain.reasons, plain.steps, plain.bookkeeping_s) == ((), (), 0.0)
+
+
+# -- the quick demo --------------------------------------------------------------------------
+
+def test_quick_demo_json_has_the_figures(quick: tuple[Path, dict[str, Any]]) -> None:
+    _out, figures = quick
+    for key in KEYS:
+        assert key in figures, key
+    assert list(figures["models"]) == served()  # DeepSeek-V4 first, once served
+    for model_type, m in figures["models"].items():
+        for key in KEYS:
+            assert key in m, (model_type, key)
+        assert m["tokens_reused"] + m["tokens_restored"] + m["tokens_recomputed"] == \
+            m["prompt_tokens"]
+    assert figures["requests"] == sum(m["requests"] for m in figures["models"].values())
+    assert figures["kvfsm_wrong"] == 0 < figures["naive_wrong"]
+    assert 0 < figures["overhead_vs_naive"] < 1 and figures["wall_s"] > 0
+
+
+def test_kvfsm_is_never_wrong_and_naive_is(quick: tuple[Path, dict[str, Any]]) -> None:
+    _out, figures = quick
+    for model_type, m in figures["models"].items():
+        assert m["kvfsm_wrong"] == 0, model_type
+        assert m["max_logit_diff"] <= 1e-4, model_type
+        assert m["naive_wrong"] > 0, model_type
+        assert m["usable_rate"] < m["hit_rate"], model_type
+        assert m["faults_landed"] > 0, model_type
+        clean = m["clean"]  # not merely conservative: every hit token reused, as naive does
+        assert clean["kvfsm_wrong"] == clean["naive_wrong"] == 0, model_type
+        assert clean["reuse_of_hit"] == 1.0, model_type
+        assert clean["tokens_reused"] + clean["tokens_restored"] == \
+            clean["naive_tokens_reused"], model_type
+
+
+def test_quick_demo_writes_report_plots_and_diagrams(
+        quick: tuple[Path, dict[str, Any]]) -> None:
+    out, figures = quick
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert report.startswith("# kvfsm demo")
+    assert "kvfsm demo --quick" in report
+    names = ["overview.png"] + [f"{t}_{plot}.png" for t in figures["models"]
+                                for plot in ("hit_vs_usable", "token_sources")]
+    for name in names:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f"({name})" in report, name
+    assert sorted(p.stem for p in out.glob("*.mmd")) == [
+        "compressed", "full_kv", "recurrent", "sliding_window", "sparse_index"]
+    assert json.loads((out / "report.json").read_text())["kvfsm_wrong"] == 0
+
+
+def test_quick_demo_metrics_parse(quick: tuple[Path, dict[str, Any]]) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out, figures = quick
+    families = {f.name: f for f in text_string_to_metric_families(
+        (out / "metrics.prom").read_text(encoding="utf-8"))}
+    for name in ("kvfsm_lookups", "kvfsm_hit_tokens", "kvfsm_usable_tokens",
+                 "kvfsm_restores", "kvfsm_shortfalls", "kvfsm_bookkeeping_seconds"):
+        assert families[name].type == "counter", name
+        assert all(s.name == f"{name}_total" for s in families[name].samples), name
+    assert families["kvfsm_max_logit_diff"].type == "gauge"
+
+    def value(name: str, **labels: str) -> float:
+        return sum(s.value for s in families[name].samples
+                   if all(s.labels.get(k) == v for k, v in labels.items()))
+
+    for model_type, m in figures["models"].items():
+        run = {"model": model_type, "workload": "faulted", "mode": "kvfsm"}
+        prompt = value("kvfsm_prompt_tokens", **run)
+        assert prompt == m["prompt_tokens"]
+        assert value("kvfsm_hit_tokens", **run) / prompt == pytest.approx(m["hit_rate"],
+                                                                         rel=1e-5)
+        assert value("kvfsm_usable_tokens", **run) / prompt == pytest.approx(
+            m["usable_rate"], rel=1e-5)
+        assert value("kvfsm_wrong_outputs", **run) == 0
+        assert value("kvfsm_wrong_outputs", model=model_type, workload="faulted",
+                     mode="naive") == m["naive_wrong"]
+        assert value("kvfsm_restores", model=model_type, workload="faulted") == sum(
+            r["count"] for r in m["restores"])
+        assert value("kvfsm_lookups", **run) >= m["requests"]
+    restores = families["kvfsm_restores"].samples
+    assert restores and set(restores[0].labels) == {"model", "workload", "kind", "tier",
+                                                    "outcome"}
+    assert {"reason"} <= set(families["kvfsm_shortfalls"].samples[0].labels)

@@ -1,0 +1,119 @@
+"""Differential fuzz of the serving loop: kvfsm's reuse against recomputing, for every tiny model.
+
+Invariant: for any small workload (2 to 4 requests sharing a prefix, some extending an earlier
+request, 20 to 80 tokens, never a multiple of the block size), any pool sizes and any schedule of
+faults drawn from the injectors of the model's group kinds (one before each request, on a block
+of an earlier request's prompt), serving in ``kvfsm`` mode at ``Level.FULL`` generates exactly
+the greedy tokens of ``nocache`` mode, with first-step logits within 1e-4 (float32 rounding of
+chunked forwards), and the state core's invariants hold afterwards.
+
+Examples: a tenth of the loaded Hypothesis profile's ``max_examples`` per model (10 under the
+default profile), so the file stays well under a minute; ``HYPOTHESIS_PROFILE=long`` fuzzes
+deliberately. Each example is marked with its model and faults (``hypothesis.event``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from kvfsm import Engine
+from kvfsm.serve import _faults as faults
+from kvfsm.serve import declare, tiny_model
+from kvfsm.serve._loop import Request, serve
+from kvfsm.spec import GroupKind, ModelDecl
+from kvfsm.state import CoreConfig
+from kvfsm.verify import Level
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytest.importorskip("torch")
+
+MODELS = ("gpt_oss", "qwen3_next", "deepseek_v4")
+TOLERANCE = 1e-4
+NEW_TOKENS = 3
+EXAMPLES = max(2, settings().max_examples // 10)
+
+#: Injectors for every kind, and those for one kind only.
+GENERIC = ("corrupt_host_copy", "flip_device_bytes", "spill_block", "restore_in_flight")
+BY_KIND = {
+    GroupKind.SLIDING_WINDOW: ("evict_window_block",),
+    GroupKind.RECURRENT: ("evict_snapshot", "stale_snapshot"),
+    GroupKind.COMPRESSED: ("evict_compressed_block", "compression_incomplete"),
+}
+
+_loaded: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def tiny(request: pytest.FixtureRequest) -> Any:
+    model_type: str = request.param
+    if model_type not in _loaded:
+        _loaded[model_type] = tiny_model(model_type, seed=0)
+    return _loaded[model_type]
+
+
+def injectors(decl: ModelDecl) -> list[tuple[str, str]]:
+    """Every (injector, group) pair that applies to ``decl``'s groups."""
+    return [(name, group.name) for group in decl.groups
+            for name in (*GENERIC, *BY_KIND.get(group.kind, ()))]
+
+
+def lengths() -> st.SearchStrategy[int]:
+    return st.sampled_from([n for n in range(20, 81) if n % 16])
+
+
+@st.composite
+def workloads(draw: st.DrawFn, decl: ModelDecl) -> tuple[list[Request], list[Any], Any]:
+    """(requests, faults before each request, pool sizes)."""
+    count = draw(st.integers(2, 4))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    shared = [int(t) for t in rng.integers(0, 1000, draw(st.integers(8, 19)))]
+    prompts: list[list[int]] = []
+    for _ in range(count):
+        length = draw(lengths())
+        longer = [p for p in prompts if len(p) < length]
+        base = draw(st.sampled_from([shared, *longer]))  # a new user, or a later turn
+        prompts.append(base + [int(t) for t in rng.integers(0, 1000, length - len(base))])
+    pairs = injectors(decl)
+    schedule = [None] + [
+        draw(st.none() | st.tuples(st.sampled_from(pairs), st.integers(0, i - 1),
+                                   st.integers(0, 4)))
+        for i in range(1, count)]
+    pools = draw(st.tuples(st.sampled_from([6, 12, 32]), st.sampled_from([0, 4])))
+    requests = [Request(f"r{i}", p, NEW_TOKENS) for i, p in enumerate(prompts)]
+    return requests, schedule, pools
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_kvfsm_serves_the_tokens_of_recomputing(tiny: Any, data: st.DataObject) -> None:
+    config = tiny.config
+    decl = declare(config)
+    requests, schedule, (device, host) = data.draw(workloads(decl))
+    event(f"model {config.model_type}")
+    by_rid = {r.rid: i for i, r in enumerate(requests)}
+
+    def hook(engine: Engine, request: Request) -> list[str]:
+        fault = schedule[by_rid[request.rid]]
+        if fault is None:
+            return []
+        (name, group), target, index = fault
+        event(f"{config.model_type}: {name} on {group}")
+        inject = getattr(faults, name)
+        return [inject(engine, requests[target].tokens, index=index, group=group)]
+
+    engine = Engine(decl, CoreConfig(device_blocks=device, host_blocks=host, backend="numpy"))
+    reference = serve(tiny, None, requests, "nocache")
+    got = serve(tiny, engine, requests, "kvfsm", level=Level.FULL, hook=hook)
+    for ref, result in zip(reference, got, strict=True):
+        assert result.tokens == ref.tokens, (result.rid, result.events)
+        delta = float(np.abs(result.logits - ref.logits).max())
+        assert delta <= TOLERANCE, (result.rid, delta, result.events)
+    if any(r.reused_tokens for r in got):
+        event(f"{config.model_type}: some prefix reused")
+    assert engine.core.check_invariants() == []
