@@ -117,3 +117,24 @@ def test_kvfsm_serves_the_tokens_of_recomputing(tiny: Any, data: st.DataObject) 
     if any(r.reused_tokens for r in got):
         event(f"{config.model_type}: some prefix reused")
     assert engine.core.check_invariants() == []
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_without_faults_kvfsm_reuses_what_a_hit_only_engine_reuses(tiny: Any,
+                                                                   data: st.DataObject) -> None:
+    """kvfsm is not merely conservative: on any small fault-free workload and pool sizes, each
+    request reuses exactly as many tokens in ``kvfsm`` mode (after its restore plan) as a
+    hit-only engine does, and generates the same tokens."""
+    decl = declare(tiny.config)
+    requests, _, (device, host) = data.draw(workloads(decl))
+
+    def engine() -> Engine:
+        return Engine(decl, CoreConfig(device_blocks=device, host_blocks=host,
+                                       backend="numpy"))
+
+    naive = serve(tiny, engine(), requests, "naive")
+    kvfsm = serve(tiny, engine(), requests, "kvfsm", level=Level.FULL)
+    for hit_only, result in zip(naive, kvfsm, strict=True):
+        assert result.reused_tokens == hit_only.reused_tokens, result.rid
+        assert result.tokens == hit_only.tokens, result.rid

@@ -10,6 +10,9 @@ host copies) and must surface as refused restores, never as wrong bytes.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -417,20 +420,34 @@ def test_gpt_oss_core_agrees_with_reference() -> None:
     run_state_machine_as_test(GptOssCore, settings=half)
 
 
-def test_fuzzing_reaches_every_state_of_the_deepseek_model() -> None:
-    """The rules are biased enough that spill, restore, compression and invalidation happen."""
+def missing_states() -> set[str]:
+    """The DeepSeek model's states (those its pools allow) a derandomized fuzz run never
+    reached."""
     REACHED.clear()
-    # Derandomized so the coverage claim is a fixed fact, not a coin toss; 600 examples, since
-    # at 300 which modules the session imported first could tip one state (restoring_host) out.
+    # Derandomized so the coverage claim is a fixed fact, not a coin toss.
     run_state_machine_as_test(DeepseekCore, settings=settings(
-        FUZZ, max_examples=600, database=None, derandomize=True))
+        FUZZ, max_examples=300, database=None, derandomize=True))
     core = StateCore(DeepseekCore.model, CoreConfig(device_blocks=DEVICE, host_blocks=HOST,
                                                     backend="numpy"))
-    missing = {
+    return {
         f"{name}:{state}"
         for name, group in core.groups.items()
         for state in group.table.lifecycle.state_names
         # Tiers without pools here (disk, remote) are unreachable by design.
         if not set(group.table.lifecycle.state(state).slots) - set(group.pools)
     } - REACHED - {f"{name}:free" for name in core.groups}
-    assert not missing, sorted(missing)
+
+
+def test_fuzzing_reaches_every_state_of_the_deepseek_model() -> None:
+    """The rules are biased enough that spill, restore, compression and invalidation happen.
+
+    Run in a fresh interpreter: the derandomized run is a fixed fact there, while inside a
+    long session that imported torch and transformers first it took another path (one state,
+    history:restoring_host, went unreached) for reasons not yet understood."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "from tests.test_state_fuzz import missing_states; print(sorted(missing_states()))"],
+        cwd=root, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-2000:]
