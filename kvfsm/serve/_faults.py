@@ -108,6 +108,19 @@ def _where(group: str, index: int, block: int) -> str:
     return f"{group} block {index} (id {block})"
 
 
+def _evict(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, name: str, index: int,
+           what: str) -> str:
+    """Evict the prompt's block ``index`` of group ``name``; says what happened, ``what``
+    naming the block in the success message (``"snapshot evicted"``)."""
+    block = block_id(engine, prompt, name, index)
+    if block < 0:
+        return f"{name} block {index}: not cached, nothing evicted"
+    before = _state(engine.core.group(name), block)
+    if not engine.core.fire(name, [block], Event.EVICT, masked=True)[0]:
+        return f"{_where(name, index, block)}: cannot be evicted from {before!r}"
+    return f"{_where(name, index, block)}{what} (was {before!r})"
+
+
 def evict_window_block(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
                        index: int | None = None, group: str | None = None) -> str:
     """Evict a sliding-window block inside the window of the prompt's longest reusable prefix
@@ -118,15 +131,7 @@ def evict_window_block(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLik
         if not window:
             return f"{name}: no window block to evict (prompt too short)"
         index = window[-1]
-    block = block_id(engine, prompt, name, index)
-    if block < 0:
-        return f"{name} block {index}: not cached, nothing evicted"
-    state = engine.core.group(name)
-    before = _state(state, block)
-    moved = engine.core.fire(name, [block], Event.EVICT, masked=True)
-    if not moved[0]:
-        return f"{_where(name, index, block)}: cannot be evicted from {before!r}"
-    return f"{_where(name, index, block)} inside the window evicted (was {before!r})"
+    return _evict(engine, prompt, name, index, " inside the window evicted")
 
 
 def _spill(engine: Engine, name: str, block: int) -> bool:
@@ -252,14 +257,7 @@ def evict_snapshot(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *
     name = group or group_of_kind(engine, GroupKind.RECURRENT)
     if index is None:
         index = checkpoint_block(engine, prompt, name)
-    block = block_id(engine, prompt, name, index)
-    if block < 0:
-        return f"{name} block {index}: not cached, no snapshot evicted"
-    state = engine.core.group(name)
-    before = _state(state, block)
-    if not engine.core.fire(name, [block], Event.EVICT, masked=True)[0]:
-        return f"{_where(name, index, block)}: cannot be evicted from {before!r}"
-    return f"{_where(name, index, block)}: snapshot evicted (was {before!r})"
+    return _evict(engine, prompt, name, index, ": snapshot evicted")
 
 
 def stale_snapshot(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
@@ -310,14 +308,7 @@ def evict_compressed_block(engine: Engine, prompt: Prompt | Sequence[int] | Arra
     name = group or group_of_kind(engine, GroupKind.COMPRESSED)
     if index is None:
         index = compressed_block(engine, prompt, name)
-    block = block_id(engine, prompt, name, index)
-    if block < 0:
-        return f"{name} block {index}: not cached, nothing evicted"
-    state = engine.core.group(name)
-    before = _state(state, block)
-    if not engine.core.fire(name, [block], Event.EVICT, masked=True)[0]:
-        return f"{_where(name, index, block)}: cannot be evicted from {before!r}"
-    return f"{_where(name, index, block)}: compressed block evicted (was {before!r})"
+    return _evict(engine, prompt, name, index, ": compressed block evicted")
 
 
 def compression_incomplete(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
