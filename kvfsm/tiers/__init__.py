@@ -1,0 +1,44 @@
+"""Stored tiers: where block copies live beyond host memory, by key, verified on every load.
+
+``DiskTier`` keeps one crash-safe file per block under a directory; ``MooncakeTier`` and
+``RedisTier`` keep values in a shared store that several engines read. All keep the
+``StoredTier`` contract and write the same header (``encode_header``) before each payload.
+"""
+
+from kvfsm.tiers._contract import (
+    FORMAT_VERSION,
+    HEADER_BYTES,
+    MAGIC,
+    BlockKey,
+    Header,
+    LoadResult,
+    LoadStatus,
+    StoredTier,
+    TierError,
+    block_keys,
+    decode_header,
+    encode_header,
+    group_hash,
+    layout_hash,
+    model_digest,
+    verify,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "HEADER_BYTES",
+    "MAGIC",
+    "BlockKey",
+    "Header",
+    "LoadResult",
+    "LoadStatus",
+    "StoredTier",
+    "TierError",
+    "block_keys",
+    "decode_header",
+    "encode_header",
+    "group_hash",
+    "layout_hash",
+    "model_digest",
+    "verify",
+]
