@@ -10,8 +10,10 @@ from numpy.typing import ArrayLike, NDArray
 
 from kvfsm._errors import KvfsmError
 from kvfsm._jit import warm_up
+from kvfsm.restore import RestoreExecutor, RestoreTicket
 from kvfsm.spec import Event, Lifecycle, ModelDecl, Tier, shipped_models
 from kvfsm.state import FAILED, NO_TARGET, CoreConfig, GroupState, StateCore, StateError
+from kvfsm.tiers import StoredTier
 from kvfsm.verify import (
     DeviceProfile,
     KernelLayouts,
@@ -68,6 +70,8 @@ class Engine:
         lifecycles: Mapping[str, Lifecycle] | None = None,
         profile: DeviceProfile | None = None,
         policy: VerifyPolicy | None = None,
+        tiers: Mapping[Tier | str, StoredTier] | None = None,
+        workers: int = 2,
     ) -> None:
         if isinstance(model, str):
             models = shipped_models()
@@ -76,6 +80,10 @@ class Engine:
                                  "(pass a ModelDecl from load_model for others)")
             model = models[model]
         self.core = StateCore(model, config, lifecycles=lifecycles)
+        self.tiers = _stored_tiers(self.core, tiers or {})
+        #: Runs restore plans and spills into the stored tiers (host restores need no tier).
+        self.restorer = RestoreExecutor(self.core, self.tiers, workers=workers,
+                                        make_room=self.give_back)
         # Compile the lookup's kernels now (or load them from the disk cache), not during the
         # first request.
         warm_up()
@@ -108,12 +116,124 @@ class Engine:
         ``priority``. The checksums the lookup computed are recorded in the core, so a block
         seen failing is unusable at every level until its content changes."""
         chosen = self.policy.level_for(priority) if level is None else as_level(level)
-        verdict = lookup(self.core, self._own(prompt), level=chosen,
+        prompt = self._own(prompt)
+        if self.tiers:
+            self.restorer.poll()  # loads that finished since: their blocks are readable now
+            self._forget_evicted()
+            self.discover(prompt)
+        verdict = lookup(self.core, prompt, level=chosen,
                          kernel_layouts=kernel_layouts, profile=self.profile,
                          drop_last_block=drop_last_block)
         for checks in verdict.checks:
             self.core.record_checks(checks.group, checks.block_ids, checks.passed)
         return verdict
+
+    # -- stored tiers ------------------------------------------------------------------------
+
+    def discover(self, prompt: Prompt | Sequence[int] | ArrayLike) -> int:
+        """Adopt copies of ``prompt``'s blocks that the stored tiers hold but this core does
+        not know (another engine spilled them, or this one before a restart): per group, the
+        blocks a prefill keeps, in order, each from the fastest tier that has it, up to the
+        first found nowhere. They become hash hits to restore; loading verifies them. Returns
+        the blocks adopted. :meth:`lookup` calls it when tiers are attached."""
+        prompt = self._own(prompt)
+        adopted = 0
+        for group in self.core.groups.values():
+            tiers = [t for t in sorted(group.stored) if t in self.tiers]
+            if not tiers:
+                continue
+            decl = group.decl
+            high, low = prompt.words(decl.block_size)
+            index = group.rule.commit_blocks(decl, high.size)
+            known = self.core.lookup_words(group.name, high[index], low[index]) >= 0
+            missing = index[~known]
+            if not missing.size:
+                continue
+            # Only the run before the first block neither known nor stored can ever be used.
+            found_in = np.full(missing.size, -1, dtype=np.int64)
+            for tier in tiers:
+                unsure = np.flatnonzero(found_in < 0)
+                keys = self.restorer.keys.prompt_keys(group.name, high, low, missing[unsure])
+                found_in[unsure[self.tiers[tier].contains(keys)]] = int(tier)
+            # Missing blocks are in index order: the first found nowhere ends the usable run.
+            nowhere = np.flatnonzero(found_in < 0)
+            limit = int(nowhere[0]) if nowhere.size else int(missing.size)
+            for tier in tiers:
+                chosen = missing[:limit][found_in[:limit] == int(tier)]
+                room = min(group.stored[tier] - group.stored_used(tier), group.free_top)
+                chosen = chosen[:max(room, 0)]
+                if chosen.size:
+                    self.core.discover(group.name, chosen, high[chosen], low[chosen], tier)
+                    adopted += int(chosen.size)
+        return adopted
+
+    def restore(self, verdict: Verdict, prompt: Prompt | None = None) -> RestoreTicket:
+        """Start the restores of ``verdict.plan``: device room is made first (never by giving
+        back ``prompt``'s own blocks), host copies land at once, disk and remote copies load on
+        worker threads. ``ticket.wait(group, timeout)`` settles them; a block whose copy fails
+        stays unusable and the next lookup recomputes from it."""
+        keep: dict[str, NDArray[np.intp]] = {}
+        if prompt is not None:
+            prompt = self._own(prompt)
+            for group in self.core.groups.values():
+                high, low = prompt.words(group.decl.block_size)
+                ids = self.core.lookup_words(group.name, high, low)
+                keep[group.name] = ids[ids >= 0]
+        return self.restorer.submit(verdict.plan, keep={k: v.tolist() for k, v in keep.items()})
+
+    def _forget_evicted(self) -> None:
+        """Blocks known only in a stored tier whose copy that tier has since evicted (its own
+        size cap) are forgotten, so they stop being hits."""
+        for tier, store in self.tiers.items():
+            drain = getattr(store, "drain_evicted", None)
+            if drain is None:
+                continue
+            by_group: dict[str, list[tuple[int, int]]] = {}
+            for key in drain():
+                name = self.restorer.keys.group_of.get(key.group)
+                if name is not None:
+                    by_group.setdefault(name, []).append((key.chain_high, key.chain_low))
+            for name, words in by_group.items():
+                group = self.core.group(name)
+                pairs = np.array(words, dtype=np.uint64)
+                ids = self.core.lookup_words(name, pairs[:, 0], pairs[:, 1])
+                ids = ids[ids >= 0]
+                table = group.table
+                there = ids[(table.residency[group.states[ids]] == int(tier))
+                            & ~table.in_flight[group.states[ids]]]
+                self.core.fire(name, there, Event.EVICT, masked=True)
+
+    def spill_down(self, group: str, tier: Tier, count: int) -> int:
+        """Move up to ``count`` least recently used unpinned blocks resident in ``tier`` one
+        tier down (host -> disk, disk -> remote) through the stored tiers, making room there
+        first the same way; where no tier below takes them, blocks on disk are forgotten (their
+        files stay until the disk's own cap evicts them). Returns the blocks moved or dropped."""
+        if count <= 0:
+            return 0
+        core = self.core
+        state = core.group(group)
+        table = state.table
+        here = (table.residency[state.states] == int(tier)) & ~table.in_flight[state.states] \
+            & (state.pins == 0) & ~table.readable[state.states]
+        ids = np.flatnonzero(here)
+        ids = ids[np.argsort(state.last_use[ids], kind="stable")][:count].astype(np.intp)
+        if not ids.size:
+            return 0
+        below = Tier(int(tier) + 1) if int(tier) + 1 < len(Tier) else None
+        if below is not None and below in state.stored and below in self.tiers:
+            room = state.stored[below] - state.stored_used(below)
+            self.spill_down(group, below, ids.size - room)
+            moved = self.restorer.store(group, ids)
+        else:
+            moved = np.zeros(ids.size, dtype=np.bool_)
+        if tier in state.stored:
+            core.fire(group, ids[~moved], Event.EVICT, masked=True)
+            return int(ids.size)
+        return int(moved.sum())
+
+    def close(self) -> None:
+        """Finish running I/O and stop the restore workers (the tiers stay open)."""
+        self.restorer.close()
 
     # -- commit ----------------------------------------------------------------------------
 
@@ -222,6 +342,9 @@ class Engine:
         core.fire(group, chosen[invalid], Event.FREE)
         readable = chosen[~invalid]
         spilled = np.zeros(readable.size, dtype=np.bool_)
+        if Tier.HOST in state.pools and Tier.DISK in state.stored:
+            # Make host room by moving its oldest blocks to disk (and disk's to remote).
+            self.spill_down(group, Tier.HOST, readable.size - state.pools[Tier.HOST].free)
         if Tier.HOST in state.pools:
             can = state.event_row(Event.SPILL_BEGIN)[state.states[readable]]
             began = np.zeros(readable.size, dtype=np.bool_)
@@ -278,3 +401,26 @@ class Engine:
         order = np.argsort(chosen == NO_TARGET, axis=1, kind="stable")
         refs: NDArray[np.int32] = np.take_along_axis(chosen, order, axis=1).astype(np.int32)
         return refs
+
+
+def _stored_tiers(core: StateCore, tiers: Mapping[Tier | str, StoredTier]
+                  ) -> dict[Tier, StoredTier]:
+    """``tiers`` keyed by ``Tier``, each one a stored tier the config gives blocks to."""
+    out: dict[Tier, StoredTier] = {}
+    for name, store in tiers.items():
+        try:
+            tier = Tier[name.upper()] if isinstance(name, str) else Tier(name)
+        except (KeyError, ValueError):
+            raise KvfsmError(f"Engine(tiers=...): unknown tier {name!r}; stored tiers are "
+                             "'disk' and 'remote'") from None
+        if tier not in (Tier.DISK, Tier.REMOTE):
+            raise KvfsmError(f"Engine(tiers=...): {tier.spec_name} is a pool the core owns, "
+                             "not a stored tier; pass 'disk' or 'remote'")
+        if not isinstance(store, StoredTier):
+            raise KvfsmError(f"Engine(tiers=...): {tier.spec_name} must be a StoredTier "
+                             f"(DiskTier, MooncakeTier, RedisTier), got {type(store).__name__}")
+        if not any(tier in group.stored for group in core.groups.values()):
+            raise KvfsmError(f"Engine(tiers=...): a {tier.spec_name} tier was given but no "
+                             f"group keeps blocks there: set CoreConfig.{tier.spec_name}_blocks")
+        out[tier] = store
+    return out

@@ -65,3 +65,16 @@ def test_configuration_key_ignores_slot_numbers_and_epochs() -> None:
     second.fire("attn", [0], "write_begin")
     second.fire("attn", [0], "write_fail")  # two more epoch bumps, same configuration
     assert configuration_key(first) == configuration_key(second)
+
+
+def test_stored_tiers_are_explored_completely_and_clean() -> None:
+    """Every configuration of one device slot, one disk copy and one remote copy of a dense
+    group, driven by allocation, discovery, every event and good loads by the data path,
+    satisfies every core invariant: copies found on disk or remote, restored (device_disk,
+    device_remote), evicted back to their copy, invalidated, failed."""
+    stored = CoreConfig(device_blocks=1, disk_blocks=1, remote_blocks=1,
+                        max_restores_in_flight=1, backend="numpy")
+    result = explore_core(shipped_models()["dense"], stored, max_configurations=5_000)
+    assert result.complete
+    assert result.ok, "\n".join(str(v) for v in result.violations)
+    assert result.configurations > 500

@@ -5,7 +5,9 @@ their meaning, block by block, with no arrays; the core must agree with it after
 same lifecycle state and pins for every block, same hash map, the bytes read back equal to the
 bytes written (across spill, restore and compression), and every invariant of
 ``StateCore.check_invariants`` holding. Faults are injected on the physical line (corrupted
-host copies) and must surface as refused restores, never as wrong bytes.
+host copies) and must surface as refused restores, never as wrong bytes. Disk and remote copies
+are stored by key outside the core: the fuzzer plays the data path, discovering copies, loading
+them (good or flipped) between ``restore_begin`` and ``restore_done``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+import xxhash
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -32,10 +35,12 @@ from kvfsm import KvfsmError, TransitionError
 from kvfsm.spec import Content, Event, GroupKind, Lifecycle, ModelDecl, Tier, shipped_models
 from kvfsm.state import CoreConfig, StateCore, join_words
 
-DEVICE, HOST = 3, 2
+DEVICE, HOST, DISK, REMOTE = 3, 2, 2, 2
 MAX_RESTORES = 2
-#: Every event but allocate (which goes through StateCore.allocate).
-EVENTS = [e for e in Event if e is not Event.ALLOCATE]
+#: How the core adopts a copy found in each stored tier (StateCore.discover).
+DISCOVERS = {Tier.DISK: Event.DISCOVER_DISK, Tier.REMOTE: Event.DISCOVER_REMOTE}
+#: Every event but allocate and discovery (StateCore.allocate / discover record identities).
+EVENTS = [e for e in Event if e is not Event.ALLOCATE and e not in DISCOVERS.values()]
 #: Events that undo progress; `advance` picks them less often so runs get deep.
 SETBACKS = frozenset({Event.FREE, Event.EVICT, Event.INVALIDATE, Event.WRITE_FAIL,
                       Event.COMPRESS_FAIL, Event.SPILL_FAIL, Event.RESTORE_FAIL})
@@ -54,6 +59,8 @@ class RefBlock:
         self.pending: bytearray | None = None  # bytes being written
         self.sub: set[int] = set()
         self.host_corrupt = False
+        #: Restoring from a stored tier: what the data path loaded since restore_begin.
+        self.loaded: str | None = None
         self.key = 0
         self.refs: list[tuple[int, int]] = []  # (target block, target version) for indexes
 
@@ -87,14 +94,15 @@ class CoreMachine(RuleBasedStateMachine):
 
     @initialize()
     def build(self) -> None:
-        config = CoreConfig(device_blocks=DEVICE, host_blocks=HOST,
-                            max_restores_in_flight=MAX_RESTORES, backend="numpy")
+        config = CoreConfig(device_blocks=DEVICE, host_blocks=HOST, disk_blocks=DISK,
+                            remote_blocks=REMOTE, max_restores_in_flight=MAX_RESTORES,
+                            backend="numpy")
         self.core = StateCore(self.model, config)
         self.ref: dict[str, RefGroup] = {}
         for name, group in self.core.groups.items():
             self.ref[name] = RefGroup(
                 name, group.table.lifecycle, group.decl.kind, group.n_blocks,
-                {t: p.capacity for t, p in group.pools.items()},
+                {t: p.capacity for t, p in group.pools.items()} | group.stored,
                 group.decl.sub_blocks or 0, group.decl.payload_bytes)
         self.next_key = 1
 
@@ -113,6 +121,8 @@ class CoreMachine(RuleBasedStateMachine):
         if call.name == "all_sub_blocks_present":
             return b.sub == set(range(group.sub_blocks or 1))
         if call.name == "checksum_ok":
+            if group.states[b.state].residency in DISCOVERS:
+                return b.loaded == "good"  # only a good load verifies
             return not b.host_corrupt
         if call.name == "targets_current":
             target = self.ref[self.core.group(group.name).decl.target_group or ""]
@@ -147,6 +157,7 @@ class CoreMachine(RuleBasedStateMachine):
                 b.data, b.pending, b.refs = None, None, []
             if dest.residency is not Tier.HOST and Tier.HOST not in dest.slots:
                 b.host_corrupt = False
+            b.loaded = None
             b.state = row.dest
             REACHED.add(f"{group.name}:{row.dest}")
             if "invalidate_dependents" in names:
@@ -197,6 +208,59 @@ class CoreMachine(RuleBasedStateMachine):
             b.sub = set()
             REACHED.add(f"{group.name}:allocated")
 
+    @rule(data=st.data(), count=st.integers(1, 2))
+    def discover(self, data: st.DataObject, count: int) -> None:
+        """Copies found in a stored tier become blocks there, all or none."""
+        group = self._group(data)
+        tier = data.draw(st.sampled_from(sorted(DISCOVERS)), label="tier")
+        row = group.rows.get(("free", DISCOVERS[tier]))
+        free = [i for i, b in enumerate(group.blocks) if b.state == "free"]
+        keys = list(range(self.next_key, self.next_key + count))
+        self.next_key += count
+        words = np.array([[k, k * 7919] for k in keys], dtype=np.uint64)
+        if row is None or count > len(free) or \
+                group.used(tier) + count > group.capacity.get(tier, 0):
+            before = self.core.group(group.name).states.copy()
+            with pytest.raises(KvfsmError):
+                self.core.discover(group.name, np.arange(count), words[:, 0], words[:, 1], tier)
+            assert np.array_equal(self.core.group(group.name).states, before)
+            return
+        ids = self.core.discover(group.name, np.arange(count), words[:, 0], words[:, 1], tier)
+        for block, (high, low) in zip(ids.tolist(), words.tolist(), strict=True):
+            b = group.blocks[block]
+            assert b.state == "free"
+            b.key = join_words(high, low)
+            b.state, b.version = row.dest, b.version + 1
+            b.sub = set(range(group.sub_blocks or 1))
+            b.data = np.random.default_rng(block).integers(
+                0, 256, group.payload, np.uint8).tobytes()
+            REACHED.add(f"{group.name}:{row.dest}")
+
+    def _load(self, group: RefGroup, block: int, good: bool) -> None:
+        """Play the data path: the block's stored copy arrives in its device slot."""
+        b = group.blocks[block]
+        content = np.frombuffer(b.data or bytes(group.payload), dtype=np.uint8)
+        arrived = content.copy()
+        if not good:
+            arrived[0] ^= 1
+        self.core.record_loaded(group.name, [block], [xxhash.xxh3_64_intdigest(content)],
+                                arrived[None])
+        b.loaded = "good" if good else "bad"
+
+    @rule(data=st.data())
+    def load(self, data: st.DataObject) -> None:
+        group = self._group(data)
+        loading = [i for i, b in enumerate(group.blocks)
+                   if self.core.group(group.name).table.loading[
+                       self.core.group(group.name).table.state_id(b.state)]]
+        if not loading:
+            block = data.draw(st.integers(0, len(group.blocks) - 1), label="block")
+            with pytest.raises(KvfsmError):
+                self.core.record_loaded(group.name, [block], [0])
+            return
+        block = data.draw(st.sampled_from(loading), label="loading block")
+        self._load(group, block, data.draw(st.integers(0, 5), label="good load") > 0)
+
     @rule(data=st.data())
     def fire(self, data: st.DataObject) -> None:
         group = self._group(data)
@@ -233,6 +297,9 @@ class CoreMachine(RuleBasedStateMachine):
         if onward and data.draw(st.integers(0, 2), label="onward"):
             events = onward
         event = data.draw(st.sampled_from(events), label="event")
+        if event is Event.RESTORE_DONE and group.states[b.state].residency in DISCOVERS and \
+                data.draw(st.integers(0, 4), label="load first"):
+            self._load(group, block, good=True)
         if event is Event.WRITE_DONE and data.draw(st.integers(0, 4), label="write first"):
             payload = np.random.default_rng(block).integers(0, 256, group.payload, np.uint8)
             self.core.write(group.name, [block], payload[None])

@@ -68,6 +68,7 @@ def logical_arrays(group: GroupState) -> dict[str, NDArray[np.generic]]:
     }
     for tier, slots in group.slot.items():
         arrays[f"slot_{tier.spec_name}"] = slots
+    arrays["stored_copies"] = group.copies
     arrays["sub_blocks"] = group.sub_blocks
     arrays["index_refs"] = group.refs_target
     arrays["index_epochs"] = group.refs_epoch

@@ -14,8 +14,8 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm.spec._model import Lifecycle, Row
-from kvfsm.spec._vocabulary import Content, Event, Form, Tier
+from kvfsm.spec._model import Lifecycle, Row, StateDef
+from kvfsm.spec._vocabulary import STORED_TIERS, Content, Event, Form, Tier
 
 _A = TypeVar("_A", bound=np.ndarray)
 
@@ -61,6 +61,11 @@ class CompiledTable:
     #: Per state: being restored: in flight, content in a lower tier, a device slot held
     #: (what the restore admission gate counts).
     restoring: NDArray[np.bool_]
+    #: Per state: a restore from a stored tier (disk, remote) is in flight: the data path
+    #: loads the stored copy into the device slot before ``restore_done``.
+    loading: NDArray[np.bool_]
+    #: Per state: the stored tier a spill in flight is writing a copy into, or -1.
+    storing_to: NDArray[np.int8]
     state_ids: MappingProxyType[str, int]
 
     @property
@@ -89,6 +94,14 @@ class CompiledTable:
         """The row for ``(state, event)``, or None."""
         index = int(self.row_of[state_id, event])
         return None if index == NO_ROW else self.lifecycle.rows[index]
+
+
+def _storing_to(state: StateDef) -> int:
+    """The stored tier a spill in flight in ``state`` writes into, or -1."""
+    if not state.in_flight or state.residency is None or Tier.DEVICE in state.slots:
+        return -1
+    targets = [t for t in state.slots if t in STORED_TIERS and t != state.residency]
+    return int(targets[0]) if targets else -1
 
 
 def _readonly(array: _A) -> _A:
@@ -137,5 +150,10 @@ def compile_lifecycle(lifecycle: Lifecycle) -> CompiledTable:
                 for s in states
             ]
         ),
+        loading=column([
+            s.in_flight and s.residency in STORED_TIERS and Tier.DEVICE in s.slots
+            for s in states
+        ]),
+        storing_to=_readonly(np.array([_storing_to(s) for s in states], dtype=np.int8)),
         state_ids=MappingProxyType(ids),
     )

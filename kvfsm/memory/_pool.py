@@ -254,6 +254,27 @@ class SlotPool:
         # The checksum travels with the bytes it describes.
         dst_pool._checksum[dst] = self._checksum[src]
 
+    def row_views(self, slots: ArrayLike) -> list[NDArray[np.uint8]]:
+        """Writable views of the payload bytes of used slots of a host-memory pool, one per
+        slot, in order: where a loader reads a stored copy straight into the slot it will be
+        verified in (no staging copy). A device pool on a GPU has none: stage and ``write``."""
+        if not self.on_host:
+            raise KvfsmError(f"{self.tier.spec_name} pool: its bytes are device memory; "
+                             "load into a host buffer and write() them")
+        idx = self._slots(slots, unique=True, live=True)
+        payload: NDArray[np.uint8] = self._payload
+        return [payload[i] for i in idx.tolist()]
+
+    def set_checksums(self, slots: ArrayLike, checksums: ArrayLike) -> None:
+        """Record, for used slots, checksums computed where their bytes came from (a stored
+        copy's header): the ``checksum_ok`` guard then re-hashes what actually arrived."""
+        idx = self._slots(slots, unique=True, live=True)
+        values = np.asarray(checksums, dtype=np.uint64)
+        if values.shape != idx.shape:
+            raise KvfsmError(f"{self.tier.spec_name} pool: {idx.shape[0]} slots but "
+                             f"{values.shape} checksums")
+        self._checksum[idx] = values
+
     # -- checksums -------------------------------------------------------------------------
 
     def record_checksum(self, slots: ArrayLike) -> None:

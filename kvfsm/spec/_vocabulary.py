@@ -51,6 +51,10 @@ class Event(enum.IntEnum):
     RESTORE_FAIL = 13
     FREE = 14
     INVALIDATE = 15
+    #: A copy of the block's content was found in a stored tier by its key (another engine
+    #: wrote it, or this one before a restart): the block is known there, not yet loaded.
+    DISCOVER_DISK = 16
+    DISCOVER_REMOTE = 17
 
     @property
     def spec_name(self) -> str:
@@ -67,7 +71,13 @@ EVENT_NAMES: Final = tuple(event.spec_name for event in Event)
 
 
 class Tier(enum.IntEnum):
-    """Where a copy of a block's content can live, fastest first."""
+    """Where a copy of a block's content can live, fastest first.
+
+    Device and host are *pooled*: a copy is a slot of a byte array. Disk and remote are
+    *stored*: a copy is a value named by the block's identity (model, group, layout, chain
+    hash), written and loaded by the data path between an event's begin and done, verified on
+    every load; a block records only that it holds one.
+    """
 
     DEVICE = 0
     HOST = 1
@@ -80,6 +90,11 @@ class Tier(enum.IntEnum):
 
 
 TIER_NAMES: Final = tuple(tier.spec_name for tier in Tier)
+
+#: Tiers whose copies live in slot pools the core owns.
+POOLED_TIERS: Final = frozenset({Tier.DEVICE, Tier.HOST})
+#: Tiers whose copies are values stored by key outside the core (``kvfsm.tiers``).
+STORED_TIERS: Final = frozenset({Tier.DISK, Tier.REMOTE})
 
 #: ``residency`` value of a state whose content lives nowhere.
 NO_TIER: Final = "none"
@@ -104,7 +119,8 @@ class Form(enum.Enum):
 #: Guards: named predicates a row needs before it may fire. ``:tier`` marks a tier argument.
 GUARDS: Final = MappingProxyType(
     {
-        "has_room": "the named tier has a free slot for every object in the batch (arg: tier)",
+        "has_room": "the named tier has a free slot for every object in the batch; a stored "
+                    "tier (disk, remote) has room when it is attached (arg: tier)",
         "no_pins": "no reader holds a pin on the object",
         "admission_open": "the restore admission gate has budget for this object",
         "all_sub_blocks_present": "every sub-block has been written (an unsplit block is one)",
@@ -119,9 +135,13 @@ GUARDS_WITH_TIER: Final = frozenset({"has_room"})
 #: Effects: the memory operations a row drives, run once per batch after all guards pass.
 EFFECTS: Final = MappingProxyType(
     {
-        "take_slot": "take a slot in the named tier (arg: tier)",
-        "return_slot": "return the object's slot in the named tier (arg: tier)",
-        "copy_to": "start copying the content from its residency tier to the named one (arg: tier)",
+        "take_slot": "take a slot in the named tier; in a stored tier, record that the object "
+                     "holds a copy there (arg: tier)",
+        "return_slot": "return the object's slot in the named tier; in a stored tier, forget "
+                       "its copy (the stored value may stay for others) (arg: tier)",
+        "copy_to": "start copying the content from its residency tier to the named one: between "
+                   "pools at once, to or from a stored tier by the data path before the row's "
+                   "done (arg: tier)",
         "bump_epoch": "advance the object's epoch: its content or location changed",
         "record_checksum": "compute and record the checksum of the content just written",
         "publish_hash": "make the object reachable through the prefix hash map",

@@ -27,6 +27,7 @@ from kvfsm.spec import (
     Tier,
     shipped_lifecycles,
 )
+from kvfsm.spec._vocabulary import STORED_TIERS
 from kvfsm.state._group import (
     FAILED,
     NO_TARGET,
@@ -85,6 +86,10 @@ class CoreConfig:
 
     device_blocks: int = attrs.field(default=256, validator=_count(1))
     host_blocks: int = attrs.field(default=0, validator=_count(0))
+    #: Blocks per group that may hold a copy on disk / in the remote store (logical ids beyond
+    #: the pools: a block known only there has no slot). 0 leaves the tier out.
+    disk_blocks: int = attrs.field(default=0, validator=_count(0))
+    remote_blocks: int = attrs.field(default=0, validator=_count(0))
     per_group: Mapping[str, Mapping[str, int]] = attrs.field(factory=dict,
                                                              validator=_check_per_group)
     max_restores_in_flight: int = attrs.field(default=64, validator=_count(0))
@@ -92,7 +97,8 @@ class CoreConfig:
     backend: str = attrs.field(default="auto", validator=_check_backend)
 
     def slots(self, group: str) -> dict[Tier, int]:
-        sizes = {Tier.DEVICE: self.device_blocks, Tier.HOST: self.host_blocks}
+        sizes = {Tier.DEVICE: self.device_blocks, Tier.HOST: self.host_blocks,
+                 Tier.DISK: self.disk_blocks, Tier.REMOTE: self.remote_blocks}
         for tier_name, count in self.per_group.get(group, {}).items():
             sizes[Tier[tier_name.upper()]] = int(count)
         return {tier: count for tier, count in sizes.items() if count > 0}
@@ -115,6 +121,8 @@ class BlockInfo:
     verified: bool | None
     #: The tiers where it holds a slot, with the slot.
     slots: Mapping[Tier, int]
+    #: The stored tiers (disk, remote) where it holds a copy, named by its identity.
+    stored: tuple[Tier, ...] = ()
 
 
 class StateCore:
@@ -148,9 +156,13 @@ class StateCore:
         for decl in model.groups:
             table = compile_lifecycle(known[decl.lifecycle])
             pools = {}
+            stored: dict[Tier, int] = {}
             for tier, count in self.config.slots(decl.name).items():
                 if tier not in table.lifecycle.tiers:
                     continue  # the lifecycle never puts this kind there
+                if tier in STORED_TIERS:
+                    stored[tier] = count  # copies by key: ids to know them by, no bytes here
+                    continue
                 on_device = tier is Tier.DEVICE
                 try:
                     pools[tier] = SlotPool(
@@ -170,6 +182,7 @@ class StateCore:
                 decl, table, pools,
                 max_restores_in_flight=self.config.max_restores_in_flight,
                 dependents=self._dependents_of(decl.name),
+                stored=stored,
             )
         for state in groups.values():
             if state.decl.target_group is not None:
@@ -244,14 +257,50 @@ class StateCore:
         self.touch(group, ids)
         return ids
 
+    def discover(self, group: str, positions: ArrayLike, hash_high: ArrayLike,
+                 hash_low: ArrayLike, tier: Tier) -> IdArray:
+        """Adopt copies found in the stored ``tier`` (all or nothing): one block per position,
+        with its identity, known there and a hash hit, not yet loaded (a restore verifies
+        it). Keys already in the hash map are an error: the map serves one block per key."""
+        state = self.group(group)
+        event = _DISCOVER.get(Tier(tier))
+        if event is None:
+            stored = sorted(t.spec_name for t in _DISCOVER)
+            raise KvfsmError(f"{group}: copies are discovered in stored tiers {stored}, "
+                             f"not {Tier(tier).spec_name}")
+        pos = np.asarray(positions, dtype=np.int32).ravel()
+        high = np.asarray(hash_high, dtype=np.uint64).ravel()
+        low = np.asarray(hash_low, dtype=np.uint64).ravel()
+        if not pos.size == high.size == low.size:
+            raise KvfsmError(f"{group}: positions and hashes differ in length")
+        if (state.hash_map.lookup(high, low) != -1).any():
+            raise StateError(f"{group}: some keys are already blocks here; discover only misses")
+        ids = state.pop_free_ids(pos.size)
+        if ids.size < pos.size:
+            raise StateError(f"{group}: {pos.size} blocks asked, {ids.size} logical ids free")
+        # The identity is what publish_hash publishes, so it is written first and put back if
+        # the fire is refused (free blocks' identities are never read, but nothing changes).
+        saved = (state.position[ids].copy(), state.hash_high[ids].copy(),
+                 state.hash_low[ids].copy(), state.sub_blocks[ids].copy(),
+                 state.layout_id[ids].copy())
+        state.record_identity(ids, pos, high, low)
+        state.record_written(ids)
+        try:
+            state.machine.fire_batch(ids, event)
+        except Exception:
+            state.restore_identity(ids, *saved)
+            raise
+        self.touch(group, ids)
+        return ids
+
     def fire(self, group: str, ids: ArrayLike, event: Event | str, *,
              masked: bool = False) -> NDArray[np.bool_]:
         """Fire ``event`` on blocks of ``group`` (use :meth:`allocate` to allocate)."""
         state = self.group(group)
         ev = _event(group, event)
-        if ev is Event.ALLOCATE:
-            raise KvfsmError(f"{group}: use StateCore.allocate, which also records the block's "
-                             "identity, rather than firing 'allocate'")
+        if ev is Event.ALLOCATE or ev in _DISCOVER.values():
+            raise KvfsmError(f"{group}: use StateCore.allocate / discover, which also record "
+                             f"the block's identity, rather than firing {ev.spec_name!r}")
         batch = self._ids(state, ids, unique=False)  # the machine refuses repeats itself
         return state.machine.fire_batch(batch, ev, masked=masked)
 
@@ -304,6 +353,51 @@ class StateCore:
         rows[:, start:stop] = chunk
         pool.write(slots, rows)
         state.record_written(batch, 1 << sub_block)
+
+    # -- the data path of stored tiers (bytes move between an event's begin and its done) -------
+
+    def restore_rows(self, group: str, ids: ArrayLike) -> list[NDArray[np.uint8]]:
+        """Writable views of the device slots of blocks restoring from a stored tier, for a
+        loader to read their stored copies straight into (host-memory device pools only; on a
+        GPU load into a host buffer and pass it to :meth:`record_loaded`). Nothing is trusted
+        until ``restore_done``'s ``checksum_ok`` re-hashes what arrived."""
+        state = self.group(group)
+        batch = self._ids(state, ids)
+        self._require(state, batch, state.table.loading, "load into")
+        return state.pools[Tier.DEVICE].row_views(state.slot[Tier.DEVICE][batch])
+
+    def record_loaded(self, group: str, ids: ArrayLike, checksums: ArrayLike,
+                      payload: ArrayLike | None = None, *, verified: bool = False) -> None:
+        """A loader brought stored copies of blocks restoring from a stored tier: record the
+        checksum each copy's header carried (and write ``payload``, ``[k, payload_bytes]``,
+        where the bytes were not loaded in place). ``restore_done``'s ``checksum_ok`` then
+        re-hashes what arrived, unless ``verified``: the loader hashed these very bytes in
+        these very slots after they landed (in place, host memory), which is the same check."""
+        state = self.group(group)
+        batch = self._ids(state, ids)
+        self._require(state, batch, state.table.loading, "record a load into")
+        pool = state.pools[Tier.DEVICE]
+        slots = state.slot[Tier.DEVICE][batch]
+        sums = np.asarray(checksums, dtype=np.uint64).ravel()
+        if sums.size != batch.size:
+            raise KvfsmError(f"{group}: {batch.size} blocks but {sums.size} checksums")
+        if payload is not None:
+            data = np.asarray(payload, dtype=np.uint8)
+            pool.write(slots, self._rows(group, data, batch.size, state.decl.payload_bytes))
+        pool.set_checksums(slots, sums)
+        state.record_load_check(batch, verified=verified and payload is None)
+
+    def spill_rows(self, group: str, ids: ArrayLike
+                   ) -> tuple[list[NDArray[np.uint8]], NDArray[np.uint64]]:
+        """The bytes (views; do not write) and recorded checksums of blocks spilling from a
+        host slot into a stored tier, for the data path to store before ``spill_done``."""
+        state = self.group(group)
+        batch = self._ids(state, ids)
+        from_host = (state.table.storing_to >= 0) & (state.table.residency == int(Tier.HOST))
+        self._require(state, batch, from_host, "store from host")
+        pool = state.pools[Tier.HOST]
+        slots = state.slot[Tier.HOST][batch]
+        return pool.row_views(slots), pool.checksum[slots].copy()
 
     @staticmethod
     def _rows(group: str, data: _Shaped, count: int, width: int, what: str = "payload bytes"
@@ -445,7 +539,8 @@ class StateCore:
             pins=int(state.pins[index]), layout=state.layouts[int(state.layout_id[index])],
             verified=None if check == UNCHECKED else check == VERIFIED,
             slots={tier: int(slots[index]) for tier, slots in state.slot.items()
-                   if slots[index] >= 0})
+                   if slots[index] >= 0},
+            stored=tuple(tier for tier in state.stored if state.holds(tier)[index]))
 
     def blocks_in(self, group: str, states: str | Iterable[str]) -> IdArray:
         """Ids of the blocks in the named lifecycle states (e.g. ``"invalid"``,
@@ -489,6 +584,10 @@ class StateCore:
         problems = self.check_invariants()
         if problems:
             raise InvariantViolation(problems)
+
+
+#: The event that adopts a copy found in each stored tier.
+_DISCOVER: Final = {Tier.DISK: Event.DISCOVER_DISK, Tier.REMOTE: Event.DISCOVER_REMOTE}
 
 
 def _event(group: str, event: Event | str | int) -> Event:

@@ -18,11 +18,13 @@ from collections.abc import Callable
 
 import attrs
 import numpy as np
+import xxhash
+from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm.spec import Event, ModelDecl
+from kvfsm.spec import Event, ModelDecl, Tier
 from kvfsm.state._core import CoreConfig, StateCore
-from kvfsm.state._group import NO_TARGET
+from kvfsm.state._group import NO_TARGET, GroupState
 from kvfsm.state._invariants import core_problems
 
 #: ``(operation, group, block, event)``; block -1 and event None where they do not apply.
@@ -60,7 +62,24 @@ def _label(action: Action) -> str:
     op, group, block, event = action
     if op == "fire" and event is not None:
         return f"{group}[{block}]: {event.spec_name}"
-    return f"{group}: allocate" if op == "allocate" else f"{group}[{block}]: {op}"
+    if op in ("allocate", "discover"):
+        return f"{group}: {op}" + (f" ({event.spec_name})" if event is not None else "")
+    return f"{group}[{block}]: {op}"
+
+
+#: How a copy found in each stored tier is adopted.
+_DISCOVER = {Tier.DISK: Event.DISCOVER_DISK, Tier.REMOTE: Event.DISCOVER_REMOTE}
+
+
+def _loads_verify(group: GroupState) -> NDArray[np.bool_]:
+    """Per block restoring from a stored tier: the bytes loaded so far match their checksum
+    (what decides whether its ``restore_done`` may fire)."""
+    loading = np.flatnonzero(group.table.loading[group.states])
+    verifies = np.zeros(group.n_blocks, dtype=np.bool_)
+    if loading.size:
+        slots = group.slot[Tier.DEVICE][loading]
+        verifies[loading] = group.pools[Tier.DEVICE].verify_checksum(slots)
+    return verifies
 
 
 def configuration_key(core: StateCore) -> Key:
@@ -78,6 +97,8 @@ def configuration_key(core: StateCore) -> Key:
             group.refs_target.tobytes(),
             group.targets_current(every).tobytes(),
             group.free_ids[: group.free_top].tobytes(),
+            group.copies.tobytes(),
+            _loads_verify(group).tobytes(),
         ]
     return b"|".join(parts)
 
@@ -89,8 +110,12 @@ class _Runner:
         self.actions: list[Action] = []
         for name, group in StateCore(model, config).groups.items():
             self.actions.append(("allocate", name, -1, None))
+            self.actions += [("discover", name, -1, _DISCOVER[tier]) for tier in group.stored]
             for block in range(group.n_blocks):
-                self.actions += [("fire", name, block, e) for e in Event if e is not Event.ALLOCATE]
+                self.actions += [("fire", name, block, e) for e in Event
+                                 if e is not Event.ALLOCATE and e not in _DISCOVER.values()]
+                if group.stored:
+                    self.actions.append(("load", name, block, None))
                 self.actions += [(op, name, block, None) for op in ("write", "pin", "unpin")]
                 if group.target is not None:
                     self.actions.append(("refs", name, block, None))
@@ -108,6 +133,13 @@ class _Runner:
         if op == "allocate":
             # A distinct identity per allocation: the step that made it in the path.
             core.allocate(name, [step], [step + 1], [step * 31 + 7])
+        elif op == "discover" and event is not None:
+            tier = next(t for t, e in _DISCOVER.items() if e is event)
+            core.discover(name, [step], [step + 1], [step * 31 + 7], tier)
+        elif op == "load":
+            # The data path brings a stored copy whose header checksum matches what arrived.
+            payload = np.full((1, group.decl.payload_bytes), block + 1, np.uint8)
+            core.record_loaded(name, [block], [xxhash.xxh3_64_intdigest(payload[0])], payload)
         elif op == "fire" and event is not None:
             core.fire(name, [block], event)
         elif op == "write":

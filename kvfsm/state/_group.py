@@ -24,6 +24,7 @@ from kvfsm.fsm import INVALID, CompiledTable, EffectFn, GuardFn, Machine
 from kvfsm.kinds import rule_of
 from kvfsm.memory import SlotPool
 from kvfsm.spec import Call, Event, GroupDecl, Layout, Row, Tier
+from kvfsm.spec._vocabulary import STORED_TIERS
 from kvfsm.state._dependents import Dependents
 from kvfsm.state._hashtable import BlockHashTable
 
@@ -52,6 +53,7 @@ class _Blocks:
     """The writable per-block arrays of one group (private to :class:`GroupState`)."""
 
     def __init__(self, n: int, tiers: list[Tier], top_k: int) -> None:
+        # ``tiers``: the pooled tiers this group has a pool in.
         self.epoch = np.zeros(n, dtype=np.uint32)
         self.position = np.full(n, -1, dtype=np.int32)
         self.pins = np.zeros(n, dtype=np.uint16)
@@ -62,6 +64,8 @@ class _Blocks:
         self.layout_id = np.zeros(n, dtype=np.uint8)
         #: Per tier with a pool: the slot each block holds there, or -1.
         self.slot = {tier: np.full(n, -1, dtype=np.int32) for tier in tiers}
+        #: One bit per stored tier (``1 << tier``): the block holds a copy there, by key.
+        self.copies = np.zeros(n, dtype=np.uint8)
         self.hash_high = np.zeros(n, dtype=np.uint64)
         self.hash_low = np.zeros(n, dtype=np.uint64)
         # Which sub-blocks have been written; a block not split into sub-blocks is one, so no
@@ -85,12 +89,19 @@ class GroupState:
         *,
         max_restores_in_flight: int,
         dependents: Callable[[IdArray], None],
+        stored: Mapping[Tier, int] | None = None,
     ) -> None:
         self.decl = decl
         self.table = table
         self.rule = rule_of(decl)
         self.pools = dict(pools)
-        n = sum(pool.capacity for pool in self.pools.values())
+        #: The stored tiers attached to this group, with how many blocks may hold a copy in
+        #: each (their copies are values the data path writes and loads by key; a block keeps
+        #: one bit per stored tier in ``copies``).
+        self.stored = {tier: int(count) for tier, count in (stored or {}).items()
+                       if tier in STORED_TIERS and count > 0}
+        self._stored_used = dict.fromkeys(self.stored, 0)
+        n = sum(pool.capacity for pool in self.pools.values()) + sum(self.stored.values())
         self.n_blocks = n
         top_k = self.rule.index_width(decl)
         self._blocks = blocks = _Blocks(n, list(self.pools), top_k)
@@ -101,6 +112,7 @@ class GroupState:
         self.check = _read_only(blocks.check)
         self.layout_id = _read_only(blocks.layout_id)
         self.slot = {tier: _read_only(slots) for tier, slots in blocks.slot.items()}
+        self.copies = _read_only(blocks.copies)
         self.hash_high = _read_only(blocks.hash_high)
         self.hash_low = _read_only(blocks.hash_low)
         self.sub_blocks = _read_only(blocks.sub_blocks)
@@ -136,6 +148,20 @@ class GroupState:
     def free_top(self) -> int:
         return self._blocks.free_top
 
+    def stored_used(self, tier: Tier) -> int:
+        """Blocks holding a copy in the stored ``tier`` (kept by every fire, O(1))."""
+        return self._stored_used.get(tier, 0)
+
+    def holds(self, tier: Tier) -> NDArray[np.bool_]:
+        """Per block: it holds a copy in ``tier`` (a slot of a pooled tier, a stored copy)."""
+        if tier in STORED_TIERS:
+            held: NDArray[np.bool_] = (self._blocks.copies & np.uint8(1 << tier)) != 0
+            return held
+        if tier in self._blocks.slot:
+            pooled: NDArray[np.bool_] = self._blocks.slot[tier] != -1
+            return pooled
+        return np.zeros(self.n_blocks, dtype=np.bool_)
+
     def bind_target(self, target: GroupState) -> None:
         """Make this sparse-index group point into ``target`` (called once by the core)."""
         self.target = target
@@ -155,6 +181,9 @@ class GroupState:
         }
 
     def _has_room(self, ids: IdArray, call: Call) -> NDArray[np.bool_]:
+        if call.tier in STORED_TIERS:
+            room = self.stored.get(call.tier, 0) - self._stored_used.get(call.tier, 0)
+            return np.arange(ids.shape[0]) < room
         pool = self.pools.get(call.tier) if call.tier is not None else None
         room = pool.free if pool is not None else 0
         return np.arange(ids.shape[0]) < room
@@ -172,8 +201,14 @@ class GroupState:
 
     def _checksum_ok(self, ids: IdArray, call: Call) -> NDArray[np.bool_]:
         # Restores copy content and its recorded checksum into the device slot at begin; done
-        # recomputes over the bytes that actually arrived.
-        return self.pools[Tier.DEVICE].verify_checksum(self._blocks.slot[Tier.DEVICE][ids])
+        # recomputes over the bytes that actually arrived, except where a loader from a stored
+        # tier already hashed them in that very slot after they landed (record_load_check).
+        slots = self._blocks.slot[Tier.DEVICE][ids]
+        trusted = self.table.loading[self.states[ids]] & (self._blocks.check[ids] == VERIFIED)
+        ok = np.ones(ids.shape[0], dtype=np.bool_)
+        if not trusted.all():
+            ok[~trusted] = self.pools[Tier.DEVICE].verify_checksum(slots[~trusted])
+        return ok
 
     def targets_current(self, ids: IdArray) -> NDArray[np.bool_]:
         """Per index block: every target it holds is still at the epoch it was indexed at."""
@@ -208,15 +243,29 @@ class GroupState:
         return self.pools[tier]
 
     def _take_slot(self, ids: IdArray, call: Call, row: Row) -> None:
+        if call.tier in STORED_TIERS:
+            self._blocks.copies[ids] |= np.uint8(1 << call.tier)
+            self._stored_used[call.tier] += ids.shape[0]
+            return
         self._blocks.slot[call.tier][ids] = self._pool(call.tier, row).take(ids)  # type: ignore[index]
 
     def _return_slot(self, ids: IdArray, call: Call, row: Row) -> None:
+        if call.tier in STORED_TIERS:
+            # The block forgets its copy; the stored value may stay for others (it is named
+            # by content, and verified by whoever loads it).
+            self._blocks.copies[ids] &= np.uint8(~(1 << call.tier) & 0xFF)
+            self._stored_used[call.tier] -= ids.shape[0]
+            return
         slots = self._blocks.slot[call.tier]  # type: ignore[index]
         self._pool(call.tier, row).release(slots[ids])
         slots[ids] = -1
 
     def _copy_to(self, ids: IdArray, call: Call, row: Row) -> None:
         source = self.table.lifecycle.state(row.source).residency
+        if source in STORED_TIERS or call.tier in STORED_TIERS:
+            # Bytes to or from a stored tier move on the data path (``kvfsm.restore``) between
+            # this row and its done row, whose guards check what arrived.
+            return
         src_pool, dst_pool = self._pool(source, row), self._pool(call.tier, row)
         src_pool.copy_rows_to(self._blocks.slot[source][ids], dst_pool,  # type: ignore[index]
                               self._blocks.slot[call.tier][ids])  # type: ignore[index]
@@ -289,6 +338,20 @@ class GroupState:
         self._blocks.position[ids] = position
         self._blocks.hash_high[ids] = high
         self._blocks.hash_low[ids] = low
+
+    def restore_identity(self, ids: IdArray, position: NDArray[np.int32],
+                         high: NDArray[np.uint64], low: NDArray[np.uint64],
+                         sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8]) -> None:
+        """Put back what :meth:`record_identity` and :meth:`record_written` overwrote (a
+        refused discovery)."""
+        self.record_identity(ids, position, high, low)
+        self._blocks.sub_blocks[ids] = sub_blocks
+        self._blocks.layout_id[ids] = layout_id
+
+    def record_load_check(self, ids: IdArray, *, verified: bool) -> None:
+        """A loader put a stored copy into the device slots of restoring ``ids``: whether it
+        verified those bytes in place (else ``checksum_ok`` re-hashes them)."""
+        self._blocks.check[ids] = VERIFIED if verified else UNCHECKED
 
     def record_written(self, ids: IdArray, sub_mask: int | None = None) -> None:
         """Content was written: every sub-block (``sub_mask`` None) or those of the mask."""

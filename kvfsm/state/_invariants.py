@@ -32,7 +32,7 @@ class CoreInvariant:
 def _view(group: GroupState) -> View:
     n_states = group.table.n_states
     pinned = group.pins > 0
-    capacity = {tier: pool.capacity for tier, pool in group.pools.items()}
+    capacity = {tier: pool.capacity for tier, pool in group.pools.items()} | group.stored
     return View(
         group.table,
         Bounds(objects=group.n_blocks, capacity=capacity),
@@ -62,6 +62,11 @@ def _slots_owned_once(group: GroupState) -> list[str]:
         if pool.used != int(held.sum()):
             out.append(f"{tier.spec_name}: pool has {pool.used} used slots, blocks hold "
                        f"{int(held.sum())}")
+    for tier, capacity in group.stored.items():
+        copies = int(group.holds(tier).sum())
+        if copies != group.stored_used(tier) or copies > capacity:
+            out.append(f"{tier.spec_name}: {copies} blocks hold a copy, the count says "
+                       f"{group.stored_used(tier)} of {capacity}")
     return out
 
 
@@ -69,7 +74,7 @@ def _lines_agree(group: GroupState) -> list[str]:
     out: list[str] = []
     for tier in Tier:
         expected = group.table.holds_slot[group.states, tier]
-        held = group.slot[tier] != -1 if tier in group.slot else np.zeros_like(expected)
+        held = group.holds(tier)
         bad = np.flatnonzero(expected != held)
         if bad.size:
             out.append(f"{tier.spec_name}: blocks {bad[:8].tolist()} disagree between lifecycle "

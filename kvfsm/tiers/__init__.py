@@ -23,15 +23,27 @@ from kvfsm.tiers._contract import (
     model_digest,
     verify,
 )
+from kvfsm.tiers._disk import DiskTier
+
+# The remote backends import their client libraries (mooncake, redis) only when a tier is built,
+# so these imports work without them; a missing one is a TierError naming how to install it.
+from kvfsm.tiers._mooncake import MooncakeTier
+from kvfsm.tiers._redis import RedisTier
+from kvfsm.tiers._servers import MooncakeMaster, RedisServer
 
 __all__ = [
     "FORMAT_VERSION",
     "HEADER_BYTES",
     "MAGIC",
     "BlockKey",
+    "DiskTier",
     "Header",
     "LoadResult",
     "LoadStatus",
+    "MooncakeMaster",
+    "MooncakeTier",
+    "RedisServer",
+    "RedisTier",
     "StoredTier",
     "TierError",
     "block_keys",
