@@ -8,6 +8,7 @@ import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from kvfsm._engine_tiers import EngineTiers, check_tiers
 from kvfsm._errors import KvfsmError
 from kvfsm._jit import warm_up
 from kvfsm.restore import RestoreExecutor, RestoreTicket
@@ -80,10 +81,11 @@ class Engine:
                                  "(pass a ModelDecl from load_model for others)")
             model = models[model]
         self.core = StateCore(model, config, lifecycles=lifecycles)
-        self.tiers = _stored_tiers(self.core, tiers or {})
+        self.tiers = check_tiers(self.core, tiers or {})
         #: Runs restore plans and spills into the stored tiers (host restores need no tier).
         self.restorer = RestoreExecutor(self.core, self.tiers, workers=workers,
                                         make_room=self.give_back)
+        self._stored = EngineTiers(self.core, self.tiers, self.restorer)
         # Compile the lookup's kernels now (or load them from the disk cache), not during the
         # first request.
         warm_up()
@@ -136,100 +138,27 @@ class Engine:
         blocks a prefill keeps, in order, each from the fastest tier that has it, up to the
         first found nowhere. They become hash hits to restore; loading verifies them. Returns
         the blocks adopted. :meth:`lookup` calls it when tiers are attached."""
-        prompt = self._own(prompt)
-        adopted = 0
-        for group in self.core.groups.values():
-            tiers = [t for t in sorted(group.stored) if t in self.tiers]
-            if not tiers:
-                continue
-            decl = group.decl
-            high, low = prompt.words(decl.block_size)
-            index = group.rule.commit_blocks(decl, high.size)
-            known = self.core.lookup_words(group.name, high[index], low[index]) >= 0
-            missing = index[~known]
-            if not missing.size:
-                continue
-            # Only the run before the first block neither known nor stored can ever be used.
-            found_in = np.full(missing.size, -1, dtype=np.int64)
-            for tier in tiers:
-                unsure = np.flatnonzero(found_in < 0)
-                keys = self.restorer.keys.prompt_keys(group.name, high, low, missing[unsure])
-                found_in[unsure[self.tiers[tier].contains(keys)]] = int(tier)
-            # Missing blocks are in index order: the first found nowhere ends the usable run.
-            nowhere = np.flatnonzero(found_in < 0)
-            limit = int(nowhere[0]) if nowhere.size else int(missing.size)
-            for tier in tiers:
-                chosen = missing[:limit][found_in[:limit] == int(tier)]
-                room = min(group.stored[tier] - group.stored_used(tier), group.free_top)
-                chosen = chosen[:max(room, 0)]
-                if chosen.size:
-                    self.core.discover(group.name, chosen, high[chosen], low[chosen], tier)
-                    adopted += int(chosen.size)
-        return adopted
+        return self._stored.discover(self._own(prompt))
 
     def restore(self, verdict: Verdict, prompt: Prompt | None = None) -> RestoreTicket:
         """Start the restores of ``verdict.plan``: device room is made first (never by giving
-        back ``prompt``'s own blocks), host copies land at once, disk and remote copies load on
-        worker threads. ``ticket.wait(group, timeout)`` settles them; a block whose copy fails
-        stays unusable and the next lookup recomputes from it."""
-        keep: dict[str, NDArray[np.intp]] = {}
-        if prompt is not None:
-            prompt = self._own(prompt)
-            for group in self.core.groups.values():
-                high, low = prompt.words(group.decl.block_size)
-                ids = self.core.lookup_words(group.name, high, low)
-                keep[group.name] = ids[ids >= 0]
-        return self.restorer.submit(verdict.plan, keep={k: v.tolist() for k, v in keep.items()})
+        back, spilling or forgetting ``prompt``'s own blocks), host copies land at once, disk
+        and remote copies load on worker threads. ``ticket.wait(group, timeout)`` settles
+        them; a block whose copy fails stays unusable and the next lookup recomputes from it."""
+        return self._stored.restore(verdict, None if prompt is None else self._own(prompt))
 
     def _forget_evicted(self) -> None:
         """Blocks known only in a stored tier whose copy that tier has since evicted (its own
         size cap) are forgotten, so they stop being hits."""
-        for tier, store in self.tiers.items():
-            drain = getattr(store, "drain_evicted", None)
-            if drain is None:
-                continue
-            by_group: dict[str, list[tuple[int, int]]] = {}
-            for key in drain():
-                name = self.restorer.keys.group_of.get(key.group)
-                if name is not None:
-                    by_group.setdefault(name, []).append((key.chain_high, key.chain_low))
-            for name, words in by_group.items():
-                group = self.core.group(name)
-                pairs = np.array(words, dtype=np.uint64)
-                ids = self.core.lookup_words(name, pairs[:, 0], pairs[:, 1])
-                ids = ids[ids >= 0]
-                table = group.table
-                there = ids[(table.residency[group.states[ids]] == int(tier))
-                            & ~table.in_flight[group.states[ids]]]
-                self.core.fire(name, there, Event.EVICT, masked=True)
+        self._stored.forget_evicted()
 
-    def spill_down(self, group: str, tier: Tier, count: int) -> int:
-        """Move up to ``count`` least recently used unpinned blocks resident in ``tier`` one
-        tier down (host -> disk, disk -> remote) through the stored tiers, making room there
-        first the same way; where no tier below takes them, blocks on disk are forgotten (their
-        files stay until the disk's own cap evicts them). Returns the blocks moved or dropped."""
-        if count <= 0:
-            return 0
-        core = self.core
-        state = core.group(group)
-        table = state.table
-        here = (table.residency[state.states] == int(tier)) & ~table.in_flight[state.states] \
-            & (state.pins == 0) & ~table.readable[state.states]
-        ids = np.flatnonzero(here)
-        ids = ids[np.argsort(state.last_use[ids], kind="stable")][:count].astype(np.intp)
-        if not ids.size:
-            return 0
-        below = Tier(int(tier) + 1) if int(tier) + 1 < len(Tier) else None
-        if below is not None and below in state.stored and below in self.tiers:
-            room = state.stored[below] - state.stored_used(below)
-            self.spill_down(group, below, ids.size - room)
-            moved = self.restorer.store(group, ids)
-        else:
-            moved = np.zeros(ids.size, dtype=np.bool_)
-        if tier in state.stored:
-            core.fire(group, ids[~moved], Event.EVICT, masked=True)
-            return int(ids.size)
-        return int(moved.sum())
+    def spill_down(self, group: str, tier: Tier, count: int, keep: ArrayLike = ()) -> int:
+        """Move up to ``count`` least recently used unpinned blocks resident in ``tier`` (never
+        one of ``keep``) one tier down (host -> disk, disk -> remote) through the stored tiers,
+        making room there first the same way; where no tier below takes them, blocks on disk
+        are forgotten (their files stay until the disk's own cap evicts them). Returns the
+        blocks moved or dropped."""
+        return self._stored.spill_down(group, tier, count, keep)
 
     def close(self) -> None:
         """Finish running I/O and stop the restore workers (the tiers stay open)."""
@@ -341,16 +270,8 @@ class Engine:
         invalid = np.isin(chosen, core.reclaimable(group))
         core.fire(group, chosen[invalid], Event.FREE)
         readable = chosen[~invalid]
-        spilled = np.zeros(readable.size, dtype=np.bool_)
-        if Tier.HOST in state.pools and Tier.DISK in state.stored:
-            # Make host room by moving its oldest blocks to disk (and disk's to remote).
-            self.spill_down(group, Tier.HOST, readable.size - state.pools[Tier.HOST].free)
-        if Tier.HOST in state.pools:
-            can = state.event_row(Event.SPILL_BEGIN)[state.states[readable]]
-            began = np.zeros(readable.size, dtype=np.bool_)
-            began[can] = core.fire(group, readable[can], Event.SPILL_BEGIN, masked=True)
-            spilled[began] = core.fire(group, readable[began], Event.SPILL_DONE, masked=True)
-            core.fire(group, readable[began & ~spilled], Event.SPILL_FAIL)
+        # To host where there is room, host's oldest moving on to disk (never one of keep).
+        spilled = self._stored.spill_from_device(group, readable, keep)
         core.fire(group, readable[~spilled], Event.EVICT)
         return int(chosen.size)
 
@@ -402,25 +323,3 @@ class Engine:
         refs: NDArray[np.int32] = np.take_along_axis(chosen, order, axis=1).astype(np.int32)
         return refs
 
-
-def _stored_tiers(core: StateCore, tiers: Mapping[Tier | str, StoredTier]
-                  ) -> dict[Tier, StoredTier]:
-    """``tiers`` keyed by ``Tier``, each one a stored tier the config gives blocks to."""
-    out: dict[Tier, StoredTier] = {}
-    for name, store in tiers.items():
-        try:
-            tier = Tier[name.upper()] if isinstance(name, str) else Tier(name)
-        except (KeyError, ValueError):
-            raise KvfsmError(f"Engine(tiers=...): unknown tier {name!r}; stored tiers are "
-                             "'disk' and 'remote'") from None
-        if tier not in (Tier.DISK, Tier.REMOTE):
-            raise KvfsmError(f"Engine(tiers=...): {tier.spec_name} is a pool the core owns, "
-                             "not a stored tier; pass 'disk' or 'remote'")
-        if not isinstance(store, StoredTier):
-            raise KvfsmError(f"Engine(tiers=...): {tier.spec_name} must be a StoredTier "
-                             f"(DiskTier, MooncakeTier, RedisTier), got {type(store).__name__}")
-        if not any(tier in group.stored for group in core.groups.values()):
-            raise KvfsmError(f"Engine(tiers=...): a {tier.spec_name} tier was given but no "
-                             f"group keeps blocks there: set CoreConfig.{tier.spec_name}_blocks")
-        out[tier] = store
-    return out

@@ -7,7 +7,7 @@ import contextlib
 import json
 import sys
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -28,6 +28,11 @@ _EXIT_CODES = """\
 exit status: 0 done and clean; 1 a check found problems, or a file or folder could not be read,
 written or created, or a bench ran out of memory; 2 the command cannot run as asked (a bad flag,
 an unknown or invalid spec, a missing optional package)."""
+
+
+#: ``kvfsm bench --blocks`` when not given: objects per batch (fsm, state), blocks restored.
+_BENCH_BLOCKS = 1_000_000
+_RESTORE_BLOCKS = 64
 
 
 def positive_int(text: str) -> int:
@@ -148,25 +153,34 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from kvfsm.bench import bench_fsm, bench_lookup, bench_state
+    from kvfsm.bench import bench_fsm, bench_lookup, bench_restore, bench_state, restore_table
 
     def progress(line: str) -> None:
         # stderr, so stdout stays the figures alone (parseable with --json).
         print(line, file=sys.stderr, flush=True)
 
     report = None if args.quiet else progress
-    flag, size = ("--tokens", args.tokens) if args.what == "lookup" else ("--blocks", args.blocks)
+    blocks = args.blocks
+    if blocks is None:
+        blocks = _RESTORE_BLOCKS if args.what == "restore" else _BENCH_BLOCKS
+    flag, size = ("--tokens", args.tokens) if args.what == "lookup" else ("--blocks", blocks)
+    figures: Mapping[str, object]
     try:
         if args.what == "lookup":
             figures = bench_lookup(tokens=args.tokens, progress=report)
+        elif args.what == "restore":
+            figures = bench_restore(blocks=blocks, block_bytes=args.block_bytes,
+                                    workers=args.workers, remote=args.remote, progress=report)
         else:
             run = {"fsm": bench_fsm, "state": bench_state}[args.what]
-            figures = run(blocks=args.blocks, progress=report)
+            figures = run(blocks=blocks, progress=report)
     except MemoryError as exc:
         raise MemoryError(
             f"bench {args.what}: not enough memory for {flag} {size} ({exc})") from exc
     if args.json:
         print(json.dumps(figures, indent=2))
+    elif args.what == "restore":
+        print("\n".join(restore_table(figures)))
     else:
         for key, value in figures.items():
             shown = f"{value:,.3f}" if isinstance(value, float) else str(value)
@@ -209,6 +223,8 @@ def _demo_command(args: argparse.Namespace) -> str:
         words += ["--model", model_type]
     if args.seed:
         words += ["--seed", str(args.seed)]
+    if args.remote != "auto":
+        words += ["--remote", args.remote]
     return shlex.join(words)
 
 
@@ -231,7 +247,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     settings = quick_settings() if args.quick else DemoSettings()
     if args.model:
         settings = attrs.evolve(settings, models=tuple(dict.fromkeys(args.model)))
-    settings = attrs.evolve(settings, seed=args.seed)
+    settings = attrs.evolve(settings, seed=args.seed, remote=args.remote)
     demo = run_demo(settings, progress_bar=False if args.quiet else None)
     if not demo.models:
         raise KvfsmError("kvfsm.serve serves none of the models asked for: " + "; ".join(
@@ -386,17 +402,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench", help="measure",
         description="Measure; progress lines go to stderr, the figures alone to stdout.")
-    bench.add_argument("what", choices=["fsm", "state", "lookup"],
+    bench.add_argument("what", choices=["fsm", "state", "lookup", "restore"],
                        help="fsm: the lifecycle tables alone; state: the state core's bytes per "
                        "block and its allocate-write-free throughput; lookup: the verdict of a "
-                       "long prompt against a hit-only per-block walk")
+                       "long prompt against a hit-only per-block walk; restore: disk, remote and "
+                       "host restores into the device pool against raw reads of the same bytes")
     bench.add_argument("--json", action="store_true", help="print JSON")
     bench.add_argument("-q", "--quiet", action="store_true",
                        help="print no progress lines on stderr")
-    bench.add_argument("--blocks", type=positive_int, default=1_000_000,
-                       help="objects per batch (fsm, state; >= 1)")
+    bench.add_argument("--blocks", type=positive_int, default=None,
+                       help="objects per batch (fsm, state; >= 1; default 1000000) or blocks "
+                       "restored (restore; default 64)")
     bench.add_argument("--tokens", type=positive_int, default=131_072,
                        help="prompt tokens (lookup; >= 1)")
+    bench.add_argument("--block-bytes", type=positive_int, default=1 << 20,
+                       help="bytes per block (restore; a multiple of 64; default 1048576)")
+    bench.add_argument("--workers", type=positive_int, default=2,
+                       help="restore worker threads of the engine (restore; default 2)")
+    bench.add_argument("--remote", choices=["auto", "mooncake", "redis", "none"],
+                       default="auto",
+                       help="remote store to measure (restore; auto: Mooncake, else Redis, "
+                       "else none)")
     bench.set_defaults(run=_cmd_bench)
 
     model = commands.add_parser("model", help="work with model declarations")
@@ -448,6 +474,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="serve only this model type (repeatable; default: every one "
                       "kvfsm.serve serves)")
     demo.add_argument("--seed", type=int, default=0, help="workload and weights seed")
+    demo.add_argument("--remote", choices=["auto", "mooncake", "redis", "none"], default="auto",
+                      help="the remote tier below disk, its server started on 127.0.0.1 for the "
+                      "run and stopped at its end (auto: Mooncake if its client and "
+                      "mooncake_master are installed, else Redis if redis-server and the redis "
+                      "client are, else none: host and disk only; the report says which)")
     demo.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     demo.add_argument("--faults", action="store_true",
                       help="instead: the verdict-only fault table on the DeepSeek-style "

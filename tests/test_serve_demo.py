@@ -85,6 +85,35 @@ def test_fault_pairs_put_damage_first() -> None:
     assert {kind for _name, kind, _spec in pairs} == {GroupKind.FULL, GroupKind.SLIDING_WINDOW}
 
 
+STORED = {"flip_disk_byte", "truncate_disk_file", "delete_disk_file", "evict_remote_value",
+          "plant_foreign_value", "slow_remote"}
+REMOTE_ONLY = {"evict_remote_value", "plant_foreign_value", "slow_remote"}
+
+
+def test_fault_pairs_include_the_stored_tiers_the_engines_have() -> None:
+    from kvfsm.spec import Tier
+
+    full = {spec.name for _n, _k, spec in workload.fault_pairs(declare(tiny_config("gpt_oss")))}
+    assert full >= STORED  # the full group reaches disk and remote
+    disk_only = {spec.name for _n, _k, spec in workload.fault_pairs(
+        declare(tiny_config("gpt_oss")), (Tier.DISK,))}
+    assert disk_only >= STORED - REMOTE_ONLY and not disk_only & REMOTE_ONLY
+    deepseek = workload.fault_pairs(declare(tiny_config("deepseek_v4")))
+    assert {spec.name for _n, _k, spec in deepseek} & STORED == STORED - REMOTE_ONLY
+    # groups of one kind start at different injectors
+    firsts = {name: spec.name for name, kind, spec in deepseek[:5]}
+    assert firsts["csa"] != firsts["csa_index"] != firsts["hca"]
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_default_schedule_has_stored_tier_faults(model_type: str) -> None:
+    model = declare(tiny_config(model_type))
+    names = {fault.injector for fault in workload.demo_workload(model, seed=0).faults}
+    assert {"flip_disk_byte", "truncate_disk_file"} <= names, names
+    if any(decl.kind is GroupKind.FULL for decl in model.groups):
+        assert REMOTE_ONLY | {"delete_disk_file"} <= names, names
+
+
 # -- the serving loop's new result fields ----------------------------------------------------
 
 def test_results_carry_reasons_steps_and_bookkeeping(model: Any, config: Any) -> None:
@@ -99,7 +128,7 @@ def test_results_carry_reasons_steps_and_bookkeeping(model: Any, config: Any) ->
                                                 backend="numpy"))
     first, second = serve(model, engine, requests, "kvfsm", level="full", hook=hook)
     assert "corrupt_host_copy" in second.events[0] and "flipped" in second.events[0]
-    assert ("full", "full", "host", "restore_done refused") in second.steps
+    assert ("full", "full", "host", "lost", "CORRUPT") in second.steps
     assert "not_resident" in second.reasons and "not_resident" in second.hit_reasons
     assert second.usable_tokens < second.hit_tokens
     assert first.steps == () and "not_cached" in first.reasons and first.hit_reasons == ()
@@ -124,6 +153,46 @@ def test_quick_demo_json_has_the_figures(quick: tuple[Path, dict[str, Any]]) -> 
     assert figures["requests"] == sum(m["requests"] for m in figures["models"].values())
     assert figures["kvfsm_wrong"] == 0 < figures["naive_wrong"]
     assert 0 < figures["overhead_vs_naive"] < 1 and figures["wall_s"] > 0
+    assert figures["remote"] in ("mooncake", "redis", "none") and figures["remote_note"]
+
+
+def test_quick_demo_restores_from_disk_and_remote(quick: tuple[Path, dict[str, Any]]) -> None:
+    """Memory pressure alone (the clean workload) spills down every tier and later prompts
+    restore from each; the faulted workload too."""
+    _out, figures = quick
+    remote = figures["remote"] != "none"
+    for key in ("restores_by_tier", "clean_restores_by_tier"):
+        by_tier = figures[key]
+        assert by_tier["host"]["restored"] > 0 and by_tier["disk"]["restored"] > 0, key
+        assert (by_tier["remote"]["restored"] > 0) == remote, key
+    for model_type, m in figures["models"].items():
+        assert "disk" in m["stored_tiers"], model_type
+        assert m["clean"]["restores_by_tier"]["disk"]["restored"] > 0, model_type
+        if remote and "full" in m["groups"].values():
+            assert "remote" in m["stored_tiers"], model_type
+            assert m["clean"]["restores_by_tier"]["remote"]["restored"] > 0, model_type
+        for r in m["restores"]:
+            assert r["outcome"] in ("restored", "failed", "lost", "pending"), r
+            assert (r["status"] == "OK") == (r["outcome"] == "restored"), r
+
+
+def test_quick_demo_stored_tier_faults_fool_only_naive(
+        quick: tuple[Path, dict[str, Any]]) -> None:
+    """The schedule has stored-tier faults; every one landed, kvfsm saw each (a copy that did
+    not verify) and was never wrong, while naive was wrong after some of them."""
+    _out, figures = quick
+    outcomes = [o for m in figures["models"].values() for o in m["fault_outcomes"]
+                if o["injector"] in STORED]
+    assert {o["injector"] for o in outcomes} >= {"flip_disk_byte"} | (
+        {"plant_foreign_value"} if figures["remote"] != "none" else set())
+    for o in outcomes:
+        assert o["landed"] and not o["kvfsm_wrong"], o
+        assert any(status in saw for saw in o["kvfsm_saw"]
+                   for status in ("CORRUPT", "FOREIGN", "MISSING", "pending")), o
+    assert any(o["naive_wrong"] for o in outcomes)
+    statuses = {s for m in figures["models"].values()
+                for s in m["restores_by_tier"]["disk"]["statuses"]}
+    assert "CORRUPT" in statuses
 
 
 def test_kvfsm_is_never_wrong_and_naive_is(quick: tuple[Path, dict[str, Any]]) -> None:
@@ -189,5 +258,42 @@ def test_quick_demo_metrics_parse(quick: tuple[Path, dict[str, Any]]) -> None:
         assert value("kvfsm_lookups", **run) >= m["requests"]
     restores = families["kvfsm_restores"].samples
     assert restores and set(restores[0].labels) == {"model", "workload", "kind", "tier",
-                                                    "outcome"}
+                                                    "outcome", "status"}
+    assert {s.labels["tier"] for s in restores} >= {"host", "disk"}
+    assert "kvfsm_read_errors" in families
     assert {"reason"} <= set(families["kvfsm_shortfalls"].samples[0].labels)
+
+
+def test_demo_without_a_remote_tier_runs_on_disk_alone() -> None:
+    import attrs
+
+    from kvfsm.serve._demo import quick_settings, run_demo
+    from kvfsm.serve._report import demo_figures
+
+    settings = attrs.evolve(quick_settings(), models=("gpt_oss",), remote="none")
+    figures = demo_figures(run_demo(settings, progress_bar=False))
+    assert figures["remote"] == "none" and "No remote tier" in figures["remote_note"]
+    m = figures["models"]["gpt_oss"]
+    assert m["stored_tiers"] == ["disk"]
+    assert not {f["injector"] for f in m["fault_outcomes"]} & REMOTE_ONLY
+    assert m["restores_by_tier"]["remote"]["restored"] == 0
+    assert m["clean"]["restores_by_tier"]["disk"]["restored"] > 0
+    assert m["kvfsm_wrong"] == 0 and m["clean"]["reuse_of_hit"] == 1.0
+
+
+def test_demo_cli_remote_option(tmp_path: Path) -> None:
+    """``kvfsm demo --remote none`` (the option is parsed in kvfsm/cli.py)."""
+    from kvfsm.cli import build_parser
+
+    _args, unknown = build_parser().parse_known_args(["demo", "--remote", "none"])
+    if unknown:
+        pytest.skip("kvfsm/cli.py has no `kvfsm demo --remote` yet")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["demo", "--quick", "--json", "-q", "--model", "gpt_oss", "--remote", "none",
+                     "-o", str(tmp_path)])
+    assert code == 0
+    figures = json.loads(stdout.getvalue())
+    assert figures["remote"] == "none" and "No remote tier" in figures["remote_note"]
+    assert "kvfsm demo --quick --model gpt_oss --remote none" in (
+        tmp_path / "report.md").read_text(encoding="utf-8")

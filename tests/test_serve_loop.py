@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 from kvfsm import Engine, KvfsmError
 from kvfsm.serve import _faults as faults
 from kvfsm.serve import declare
-from kvfsm.serve._loop import Request, Result, execute_plan, serve
+from kvfsm.serve._loop import Request, Result, restore_plan, serve
 from kvfsm.spec import Event, Tier
 from kvfsm.state import CoreConfig, GroupState
 from kvfsm.verify import Level, Reason
@@ -104,8 +104,8 @@ def test_kvfsm_gives_the_tokens_of_recomputing_under_faults(model: Any, config: 
     for n, k in zip(naive, kvfsm, strict=True):
         print(f"  {k.rid}: {k.prompt_tokens} tokens, hit {k.hit_tokens}, naive reused "
               f"{n.reused_tokens}, kvfsm usable {k.usable_tokens} restorable "
-              f"{k.restorable_tokens} reused {k.reused_tokens}, plan {k.plan.done} done "
-              f"{k.plan.refused} refused; {'; '.join(k.events)}")
+              f"{k.restorable_tokens} reused {k.reused_tokens}, restores {k.restore.restored} "
+              f"restored {k.restore.lost} lost; {'; '.join(k.events)}")
     assert wrong_logits, "naive mode read every faulted block correctly"
     assert wrong_tokens, "naive mode's damaged caches never changed a greedy token"
     # Faults the hit sees (an evicted window block) cost naive nothing; the damaged bytes do.
@@ -129,7 +129,7 @@ def test_without_faults_naive_and_kvfsm_agree(model: Any, config: Any,
             assert k.usable_tokens == k.hit_tokens == n.reused_tokens, k.rid
     assert sum(k.reused_tokens for k in kvfsm) > 0
     if pools == (7, 6):
-        assert sum(k.plan.done for k in kvfsm) > 0  # memory pressure made it restore
+        assert sum(k.restore.restored for k in kvfsm) > 0  # memory pressure made it restore
 
 
 def random_payload(group: GroupState, index: NDArray[np.int64]) -> NDArray[np.uint8]:
@@ -144,8 +144,9 @@ def test_a_restore_failing_its_checksum_is_rolled_back(config: Any) -> None:
     faults.corrupt_host_copy(engine, tokens, index=1)
     verdict = engine.lookup(tokens, level=Level.FULL)
     assert (verdict.usable_tokens, verdict.restorable_tokens) == (16, 64)
-    outcome = execute_plan(engine, verdict)
-    assert (outcome.done, outcome.refused) == (0, 1) and "checksum_ok" in outcome.notes[0]
+    outcome, steps = restore_plan(engine, verdict)
+    assert (outcome.restored, outcome.lost) == (0, 1) and "checksum_ok" in outcome.notes[0]
+    assert steps == (("full", "full", "host", "lost", "CORRUPT"),)
     assert faults.block_id(engine, tokens, "full", 1) == -1  # dropped, to be recomputed
     assert engine.lookup(tokens).usable_tokens == 16
     assert engine.core.check_invariants() == []

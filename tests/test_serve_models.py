@@ -26,7 +26,7 @@ from kvfsm import Engine
 from kvfsm.serve import _faults as faults
 from kvfsm.serve import declaration_toml, declare, tiny_config, tiny_model
 from kvfsm.serve._adapter import CacheAdapter, CacheAdapterError
-from kvfsm.serve._loop import Request, Result, execute_plan, serve
+from kvfsm.serve._loop import Request, Result, restore_plan, serve
 from kvfsm.spec import Event, parse_model
 from kvfsm.state import CoreConfig, GroupState
 from kvfsm.verify import Level, Reason
@@ -297,8 +297,8 @@ def test_kvfsm_gives_the_tokens_of_recomputing_under_faults(tiny: Any) -> None:
     for n, k in zip(naive, kvfsm, strict=True):
         print(f"  {k.rid}: {k.prompt_tokens} tokens, hit {k.hit_tokens}, naive reused "
               f"{n.reused_tokens}, kvfsm usable {k.usable_tokens} restorable "
-              f"{k.restorable_tokens} reused {k.reused_tokens}, plan {k.plan.done} done "
-              f"{k.plan.refused} refused; {'; '.join(k.events)}")
+              f"{k.restorable_tokens} reused {k.reused_tokens}, restores {k.restore.restored} "
+              f"restored {k.restore.lost} lost; {'; '.join(k.events)}")
     assert wrong_tokens, "naive mode's damaged caches never changed a greedy token"
     # Damaged bytes (a bad host copy, a stale snapshot, a half-landed restore) cost naive.
     wrong = set(wrong_logits) | set(wrong_tokens)
@@ -324,7 +324,7 @@ def test_without_faults_usable_is_the_hit(tiny: Any, pools: tuple[int, int]) -> 
             assert k.usable_tokens == k.hit_tokens == n.reused_tokens, k.rid
     assert sum(k.reused_tokens for k in kvfsm) > 0
     if pools == (7, 6):
-        assert sum(k.plan.done for k in kvfsm) > 0  # memory pressure made it restore
+        assert sum(k.restore.restored for k in kvfsm) > 0  # memory pressure made it restore
 
 
 # ------------------------------------------------------------------------------ injectors
@@ -382,7 +382,7 @@ def test_compressed_fault_injectors() -> None:
     verdict = engine.lookup(tokens, level=Level.FULL)
     assert (verdict.usable_tokens, verdict.restorable_tokens) == (48, 64)
     assert [e for step in verdict.plan for e in step.path] == [Event.COMPRESS_DONE]
-    assert execute_plan(engine, verdict).done == 1
+    assert restore_plan(engine, verdict)[0].restored == 1
     assert engine.lookup(tokens, level=Level.FULL).usable_tokens == 64
     assert np.array_equal(engine.core.read("csa", [block]), before)  # the same entries
     assert engine.core.check_invariants() == []

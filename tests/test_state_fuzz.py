@@ -320,6 +320,17 @@ class CoreMachine(RuleBasedStateMachine):
     def advance_further(self, data: st.DataObject) -> None:
         self._advance(data)
 
+    @rule(data=st.data(), event=st.sampled_from([Event.SPILL_BEGIN, Event.RESTORE_BEGIN]))
+    def move_tier(self, data: st.DataObject, event: Event) -> None:
+        """Begin a spill or a restore of a block that has one: with stored tiers a host copy
+        can go down (disk) or back up (device), so each direction gets its own chance."""
+        group = self._group(data)
+        able = [i for i, b in enumerate(group.blocks) if (b.state, event) in group.rows]
+        if not able:
+            return
+        block = data.draw(st.sampled_from(able), label="moving block")
+        self._fire_checked(group, [block], event)
+
     @rule(data=st.data())
     def write(self, data: st.DataObject) -> None:
         group = self._group(data)
@@ -494,14 +505,16 @@ def missing_states() -> set[str]:
     # Derandomized so the coverage claim is a fixed fact, not a coin toss.
     run_state_machine_as_test(DeepseekCore, settings=settings(
         FUZZ, max_examples=300, database=None, derandomize=True))
-    core = StateCore(DeepseekCore.model, CoreConfig(device_blocks=DEVICE, host_blocks=HOST,
-                                                    backend="numpy"))
+    core = StateCore(DeepseekCore.model, CoreConfig(
+        device_blocks=DEVICE, host_blocks=HOST, disk_blocks=DISK, remote_blocks=REMOTE,
+        backend="numpy"))
     return {
         f"{name}:{state}"
         for name, group in core.groups.items()
         for state in group.table.lifecycle.state_names
-        # Tiers without pools here (disk, remote) are unreachable by design.
+        # A tier the group has neither a pool nor stored copies in is unreachable by design.
         if not set(group.table.lifecycle.state(state).slots) - set(group.pools)
+        - set(group.stored)
     } - REACHED - {f"{name}:free" for name in core.groups}
 
 

@@ -312,3 +312,21 @@ def test_concurrent_loads_and_puts_see_only_whole_values(tier: DiskTier) -> None
     assert mismatches == [] and all(stored)
     assert len(tier) == 16 + 80 and tier.bytes_used == 96 * FILE
     assert list(tier.directory.glob("*.tmp")) == []
+
+
+def test_a_put_over_a_file_with_a_damaged_payload_rewrites_it(tmp_path: Path) -> None:
+    """A whole header over a flipped payload is not "already stored": the put writes the value
+    again, so the next load is OK rather than CORRUPT."""
+    tier = DiskTier(tmp_path, capacity_bytes=1 << 20, fsync=False)
+    key = BlockKey(b"m" * 16, 1, 2, 3, 4, 0, 16)
+    payload = np.arange(256, dtype=np.uint8)
+    sums = np.array([xxhash.xxh3_64_intdigest(payload)], dtype=np.uint64)
+    assert tier.put([key], [payload], sums).all()
+    path = tmp_path / (key.name + ".kvb")
+    raw = bytearray(path.read_bytes())
+    raw[HEADER_BYTES + 5] ^= 0x01
+    path.write_bytes(bytes(raw))
+    assert tier.put([key], [payload], sums).all()
+    out = np.empty(256, dtype=np.uint8)
+    assert tier.load_into([key], [out]).status.tolist() == [LoadStatus.OK]
+    assert (out == payload).all()

@@ -2,6 +2,7 @@
 
 from kvfsm.bench._fsm import bench_fsm
 from kvfsm.bench._lookup import bench_lookup
+from kvfsm.bench._restore import bench_restore, restore_table
 from kvfsm.bench._state import bench_state
 
-__all__ = ["bench_fsm", "bench_lookup", "bench_state"]
+__all__ = ["bench_fsm", "bench_lookup", "bench_restore", "bench_state", "restore_table"]

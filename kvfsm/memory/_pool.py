@@ -20,6 +20,10 @@ from kvfsm.spec._vocabulary import Tier
 #: ``owner`` value of a free slot.
 FREE = -1
 
+#: Rows at least this long are copied host to host one by one (a Python step per row costs
+#: less than faulting in a batch-sized temporary); shorter ones are gathered in one call.
+_ROW_COPY_BYTES = 64 << 10
+
 _HOST = NumpyBackend()
 
 
@@ -242,6 +246,13 @@ class SlotPool:
                 f"{src.shape[0]} source slots but {dst.shape[0]} destination slots"
             )
         if src.shape[0] == 0:
+            return
+        if (dst_pool is not self and not self._ops.is_gpu and not dst_pool._ops.is_gpu
+                and self.payload_bytes >= _ROW_COPY_BYTES):
+            # Host to host, large rows: copy row to row, no batch-sized temporary to fault in.
+            for s, d in zip(src.tolist(), dst.tolist(), strict=True):
+                np.copyto(dst_pool._payload[d], self._payload[s])
+            dst_pool._checksum[dst] = self._checksum[src]
             return
         # Gather first (a copy), so overlapping src/dst within one pool is still correct.
         rows = self._ops.take(self._payload, src)

@@ -10,7 +10,8 @@ is forgotten (``evict``), so the next lookup recomputes from the first failing b
 touch only tier I/O and the bytes of slots held in a restoring state, which no reader may read;
 every state change happens in ``fire`` on the thread that drives the core. A load that outlives
 a caller's wait keeps its slot (the block stays restoring, not readable) until it ends, so a late
-read can never land in a slot that serves another block.
+read can never land in a slot that serves another block; a plan made meanwhile (its step for such
+a block is ``restore_done``) fires nothing on it and joins the running load instead.
 
 Spills into stored tiers (:meth:`RestoreExecutor.store`) run the same way in the other
 direction: ``spill_begin``, copies written by workers, ``spill_done`` where the tier took them.
@@ -28,6 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
+from kvfsm.fsm import INVALID
 from kvfsm.restore._keys import KeyMaker
 from kvfsm.spec import Event, Tier
 from kvfsm.state import StateCore
@@ -37,6 +39,9 @@ from kvfsm.verify import RestoreStep
 IdArray = NDArray[np.intp]
 #: ``(group, count, keep)``: give back up to ``count`` device slots, never a block of ``keep``.
 MakeRoom = Callable[[str, int, IdArray], int]
+
+#: Per block of a store job: the target tier holds it now; its source copy is gone for good.
+_Stored = tuple[NDArray[np.bool_], NDArray[np.bool_]]
 
 #: Blocks per worker task: several tasks per batch let reads overlap checksums on other cores.
 CHUNK_BLOCKS = 8
@@ -70,6 +75,9 @@ class _Load:
     then: tuple[Event, ...]
     future: cf.Future[LoadResult]
     settled: bool = False
+    #: Tickets that report this load: the one that started it and any submitted while it ran
+    #: whose plan named its blocks.
+    tickets: list[RestoreTicket] = attrs.field(factory=list)
 
 
 class RestoreTicket:
@@ -101,8 +109,7 @@ class RestoreTicket:
         pending: their blocks keep their slots, not readable, until a later wait or poll."""
         loads = [load for load in self._loads if group is None or load.group == group]
         cf.wait([load.future for load in loads if not load.settled], timeout=timeout)
-        for load in loads:
-            self._executor.settle(load, self)
+        self._executor.settle_all(loads)
         pending: dict[str, list[int]] = collections.defaultdict(list)
         for load in loads:
             if not load.settled:
@@ -147,7 +154,8 @@ class RestoreExecutor:
         self._make_room = make_room
         self._pool = cf.ThreadPoolExecutor(max_workers=workers,
                                            thread_name_prefix="kvfsm-restore")
-        self._open: list[tuple[_Load, RestoreTicket]] = []
+        #: Loads not yet settled (or settled by a ticket and not yet dropped by a poll).
+        self._open: list[_Load] = []
 
     # -- restores --------------------------------------------------------------------------
 
@@ -155,8 +163,17 @@ class RestoreExecutor:
                ) -> RestoreTicket:
         """Start every step of ``plan`` (``Verdict.plan``): fire up to ``restore_begin`` now,
         host copies complete at once, stored copies load on workers. ``keep``: per group,
-        blocks ``make_room`` must not give back (the prompt's own)."""
+        blocks ``make_room`` must not give back (the prompt's own).
+
+        A block whose load is still running (a plan made while it loads says ``restore_done``)
+        is left to that load, which this ticket then reports too: nothing is fired on it here,
+        since its slot must stay its own until the load ends. A block left restoring from a
+        stored tier with no load running (begun by hand) gets its load now."""
         core = self.core
+        running: dict[tuple[str, int], _Load] = {
+            (load.group, block): load for load in self._open if not load.settled
+            for block in load.ids.tolist()}
+        joined: dict[int, _Load] = {}
         if self._make_room is not None:
             for name in sorted({step.group for step in plan}):
                 wanted = sum(Event.RESTORE_BEGIN in step.path for step in plan
@@ -171,7 +188,18 @@ class RestoreExecutor:
         notes: list[str] = []
         for (group, path), steps in batches.items():
             ids = np.array([step.block_id for step in steps], dtype=np.intp)
+            busy = np.array([(group, block) in running for block in ids.tolist()],
+                            dtype=np.bool_)
+            for block in ids[busy].tolist():
+                joined[id(running[group, block])] = running[group, block]
+            ids = ids[~busy]
             for position, event in enumerate(path):
+                if event is Event.RESTORE_DONE:
+                    # Already restoring from a stored tier: done comes from its load only.
+                    state = core.group(group)
+                    loading = state.table.loading[state.states[ids]]
+                    loads += self._start_loads(group, ids[loading], path[position + 1:])
+                    ids = ids[~loading]
                 moved = core.fire(group, ids, event, masked=True)
                 refused = ids[~moved]
                 notes += self._refused(group, refused, event)
@@ -185,9 +213,11 @@ class RestoreExecutor:
                     loads += self._start_loads(group, ids[loading], path[position + 1:])
                     ids = ids[~loading]
             immediate[group] += ids.tolist()
-        ticket = RestoreTicket(self, loads, {g: tuple(v) for g, v in immediate.items()},
-                               tuple(notes))
-        self._open += [(load, ticket) for load in loads]
+        ticket = RestoreTicket(self, [*loads, *joined.values()],
+                               {g: tuple(v) for g, v in immediate.items()}, tuple(notes))
+        for load in [*loads, *joined.values()]:
+            load.tickets.append(ticket)
+        self._open += loads
         return ticket
 
     def _refused(self, group: str, ids: IdArray, event: Event) -> list[str]:
@@ -212,69 +242,90 @@ class RestoreExecutor:
             tier = Tier(tier_id)
             chosen = ids[residency == tier_id]
             store = self.tiers.get(tier)
+            # Rows and keys for the whole batch at once (each call validates its batch), then
+            # one worker task per chunk so reads overlap checksums on other cores.
+            rows: list[Any] = (list(np.empty((chosen.size, state.decl.payload_bytes), np.uint8))
+                               if staged else core.restore_rows(group, chosen))
+            keys = self.keys.keys(group, chosen)
             for start in range(0, chosen.size, CHUNK_BLOCKS):
-                part = chosen[start:start + CHUNK_BLOCKS]
-                rows: list[Any] = (list(np.empty((part.size, state.decl.payload_bytes), np.uint8))
-                                   if staged else core.restore_rows(group, part))
-                keys = self.keys.keys(group, part)
+                stop = start + CHUNK_BLOCKS
+                part_keys, part_rows = keys[start:stop], rows[start:stop]
                 future: cf.Future[LoadResult]
                 if store is None:
                     future = cf.Future()
-                    future.set_result(_all(len(keys), LoadStatus.FAILED))
+                    future.set_result(_all(len(part_keys), LoadStatus.FAILED))
                 else:
-                    future = self._pool.submit(store.load_into, keys, rows)
-                loads.append(_Load(group, tier, part, rows, staged, then, future))
+                    future = self._pool.submit(store.load_into, part_keys, part_rows)
+                loads.append(_Load(group, tier, chosen[start:stop], part_rows, staged, then,
+                                   future))
         return loads
 
-    def settle(self, load: _Load, ticket: RestoreTicket) -> None:
-        """Complete the transitions of a finished load (caller's thread)."""
-        if load.settled or not load.future.done():
-            return
-        load.settled = True
+    def settle(self, load: _Load) -> None:
+        """Complete the transitions of a finished load (caller's thread) and report it to
+        every ticket watching it."""
+        self.settle_all([load])
+
+    def settle_all(self, loads: Iterable[_Load]) -> int:
+        """Settle every finished load of ``loads``, one batch of fires per group and path
+        (caller's thread); returns how many were settled."""
+        ready: dict[tuple[str, tuple[Event, ...]], list[_Load]] = {}
+        for load in loads:
+            if not load.settled and load.future.done():
+                load.settled = True
+                ready.setdefault((load.group, load.then), []).append(load)
+        for (group, then), batch in ready.items():
+            self._settle_batch(group, then, batch)
+        return sum(len(batch) for batch in ready.values())
+
+    def _settle_batch(self, group: str, then: tuple[Event, ...], loads: list[_Load]) -> None:
         core = self.core
-        try:
-            result = load.future.result()
-        except Exception:  # a tier that raised: nothing it loaded is trusted
-            result = _all(load.ids.size, LoadStatus.FAILED)
-        ok = result.ok
-        good = load.ids[ok]
+        results = []
+        for load in loads:
+            try:
+                results.append(load.future.result())
+            except Exception:  # a tier that raised: nothing it loaded is trusted
+                results.append(_all(load.ids.size, LoadStatus.FAILED))
+        ids = np.concatenate([load.ids for load in loads])
+        status = np.concatenate([result.status for result in results])
+        ok = status == LoadStatus.OK
+        lost_status = np.isin(status, _LOST)
+        good = ids[ok]
         if good.size:
-            core.record_loaded(load.group, good, result.checksum[ok],
-                               np.stack([load.rows[i] for i in np.flatnonzero(ok)])
-                               if load.staged else None, verified=not load.staged)
-        done = core.fire(load.group, good, Event.RESTORE_DONE, masked=True)
+            staged = [row for load in loads if load.staged for row in load.rows]
+            payload = np.stack(staged)[ok] if staged else None
+            checksum = np.concatenate([result.checksum for result in results])[ok]
+            core.record_loaded(group, good, checksum, payload, verified=payload is None)
+        done = _fire(core, group, good, Event.RESTORE_DONE)
+        # A copy that arrived whole and still failed restore_done's check is not trusted twice:
+        # rolled back and forgotten, like a copy that is gone or bad for good.
+        rolled = np.concatenate([good[~done], ids[~ok]])
+        _fire(core, group, rolled, Event.RESTORE_FAIL)
+        lost = np.concatenate([good[~done], ids[~ok & lost_status]])
+        _fire(core, group, lost, Event.EVICT)
         restored = good[done]
-        lost_mask = np.array([LoadStatus(int(s)).lost for s in result.status.tolist()],
-                             dtype=np.bool_)
-        rolled = np.concatenate([good[~done], load.ids[~ok]])
-        core.fire(load.group, rolled, Event.RESTORE_FAIL, masked=True)
-        # A copy that is gone or bad for good is forgotten; one that failed to verify after
-        # arriving whole is forgotten too (its bytes cannot be trusted twice).
-        lost = np.concatenate([good[~done], load.ids[~ok & lost_mask]])
-        core.fire(load.group, lost, Event.EVICT, masked=True)
-        for event in load.then:
-            if event is not Event.RESTORE_DONE and restored.size:
-                restored = restored[core.fire(load.group, restored, event, masked=True)]
-        failed = load.ids[~ok & ~lost_mask]
-        ticket.record(load, restored, failed, lost, result)
+        for event in then:
+            if event is not Event.RESTORE_DONE:
+                restored = restored[_fire(core, group, restored, event)]
+        failed = ids[~ok & ~lost_status]
+        restored_set, lost_set = set(restored.tolist()), set(lost.tolist())
+        failed_set = set(failed.tolist())
+        for load, result in zip(loads, results, strict=True):
+            mine = load.ids.tolist()
+            report = (np.array([b for b in mine if b in restored_set], dtype=np.intp),
+                      np.array([b for b in mine if b in failed_set], dtype=np.intp),
+                      np.array([b for b in mine if b in lost_set], dtype=np.intp))
+            for ticket in load.tickets:
+                ticket.record(load, *report, result)
 
     def poll(self) -> int:
         """Settle every load whose I/O has finished; returns how many loads were settled."""
-        settled = 0
-        still: list[tuple[_Load, RestoreTicket]] = []
-        for load, ticket in self._open:
-            if not load.settled:
-                self.settle(load, ticket)
-            if load.settled:
-                settled += 1
-            else:
-                still.append((load, ticket))
-        self._open = still
+        settled = self.settle_all(self._open)
+        self._open = [load for load in self._open if not load.settled]
         return settled
 
     @property
     def loads_in_flight(self) -> int:
-        return sum(not load.settled for load, _ in self._open)
+        return sum(not load.settled for load in self._open)
 
     # -- spills into stored tiers --------------------------------------------------------------
 
@@ -282,17 +333,26 @@ class RestoreExecutor:
               ) -> NDArray[np.bool_]:
         """Spill ``ids`` one tier down into a stored tier (host -> disk, disk -> remote) and
         wait: ``spill_begin``, the copies written by workers, ``spill_done`` where the tier
-        holds them, ``spill_fail`` elsewhere. Returns which blocks moved."""
+        holds them, ``spill_fail`` elsewhere. A source copy a relay (disk -> remote) found gone
+        or bad for good is forgotten, as a restore would. Returns which blocks moved."""
         core = self.core
         state = core.group(group)
         batch = np.fromiter(ids, dtype=np.intp)
         moved = np.zeros(batch.size, dtype=np.bool_)
-        began = core.fire(group, batch, Event.SPILL_BEGIN, masked=True)
+        # Only blocks whose spill writes into a stored tier (a device block's spill goes to
+        # host: not this path, and nothing here would complete it).
+        table = state.table
+        after = table.next_state[state.states[batch], Event.SPILL_BEGIN]
+        into_store = (after != INVALID) & (table.storing_to[np.where(after != INVALID, after,
+                                                                     0)] >= 0)
+        began = np.zeros(batch.size, dtype=np.bool_)
+        began[into_store] = core.fire(group, batch[into_store], Event.SPILL_BEGIN, masked=True)
         going = batch[began]
         target = state.table.storing_to[state.states[going]]
         source = state.table.residency[state.states[going]]
         stored = np.zeros(going.size, dtype=np.bool_)
-        jobs: list[tuple[NDArray[np.intp], cf.Future[NDArray[np.bool_]]]] = []
+        lost = np.zeros(going.size, dtype=np.bool_)
+        jobs: list[tuple[NDArray[np.intp], cf.Future[_Stored]]] = []
         for pair in {(int(t), int(s)) for t, s in zip(target.tolist(), source.tolist(),
                                                        strict=True)}:
             where = np.flatnonzero((target == pair[0]) & (source == pair[1]))
@@ -305,26 +365,28 @@ class RestoreExecutor:
             # A put still running after the timeout is waited for: its source bytes must
             # stay where they are until it ends.
             try:
-                stored[part] = future.result()
+                stored[part], lost[part] = future.result()
             except Exception:
                 stored[part] = False
         core.fire(group, going[stored], Event.SPILL_DONE)
         core.fire(group, going[~stored], Event.SPILL_FAIL)
+        core.fire(group, going[lost & ~stored], Event.EVICT, masked=True)
         moved[np.flatnonzero(began)[stored]] = True
         return moved
 
     def _start_store(self, group: str, ids: IdArray, source: Tier, target: Tier
-                     ) -> cf.Future[NDArray[np.bool_]]:
+                     ) -> cf.Future[_Stored]:
         keys = self.keys.keys(group, ids)
         into = self.tiers.get(target)
+        nothing = np.zeros(ids.size, dtype=np.bool_)
         if into is None:
-            return _done(np.zeros(ids.size, dtype=np.bool_))
+            return _done((nothing, nothing))
         if source is Tier.HOST:
             rows, sums = self.core.spill_rows(group, ids)
-            return self._pool.submit(into.put, keys, rows, sums)
+            return self._pool.submit(_put, into, keys, rows, sums)
         origin = self.tiers.get(source)
         if origin is None:
-            return _done(np.zeros(ids.size, dtype=np.bool_))
+            return _done((nothing, nothing))
         width = self.core.group(group).decl.payload_bytes
         return self._pool.submit(_relay, origin, into, keys, width)
 
@@ -339,18 +401,36 @@ class RestoreExecutor:
         self.close()
 
 
+def _put(into: StoredTier, keys: Sequence[BlockKey], rows: Sequence[Any],
+         sums: NDArray[np.uint64]) -> _Stored:
+    return np.asarray(into.put(keys, rows, sums), dtype=np.bool_), np.zeros(len(keys), np.bool_)
+
+
 def _relay(origin: StoredTier, into: StoredTier, keys: Sequence[BlockKey],
-           width: int) -> NDArray[np.bool_]:
-    """Copy verified values from one stored tier to another (disk -> remote)."""
+           width: int) -> _Stored:
+    """Copy verified values from one stored tier to another (disk -> remote): which were
+    stored, and which source copies the load found gone or bad for good."""
     buffers = np.empty((len(keys), width), dtype=np.uint8)
     loaded = origin.load_into(keys, list(buffers))
     ok = loaded.ok
+    lost = np.isin(loaded.status, _LOST)
     stored = np.zeros(len(keys), dtype=np.bool_)
     if ok.any():
         chosen = np.flatnonzero(ok)
         stored[chosen] = into.put([keys[i] for i in chosen.tolist()], list(buffers[chosen]),
                                   loaded.checksum[chosen])
-    return stored
+    return stored, lost
+
+
+#: Load statuses that mean the stored copy is gone or bad for good.
+_LOST = np.array([int(s) for s in LoadStatus if s.lost], dtype=np.uint8)
+
+
+def _fire(core: StateCore, group: str, ids: IdArray, event: Event) -> NDArray[np.bool_]:
+    """A masked fire that skips empty batches (most settles have nothing to roll back)."""
+    if not ids.size:
+        return np.zeros(0, dtype=np.bool_)
+    return core.fire(group, ids, event, masked=True)
 
 
 def _all(count: int, status: LoadStatus) -> LoadResult:
@@ -358,7 +438,7 @@ def _all(count: int, status: LoadStatus) -> LoadResult:
                       np.zeros(count, dtype=np.uint64))
 
 
-def _done(value: NDArray[np.bool_]) -> cf.Future[NDArray[np.bool_]]:
-    future: cf.Future[NDArray[np.bool_]] = cf.Future()
+def _done(value: _Stored) -> cf.Future[_Stored]:
+    future: cf.Future[_Stored] = cf.Future()
     future.set_result(value)
     return future

@@ -6,10 +6,12 @@ the packed recurrent groups, and tiny deterministic stand-in models for tests an
 ``CacheAdapter`` commits a transformers cache into an engine's pools and rebuilds one from them
 (one codec per group kind: K/V blocks, packed recurrent snapshots, compressed entries; prompts
 prefilled in chunks ending at each capture point), ``serve`` runs requests with no reuse,
-hit-only reuse or kvfsm's verdict, and the fault injectors damage a live engine
-deterministically, per kind. Seeded workloads (chat over a shared system prompt, questions over
-long documents) with fault schedules across a model's cache groups, and the ``kvfsm demo`` run
-and report built on them (``run_demo``, ``demo_figures``, ``write_outputs``), close the loop.
+hit-only reuse or kvfsm's verdict (restoring from host, disk and remote tiers), and the fault
+injectors damage a live engine deterministically, per kind and per stored tier. Seeded
+workloads (chat over a shared system prompt, questions over long documents) with fault
+schedules across a model's cache groups, and the ``kvfsm demo`` run and report built on them
+(``run_demo``, ``demo_figures``, ``write_outputs``; the remote store it starts: ``RemoteStore``,
+``choose_remote``), close the loop.
 
 Nothing here imports transformers or torch until a function that needs them is called.
 """
@@ -37,25 +39,34 @@ from kvfsm.serve._faults import (
     compressed_block,
     compression_incomplete,
     corrupt_host_copy,
+    delete_disk_file,
     evict_compressed_block,
+    evict_remote_value,
     evict_snapshot,
     evict_window_block,
     flip_device_bytes,
+    flip_disk_byte,
+    plant_foreign_value,
     restore_in_flight,
+    slow_remote,
     spill_block,
     stale_snapshot,
+    truncate_disk_file,
 )
 from kvfsm.serve._loop import (
     MODES,
-    PlanOutcome,
+    MissingValue,
     Request,
+    RestoreOutcome,
     Result,
     ServeLoop,
-    execute_plan,
+    StepOutcome,
     hit_bytes,
+    restore_plan,
     serve,
 )
 from kvfsm.serve._report import demo_figures, metrics_text, write_outputs
+from kvfsm.serve._stores import REMOTE_CHOICES, ObservedTier, RemoteStore, choose_remote
 from kvfsm.serve._tiny import SUPPORTED_MODEL_TYPES, tiny_config, tiny_model
 from kvfsm.serve._workload import (
     Fault,
@@ -72,6 +83,7 @@ __all__ = [
     "CODECS",
     "DEMO_ORDER",
     "MODES",
+    "REMOTE_CHOICES",
     "SUPPORTED_MODEL_TYPES",
     "CacheAdapter",
     "CacheAdapterError",
@@ -83,42 +95,53 @@ __all__ = [
     "FaultHook",
     "KVBlocks",
     "LayerGroup",
+    "MissingValue",
     "ModelRun",
-    "PlanOutcome",
+    "ObservedTier",
+    "RemoteStore",
     "Request",
+    "RestoreOutcome",
     "Result",
     "ServeLoop",
     "Snapshots",
+    "StepOutcome",
     "Stored",
     "Workload",
     "WorkloadSize",
     "chat",
     "checkpoint_block",
+    "choose_remote",
     "compressed_block",
     "compression_incomplete",
     "corrupt_host_copy",
     "declaration_toml",
     "declare",
     "deepseek_v4_overlap_shapes",
+    "delete_disk_file",
     "demo_figures",
     "demo_workload",
     "document_qa",
     "evict_compressed_block",
+    "evict_remote_value",
     "evict_snapshot",
     "evict_window_block",
-    "execute_plan",
     "fault_schedule",
     "flip_device_bytes",
+    "flip_disk_byte",
     "hit_bytes",
     "metrics_text",
+    "plant_foreign_value",
     "qwen3_next_state_shapes",
     "restore_in_flight",
+    "restore_plan",
     "run_demo",
     "serve",
     "served_models",
+    "slow_remote",
     "spill_block",
     "stale_snapshot",
     "tiny_config",
     "tiny_model",
+    "truncate_disk_file",
     "write_outputs",
 ]

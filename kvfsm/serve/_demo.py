@@ -9,17 +9,21 @@ For each served model (:func:`served_models`, DeepSeek-V4 first), in this order:
 3. ``naive`` and ``kvfsm`` on the same workload without faults, to show that kvfsm is not merely
    conservative: with nothing wrong it reuses every token a hit-only engine reuses.
 
-Each caching run gets a fresh engine with the same pool sizes (tight enough that blocks are
-spilled to host and restored). ``kvfsm`` mode looks up at ``Level.FULL`` (device checksums
-recomputed), so silent device damage is seen too. :mod:`kvfsm.serve._report` turns the runs
-into the report, plots, metrics and JSON.
+Each caching run gets a fresh engine with the same pool sizes (:class:`Pools`: tight enough
+that the working set spills device -> host -> disk -> remote and later prompts restore from
+every tier) and its own stored tiers (:mod:`kvfsm.serve._stores`): a disk tier in a temporary
+directory, removed afterwards, and the run's remote store (``settings.remote``: Mooncake or
+Redis on 127.0.0.1, started once per demo and stopped at its end), each engine keying its values
+in its own namespace. ``kvfsm`` mode looks up at ``Level.FULL`` (device checksums recomputed),
+so silent device damage is seen too, and restores through ``Engine.restore``.
+:mod:`kvfsm.serve._report` turns the runs into the report, plots, metrics and JSON.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -30,6 +34,13 @@ from kvfsm._errors import KvfsmError
 from kvfsm.serve._adapter import CacheAdapter, CacheAdapterError
 from kvfsm.serve._declare import declare
 from kvfsm.serve._loop import Mode, Request, Result, ServeLoop
+from kvfsm.serve._stores import (
+    RemoteStore,
+    choose_remote,
+    engine_tiers,
+    namespace,
+    remote_store,
+)
 from kvfsm.serve._workload import (
     DEFAULT_SIZE,
     QUICK_SIZE,
@@ -37,7 +48,9 @@ from kvfsm.serve._workload import (
     WorkloadSize,
     demo_workload,
 )
+from kvfsm.spec import ModelDecl, Tier, shipped_lifecycles
 from kvfsm.state import CoreConfig
+from kvfsm.tiers import StoredTier
 from kvfsm.verify import Level
 
 #: The order the demo serves models in (when ``kvfsm.serve`` serves them).
@@ -56,10 +69,33 @@ RUNS: Final[tuple[tuple[str, Mode], ...]] = (
     ("clean", "kvfsm"),
 )
 
-#: Device / host blocks per group: less device room than the workload's working set, so that
-#: commits spill least recently used blocks to host and later prompts restore them.
-POOLS: Final = (64, 128)
-QUICK_POOLS: Final = (16, 32)
+@attrs.frozen
+class Pools:
+    """Blocks per cache group in each tier. Disk and remote count the copies the core keeps
+    track of there (a group whose lifecycle stops above a tier has none)."""
+
+    device: int
+    host: int
+    disk: int = 0
+    remote: int = 0
+
+    def config(self, tiers: Collection[str] = (), salt: str = "") -> CoreConfig:
+        """The engine's config: disk and remote blocks only for the stored ``tiers`` it has."""
+        return CoreConfig(device_blocks=self.device, host_blocks=self.host,
+                          disk_blocks=self.disk if "disk" in tiers else 0,
+                          remote_blocks=self.remote if "remote" in tiers else 0,
+                          cache_salt=salt, backend="numpy")
+
+    def figures(self) -> dict[str, int]:
+        return {"device_blocks": self.device, "host_blocks": self.host,
+                "disk_blocks": self.disk, "remote_blocks": self.remote}
+
+
+#: Blocks per group: less device room than the workload's working set, and little host and
+#: disk room, so commits spill least recently used blocks down every tier (device -> host ->
+#: disk -> remote) and later prompts restore them from each.
+POOLS: Final = Pools(64, 48, 16, 256)
+QUICK_POOLS: Final = Pools(16, 24, 8, 64)
 
 
 def require_serve_packages() -> None:
@@ -78,11 +114,23 @@ def require_serve_packages() -> None:
         raise KvfsmError(f"the serving demo needs {', '.join(missing)}: {INSTALL_HINT}")
 
 
-def engine_for(model_type: str, pools: tuple[int, int]) -> Engine:
+def engine_for(model_type: str, pools: Pools,
+               tiers: Mapping[Tier | str, StoredTier] | None = None, salt: str = "") -> Engine:
+    """An engine for the tiny ``model_type`` with ``pools``; disk and remote blocks only where
+    ``tiers`` gives a tier for them."""
     from kvfsm.serve._tiny import tiny_config
 
-    return Engine(declare(tiny_config(model_type)),
-                  CoreConfig(device_blocks=pools[0], host_blocks=pools[1], backend="numpy"))
+    tiers = tiers or {}
+    names = [name if isinstance(name, str) else name.spec_name for name in tiers]
+    return Engine(declare(tiny_config(model_type)), pools.config(names, salt), tiers=tiers)
+
+
+def stored_tiers_of(model: ModelDecl) -> tuple[Tier, ...]:
+    """The stored tiers (disk, remote) some group of ``model`` keeps blocks in, by lifecycle."""
+    lifecycles = shipped_lifecycles()
+    kept = {tier for decl in model.groups if decl.lifecycle in lifecycles
+            for tier in lifecycles[decl.lifecycle].tiers}
+    return tuple(tier for tier in (Tier.DISK, Tier.REMOTE) if tier in kept)
 
 
 def served_models(wanted: Sequence[str] = DEMO_ORDER) -> tuple[list[str], dict[str, str]]:
@@ -95,7 +143,7 @@ def served_models(wanted: Sequence[str] = DEMO_ORDER) -> tuple[list[str], dict[s
     for model_type in sorted(wanted, key=lambda t: DEMO_ORDER.index(t)
                              if t in DEMO_ORDER else len(DEMO_ORDER)):
         try:
-            CacheAdapter(engine_for(model_type, (1, 0)), tiny_config(model_type))
+            CacheAdapter(engine_for(model_type, Pools(1, 0)), tiny_config(model_type))
         except (CacheAdapterError, NotImplementedError) as why:
             skipped[model_type] = str(why)
             continue
@@ -111,7 +159,9 @@ class ModelRun:
     #: ``(name, kind)`` of each cache group of the model's declaration.
     groups: tuple[tuple[str, str], ...]
     workload: Workload
-    pools: tuple[int, int]
+    pools: Pools
+    #: The stored tiers its engines had (``disk``, ``remote``).
+    tiers: tuple[str, ...]
     #: (workload, mode) -> one result per request, in request order.
     runs: Mapping[tuple[str, str], tuple[Result, ...]]
     #: Wall time of this model's whole part (model build, warm-up and every run), seconds.
@@ -123,7 +173,9 @@ class DemoSettings:
     models: tuple[str, ...] = DEMO_ORDER
     seed: int = 0
     size: WorkloadSize = DEFAULT_SIZE
-    pools: tuple[int, int] = POOLS
+    pools: Pools = POOLS
+    #: The remote store: ``auto``, ``mooncake``, ``redis`` or ``none`` (``--remote``).
+    remote: str = "auto"
 
 
 def quick_settings() -> DemoSettings:
@@ -139,6 +191,9 @@ class DemoRun:
     models: tuple[ModelRun, ...]
     skipped: Mapping[str, str]
     wall_s: float
+    #: The remote backend the run used (None: none) and the line saying why.
+    remote: str | None = None
+    remote_note: str = ""
 
 
 @contextlib.contextmanager
@@ -178,60 +233,88 @@ def _warm_up(model: Any, model_type: str, workload: Workload) -> None:
     first = workload.requests[0].tokens
     requests = [Request("warm0", first, 2), Request("warm1", first + first[:3], 2)]
     for mode in ("nocache", "naive", "kvfsm"):
-        engine = None if mode == "nocache" else engine_for(model_type, (16, 8))
-        loop = ServeLoop(model, engine, mode, level=Level.FULL if mode == "kvfsm" else None)
-        for request in requests:
-            loop.submit(request)
-        loop.run()
+        engine = None if mode == "nocache" else engine_for(model_type, Pools(16, 8))
+        try:
+            loop = ServeLoop(model, engine, mode, level=Level.FULL if mode == "kvfsm" else None)
+            for request in requests:
+                loop.submit(request)
+            loop.run()
+        finally:
+            if engine is not None:
+                engine.close()
 
 
-def run_model(model_type: str, settings: DemoSettings,
-              progress: Progress | None = None) -> ModelRun:
-    """One model's part of the demo (see the module docstring)."""
+def _run(model: Any, model_type: str, settings: DemoSettings, workload: Workload, name: str,
+         mode: Mode, remote: RemoteStore | None, use_remote: bool,
+         tick: Callable[[], None]) -> tuple[Result, ...]:
+    """One run on a fresh engine with its own stored tiers (closed and removed afterwards),
+    its state invariants checked at the end."""
+    if mode == "nocache":
+        return _serve(model, None, workload, mode, False, tick)
+    with engine_tiers(remote, use_remote=use_remote) as tiers:
+        engine = engine_for(model_type, settings.pools, tiers,
+                            namespace(model_type, name, mode))
+        try:
+            results = _serve(model, engine, workload, mode, name == "faulted", tick)
+        finally:
+            engine.close()
+        problems = engine.core.check_invariants()
+        if problems:
+            raise KvfsmError(f"{model_type} {name} {mode}: state invariants broken: "
+                             f"{problems[:3]}")
+    return results
+
+
+def run_model(model_type: str, settings: DemoSettings, progress: Progress | None = None, *,
+              remote: RemoteStore | None = None) -> ModelRun:
+    """One model's part of the demo (see the module docstring), its engines given the running
+    ``remote`` store (None: disk only)."""
     from kvfsm.serve._tiny import tiny_model
 
     start = time.perf_counter()
     model = tiny_model(model_type, seed=settings.seed)
-    declared = engine_for(model_type, (1, 0)).model
-    workload = demo_workload(declared, settings.seed, settings.size)
+    declared = engine_for(model_type, Pools(1, 0)).model
+    kept = stored_tiers_of(declared)
+    use_remote = remote is not None and Tier.REMOTE in kept
+    tiers = tuple(t for t in kept if t is Tier.DISK or use_remote)
+    workload = demo_workload(declared, settings.seed, settings.size, tiers=tiers)
     _warm_up(model, model_type, workload)
     runs: dict[tuple[str, str], tuple[Result, ...]] = {}
     for name, mode in RUNS:
-        engine = None if mode == "nocache" else engine_for(model_type, settings.pools)
-
         def tick(name: str = name, mode: str = mode) -> None:
             if progress is not None:
                 progress(model_type, name, mode)
 
-        runs[(name, mode)] = _serve(model, engine, workload, mode, name == "faulted", tick)
-        if engine is not None:
-            problems = engine.core.check_invariants()
-            if problems:
-                raise KvfsmError(f"{model_type} {name} {mode}: state invariants broken: "
-                                 f"{problems[:3]}")
+        runs[(name, mode)] = _run(model, model_type, settings, workload, name, mode, remote,
+                                  use_remote, tick)
     groups = tuple((decl.name, decl.kind.value) for decl in declared.groups)
-    return ModelRun(model_type, groups, workload, settings.pools, MappingProxyType(runs),
+    return ModelRun(model_type, groups, workload, settings.pools,
+                    tuple(t.spec_name for t in tiers), MappingProxyType(runs),
                     time.perf_counter() - start)
 
 
 def run_demo(settings: DemoSettings, *, progress_bar: bool | None = None) -> DemoRun:
-    """Every served model of ``settings.models``; a tqdm progress bar on stderr (``None``: only
-    when stderr is a terminal)."""
+    """Every served model of ``settings.models``, with the remote store of ``settings.remote``
+    started first and stopped at the end (also on an error or Ctrl-C); a tqdm progress bar on
+    stderr (``None``: only when stderr is a terminal)."""
     from tqdm import tqdm
 
     start = time.perf_counter()
+    backend, note = choose_remote(settings.remote)
     served, skipped = served_models(settings.models)
-    per_model = len(RUNS) * len(demo_workload(engine_for(served[0], (1, 0)).model,
+    per_model = len(RUNS) * len(demo_workload(engine_for(served[0], Pools(1, 0)).model,
                                               settings.seed, settings.size).requests) \
         if served else 0
     results = []
-    with one_torch_thread(), tqdm(total=per_model * len(served), unit="req",
-                                  disable=None if progress_bar is None else not progress_bar,
-                                  leave=False, dynamic_ncols=True) as bar:
+    with remote_store(backend if served else None) as remote, one_torch_thread(), \
+            tqdm(total=per_model * len(served), unit="req",
+                 disable=None if progress_bar is None else not progress_bar,
+                 leave=False, dynamic_ncols=True) as bar:
         def progress(model_type: str, workload: str, mode: str) -> None:
             bar.set_description(f"{model_type} {workload}/{mode}", refresh=False)
             bar.update()
 
         for model_type in served:
-            results.append(run_model(model_type, settings, progress))
-    return DemoRun(tuple(results), MappingProxyType(skipped), time.perf_counter() - start)
+            results.append(run_model(model_type, settings, progress, remote=remote))
+    return DemoRun(tuple(results), MappingProxyType(skipped), time.perf_counter() - start,
+                   backend, note)

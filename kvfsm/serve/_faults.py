@@ -17,6 +17,27 @@ its first group):
 * :func:`restore_in_flight`: a spilled block whose restore has begun and not finished; by
   default half of the copy has not landed (the device slot's second half is still zeros).
 
+Stored tiers (kinds whose lifecycle reaches disk: full, compressed, recurrent; remote: full).
+Each first moves the block down to the tier as memory pressure would (device -> host -> disk
+-> remote, making room below the same way ``Engine.spill_down`` does), so that its only copy is
+the stored one, then acts on that copy behind the tier's back (the file, or the store's raw
+client), as a crash, another process or the store itself would:
+
+* :func:`flip_disk_byte`: one payload byte of the block's disk file flipped (bit rot).
+* :func:`truncate_disk_file`: the file cut short in its payload (a torn write).
+* :func:`delete_disk_file`: the file deleted (evicted by someone else); the tier's index and the
+  core still say it is there.
+* :func:`evict_remote_value`: the remote value deleted by the raw client (the store evicted it).
+* :func:`plant_foreign_value`: under the block's remote key, the whole, self-consistent value
+  of another prefix's block (the prompt's neighbouring block of the group).
+* :func:`slow_remote`: the next load of the block's remote value answers ``seconds`` late (a slow
+  store): longer than ``kvfsm`` mode waits, so the request recomputes from that block.
+
+A hit-only reader of the stored bytes (``naive`` mode) reads the flipped byte, the zeros past a
+cut and the other block's payload as this block's; it notices only a value that is gone (a read
+error). kvfsm's loads verify header and checksum: the copy is ``CORRUPT``, ``FOREIGN`` or
+``MISSING``, forgotten, and the block recomputed.
+
 Sliding window:
 
 * :func:`evict_window_block`: a sliding-window block inside the window is evicted.
@@ -50,9 +71,14 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kvfsm._engine import Engine
+from kvfsm.serve._stores import delete_value, observed, read_value, value_name, write_value
 from kvfsm.spec import Event, GroupKind, Tier
 from kvfsm.state import GroupState
+from kvfsm.tiers import HEADER_BYTES, BlockKey, encode_header
 from kvfsm.verify import Prompt
+
+#: How late a ``slow_remote`` load answers, seconds (the serving loop waits 0.5 s).
+SLOW_REMOTE_S = 1.0
 
 
 def _prompt(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike) -> Prompt:
@@ -134,11 +160,41 @@ def evict_window_block(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLik
     return _evict(engine, prompt, name, index, " inside the window evicted")
 
 
+def _make_room(engine: Engine, name: str, tier: Tier, keep: int = -1) -> None:
+    """Room for one more block of group ``name`` in ``tier``, as memory pressure makes it: the
+    least recently used blocks there are spilled a tier down (``Engine.spill_down``); where no
+    tier below takes them (a lifecycle that stops at host), they are evicted. Never ``keep``."""
+    state = engine.core.group(name)
+    if tier in state.pools:
+        short = 1 - state.pools[tier].free
+    elif tier in state.stored:
+        short = 1 - (state.stored[tier] - state.stored_used(tier))
+    else:
+        return
+    if short <= 0:
+        return
+    engine.spill_down(name, tier, short, keep=[keep] if keep >= 0 else [])
+    if tier not in state.pools or state.pools[tier].free > 0:
+        return
+    table, states = state.table, state.states
+    here = np.flatnonzero((table.residency[states] == int(tier)) & ~table.in_flight[states]
+                          & ~table.readable[states] & (state.pins == 0))
+    here = here[here != keep]
+    oldest = here[np.argsort(state.last_use[here], kind="stable")][:1].astype(np.intp)
+    engine.core.fire(name, oldest, Event.EVICT, masked=True)
+
+
 def _spill(engine: Engine, name: str, block: int) -> bool:
-    """Spill ``block`` to host if it is resident; True when it ends on host."""
+    """Spill ``block`` to host if it is on the device (making host room first); True when it
+    ends on host. A block further down (disk, remote) is left alone: its spill would be the
+    next tier's, whose bytes only the engine's data path moves."""
     state = engine.core.group(name)
     if _state(state, block) == "host":
         return True
+    if Tier.HOST not in state.pools or \
+            int(state.table.residency[state.states[block]]) != int(Tier.DEVICE):
+        return False
+    _make_room(engine, name, Tier.HOST, keep=block)
     if not engine.core.fire(name, [block], Event.SPILL_BEGIN, masked=True)[0]:
         return False
     if not engine.core.fire(name, [block], Event.SPILL_DONE, masked=True)[0]:
@@ -339,3 +395,189 @@ def compression_incomplete(engine: Engine, prompt: Prompt | Sequence[int] | Arra
     core.fire(name, [fresh], Event.COMPRESS_BEGIN)
     return (f"{_where(name, index, int(fresh))}: written again raw and caught mid-compression "
             f"({_state(state, int(fresh))!r})")
+
+
+# -- stored tiers -----------------------------------------------------------------------------
+
+def sink(engine: Engine, name: str, block: int, tier: Tier) -> bool:
+    """Move ``block`` of group ``name`` down the tiers until its only copy is in ``tier`` (the
+    state named like it: ``disk``, ``remote``), spilling one tier at a time and making room
+    below first; a block restored from a stored copy it kept (``device_disk``) just gives its
+    device slot back. True when it ends there."""
+    core = engine.core
+    state = core.group(name)
+    for _ in range(4):
+        here = _state(state, block)
+        if here == tier.spec_name:
+            return True
+        if here in ("device_disk", "device_remote"):
+            if not core.fire(name, [block], Event.EVICT, masked=True)[0]:
+                return False
+            continue
+        residency = int(state.table.residency[state.states[block]])
+        if residency < 0 or residency >= int(tier) or state.table.in_flight[state.states[block]]:
+            return False
+        below = Tier(residency + 1)
+        if below not in state.pools and (below not in state.stored or below not in engine.tiers):
+            return False
+        if below in state.pools:
+            if not _spill(engine, name, block):
+                return False
+            continue
+        _make_room(engine, name, below, keep=block)
+        if not engine.restorer.store(name, [block])[0]:
+            return False
+    return _state(state, block) == tier.spec_name
+
+
+def _key(engine: Engine, name: str, block: int) -> BlockKey:
+    return engine.restorer.keys.keys(name, np.array([block], dtype=np.intp))[0]
+
+
+def _sunk(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, name: str, index: int,
+          tier: Tier, what: str) -> tuple[int, BlockKey] | str:
+    """``(block id, its key)`` once the prompt's block ``index`` of ``name`` is only in
+    ``tier``; else the line saying why nothing was done (``what`` names the fault)."""
+    block = block_id(engine, prompt, name, index)
+    if block < 0:
+        return f"{name} block {index}: not cached, no {what}"
+    if tier not in engine.tiers:
+        return f"{_where(name, index, block)}: no {tier.spec_name} tier, no {what}"
+    before = _state(engine.core.group(name), block)
+    if not sink(engine, name, block, tier):
+        return (f"{_where(name, index, block)}: cannot be moved to {tier.spec_name} from "
+                f"{before!r}, no {what}")
+    return block, _key(engine, name, block)
+
+
+def _moved(engine: Engine, name: str, index: int, block: int, tier: Tier) -> str:
+    return f"{_where(name, index, block)} moved to {tier.spec_name}"
+
+
+def flip_disk_byte(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
+                   index: int, group: str | None = None, byte: int = 7) -> str:
+    """Move a block down to disk and flip payload byte ``byte`` of its file (byte 7: the sign
+    and top exponent bits of its second float32 value; not byte 3, which
+    :func:`corrupt_host_copy` flips, so two faults on one block never cancel), header
+    untouched."""
+    name = group or _default(engine)
+    found = _sunk(engine, prompt, name, index, Tier.DISK, "byte flipped")
+    if isinstance(found, str):
+        return found
+    block, key = found
+    store = engine.tiers[Tier.DISK]
+    data = read_value(store, key)
+    if data is None or len(data) <= HEADER_BYTES + byte:
+        return f"{_moved(engine, name, index, block, Tier.DISK)}, but its file is not there"
+    damaged = bytearray(data)
+    damaged[HEADER_BYTES + byte] ^= 0xFF
+    write_value(store, key, bytes(damaged))
+    return f"{_moved(engine, name, index, block, Tier.DISK)}, payload byte {byte} of its file " \
+           "flipped"
+
+
+def truncate_disk_file(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
+                       index: int, group: str | None = None, keep: float = 0.5) -> str:
+    """Move a block down to disk and cut its file after ``keep`` of its payload (a torn write:
+    the rest never reached the disk)."""
+    name = group or _default(engine)
+    found = _sunk(engine, prompt, name, index, Tier.DISK, "file cut")
+    if isinstance(found, str):
+        return found
+    block, key = found
+    store = engine.tiers[Tier.DISK]
+    data = read_value(store, key)
+    if data is None:
+        return f"{_moved(engine, name, index, block, Tier.DISK)}, but its file is not there"
+    size = HEADER_BYTES + int((len(data) - HEADER_BYTES) * keep)
+    write_value(store, key, data[:size])
+    return f"{_moved(engine, name, index, block, Tier.DISK)}, its file cut to {size} of " \
+           f"{len(data)} bytes (a torn write)"
+
+
+def delete_disk_file(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
+                     index: int, group: str | None = None) -> str:
+    """Move a block down to disk and delete its file behind the tier's back."""
+    name = group or _default(engine)
+    found = _sunk(engine, prompt, name, index, Tier.DISK, "file deleted")
+    if isinstance(found, str):
+        return found
+    block, key = found
+    gone = delete_value(engine.tiers[Tier.DISK], key)
+    return f"{_moved(engine, name, index, block, Tier.DISK)}, its file " + \
+        ("deleted (as if evicted)" if gone else "was not there")
+
+
+def evict_remote_value(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
+                       index: int, group: str | None = None) -> str:
+    """Move a block down to remote and delete its value there with the store's raw client (the
+    store evicting it)."""
+    name = group or _default(engine)
+    found = _sunk(engine, prompt, name, index, Tier.REMOTE, "value evicted")
+    if isinstance(found, str):
+        return found
+    block, key = found
+    gone = delete_value(engine.tiers[Tier.REMOTE], key)
+    return f"{_moved(engine, name, index, block, Tier.REMOTE)}, its value " + \
+        ("evicted from the store" if gone else "was not there")
+
+
+def _payload_of(engine: Engine, name: str, block: int) -> NDArray[np.uint8] | None:
+    """A block's payload from its pool slot, else its stored value (unchecked)."""
+    state = engine.core.group(name)
+    data = _bytes_of(state, block)
+    if data is not None:
+        return data
+    for tier in (Tier.DISK, Tier.REMOTE):
+        if tier in engine.tiers and tier in state.stored and state.holds(tier)[block]:
+            value = read_value(engine.tiers[tier], _key(engine, name, block))
+            if value is not None and len(value) > HEADER_BYTES:
+                return np.frombuffer(value, np.uint8)[HEADER_BYTES:]
+    return None
+
+
+def plant_foreign_value(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
+                        index: int, group: str | None = None) -> str:
+    """Move a block down to remote and put under its key the whole value (header naming its own
+    key, payload, checksum) of another prefix's block: the prompt's block ``index - 1`` of the
+    group (``index + 1`` for the first)."""
+    import xxhash
+
+    name = group or _default(engine)
+    found = _sunk(engine, prompt, name, index, Tier.REMOTE, "foreign value planted")
+    if isinstance(found, str):
+        return found
+    block, key = found
+    for other_index in (index - 1, index + 1):
+        other = block_id(engine, prompt, name, other_index) if other_index >= 0 else -1
+        payload = None if other < 0 else _payload_of(engine, name, other)
+        if payload is not None:
+            break
+    else:
+        return f"{_moved(engine, name, index, block, Tier.REMOTE)}, but no other block of the " \
+               "prompt to take a value from"
+    data = bytes(payload)
+    value = encode_header(_key(engine, name, other), len(data),
+                          xxhash.xxh3_64_intdigest(data)) + data
+    store = engine.tiers[Tier.REMOTE]
+    write_value(store, key, value)
+    return f"{_moved(engine, name, index, block, Tier.REMOTE)}, the value of block " \
+           f"{other_index} (id {other}) planted under its key {value_name(store, key)[-24:]}"
+
+
+def slow_remote(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
+                index: int, group: str | None = None, seconds: float = SLOW_REMOTE_S) -> str:
+    """Move a block down to remote and make the next load of its value answer ``seconds``
+    late (the engine's remote tier must be an ``ObservedTier``, as the demo's are)."""
+    name = group or _default(engine)
+    found = _sunk(engine, prompt, name, index, Tier.REMOTE, "slow load")
+    if isinstance(found, str):
+        return found
+    block, key = found
+    store = observed(engine.tiers, Tier.REMOTE)
+    if store is None:
+        return f"{_moved(engine, name, index, block, Tier.REMOTE)}, but its tier cannot be " \
+               "slowed down"
+    store.slow_down([key], seconds)
+    return f"{_moved(engine, name, index, block, Tier.REMOTE)}, its next load answers " \
+           f"{seconds:g} s late"

@@ -9,24 +9,27 @@ requests:
   group's blocks present in the prefix hash map, by the kind's rule: every block for full
   attention, the window's blocks for a sliding window; from ``kvfsm.verify.lookup``, which
   writes no state, so this engine never learns of a failed checksum) and rebuilds the cache from
-  the bytes those blocks hold **whatever their state**: the device slot's bytes when the block
-  holds one (resident, spilling, or a restore in flight whose copy may not have landed), else
-  the bytes of the first lower tier holding it (host, disk, remote: a spilled copy loaded back
-  without checking its checksum). It fires no event and verifies nothing.
+  the bytes those blocks hold **whatever their state** (:func:`hit_bytes`): the device slot's
+  bytes when the block holds one (resident, spilling, or a restore in flight whose copy may not
+  have landed), else the bytes of the first lower tier holding it: a host copy, or a disk file or
+  remote value read raw, without looking at its header or checksum (a short value is
+  zero-filled). It fires no event and verifies nothing. Only a value that is not there at all is
+  noticed (a read error): that request is then recomputed from its first token.
 * ``"kvfsm"``: what kvfsm says is usable. ``Engine.lookup`` (at ``level``); when
-  ``restorable_tokens > usable_tokens`` the verdict's plan is executed (:func:`execute_plan`:
-  device room for its restores is made first, as ``Engine.commit`` makes it, then every step's
-  events are fired in order through ``engine.core.fire``; a restore whose bytes fail their
-  checksum on arrival is rolled back with ``restore_fail`` and its copy dropped with
-  ``invalidate``, so it is recomputed), and the prompt is looked up again; the cache is rebuilt
-  from the pools at the final ``usable_tokens`` (:meth:`CacheAdapter.rebuild`, which reads only
-  readable blocks).
+  ``restorable_tokens > usable_tokens`` the verdict's plan is restored (:func:`restore_plan`:
+  ``Engine.restore`` makes device room, lands host copies at once and loads disk and remote
+  copies on its workers, each verified before use; ``RestoreTicket.wait`` then waits up to
+  ``restore_timeout`` seconds; a copy that is missing, corrupt, foreign or late is rolled back or
+  forgotten, a load still running stays pending), and the prompt is looked up again; the cache
+  is rebuilt from the pools at the final ``usable_tokens`` (:meth:`CacheAdapter.rebuild`, which
+  reads only readable blocks).
 
 In both caching modes only the tokens from the reused length on are forwarded, the prompt's
 blocks are committed (:meth:`CacheAdapter.store`; a commit the pools cannot make room for is
 skipped, never fatal), and then ``max_new_tokens`` tokens are decoded greedily on the request's
 own cache (decode tokens are not committed). Memory pressure comes from the engine's pool
-sizes: ``Engine.commit`` gives back least recently used blocks (spilled where a tier has room).
+sizes: ``Engine.commit`` gives back least recently used blocks, spilled device -> host, and
+with stored tiers attached host -> disk -> remote (``Engine.spill_down``), else evicted.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, get_args
 
 import attrs
 import numpy as np
@@ -42,10 +45,13 @@ from numpy.typing import NDArray
 
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
+from kvfsm.restore import GroupOutcome
 from kvfsm.serve._adapter import CacheAdapter
+from kvfsm.serve._stores import observed, read_value, value_name
 from kvfsm.spec import Event, Tier
 from kvfsm.state import StateCore, StateError
-from kvfsm.verify import Level, Prompt, RestoreStep, Verdict, lookup
+from kvfsm.tiers import HEADER_BYTES, BlockKey, LoadStatus
+from kvfsm.verify import Level, Prompt, Verdict, lookup
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -56,6 +62,12 @@ MODES: tuple[str, ...] = get_args(Mode)
 #: Called before a request is looked up (e.g. to inject faults): ``(engine, request) ->``
 #: descriptions of what it did.
 Hook = Callable[[Engine, "Request"], Sequence[str]]
+
+#: Seconds ``kvfsm`` mode waits for a plan's disk and remote loads before it recomputes what
+#: has not landed (a local load of a request's blocks takes milliseconds).
+RESTORE_TIMEOUT_S: Final = 0.5
+#: The tiers whose copies load on workers.
+STORED_TIERS: Final = (Tier.DISK, Tier.REMOTE)
 
 
 def _token_tuple(tokens: Iterable[int]) -> tuple[int, ...]:
@@ -72,15 +84,40 @@ class Request:
 
 
 @attrs.frozen
-class PlanOutcome:
-    """What executing a verdict's restore plan did."""
+class RestoreOutcome:
+    """What restoring a verdict's plan did, counted by step."""
 
-    #: Steps whose whole path fired.
-    done: int = 0
-    #: Steps refused on the way (e.g. a restore whose bytes failed their checksum).
-    refused: int = 0
-    #: One line per refused step.
+    #: Steps whose whole path fired: the copy landed and verified (or none was needed, e.g. a
+    #: compression finished).
+    restored: int = 0
+    #: Rolled back with the copy kept (the tier did not answer, a late read, a step refused for
+    #: lack of room): the block stays a hit; this request recomputes from it.
+    failed: int = 0
+    #: The copy was gone or bad for good (missing, corrupt, foreign; a host copy failing its
+    #: checksum): the block is forgotten and recomputed.
+    lost: int = 0
+    #: Loads still running when the wait ended: not readable for this request (a later lookup
+    #: settles them).
+    pending: int = 0
+    #: The executor's line for each step refused on the way.
     notes: tuple[str, ...] = ()
+
+
+class StepOutcome(NamedTuple):
+    """What became of one step of a restore plan."""
+
+    group: str
+    #: The group's kind (``full``, ``sliding_window``, ...).
+    kind: str
+    #: Tier the block's copy was in (``host``, ``disk``, ``remote``; ``device`` for a block
+    #: already there that only needs finishing, e.g. a compression; ``-`` for none).
+    tier: str
+    #: ``restored``, ``failed``, ``lost`` or ``pending`` (see :class:`RestoreOutcome`).
+    outcome: str
+    #: The load status (``OK``, ``MISSING``, ``CORRUPT``, ``FOREIGN``, ``FAILED``, ``LATE``),
+    #: ``CORRUPT`` for a host or in-flight copy failing its checksum at ``restore_done``,
+    #: ``"<event> refused"`` for another refused step, empty while pending.
+    status: str
 
 
 @attrs.frozen(eq=False)
@@ -102,7 +139,7 @@ class Result:
     logits: NDArray[np.float32]
     #: Wall time of the whole request, seconds.
     wall_s: float
-    plan: PlanOutcome = PlanOutcome()
+    restore: RestoreOutcome = RestoreOutcome()
     #: What the hook did before this request.
     events: tuple[str, ...] = ()
     #: Groups not committed for this prompt, and why.
@@ -110,114 +147,138 @@ class Result:
     #: The first verdict's shortfall reasons (``Reason`` values, one per shortfall, in the
     #: verdict's order; empty in ``nocache`` mode).
     reasons: tuple[str, ...] = ()
-    #: The executed plan's steps as ``(group, group kind, tier restored from, outcome)``;
-    #: outcome ``"done"``, or ``"<event> refused"`` for a step refused on the way (e.g.
-    #: ``"restore_done refused"``: the bytes that arrived failed their checksum). Tier is
-    #: ``"-"`` for a step that restores from no tier.
-    steps: tuple[tuple[str, str, str, str], ...] = ()
+    #: One :class:`StepOutcome` per step of the restored plan, in plan order.
+    steps: tuple[StepOutcome, ...] = ()
     #: Of :attr:`reasons`, those of shortfalls on blocks inside the hit (a group's block whose
     #: first token is below ``hit_tokens``): why hit tokens were not usable right away.
     hit_reasons: tuple[str, ...] = ()
-    #: Seconds spent in kvfsm's bookkeeping for this request: lookups, plan execution and the
-    #: commit, without model forwards and without the adapter's tensor copies (slicing the
-    #: cache into block payloads) or cache rebuilds.
+    #: :attr:`hit_reasons` with the group of each shortfall: ``(group, reason)``.
+    hit_shortfalls: tuple[tuple[str, str], ...] = ()
+    #: Seconds spent in kvfsm's bookkeeping for this request: lookups, restores (waiting for
+    #: their loads included) and the commit, without model forwards and without the adapter's
+    #: tensor copies (slicing the cache into block payloads) or cache rebuilds.
     bookkeeping_s: float = 0.0
+    #: ``naive`` mode: a hit block's stored value was not there to read (a read error), so the
+    #: whole prompt was recomputed.
+    read_error: str = ""
 
 
-def execute_plan(engine: Engine, verdict: Verdict, prompt: Prompt | None = None) -> PlanOutcome:
-    """Fire every step of ``verdict.plan``, its events in order.
-
-    Restores need device slots: before firing, each group gets the room its restores take the
-    way ``Engine.commit`` makes room, giving back least recently used unpinned blocks (spilled
-    to host where there is room, else evicted), never one of ``prompt``'s own blocks. A step
-    refused on the way stops there; a refused ``restore_done`` (the bytes that arrived do not
-    match the recorded checksum) is rolled back (``restore_fail``) and the block's copy dropped
-    (``invalidate``), so the block is recomputed and committed afresh rather than retried."""
-    core = engine.core
-    for name in {step.group for step in verdict.plan}:
-        wanted = sum(Event.RESTORE_BEGIN in step.path for step in verdict.plan
-                     if step.group == name)
-        keep = _own_blocks(engine, name, prompt, verdict)
-        engine.give_back(name, wanted - core.group(name).pools[Tier.DEVICE].free, keep)
-    done = refused = 0
-    notes: list[str] = []
-    # Steps of one group with the same path fire together, one batch per event (masked: a
-    # refused block drops out of its batch), in plan order: targets' groups before indexes'.
-    batches: dict[tuple[str, tuple[Event, ...]], list[RestoreStep]] = {}
-    for step in verdict.plan:
-        batches.setdefault((step.group, step.path), []).append(step)
-    for (group, path), steps in batches.items():
-        ids = np.array([step.block_id for step in steps], dtype=np.intp)
-        alive = np.ones(ids.size, dtype=np.bool_)
-        for event in path:
-            moved = core.fire(group, ids[alive], event, masked=True)
-            failed = np.flatnonzero(alive)[~moved]
-            state = core.group(group)
-            for index in failed.tolist():
-                step = steps[index]
-                row = state.table.row(int(state.states[step.block_id]), event)
-                why = "no row for its state" if row is None else \
-                    "a guard said no (one of " + ", ".join(str(c) for c in row.guards) + ")"
-                notes.append(f"{group} block {step.block_index} (id {step.block_id}): "
-                             f"{event.spec_name} refused: {why}")
-            if failed.size and event is Event.RESTORE_DONE:
-                core.fire(group, ids[failed], Event.RESTORE_FAIL, masked=True)
-                core.fire(group, ids[failed], Event.INVALIDATE, masked=True)
-            alive[failed] = False
-        done += int(alive.sum())
-        refused += int((~alive).sum())
-    return PlanOutcome(done, refused, tuple(notes))
-
-
-def _reasons(verdict: Verdict) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The verdict's reason values, and those of shortfalls on blocks inside its hit."""
-    sizes = {group.name: group.block_size for group in verdict.groups}
-    inside = tuple(s.reason.value for s in verdict.reasons if s.group in sizes
-                   and 0 <= s.block_index * sizes[s.group] < verdict.hit_tokens)
-    return tuple(s.reason.value for s in verdict.reasons), inside
-
-
-def _step_outcomes(engine: Engine, verdict: Verdict,
-                   outcome: PlanOutcome) -> tuple[tuple[str, str, str, str], ...]:
-    """``(group, kind, tier, outcome)`` of each step of ``verdict.plan`` after
-    :func:`execute_plan` answered ``outcome`` (whose notes name each refused step)."""
+def restore_plan(engine: Engine, verdict: Verdict, prompt: Prompt | None = None, *,
+                 timeout: float | None = None) -> tuple[RestoreOutcome, tuple[StepOutcome, ...]]:
+    """Restore ``verdict.plan`` through ``engine.restore`` and wait up to ``timeout`` seconds
+    for its loads (``None``: until they end). Host copies land at once; disk and remote copies
+    load on the engine's workers and are verified (header and checksum) before a byte is used;
+    a copy that fails is rolled back or forgotten, so the next lookup recomputes from it. Loads
+    still running when the wait ends stay pending (their blocks are not readable). Returns the
+    counts and one :class:`StepOutcome` per step, its load status read from the engine's
+    :class:`~kvfsm.serve._stores.ObservedTier` (else inferred from the group's statuses)."""
     kinds = {decl.name: decl.kind.value for decl in engine.model.groups}
-    out = []
+    keys: dict[tuple[str, int], BlockKey] = {}
+    by_group: dict[str, list[int]] = {}
     for step in verdict.plan:
-        where = f"{step.group} block {step.block_index} (id {step.block_id}): "
-        note = next((n for n in outcome.notes if n.startswith(where)), None)
-        result = "done" if note is None else note[len(where):].split(":", 1)[0]
-        out.append((step.group, kinds.get(step.group, "?"),
-                    "-" if step.tier is None else step.tier.spec_name, result))
-    return tuple(out)
+        if step.tier in STORED_TIERS and step.tier in engine.tiers:
+            by_group.setdefault(step.group, []).append(step.block_id)
+    for name, ids in by_group.items():
+        for block, key in zip(ids, engine.restorer.keys.keys(name, np.array(ids, np.intp)),
+                              strict=True):
+            keys[(name, block)] = key
+    ticket = engine.restore(verdict, prompt)
+    outcomes = ticket.wait(timeout=timeout)
+    refused: dict[tuple[str, int], str] = {}
+    for note in ticket.notes:
+        where, _, rest = note.partition(": ")
+        group, _, number = where.partition(" block id ")
+        if number.isdigit():
+            refused.setdefault((group, int(number)), rest.split(" refused", 1)[0])
+    steps = []
+    counts = {"restored": 0, "failed": 0, "lost": 0, "pending": 0}
+    for step in verdict.plan:
+        found = outcomes.get(step.group, GroupOutcome(step.group))
+        tier = "-" if step.tier is None else step.tier.spec_name
+        block = step.block_id
+        if block in found.restored:
+            outcome, status = "restored", "OK"
+        elif block in found.pending:
+            outcome, status = "pending", ""
+        elif block in found.lost or block in found.failed:
+            outcome = "lost" if block in found.lost else "failed"
+            status = _load_status(engine, step.tier, keys.get((step.group, block)), found,
+                                  outcome)
+        elif (step.group, block) in refused:
+            event = refused[(step.group, block)]
+            # A copy that arrived different from its checksum is invalidated: lost.
+            outcome, status = (("lost", "CORRUPT") if event == Event.RESTORE_DONE.spec_name
+                               else ("failed", f"{event} refused"))
+        else:
+            outcome, status = "failed", "not started"
+        counts[outcome] += 1
+        steps.append(StepOutcome(step.group, kinds.get(step.group, "?"), tier, outcome, status))
+    return RestoreOutcome(**counts, notes=ticket.notes), tuple(steps)
 
 
-def _own_blocks(engine: Engine, name: str, prompt: Prompt | None,
-                verdict: Verdict) -> NDArray[np.intp]:
-    """Block ids of ``name`` that belong to the prompt (its hashed blocks) or to the plan."""
-    planned = np.array([s.block_id for s in verdict.plan if s.group == name], dtype=np.intp)
-    if prompt is None:
-        return planned
-    high, low = prompt.words(engine.core.group(name).decl.block_size)
-    found = engine.core.lookup_words(name, high, low)
-    return np.concatenate([planned, found[found >= 0]])
+def _load_status(engine: Engine, tier: Tier | None, key: BlockKey | None,
+                 found: GroupOutcome, outcome: str) -> str:
+    """The load status of one failed or lost step: what its tier recorded for its key, else
+    the group's statuses that fit the outcome."""
+    store = None if tier is None else observed(engine.tiers, tier)
+    if store is not None and key is not None:
+        status = store.status_of(key)
+        if status is not None:
+            return status.name
+    fits = sorted(name for name in found.statuses if name != "OK"
+                  and LoadStatus[name].lost == (outcome == "lost"))
+    return "/".join(fits) or "?"
 
 
-def hit_bytes(core: StateCore) -> Callable[[str, NDArray[np.intp]], NDArray[np.uint8]]:
+def _reasons(verdict: Verdict
+             ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The verdict's reason values, those of shortfalls on blocks inside its hit, and the
+    latter with their groups."""
+    sizes = {group.name: group.block_size for group in verdict.groups}
+    inside = tuple((s.group, s.reason.value) for s in verdict.reasons if s.group in sizes
+                   and 0 <= s.block_index * sizes[s.group] < verdict.hit_tokens)
+    return (tuple(s.reason.value for s in verdict.reasons),
+            tuple(reason for _group, reason in inside), inside)
+
+
+class MissingValue(KvfsmError):
+    """A hit block's stored value is not there to read (``naive`` mode's read error)."""
+
+
+def hit_bytes(engine: Engine | StateCore) -> Callable[[str, NDArray[np.intp]], NDArray[np.uint8]]:
     """The ``naive`` mode's reader: for each hashed block, the bytes of its device slot if it
-    holds one, else of the first lower tier holding it, whatever its state and checksum."""
+    holds one, else of the first lower tier holding it, whatever its state and checksum. A copy
+    only on disk or remote (``engine`` an :class:`Engine` with stored tiers) is read raw: the
+    payload after the 128-byte header, header and checksum never looked at, a short value
+    zero-filled; a value that is not there at all is a :class:`MissingValue`."""
+    core = engine.core if isinstance(engine, Engine) else engine
+    stored = dict(engine.tiers) if isinstance(engine, Engine) else {}
 
     def read(name: str, ids: NDArray[np.intp]) -> NDArray[np.uint8]:
         group = core.group(name)
-        out = np.zeros((ids.size, group.decl.payload_bytes), dtype=np.uint8)
+        width = group.decl.payload_bytes
+        out = np.zeros((ids.size, width), dtype=np.uint8)
         done = np.zeros(ids.size, dtype=np.bool_)
         for tier in Tier:
-            if tier not in group.pools:
-                continue
-            slots = group.slot[tier][ids]
-            take = (slots >= 0) & ~done
-            if take.any():
-                out[take] = group.pools[tier].read(slots[take])
+            if tier in group.pools:
+                slots = group.slot[tier][ids]
+                take = (slots >= 0) & ~done
+                if take.any():
+                    out[take] = group.pools[tier].read(slots[take])
+                    done |= take
+            elif tier in group.stored and tier in stored and isinstance(engine, Engine):
+                take = group.holds(tier)[ids] & ~done
+                if not take.any():
+                    continue
+                rows = np.flatnonzero(take)
+                for row, key in zip(rows.tolist(), engine.restorer.keys.keys(name, ids[rows]),
+                                    strict=True):
+                    value = read_value(stored[tier], key)
+                    if value is None:
+                        raise MissingValue(f"{name} block id {int(ids[row])}: no value on "
+                                           f"{tier.spec_name} ({value_name(stored[tier], key)})")
+                    payload = np.frombuffer(value, np.uint8)[HEADER_BYTES:HEADER_BYTES + width]
+                    out[row, :payload.size] = payload
                 done |= take
         if not done.all():
             raise KvfsmError(f"{name}: hashed blocks {ids[~done].tolist()} hold no slot")
@@ -237,6 +298,7 @@ class ServeLoop:
         *,
         level: Level | str | None = None,
         hook: Hook | None = None,
+        restore_timeout: float | None = RESTORE_TIMEOUT_S,
     ) -> None:
         if mode not in MODES:
             raise KvfsmError(f"mode must be one of {list(MODES)}, got {mode!r}")
@@ -247,6 +309,8 @@ class ServeLoop:
         self.mode: Mode = mode
         self.level = level
         self.hook = hook
+        #: Seconds to wait for a restore plan's disk and remote loads (None: until they end).
+        self.restore_timeout = restore_timeout
         self.adapter = None if engine is None else CacheAdapter(engine, model.config)
         #: Seconds the adapter spent slicing payloads out of caches since the last reset
         #: (subtracted from the commit's time in ``Result.bookkeeping_s``).
@@ -301,11 +365,13 @@ class ServeLoop:
             events = tuple(self.hook(self.engine, request))
         tokens = request.tokens
         numbers = (0, 0, 0)
-        plan = PlanOutcome()
+        restore = RestoreOutcome()
         prompt: Prompt | None = None
         reasons: tuple[str, ...] = ()
         hit_reasons: tuple[str, ...] = ()
-        steps: tuple[tuple[str, str, str, str], ...] = ()
+        shortfalls: tuple[tuple[str, str], ...] = ()
+        steps: tuple[StepOutcome, ...] = ()
+        read_error = ""
         bookkeeping = 0.0
         if self.mode == "nocache" or self.engine is None or self.adapter is None:
             cache: DynamicCache = DynamicCache(config=self.model.config)
@@ -318,17 +384,22 @@ class ServeLoop:
                 verdict = lookup(engine.core, prompt, level=Level.FAST, checksums=False)
                 bookkeeping += time.perf_counter() - clock
                 numbers = (verdict.hit_tokens, verdict.usable_tokens, verdict.restorable_tokens)
-                reasons, hit_reasons = _reasons(verdict)
+                reasons, hit_reasons, shortfalls = _reasons(verdict)
                 reused = verdict.hit_tokens
-                cache = adapter.rebuild_unchecked(prompt, reused, hit_bytes(engine.core),
-                                                  device=self.device)
+                try:
+                    cache = adapter.rebuild_unchecked(prompt, reused, hit_bytes(engine),
+                                                      device=self.device)
+                except MissingValue as why:  # a read error: recompute the whole prompt
+                    read_error = str(why)
+                    reused = 0
+                    cache = adapter.new_cache()
             else:
                 verdict = engine.lookup(prompt, level=self.level)
                 numbers = (verdict.hit_tokens, verdict.usable_tokens, verdict.restorable_tokens)
-                reasons, hit_reasons = _reasons(verdict)
+                reasons, hit_reasons, shortfalls = _reasons(verdict)
                 if verdict.restorable_tokens > verdict.usable_tokens and verdict.plan:
-                    plan = execute_plan(engine, verdict, prompt)
-                    steps = _step_outcomes(engine, verdict, plan)
+                    restore, steps = restore_plan(engine, verdict, prompt,
+                                                  timeout=self.restore_timeout)
                     verdict = engine.lookup(prompt, level=self.level)
                 bookkeeping += time.perf_counter() - clock
                 reused = verdict.usable_tokens
@@ -347,9 +418,10 @@ class ServeLoop:
         first = logits.clone()
         generated = self._decode(cache, logits, len(tokens), request.max_new_tokens)
         return Result(request.rid, self.mode, len(tokens), *numbers, reused, generated,
-                      first.cpu().numpy().astype(np.float32), 0.0, plan, events, skipped,
+                      first.cpu().numpy().astype(np.float32), 0.0, restore, events, skipped,
                       reasons=reasons, steps=steps, hit_reasons=hit_reasons,
-                      bookkeeping_s=bookkeeping)
+                      hit_shortfalls=shortfalls, bookkeeping_s=bookkeeping,
+                      read_error=read_error)
 
     def _forward(self, cache: DynamicCache, tokens: Sequence[int], start: int) -> Any:
         """Forward ``tokens`` at positions ``start``.. on ``cache``; the last position's logits.
@@ -385,10 +457,12 @@ def serve(
     *,
     level: Level | str | None = None,
     hook: Hook | None = None,
+    restore_timeout: float | None = RESTORE_TIMEOUT_S,
 ) -> list[Result]:
     """Serve ``requests`` in order on ``model`` with ``engine``'s cache, reusing what ``mode``
     allows (see the module docstring); one :class:`Result` per request."""
-    loop = ServeLoop(model, engine, mode, level=level, hook=hook)
+    loop = ServeLoop(model, engine, mode, level=level, hook=hook,
+                     restore_timeout=restore_timeout)
     for request in requests:
         loop.submit(request)
     return loop.run()

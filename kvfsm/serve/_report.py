@@ -9,10 +9,16 @@ Definitions (every rate is over the prompt tokens of the workload's requests):
 * **reused / restored / recomputed** (kvfsm, a partition of the prompt tokens): taken from the
   cache as they were; taken from the cache after the verdict's restore plan ran; forwarded
   through the model.
+* **restores** (kvfsm): the restore plans' steps by group kind, tier the copy came from (host,
+  disk, remote; ``device`` for a block already there that only needs finishing), outcome
+  (``restored``, ``failed``: rolled back with the copy kept, ``lost``: the copy gone or bad
+  and forgotten, ``pending``: still loading when the wait ended) and load status (``OK``,
+  ``MISSING``, ``CORRUPT``, ``FOREIGN``, ``FAILED``, ``LATE``).
 * **wrong output**: a request whose greedy tokens differ from the ``nocache`` run's, or whose
   first-step logits differ from them by more than :data:`LOGIT_TOLERANCE`.
-* **overhead_vs_naive**: kvfsm's bookkeeping time (lookups, plan execution, commits; not the
-  model's forwards nor the adapter's tensor copies) over the kvfsm runs' serving wall time.
+* **overhead_vs_naive**: kvfsm's bookkeeping time (lookups, restores and the waits for their
+  loads, commits and the spills they cause; not the model's forwards nor the adapter's tensor
+  copies) over the kvfsm runs' serving wall time.
 """
 
 from __future__ import annotations
@@ -62,7 +68,39 @@ def _sources(result: Result) -> tuple[int, int, int]:
 
 
 def _fault_landed(line: str) -> bool:
-    return not any(word in line for word in ("no fault", "not cached", "cannot", "refused"))
+    return not any(word in line for word in ("no fault", "not cached", "cannot", "refused",
+                                             ", no ", "not there", "not on the device"))
+
+
+#: Restore outcomes and tiers, in the order the report shows them.
+OUTCOMES: Final = ("restored", "failed", "lost", "pending")
+TIERS: Final = ("host", "disk", "remote")
+
+
+def _restores(results: Iterable[Result]) -> list[dict[str, Any]]:
+    """The restore steps of ``results`` counted by (kind, tier, outcome, status)."""
+    counts: Counter[tuple[str, str, str, str]] = Counter(
+        (step.kind, step.tier, step.outcome, step.status) for r in results for step in r.steps)
+    order = {name: i for i, name in enumerate(OUTCOMES)}
+    return [{"kind": kind, "tier": tier, "outcome": outcome, "status": status, "count": count}
+            for (kind, tier, outcome, status), count in sorted(
+                counts.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 9),
+                                                kv[0][3]))]
+
+
+def restores_by_tier(restores: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per tier (host, disk, remote, then any other a step named, e.g. ``device``): the steps
+    per outcome and the load statuses seen."""
+    out: dict[str, dict[str, Any]] = {
+        tier: {**dict.fromkeys(OUTCOMES, 0), "statuses": {}} for tier in TIERS}
+    for r in restores:
+        entry = out.setdefault(r["tier"], {**dict.fromkeys(OUTCOMES, 0), "statuses": {}})
+        entry[r["outcome"]] = entry.get(r["outcome"], 0) + r["count"]
+        if r["status"]:
+            entry["statuses"][r["status"]] = entry["statuses"].get(r["status"], 0) + r["count"]
+    for entry in out.values():
+        entry["statuses"] = dict(sorted(entry["statuses"].items()))
+    return out
 
 
 def _ratio(part: float, whole: float) -> float:
@@ -74,8 +112,7 @@ def _workload_figures(kvfsm: Sequence[Result], naive: Sequence[Result],
     prompt = sum(r.prompt_tokens for r in kvfsm)
     direct, restored, recomputed = (sum(column) for column in
                                     zip(*map(_sources, kvfsm), strict=True))
-    restores: Counter[tuple[str, str, str]] = Counter(
-        (kind, tier, outcome) for r in kvfsm for _group, kind, tier, outcome in r.steps)
+    restores = _restores(kvfsm)
     hit = sum(r.hit_tokens for r in kvfsm)
     return {
         "requests": len(kvfsm),
@@ -92,11 +129,12 @@ def _workload_figures(kvfsm: Sequence[Result], naive: Sequence[Result],
         "naive_wrong": sum(map(is_wrong, naive, reference)),
         "naive_wrong_tokens": sum(n.tokens != r.tokens for n, r in zip(naive, reference,
                                                                        strict=True)),
+        "naive_read_errors": sum(bool(r.read_error) for r in naive),
         "kvfsm_wrong": sum(map(is_wrong, kvfsm, reference)),
         "max_logit_diff": max(map(logit_diff, kvfsm, reference), default=0.0),
         "naive_max_logit_diff": max(map(logit_diff, naive, reference), default=0.0),
-        "restores": [{"kind": kind, "tier": tier, "outcome": outcome, "count": count}
-                     for (kind, tier, outcome), count in sorted(restores.items())],
+        "restores": restores,
+        "restores_by_tier": restores_by_tier(restores),
         "bookkeeping_s": sum(r.bookkeeping_s for r in kvfsm),
         "kvfsm_wall_s": sum(r.wall_s for r in kvfsm),
         "naive_bookkeeping_s": sum(r.bookkeeping_s for r in naive),
@@ -111,6 +149,56 @@ def _reasons(results: Sequence[Result]) -> list[dict[str, Any]]:
     total: Counter[str] = Counter(reason for r in results for reason in r.hit_reasons)
     return [{"reason": reason, "requests": count, "shortfalls": total[reason]}
             for reason, count in sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def _fault_outcomes(run: ModelRun) -> list[dict[str, Any]]:
+    """Per fault of the schedule: what it did in the kvfsm run, what kvfsm saw (the hit
+    shortfall reasons, the restore steps' statuses) and whether either engine went wrong."""
+    reference = {r.rid: r for r in run.runs[("reference", "nocache")]}
+    naive = {r.rid: r for r in run.runs[("faulted", "naive")]}
+    kvfsm = {r.rid: r for r in run.runs[("faulted", "kvfsm")]}
+    out = []
+    nth: Counter[str] = Counter()
+    for fault in run.workload.faults:
+        k, n, ref = kvfsm[fault.before], naive[fault.before], reference[fault.before]
+        index = nth[fault.before]
+        nth[fault.before] += 1
+        line = k.events[index] if index < len(k.events) else ""
+        # On the faulted group: the reasons its hit blocks were not usable, then how its
+        # restores that did not land failed.
+        seen: Counter[str] = Counter(dict.fromkeys(
+            (reason for group, reason in k.hit_shortfalls if group == fault.group), 1))
+        seen.update(f"{s.tier} {s.outcome} {s.status}".strip() for s in k.steps
+                    if s.group == fault.group and s.outcome != "restored")
+        out.append({
+            "request": fault.before, "group": fault.group, "kind": fault.kind,
+            "injector": fault.injector, "landed": _fault_landed(line),
+            "kvfsm_saw": dict(sorted(seen.items())),
+            "naive_wrong": is_wrong(n, ref), "naive_read_error": bool(n.read_error),
+            "kvfsm_wrong": is_wrong(k, ref),
+        })
+    return out
+
+
+def _faults_by_injector(outcomes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The fault outcomes summed per injector (schedule order of first use)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for o in outcomes:
+        row = rows.setdefault(o["injector"], {"injector": o["injector"], "kinds": [],
+                                              "faults": 0, "landed": 0, "naive_wrong": 0,
+                                              "naive_read_errors": 0, "kvfsm_wrong": 0,
+                                              "kvfsm_saw": Counter()})
+        if o["kind"] not in row["kinds"]:
+            row["kinds"].append(o["kind"])
+        row["faults"] += 1
+        row["landed"] += o["landed"]
+        row["naive_wrong"] += o["naive_wrong"]
+        row["naive_read_errors"] += o["naive_read_error"]
+        row["kvfsm_wrong"] += o["kvfsm_wrong"]
+        row["kvfsm_saw"].update(o["kvfsm_saw"])
+    for row in rows.values():
+        row["kvfsm_saw"] = dict(sorted(row["kvfsm_saw"].items()))
+    return list(rows.values())
 
 
 def model_figures(run: ModelRun) -> dict[str, Any]:
@@ -128,25 +216,30 @@ def model_figures(run: ModelRun) -> dict[str, Any]:
     events = [line for r in run.runs[("faulted", "kvfsm")] for line in r.events]
     by_kind: Counter[tuple[str, str]] = Counter((f.kind, f.injector)
                                                 for f in run.workload.faults)
+    outcomes = _fault_outcomes(run)
     return {
         "model": run.model_type,
         "groups": dict(run.groups),
-        "pools": {"device_blocks": run.pools[0], "host_blocks": run.pools[1]},
+        "pools": run.pools.figures(),
+        "stored_tiers": list(run.tiers),
         "requests": faulted["requests"],
         "prompt_tokens": faulted["prompt_tokens"],
         "faults": len(run.workload.faults),
         "faults_landed": sum(map(_fault_landed, events)),
         "faults_by_kind": [{"kind": kind, "injector": injector, "count": count}
                            for (kind, injector), count in sorted(by_kind.items())],
+        "faults_by_injector": _faults_by_injector(outcomes),
+        "fault_outcomes": outcomes,
         **{key: faulted[key] for key in (
             "hit_rate", "usable_rate", "tokens_reused", "tokens_restored", "tokens_recomputed",
-            "naive_tokens_reused", "naive_wrong", "naive_wrong_tokens", "kvfsm_wrong",
-            "max_logit_diff", "naive_max_logit_diff", "restores")},
+            "naive_tokens_reused", "naive_wrong", "naive_wrong_tokens", "naive_read_errors",
+            "kvfsm_wrong", "max_logit_diff", "naive_max_logit_diff", "restores",
+            "restores_by_tier")},
         "top_reasons": _reasons(run.runs[("faulted", "kvfsm")])[:TOP_REASONS],
         "clean": {key: clean[key] for key in (
             "hit_rate", "usable_rate", "tokens_reused", "tokens_restored", "tokens_recomputed",
             "reuse_of_hit", "naive_tokens_reused", "naive_wrong", "kvfsm_wrong",
-            "max_logit_diff", "restores")},
+            "max_logit_diff", "restores", "restores_by_tier")},
         "bookkeeping_s": bookkeeping,
         "serve_wall_s": {
             "nocache": sum(r.wall_s for r in reference),
@@ -174,6 +267,8 @@ def demo_figures(demo: DemoRun) -> dict[str, Any]:
     return {
         "models": models,
         "skipped": dict(demo.skipped),
+        "remote": demo.remote or "none",
+        "remote_note": demo.remote_note,
         "requests": sum(m["requests"] for m in per),
         "prompt_tokens": prompt,
         "hit_rate": weighted("hit_rate"),
@@ -185,6 +280,11 @@ def demo_figures(demo: DemoRun) -> dict[str, Any]:
         "tokens_reused": sum(m["tokens_reused"] for m in per),
         "tokens_restored": sum(m["tokens_restored"] for m in per),
         "tokens_recomputed": sum(m["tokens_recomputed"] for m in per),
+        "restores_by_tier": restores_by_tier(r for m in per for r in m["restores"]),
+        "clean_restores_by_tier": restores_by_tier(r for m in per
+                                                   for r in m["clean"]["restores"]),
+        "faults": sum(m["faults"] for m in per),
+        "faults_landed": sum(m["faults_landed"] for m in per),
         "bookkeeping_s": bookkeeping,
         "overhead_vs_naive": _ratio(bookkeeping, serving),
         "wall_s": demo.wall_s,
@@ -193,14 +293,47 @@ def demo_figures(demo: DemoRun) -> dict[str, Any]:
 
 # -- text ------------------------------------------------------------------------------------
 
+def _outcomes_text(entry: Mapping[str, Any]) -> str:
+    return ", ".join(f"{entry[o]} {o}" for o in OUTCOMES if entry.get(o))
+
+
 def _restores_text(restores: Sequence[Mapping[str, Any]]) -> str:
+    """Per (kind, tier): its outcomes, the failures' statuses in parentheses."""
     if not restores:
         return "none"
-    by_source: dict[tuple[str, str], list[str]] = {}
+    by_source: dict[tuple[str, str], dict[str, Counter[str]]] = {}
     for r in restores:
-        by_source.setdefault((r["kind"], r["tier"]), []).append(f"{r['count']} {r['outcome']}")
-    return "; ".join(f"{kind} from {tier}: {', '.join(outcomes)}"
-                     for (kind, tier), outcomes in by_source.items())
+        per = by_source.setdefault((r["kind"], r["tier"]), {})
+        per.setdefault(r["outcome"], Counter())[r["status"]] += r["count"]
+    parts = []
+    for (kind, tier), per in by_source.items():
+        said = []
+        for outcome in [o for o in OUTCOMES if o in per] + [o for o in per if o not in OUTCOMES]:
+            statuses = per[outcome]
+            why = ", ".join(f"{status} {n}" if len(statuses) > 1 else status
+                            for status, n in sorted(statuses.items())
+                            if status and status != "OK")
+            said.append(f"{sum(statuses.values())} {outcome}" + (f" ({why})" if why else ""))
+        parts.append(f"{kind} from {tier}: {', '.join(said)}")
+    return "; ".join(parts)
+
+
+def _tiers_text(by_tier: Mapping[str, Mapping[str, Any]]) -> str:
+    parts = []
+    for tier, entry in by_tier.items():
+        counts = _outcomes_text(entry)
+        parts.append(f"{tier} {counts or 'none'}")
+    return "; ".join(parts)
+
+
+def _faults_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Per injector: how often, what kvfsm saw on the faulted group, how often naive was
+    wrong."""
+    if not rows:
+        return "none"
+    return "; ".join(f"{row['injector']} x{row['faults']} ("
+                     + (", ".join(row["kvfsm_saw"]) or "nothing") + f"; {row['naive_wrong']})"
+                     for row in rows)
 
 
 def _reasons_text(reasons: Sequence[Mapping[str, Any]]) -> str:
@@ -222,16 +355,20 @@ def model_lines(model_type: str, m: Mapping[str, Any]) -> list[str]:
         f"  kvfsm tokens: {m['tokens_reused']:,} reused, {m['tokens_restored']:,} restored, "
         f"{m['tokens_recomputed']:,} recomputed (naive reused {m['naive_tokens_reused']:,})",
         f"  wrong outputs vs nocache: naive {m['naive_wrong']}/{m['requests']} "
-        f"({m['naive_wrong_tokens']} with other greedy tokens), kvfsm "
-        f"{m['kvfsm_wrong']}/{m['requests']}; max |dlogit| naive "
-        f"{m['naive_max_logit_diff']:.2e}, kvfsm {m['max_logit_diff']:.2e}",
+        f"({m['naive_wrong_tokens']} with other greedy tokens; {m['naive_read_errors']} "
+        f"recomputed after a read error), kvfsm {m['kvfsm_wrong']}/{m['requests']}; max "
+        f"|dlogit| naive {m['naive_max_logit_diff']:.2e}, kvfsm {m['max_logit_diff']:.2e}",
+        f"  restores by tier (stored tiers: {', '.join(m['stored_tiers']) or 'none'}): "
+        f"{_tiers_text(m['restores_by_tier'])}",
         f"  restores: {_restores_text(m['restores'])}",
         f"  why hit tokens were not usable: {_reasons_text(m['top_reasons'])}",
+        f"  faults (what kvfsm saw; naive wrong): {_faults_text(m['faults_by_injector'])}",
         f"  without faults: hit {clean['hit_rate']:.1%}, usable {clean['usable_rate']:.1%}, "
         f"kvfsm reused {clean['reuse_of_hit']:.0%} of the hit after restores "
         f"({clean['tokens_reused'] + clean['tokens_restored']:,} tokens; naive "
         f"{clean['naive_tokens_reused']:,}), wrong: kvfsm {clean['kvfsm_wrong']}, "
-        f"naive {clean['naive_wrong']}",
+        f"naive {clean['naive_wrong']}; restores by tier: "
+        f"{_tiers_text(clean['restores_by_tier'])}",
         f"  bookkeeping {m['bookkeeping_s']:.2f} s = {m['overhead_vs_naive']:.1%} of kvfsm "
         f"serving wall {m['serve_wall_s']['kvfsm']:.1f} s; model total {m['wall_s']:.1f} s",
     ]
@@ -244,28 +381,66 @@ def summary_lines(figures: Mapping[str, Any]) -> list[str]:
         lines += model_lines(model_type, m)
     for model_type, why in figures["skipped"].items():
         lines.append(f"{pretty(model_type)}: not served yet ({why})")
+    lines.append(figures["remote_note"])
     lines.append(
         f"total: {figures['requests']} requests, hit rate {figures['hit_rate']:.1%}, usable "
         f"{figures['usable_rate']:.1%}; wrong outputs naive {figures['naive_wrong']}, kvfsm "
         f"{figures['kvfsm_wrong']}; max |dlogit| kvfsm {figures['max_logit_diff']:.2e}; "
-        f"overhead {figures['overhead_vs_naive']:.1%}; {figures['wall_s']:.0f} s")
+        f"restores by tier {_tiers_text(figures['restores_by_tier'])}; overhead "
+        f"{figures['overhead_vs_naive']:.1%}; {figures['wall_s']:.0f} s")
     return lines
+
+
+def _steps_text(result: Result) -> str:
+    """A request's restore steps, e.g. ``host 4, disk 1 lost CORRUPT``."""
+    counts: Counter[tuple[str, str, str]] = Counter(
+        (step.tier, step.outcome, step.status) for step in result.steps)
+    return ", ".join(f"{tier} {n}" + ("" if outcome == "restored" else
+                                      f" {outcome} {status}".rstrip())
+                     for (tier, outcome, status), n in counts.items())
 
 
 def _per_request_table(run: ModelRun) -> list[str]:
     reference = run.runs[("reference", "nocache")]
     naive = run.runs[("faulted", "naive")]
     kvfsm = run.runs[("faulted", "kvfsm")]
-    lines = ["| request | prompt | hit | usable | reused | restored | recomputed | naive "
-             "\\|Δlogit\\| | kvfsm \\|Δlogit\\| | fault before it |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+    lines = ["| request | prompt | hit | usable | reused | restored | recomputed | restores "
+             "(tier, outcome) | naive \\|Δlogit\\| | kvfsm \\|Δlogit\\| | fault before it |",
+             "|---|--:|--:|--:|--:|--:|--:|---|--:|--:|---|"]
     for ref, n, k in zip(reference, naive, kvfsm, strict=True):
         direct, restored, recomputed = _sources(k)
-        mark = " ✗" if is_wrong(n, ref) else ""
+        mark = " ✗" if is_wrong(n, ref) else " (read error)" if n.read_error else ""
         fault = "; ".join(k.events).replace("|", "\\|") or ""
         lines.append(f"| {k.rid} | {k.prompt_tokens} | {k.hit_tokens} | {k.usable_tokens} | "
-                     f"{direct} | {restored} | {recomputed} | {logit_diff(n, ref):.1e}{mark} | "
-                     f"{logit_diff(k, ref):.1e} | {fault} |")
+                     f"{direct} | {restored} | {recomputed} | {_steps_text(k)} | "
+                     f"{logit_diff(n, ref):.1e}{mark} | {logit_diff(k, ref):.1e} | {fault} |")
+    return lines
+
+
+def _restores_table(figures: Mapping[str, Any]) -> list[str]:
+    """Restore steps per model and tier (faulted workload), outcomes and load statuses."""
+    lines = ["| model | tier | restored | failed | lost | pending | load statuses |",
+             "|---|---|--:|--:|--:|--:|---|"]
+    rows = [(pretty(t), m["restores_by_tier"]) for t, m in figures["models"].items()]
+    rows.append(("**total**", figures["restores_by_tier"]))
+    for name, by_tier in rows:
+        for tier, entry in by_tier.items():
+            statuses = ", ".join(f"{k} {v}" for k, v in entry["statuses"].items()) or "-"
+            lines.append(f"| {name} | {tier} | " + " | ".join(str(entry[o]) for o in OUTCOMES)
+                         + f" | {statuses} |")
+    return lines
+
+
+def _faults_table(m: Mapping[str, Any]) -> list[str]:
+    """Per injector: how often it landed, what kvfsm saw, and who went wrong."""
+    lines = ["| fault | on | landed | kvfsm saw (hit shortfalls; restore failures) | "
+             "naive wrong | naive read error | kvfsm wrong |",
+             "|---|---|--:|---|--:|--:|--:|"]
+    for row in m["faults_by_injector"]:
+        saw = ", ".join(f"{k} {v}" if v > 1 else k for k, v in row["kvfsm_saw"].items()) or "-"
+        lines.append(f"| {row['injector']} | {', '.join(row['kinds'])} | "
+                     f"{row['landed']}/{row['faults']} | {saw} | {row['naive_wrong']} | "
+                     f"{row['naive_read_errors']} | {row['kvfsm_wrong']} |")
     return lines
 
 
@@ -277,21 +452,30 @@ def report_markdown(demo: DemoRun, figures: Mapping[str, Any], *, command: str =
         "",
         f"Generated by `{command}`: tiny real transformers models (seeded random weights, CPU), "
         "each served three ways on one seeded workload (multi-turn chat over a shared system "
-        "prompt, then many questions over a few long documents; prompt lengths odd, never a "
-        "multiple of a block size) with faults injected before some requests:",
+        "prompt, then many questions over a few long documents, then every user's last chat "
+        "turn; prompt lengths odd, never a multiple of a block size) with faults injected "
+        "before some requests:",
         "",
         "* **nocache**: every prompt recomputed; the reference tokens and logits.",
-        "* **naive**: reuses the prefix *hit*, reading whatever bytes the hit blocks hold.",
+        "* **naive**: reuses the prefix *hit*, reading whatever bytes the hit blocks hold (a "
+        "disk file or remote value read raw: header and checksum never looked at).",
         "* **kvfsm**: reuses what the verdict says is *usable* (FULL verification), after "
-        "executing its restore plan.",
+        "restoring what its plan can (host copies at once; disk and remote copies loaded and "
+        "verified on worker threads).",
+        "",
+        f"Stored tiers: every engine spills device -> host -> disk (its own temporary "
+        f"directory) -> remote. {figures['remote_note']}.",
         "",
         "A request's output is *wrong* when its greedy tokens differ from nocache's or its "
         f"first-step logits differ by more than {LOGIT_TOLERANCE:g}. A hit-only engine never "
         "learns that a block is damaged, so one fault keeps spoiling every later request that "
         "reuses the block; kvfsm sees it on the first lookup (a failed checksum, a state that "
-        "is not readable), drops or restores it, and recomputes what it cannot restore. A "
-        "restore step *refused* at `restore_done` is one whose arriving bytes failed their "
-        "checksum: it is rolled back and the block recomputed.",
+        "is not readable) or when the copy loads (its header or checksum fails: `CORRUPT`, "
+        "another block's value: `FOREIGN`, gone: `MISSING`), drops or restores it, and "
+        "recomputes what it cannot restore. A restore is *lost* when its copy was bad or gone "
+        "(the block is forgotten and recomputed), *failed* when it was rolled back with the "
+        "copy kept, *pending* when its load outlived the wait (recomputed this time, usable "
+        "once it lands).",
         "",
         "| model | requests | hit rate | usable rate | reused | restored | recomputed | "
         "naive wrong | kvfsm wrong | max \\|Δlogit\\| kvfsm | overhead |",
@@ -308,20 +492,26 @@ def report_markdown(demo: DemoRun, figures: Mapping[str, Any], *, command: str =
                f"{figures['naive_wrong']} | {figures['kvfsm_wrong']} | "
                f"{figures['max_logit_diff']:.1e} | {figures['overhead_vs_naive']:.1%} |")
     out += ["", f"Wall time of the whole demo: {figures['wall_s']:.0f} s. *Overhead* is kvfsm's "
-            "bookkeeping (lookups, restore plans, commits; not the forwards nor the adapter's "
-            "tensor copies) over the kvfsm runs' serving wall time.", ""]
+            "bookkeeping (lookups, restores and the waits for their loads, commits and the "
+            "spills they cause; not the forwards nor the adapter's tensor copies) over the "
+            "kvfsm runs' serving wall time.", ""]
     if figures["skipped"]:
         out += ["Not served yet: " + "; ".join(f"{pretty(t)} ({why})"
                                               for t, why in figures["skipped"].items()), ""]
-    out += [f"![hit and usable rates per model]({image_prefix}overview.png)", ""]
+    out += [f"![hit and usable rates per model]({image_prefix}overview.png)", "",
+            "Restores of the faulted workload by tier the copy came from (kvfsm runs):", "",
+            *_restores_table(figures), ""]
     runs = {run.model_type: run for run in demo.models}
     for model_type, m in figures["models"].items():
         run = runs[model_type]
+        pools = m["pools"]
         out += [f"## {pretty(model_type)}", "", "```", *model_lines(model_type, m), "```", "",
-            f"Pools: {m['pools']['device_blocks']} device and {m['pools']['host_blocks']} host "
-            "blocks per group. Faults: " + ", ".join(
-                f"{f['injector']} on {f['kind']} x{f['count']}" for f in m["faults_by_kind"])
-            + ".", "",
+            f"Pools per group: {pools['device_blocks']} device, {pools['host_blocks']} host, "
+            f"{pools['disk_blocks']} disk and {pools['remote_blocks']} remote blocks (stored "
+            f"tiers: {', '.join(m['stored_tiers']) or 'none'}; a group whose lifecycle stops "
+            "above a tier keeps nothing there).", "",
+            "Faults (faulted workload, the same schedule for naive and kvfsm):", "",
+            *_faults_table(m), "",
             f"![hit vs usable per request]({image_prefix}{model_type}_hit_vs_usable.png)", "",
             f"![where the tokens came from]({image_prefix}{model_type}_token_sources.png)", "",
             "<details><summary>Per request (faulted workload; ✗: naive output wrong)</summary>",
@@ -399,14 +589,20 @@ def plot_token_sources(run: ModelRun, path: Path) -> None:
     fig.savefig(path)
 
 
+#: Colours of the restore outcomes in the plots.
+_OUTCOME_COLORS: Final = {"restored": "#2ca02c", "failed": "#ff7f0e", "lost": "#d62728",
+                          "pending": "#7f7f7f"}
+
+
 def plot_overview(figures: Mapping[str, Any], path: Path) -> None:
-    """Per model: hit rate vs usable rate, and wrong outputs of naive vs kvfsm."""
+    """Per model: hit rate vs usable rate, wrong outputs of naive vs kvfsm, and the faulted
+    kvfsm run's restore steps per tier by outcome."""
     from matplotlib.figure import Figure
 
     models = list(figures["models"])
     per = [figures["models"][t] for t in models]
-    fig = Figure(figsize=(10, 3.6), dpi=100, layout="constrained")
-    left, right = fig.subplots(1, 2, width_ratios=[3, 2])
+    fig = Figure(figsize=(15, 3.8), dpi=100, layout="constrained")
+    left, right, tiers = fig.subplots(1, 3, width_ratios=[3, 2, 3])
     x = np.arange(len(models))
     names = [pretty(t) for t in models]
     for offset, values, color, label in (
@@ -431,7 +627,35 @@ def plot_overview(figures: Mapping[str, Any], path: Path) -> None:
     right.set_ylabel("requests")
     right.set_title("wrong outputs vs recomputing", fontsize=10)
     right.legend(fontsize=7)
+    _plot_restores_by_tier(tiers, per, names)
     fig.savefig(path)
+
+
+def _plot_restores_by_tier(ax: Any, per: Sequence[Mapping[str, Any]], names: Sequence[str]
+                           ) -> None:
+    """Per model, one bar per tier (host, disk, remote), stacked by restore outcome."""
+    width = 0.26
+    top = 1
+    for i, m in enumerate(per):
+        for j, tier in enumerate(TIERS):
+            entry = m["restores_by_tier"].get(tier, {})
+            bottom = 0
+            for outcome in OUTCOMES:
+                value = entry.get(outcome, 0)
+                if value:
+                    ax.bar(i + (j - 1) * width, value, width * 0.92, bottom=bottom,
+                           color=_OUTCOME_COLORS[outcome])
+                bottom += value
+            top = max(top, bottom)
+            ax.text(i + (j - 1) * width, bottom, tier, ha="center", va="bottom", fontsize=7,
+                    rotation=90)
+    for outcome in OUTCOMES:
+        ax.bar([0], [0], color=_OUTCOME_COLORS[outcome], label=outcome)
+    ax.set_xticks(np.arange(len(per)), names)
+    ax.set_ylim(0, 1.35 * top)
+    ax.set_ylabel("restore steps")
+    ax.set_title("kvfsm restores by tier, faulted (host, disk, remote)", fontsize=10)
+    ax.legend(fontsize=7, ncols=4, loc="upper left")
 
 
 # -- metrics ---------------------------------------------------------------------------------
@@ -464,10 +688,16 @@ def _families(demo: DemoRun) -> Iterator[Any]:
         "serve": counter("kvfsm_serve_seconds", "Wall time serving requests."),
     }
     restores = counter("kvfsm_restores", "Restore plan steps by group kind, source tier "
-                       "and outcome.", ["model", "workload", "kind", "tier", "outcome"])
+                       "(host, disk, remote), outcome (restored, failed, lost, pending) and "
+                       "load status.", ["model", "workload", "kind", "tier", "outcome",
+                                        "status"])
+    read_errors = counter("kvfsm_read_errors", "Requests a hit-only engine recomputed because "
+                          "a hit block's stored value was not there.")
     shortfalls = counter("kvfsm_shortfalls", "Shortfalls in first verdicts by reason.",
                          ["model", "workload", "mode", "reason"])
-    faults = counter("kvfsm_faults_injected", "Faults injected by group kind and injector.",
+    faults = counter("kvfsm_faults_injected", "Faults injected by group kind and injector "
+                     "(stored-tier ones: flip_disk_byte, truncate_disk_file, delete_disk_file, "
+                     "evict_remote_value, plant_foreign_value, slow_remote).",
                      ["model", "kind", "injector"])
     logit = GaugeMetricFamily("kvfsm_max_logit_diff", "Largest first-step |logit "
                               "difference| from recomputing everything.", labels=run_labels)
@@ -500,17 +730,18 @@ def _families(demo: DemoRun) -> Iterator[Any]:
             for reason, count in sorted(Counter(x for r in results
                                                 for x in r.reasons).items()):
                 shortfalls.add_metric([*labels, reason], count)
+            if mode == "naive":
+                read_errors.add_metric(labels, sum(bool(r.read_error) for r in results))
             if mode == "kvfsm":
-                steps = Counter((kind, tier, outcome) for r in results
-                                for _group, kind, tier, outcome in r.steps)
-                for (kind, tier, outcome), count in sorted(steps.items()):
-                    restores.add_metric([model, workload, kind, tier, outcome], count)
+                for r in _restores(results):
+                    restores.add_metric([model, workload, r["kind"], r["tier"], r["outcome"],
+                                         r["status"] or "none"], r["count"])
         for (kind, injector), count in sorted(Counter(
                 (f.kind, f.injector) for f in run.workload.faults).items()):
             faults.add_metric([model, kind, injector], count)
         wall.add_metric([model], run.wall_s)
     yield from families.values()
-    yield from (restores, shortfalls, faults, logit, wall)
+    yield from (restores, read_errors, shortfalls, faults, logit, wall)
 
 
 def metrics_text(demo: DemoRun) -> bytes:

@@ -10,18 +10,23 @@ multiple of any block size, which are powers of two):
 * :func:`document_qa`: many questions over a few long documents; each prompt is a document
   followed by one question, the questions of all documents interleaved.
 
+:func:`demo_workload` serves the chat's turns but the last, then the documents, then every
+user's last turn: by then the documents have pushed the chat histories down the tiers (host,
+disk, remote), so the last turns restore from each.
+
 :func:`fault_schedule` then chooses, among the requests that reuse a prefix of an earlier one,
 which get a fault injected just before they are looked up, cycling through every (group,
-injector) pair the model's cache groups admit (:data:`INJECTORS_BY_KIND`), the injectors that
-damage bytes first. :class:`FaultHook` applies a schedule as ``serve``'s ``hook``: each fault
-lands on a block the request is about to reuse (inside its prefix hit, at the position the
-group's kind reads: a middle block of full or compressed history, the last block of a sliding
-window or a recurrent snapshot).
+injector) pair the model's cache groups admit (:data:`INJECTORS_BY_KIND`; stored-tier injectors
+only for the stored tiers the engines have, :data:`NEEDS_TIER`), the injectors that damage bytes
+first. :class:`FaultHook` applies a schedule as ``serve``'s ``hook``: each fault lands on a block
+the request is about to reuse (inside its prefix hit, at the position the group's kind reads: a
+middle block of full or compressed history, the last block of a sliding window or a recurrent
+snapshot); a stored-tier fault first moves that block down to its tier.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
 
@@ -31,7 +36,7 @@ import numpy as np
 from kvfsm._engine import Engine
 from kvfsm.serve import _faults as faults
 from kvfsm.serve._loop import Request
-from kvfsm.spec import GroupKind, ModelDecl
+from kvfsm.spec import GroupKind, ModelDecl, Tier
 from kvfsm.verify import Level, lookup
 
 #: An injector applied to a request's blocks: ``(engine, tokens, group, index) -> what it did``.
@@ -74,6 +79,14 @@ def _kind_injector(name: str) -> Injector | None:
     return apply
 
 
+def _stored_injector(name: str) -> Injector:
+    """A stored-tier injector of :mod:`kvfsm.serve._faults` (all of them exist)."""
+    inject = _kind_injector(name)
+    if inject is None:
+        raise AttributeError(f"kvfsm.serve._faults has no {name}")
+    return inject
+
+
 @attrs.frozen
 class InjectorSpec:
     """One fault kind: its injector, and whether it damages bytes (a hit-only engine that
@@ -89,7 +102,26 @@ CORRUPT_HOST: Final = InjectorSpec("corrupt_host_copy", _corrupt_host_copy, True
 RESTORE_IN_FLIGHT: Final = InjectorSpec("restore_in_flight", _restore_in_flight, True)
 SPILL: Final = InjectorSpec("spill_block", _spill, False)
 EVICT_WINDOW: Final = InjectorSpec("evict_window_block", _evict_window, False)
+# Stored tiers: the block is moved down to disk or remote first, then its copy there damaged
+# (a hit-only reader reads it as it is), removed (a read error: it recomputes), or slowed.
+FLIP_DISK: Final = InjectorSpec("flip_disk_byte", _stored_injector("flip_disk_byte"), True)
+TRUNCATE_DISK: Final = InjectorSpec("truncate_disk_file",
+                                    _stored_injector("truncate_disk_file"), True)
+DELETE_DISK: Final = InjectorSpec("delete_disk_file", _stored_injector("delete_disk_file"),
+                                  False)
+EVICT_REMOTE: Final = InjectorSpec("evict_remote_value", _stored_injector("evict_remote_value"),
+                                   False)
+PLANT_FOREIGN: Final = InjectorSpec("plant_foreign_value",
+                                    _stored_injector("plant_foreign_value"), True)
+SLOW_REMOTE: Final = InjectorSpec("slow_remote", _stored_injector("slow_remote"), False)
 
+#: The stored tier each stored-tier injector needs (a schedule for engines without that tier
+#: leaves it out).
+NEEDS_TIER: Final[Mapping[str, Tier]] = MappingProxyType({
+    FLIP_DISK.name: Tier.DISK, TRUNCATE_DISK.name: Tier.DISK, DELETE_DISK.name: Tier.DISK,
+    EVICT_REMOTE.name: Tier.REMOTE, PLANT_FOREIGN.name: Tier.REMOTE,
+    SLOW_REMOTE.name: Tier.REMOTE,
+})
 
 
 def _specs(*specs: InjectorSpec | tuple[str, bool]) -> tuple[InjectorSpec, ...]:
@@ -107,15 +139,18 @@ def _specs(*specs: InjectorSpec | tuple[str, bool]) -> tuple[InjectorSpec, ...]:
     return tuple(out)
 
 
-#: The injectors each kind of cache group admits, damaging ones first.
+#: The injectors each kind of cache group admits, in the order a schedule uses them: damage
+#: first, memory and stored tiers alternating.
 INJECTORS_BY_KIND: Final[Mapping[GroupKind, tuple[InjectorSpec, ...]]] = MappingProxyType({
-    GroupKind.FULL: (CORRUPT_HOST, FLIP_DEVICE, RESTORE_IN_FLIGHT, SPILL),
+    GroupKind.FULL: (CORRUPT_HOST, FLIP_DISK, FLIP_DEVICE, PLANT_FOREIGN, TRUNCATE_DISK,
+                     RESTORE_IN_FLIGHT, EVICT_REMOTE, DELETE_DISK, SLOW_REMOTE, SPILL),
     GroupKind.SLIDING_WINDOW: (FLIP_DEVICE, CORRUPT_HOST, EVICT_WINDOW, SPILL),
     # a snapshot of the wrong checkpoint (silent), or none at the checkpoint
-    GroupKind.RECURRENT: _specs(FLIP_DEVICE, ("stale_snapshot", True), CORRUPT_HOST,
-                                ("evict_snapshot", False), SPILL),
+    GroupKind.RECURRENT: _specs(FLIP_DEVICE, FLIP_DISK, ("stale_snapshot", True), CORRUPT_HOST,
+                                TRUNCATE_DISK, ("evict_snapshot", False), DELETE_DISK, SPILL),
     # a block caught mid-compression (the plan finishes it), or evicted
-    GroupKind.COMPRESSED: _specs(FLIP_DEVICE, CORRUPT_HOST, ("compression_incomplete", False),
+    GroupKind.COMPRESSED: _specs(FLIP_DEVICE, FLIP_DISK, CORRUPT_HOST, TRUNCATE_DISK,
+                                 ("compression_incomplete", False), DELETE_DISK,
                                  ("evict_compressed_block", False), SPILL),
     GroupKind.SPARSE_INDEX: (FLIP_DEVICE, SPILL),
 })
@@ -211,22 +246,40 @@ def reusing(requests: Sequence[Request], min_tokens: int) -> list[str]:
     return out
 
 
-def fault_pairs(model: ModelDecl) -> list[tuple[str, GroupKind, InjectorSpec]]:
-    """Every ``(group, kind, injector)`` the model's groups admit, in the order a schedule uses
-    them: first every group's first (damaging) injector, then every group's second, and so on."""
-    per_group = [(decl.name, decl.kind, INJECTORS_BY_KIND.get(decl.kind, ()))
-                 for decl in model.groups]
+#: The stored tiers a demo engine has unless told otherwise.
+ALL_STORED: Final = (Tier.DISK, Tier.REMOTE)
+
+
+def fault_pairs(model: ModelDecl, tiers: Collection[Tier] = ALL_STORED
+                ) -> list[tuple[str, GroupKind, InjectorSpec]]:
+    """Every ``(group, kind, injector)`` the model's groups admit (stored-tier injectors only
+    for the stored ``tiers`` the engines have), in the order a schedule uses them: first every
+    group's first (damaging) injector, then every group's second, and so on. The n-th group of a
+    kind starts n injectors into its kind's list, so groups of one kind get different faults."""
+    seen: dict[GroupKind, int] = {}
+    per_group = []
+    for decl in model.groups:
+        specs = tuple(spec for spec in INJECTORS_BY_KIND.get(decl.kind, ())
+                      if spec.name not in NEEDS_TIER or NEEDS_TIER[spec.name] in tiers)
+        turn = seen.get(decl.kind, 0)
+        seen[decl.kind] = turn + 1
+        if specs:
+            turn %= len(specs)
+            specs = specs[turn:] + specs[:turn]
+        per_group.append((decl.name, decl.kind, specs))
     depth = max((len(specs) for _, _, specs in per_group), default=0)
     return [(name, kind, specs[i]) for i in range(depth) for name, kind, specs in per_group
             if i < len(specs)]
 
 
 def fault_schedule(model: ModelDecl, requests: Sequence[Request], seed: int, *,
-                   fraction: float = 0.5) -> tuple[Fault, ...]:
+                   fraction: float = 0.5, tiers: Collection[Tier] = ALL_STORED
+                   ) -> tuple[Fault, ...]:
     """Faults before a seeded ``fraction`` of the requests that reuse an earlier prompt's
     blocks (at least two of the model's largest blocks), one per chosen request, cycling
-    through :func:`fault_pairs` so every group kind the model has is hit."""
-    pairs = fault_pairs(model)
+    through :func:`fault_pairs` (for engines with the stored ``tiers``) so every group kind the
+    model has is hit."""
+    pairs = fault_pairs(model, tiers)
     candidates = reusing(requests, 2 * model.lcm_block_size)
     if not pairs or not candidates:
         return ()
@@ -302,6 +355,8 @@ class WorkloadSize:
     questions: int = 4
     document_tokens: tuple[int, int] = (256, 384)
     max_new_tokens: int = 16
+    #: Of the requests that reuse an earlier prompt's blocks, the share a fault comes before.
+    fault_fraction: float = 0.75
 
 
 #: The demo's embedded default, and a quick one for tests.
@@ -310,13 +365,19 @@ QUICK_SIZE: Final = WorkloadSize(users=2, turns=3, documents=2, questions=3,
                                  document_tokens=(96, 160), max_new_tokens=4)
 
 
-def demo_workload(model: ModelDecl, seed: int = 0, size: WorkloadSize = DEFAULT_SIZE) -> Workload:
-    """The demo's workload for ``model``: the chat requests, then the document questions, with
-    a fault schedule over the model's groups."""
-    requests = chat(seed, users=size.users, turns=size.turns,
-                    max_new_tokens=size.max_new_tokens)
+def demo_workload(model: ModelDecl, seed: int = 0, size: WorkloadSize = DEFAULT_SIZE, *,
+                  tiers: Collection[Tier] = ALL_STORED) -> Workload:
+    """The demo's workload for ``model``: the chat's turns but the last, then the document
+    questions, then the chat's last turn (every user comes back after the documents pushed
+    their histories down the tiers), with a fault schedule over the model's groups (for
+    engines with the stored ``tiers``)."""
+    talk = chat(seed, users=size.users, turns=size.turns, max_new_tokens=size.max_new_tokens)
+    last = f"t{size.turns - 1}"
+    requests = [r for r in talk if not r.rid.endswith(last)]
     requests += document_qa(seed, documents=size.documents, questions=size.questions,
                             document_tokens=size.document_tokens,
                             max_new_tokens=size.max_new_tokens)
-    return Workload("chat + document QA", tuple(requests),
-                    fault_schedule(model, requests, seed))
+    requests += [r for r in talk if r.rid.endswith(last)]
+    return Workload("chat + document QA + chat", tuple(requests),
+                    fault_schedule(model, requests, seed, fraction=size.fault_fraction,
+                                   tiers=tiers))

@@ -10,7 +10,9 @@ no pickle. Why it survives crashes and bit rot:
   file that reopening deletes.
 * **Verify before use.** A load reads header and payload with one ``readv`` straight into the
   caller's buffer and checks the header's own xxh3, its key, the length and the payload's xxh3
-  (:func:`verify`) before saying OK. A torn, flipped or foreign file is deleted (lost for good).
+  (:func:`verify`; the short way where the header is byte for byte the one a put of this key
+  writes, so no header is decoded per block) before saying OK. A torn, flipped or foreign file
+  is deleted (lost for good).
 * **Reopening.** The constructor reads only each ``*.kvb`` file's header and indexes the whole
   ones, so a restarted engine finds its prefixes again; torn files are deleted.
 
@@ -33,10 +35,12 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+import xxhash
 from numpy.typing import NDArray
 
 from kvfsm.spec._vocabulary import Tier
 from kvfsm.tiers._contract import (
+    _FIELDS,
     HEADER_BYTES,
     MAX_PAYLOAD_BYTES,
     BlockKey,
@@ -87,6 +91,22 @@ def _full(op: Callable[[int, list[memoryview]], int], fd: int, views: list[memor
     return done
 
 
+def _check(key: BlockKey, header: memoryview, view: memoryview) -> tuple[LoadStatus, int]:
+    """What :func:`verify` answers for ``header`` + ``view`` (read whole), the short way first:
+    a header byte for byte the one ``encode_header`` writes for ``key``, this length and the
+    checksum it carries is whole, this key's and of this length, so the answer is OK exactly
+    where the payload hashes to that checksum (else CORRUPT), with no header decoded and no key
+    built (about 3 us a block less). Any other header gets :func:`verify`'s own answer
+    (CORRUPT, FOREIGN, or OK for a whole header written another way)."""
+    size = view.nbytes
+    checksum: int = _FIELDS.unpack_from(header)[-1]
+    if size <= MAX_PAYLOAD_BYTES and header == encode_header(key, size, checksum):
+        if xxhash.xxh3_64_intdigest(view) == checksum:
+            return LoadStatus.OK, checksum
+        return LoadStatus.CORRUPT, 0
+    return verify(key, header, view, size)
+
+
 def _head(path: str) -> tuple[os.stat_result, bytes] | None:
     """The file's stat and its first ``HEADER_BYTES`` (fewer if it is shorter); None if it
     cannot be read."""
@@ -98,6 +118,20 @@ def _head(path: str) -> tuple[os.stat_result, bytes] | None:
             os.close(fd)
     except OSError:
         return None
+
+
+def _payload_matches(path: str, payload_bytes: int, checksum: int) -> bool:
+    """Whether the file's payload hashes to ``checksum`` (a put over an existing file trusts
+    it only then: a header can be whole over a flipped or torn payload)."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+        try:
+            payload = os.pread(fd, payload_bytes, HEADER_BYTES)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return len(payload) == payload_bytes and xxhash.xxh3_64_intdigest(payload) == checksum
 
 
 def _unlink(path: str) -> None:
@@ -219,7 +253,8 @@ class DiskTier(StoredTier):
         with self._lock:
             present = name in self._index
         head = _head(path) if present else None
-        if head is not None and head[0].st_size == size and head[1] == header:
+        if head is not None and head[0].st_size == size and head[1] == header \
+                and _payload_matches(path, view.nbytes, checksum):
             with self._lock:
                 if name in self._index:
                     self._index.move_to_end(name)
@@ -288,7 +323,7 @@ class DiskTier(StoredTier):
                 want = HEADER_BYTES + view.nbytes
                 got = _full(os.readv, fd, [header, view, tail], want)
                 if got == want:
-                    found, checksum[i] = verify(key, header, view, view.nbytes)
+                    found, checksum[i] = _check(key, header, view)
                 else:
                     whole = decode_header(header) if got >= HEADER_BYTES else None
                     foreign = whole is not None and whole.key != key

@@ -88,8 +88,14 @@ class MooncakeTier(StoredTier):
     * **Empty reads.** A missing key (-704, or -703: a put still in flight) → MISSING.
     * **Wrong values.** A value of another length is read whole and verified, so another key's
       block is FOREIGN and a torn one CORRUPT; failing ``verify`` → CORRUPT/FOREIGN. Bad values
-      are then removed, best effort and never forced: while the read's own lease lasts Mooncake
-      refuses (-706), so the value stays until its lease ends or a ``put`` replaces it.
+      are then removed with ``force`` (best effort): the read that found them took a lease, and
+      every later existence check or read takes another, so an unforced remove is always
+      refused (-706) and the bad value would stay for good: every engine's lookup would find
+      it again, restore it and refuse it, and never cache its own recomputed block in its place.
+      A forced remove skips the lease; a reader still copying the value fails to verify it
+      (nothing it loads is trusted unverified). The one cost: a good value another engine
+      ``upsert``-ed in the instant between this read and the remove is dropped too (a later
+      load of it is MISSING and recomputes).
     * **Leases.** Every read holds a lease of the master's ``--default_kv_lease_ttl`` (10 s by
       default; pass ``lease_s`` to match). A batch whose read took longer than ``lease_s`` from
       start to finish (by ``clock``) answers LATE for every key, even where bytes verify: the
@@ -307,7 +313,8 @@ class MooncakeTier(StoredTier):
         bad = [names[i] for i, s in enumerate(found)
                if s in (LoadStatus.CORRUPT, LoadStatus.FOREIGN)]
         if bad:
-            self._call("batch_remove", bad)  # best effort: the read's lease usually refuses
+            # Forced: the lease this read took would refuse it (see the class docstring).
+            self._call("batch_remove", bad, True)
         return LoadResult(status, checksum)
 
     def contains(self, keys: Sequence[BlockKey]) -> NDArray[np.bool_]:
