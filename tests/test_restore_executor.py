@@ -160,7 +160,8 @@ def test_a_plan_from_disk_lands_verified_in_the_device_slots(tmp_path: Path) -> 
 
 def test_plans_larger_than_a_worker_chunk_all_land(tmp_path: Path) -> None:
     count = 3 * CHUNK_BLOCKS + 1
-    core, store = make_core(device_blocks=count, disk_blocks=count), disk(tmp_path)
+    core, store = make_core(device_blocks=count, disk_blocks=count,
+                            max_restores_in_flight=count), disk(tmp_path)
     with RestoreExecutor(core, {Tier.DISK: store}, workers=3) as ex:
         ids = stored(core, ex, store, range(count))
         got = ex.submit(plan(core, ids)).wait(timeout=WAIT)[GROUP]
@@ -251,7 +252,7 @@ def test_a_restore_from_remote_keeps_the_remote_copy(tmp_path: Path) -> None:
 def test_a_wait_that_times_out_leaves_the_blocks_loading_until_a_poll(tmp_path: Path) -> None:
     core, inner = make_core(), disk(tmp_path)
     tier = Doctored(inner)
-    with RestoreExecutor(core, {Tier.DISK: tier}) as ex:
+    with RestoreExecutor(core, {Tier.DISK: tier}, workers=1) as ex:  # one load for the batch
         ids = stored(core, ex, inner, range(3))
         tier.gate.clear()
         try:
@@ -360,7 +361,7 @@ def _loaded(store: StoredTier, keys: list[BlockKey]) -> tuple[LoadResult, NDArra
 def test_a_spill_from_host_writes_verified_copies(tmp_path: Path) -> None:
     core, store = make_core(device_blocks=16, host_blocks=16), disk(tmp_path)
     with RestoreExecutor(core, {Tier.DISK: store}) as ex:
-        ids = on_host(core, range(CHUNK_BLOCKS + 2))
+        ids = on_host(core, range(10))  # several store tasks per worker-split batch
         assert ex.store(GROUP, ids).all()
         keys = ex.keys.keys(GROUP, ids)
     assert {state_of(core, b) for b in ids} == {"disk"}

@@ -43,8 +43,9 @@ MakeRoom = Callable[[str, int, IdArray], int]
 #: Per block of a store job: the target tier holds it now; its source copy is gone for good.
 _Stored = tuple[NDArray[np.bool_], NDArray[np.bool_]]
 
-#: Blocks per worker task: several tasks per batch let reads overlap checksums on other cores.
-CHUNK_BLOCKS = 8
+#: Most blocks per worker task (a batch is split evenly over the workers, in tasks no larger
+#: than this, so every worker reads while the others hash).
+CHUNK_BLOCKS = 64
 
 
 @attrs.frozen
@@ -152,6 +153,7 @@ class RestoreExecutor:
         self.tiers = dict(tiers)
         self.keys = KeyMaker(core)
         self._make_room = make_room
+        self._workers = workers
         self._pool = cf.ThreadPoolExecutor(max_workers=workers,
                                            thread_name_prefix="kvfsm-restore")
         #: Loads not yet settled (or settled by a ticket and not yet dropped by a poll).
@@ -247,8 +249,9 @@ class RestoreExecutor:
             rows: list[Any] = (list(np.empty((chosen.size, state.decl.payload_bytes), np.uint8))
                                if staged else core.restore_rows(group, chosen))
             keys = self.keys.keys(group, chosen)
-            for start in range(0, chosen.size, CHUNK_BLOCKS):
-                stop = start + CHUNK_BLOCKS
+            per_task = min(-(-chosen.size // self._workers), CHUNK_BLOCKS)
+            for start in range(0, chosen.size, per_task):
+                stop = start + per_task
                 part_keys, part_rows = keys[start:stop], rows[start:stop]
                 future: cf.Future[LoadResult]
                 if store is None:
@@ -356,8 +359,9 @@ class RestoreExecutor:
         for pair in {(int(t), int(s)) for t, s in zip(target.tolist(), source.tolist(),
                                                        strict=True)}:
             where = np.flatnonzero((target == pair[0]) & (source == pair[1]))
-            for start in range(0, where.size, CHUNK_BLOCKS):
-                part = where[start:start + CHUNK_BLOCKS]
+            per_task = min(-(-where.size // self._workers), CHUNK_BLOCKS)
+            for start in range(0, where.size, per_task):
+                part = where[start:start + per_task]
                 jobs.append((part, self._start_store(group, going[part], Tier(pair[1]),
                                                      Tier(pair[0]))))
         cf.wait([future for _, future in jobs], timeout=timeout)
