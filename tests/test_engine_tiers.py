@@ -352,20 +352,25 @@ class Slow(Wrapped):
 
 
 class Flaky(Wrapped):
-    """The first load answers ``status`` for the keys in ``bad`` (after really loading them,
-    so the bytes in the slot are the right ones: the status alone must keep them out)."""
+    """The first load of each key in ``bad`` answers ``status`` (after really loading it, so
+    the bytes in the slot are the right ones: the status alone must keep them out); later
+    loads of it, and every other key, answer what the disk says. Per key, so it does not
+    matter which worker's batch holds it."""
 
     def __init__(self, inner: DiskTier, status: LoadStatus, bad: set[BlockKey]) -> None:
         super().__init__(inner)
-        self.status, self.bad, self.calls = status, bad, 0
+        self.status, self.bad = status, bad
+        self.answered: set[BlockKey] = set()
+        self.lock = threading.Lock()
 
     def load_into(self, keys: Sequence[BlockKey], outs: Sequence[Any]) -> LoadResult:
         result = self.inner.load_into(keys, outs)
-        self.calls += 1
-        if self.calls > 1:
-            return result
         status = result.status.copy()
-        status[[k in self.bad for k in keys]] = int(self.status)
+        with self.lock:
+            for index, key in enumerate(keys):
+                if key in self.bad and key not in self.answered:
+                    self.answered.add(key)
+                    status[index] = int(self.status)
         return LoadResult(status, result.checksum)
 
 

@@ -436,3 +436,30 @@ def test_a_relay_whose_source_copy_is_bad_forgets_the_block(tmp_path: Path) -> N
     assert state_of(core, int(ids[1])) == "free"
     assert core.lookup_words(GROUP, [1001], [2001]).tolist() == [-1]
     assert core.check_invariants() == []
+
+
+def test_loads_that_hang_do_not_hold_up_a_spill(tmp_path: Path) -> None:
+    """Regression: loads and spills shared one worker pool, so a tier whose loads hung kept
+    every worker and a spill made to free room (``give_back``) waited behind them."""
+    core, inner = make_core(device_blocks=16, host_blocks=8), disk(tmp_path)
+    tier = Doctored(inner)
+    with RestoreExecutor(core, {Tier.DISK: tier}, workers=1) as ex:
+        loading = stored(core, ex, inner, range(4))
+        cold = on_host(core, range(10, 14))
+        tier.gate.clear()
+        try:
+            ticket = ex.submit(plan(core, loading))
+            assert len(ticket.wait(timeout=0.01)[GROUP].pending) == 4  # the worker is stuck
+            done: list[NDArray[np.bool_]] = []
+            spill = threading.Thread(target=lambda: done.append(ex.store(GROUP, cold)))
+            spill.start()
+            # Well under the gate's hold (WAIT): a spill stuck behind the loads misses it.
+            spill.join(timeout=WAIT / 6)
+            assert done and done[0].all(), "the spill waited behind hung loads"
+        finally:
+            tier.gate.set()
+        until_done(ticket)
+        ex.poll()
+    assert {state_of(core, b) for b in cold} == {"disk"}
+    assert {state_of(core, b) for b in loading} == {"device_disk"}
+    assert core.check_invariants() == []

@@ -154,8 +154,10 @@ class RestoreExecutor:
         self.keys = KeyMaker(core)
         self._make_room = make_room
         self._workers = workers
-        self._pool = cf.ThreadPoolExecutor(max_workers=workers,
-                                           thread_name_prefix="kvfsm-restore")
+        #: Worker threads per (tier, direction), made on first use: a tier whose loads hang
+        #: (a slow or dead store) must not hold up loads from another tier, nor the spills
+        #: that make room, which would wait behind it on a shared pool.
+        self._pools: dict[tuple[Tier, str], cf.ThreadPoolExecutor] = {}
         #: Loads not yet settled (or settled by a ticket and not yet dropped by a poll).
         self._open: list[_Load] = []
 
@@ -258,7 +260,8 @@ class RestoreExecutor:
                     future = cf.Future()
                     future.set_result(_all(len(part_keys), LoadStatus.FAILED))
                 else:
-                    future = self._pool.submit(store.load_into, part_keys, part_rows)
+                    future = self._workers_for(tier, "load").submit(
+                        store.load_into, part_keys, part_rows)
                 loads.append(_Load(group, tier, chosen[start:stop], part_rows, staged, then,
                                    future))
         return loads
@@ -387,16 +390,25 @@ class RestoreExecutor:
             return _done((nothing, nothing))
         if source is Tier.HOST:
             rows, sums = self.core.spill_rows(group, ids)
-            return self._pool.submit(_put, into, keys, rows, sums)
+            return self._workers_for(target, "store").submit(_put, into, keys, rows, sums)
         origin = self.tiers.get(source)
         if origin is None:
             return _done((nothing, nothing))
         width = self.core.group(group).decl.payload_bytes
-        return self._pool.submit(_relay, origin, into, keys, width)
+        return self._workers_for(target, "store").submit(_relay, origin, into, keys, width)
+
+    def _workers_for(self, tier: Tier, direction: str) -> cf.ThreadPoolExecutor:
+        pool = self._pools.get((tier, direction))
+        if pool is None:
+            pool = self._pools[tier, direction] = cf.ThreadPoolExecutor(
+                max_workers=self._workers,
+                thread_name_prefix=f"kvfsm-{direction}-{tier.spec_name}")
+        return pool
 
     def close(self) -> None:
         """Wait for running I/O and stop the workers (tiers are the caller's to close)."""
-        self._pool.shutdown(wait=True)
+        for pool in self._pools.values():
+            pool.shutdown(wait=True)
 
     def __enter__(self) -> RestoreExecutor:
         return self
