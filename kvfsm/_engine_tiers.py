@@ -19,6 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 from kvfsm._errors import KvfsmError
 from kvfsm.restore import RestoreExecutor, RestoreTicket
 from kvfsm.spec import Event, Tier
+from kvfsm.spec._vocabulary import STORED_TIERS
 from kvfsm.state import StateCore
 from kvfsm.tiers import BlockKey, StoredTier
 from kvfsm.verify import Prompt, Verdict
@@ -36,7 +37,7 @@ def check_tiers(core: StateCore, tiers: Mapping[Tier | str, StoredTier]) -> dict
         except (KeyError, ValueError):
             raise KvfsmError(f"Engine(tiers=...): unknown tier {name!r}; stored tiers are "
                              "'disk' and 'remote'") from None
-        if tier not in (Tier.DISK, Tier.REMOTE):
+        if tier not in STORED_TIERS:
             raise KvfsmError(f"Engine(tiers=...): {tier.spec_name} is a pool the core owns, "
                              "not a stored tier; pass 'disk' or 'remote'")
         if not isinstance(store, StoredTier):

@@ -33,12 +33,13 @@ from hypothesis.stateful import (
 
 from kvfsm import KvfsmError, TransitionError
 from kvfsm.spec import Content, Event, GroupKind, Lifecycle, ModelDecl, Tier, shipped_models
+from kvfsm.spec._vocabulary import DISCOVER_EVENT
 from kvfsm.state import CoreConfig, StateCore, join_words
 
 DEVICE, HOST, DISK, REMOTE = 3, 2, 2, 2
 MAX_RESTORES = 2
 #: How the core adopts a copy found in each stored tier (StateCore.discover).
-DISCOVERS = {Tier.DISK: Event.DISCOVER_DISK, Tier.REMOTE: Event.DISCOVER_REMOTE}
+DISCOVERS = DISCOVER_EVENT
 #: Every event but allocate and discovery (StateCore.allocate / discover record identities).
 EVENTS = [e for e in Event if e is not Event.ALLOCATE and e not in DISCOVERS.values()]
 #: Events that undo progress; `advance` picks them less often so runs get deep.

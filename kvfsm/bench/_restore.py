@@ -189,9 +189,9 @@ def _expect(engine: Engine, states: Sequence[str], count: int, when: str) -> Non
 
 
 class _Restores:
-    """The timed engine path of one phase: ``lookup`` -> ``restore`` -> ``wait`` of every block
-    of ``prompt``, then (untimed) a check that each block landed in ``landed``, verified, and
-    ``back()`` to where it came from."""
+    """The timed data path of one phase: ``restore`` -> ``wait`` of every block of ``prompt``
+    (its verdict looked up before the clock starts), then (untimed) a check that each block
+    landed in ``landed``, verified, and ``back()`` to where it came from."""
 
     def __init__(self, engine: Engine, prompt: Prompt, payload: NDArray[np.uint8], what: str,
                  landed: str, back: Callable[[], None], *, stored: bool = True) -> None:

@@ -313,15 +313,11 @@ class RestoreExecutor:
             if event is not Event.RESTORE_DONE:
                 restored = restored[_fire(core, group, restored, event)]
         failed = ids[~ok & ~lost_status]
-        restored_set, lost_set = set(restored.tolist()), set(lost.tolist())
-        failed_set = set(failed.tolist())
         for load, result in zip(loads, results, strict=True):
-            mine = load.ids.tolist()
-            report = (np.array([b for b in mine if b in restored_set], dtype=np.intp),
-                      np.array([b for b in mine if b in failed_set], dtype=np.intp),
-                      np.array([b for b in mine if b in lost_set], dtype=np.intp))
+            mine = load.ids
             for ticket in load.tickets:
-                ticket.record(load, *report, result)
+                ticket.record(load, mine[np.isin(mine, restored)], mine[np.isin(mine, failed)],
+                              mine[np.isin(mine, lost)], result)
 
     def poll(self) -> int:
         """Settle every load whose I/O has finished; returns how many loads were settled."""

@@ -498,28 +498,29 @@ def truncate_disk_file(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLik
 def delete_disk_file(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
                      index: int, group: str | None = None) -> str:
     """Move a block down to disk and delete its file behind the tier's back."""
-    name = group or _default(engine)
-    found = _sunk(engine, prompt, name, index, Tier.DISK, "file deleted")
-    if isinstance(found, str):
-        return found
-    block, key = found
-    gone = delete_value(engine.tiers[Tier.DISK], key)
-    return f"{_moved(engine, name, index, block, Tier.DISK)}, its file " + \
-        ("deleted (as if evicted)" if gone else "was not there")
+    return _delete_stored(engine, prompt, group, index, Tier.DISK, "file deleted",
+                          "its file deleted (as if evicted)", "its file was not there")
 
 
 def evict_remote_value(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike, *,
                        index: int, group: str | None = None) -> str:
     """Move a block down to remote and delete its value there with the store's raw client (the
     store evicting it)."""
+    return _delete_stored(engine, prompt, group, index, Tier.REMOTE, "value evicted",
+                          "its value evicted from the store", "its value was not there")
+
+
+def _delete_stored(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike,
+                   group: str | None, index: int, tier: Tier, what: str, gone: str,
+                   absent: str) -> str:
+    """Move a block down to ``tier`` and delete its stored copy behind the tier's back."""
     name = group or _default(engine)
-    found = _sunk(engine, prompt, name, index, Tier.REMOTE, "value evicted")
+    found = _sunk(engine, prompt, name, index, tier, what)
     if isinstance(found, str):
         return found
     block, key = found
-    gone = delete_value(engine.tiers[Tier.REMOTE], key)
-    return f"{_moved(engine, name, index, block, Tier.REMOTE)}, its value " + \
-        ("evicted from the store" if gone else "was not there")
+    deleted = delete_value(engine.tiers[tier], key)
+    return f"{_moved(engine, name, index, block, tier)}, {gone if deleted else absent}"
 
 
 def _payload_of(engine: Engine, name: str, block: int) -> NDArray[np.uint8] | None:

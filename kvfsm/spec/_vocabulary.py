@@ -95,6 +95,9 @@ TIER_NAMES: Final = tuple(tier.spec_name for tier in Tier)
 POOLED_TIERS: Final = frozenset({Tier.DEVICE, Tier.HOST})
 #: Tiers whose copies are values stored by key outside the core (``kvfsm.tiers``).
 STORED_TIERS: Final = frozenset({Tier.DISK, Tier.REMOTE})
+#: The event that adopts a copy found in each stored tier.
+DISCOVER_EVENT: Final = MappingProxyType({Tier.DISK: Event.DISCOVER_DISK,
+                                          Tier.REMOTE: Event.DISCOVER_REMOTE})
 
 #: ``residency`` value of a state whose content lives nowhere.
 NO_TIER: Final = "none"

@@ -27,7 +27,7 @@ from kvfsm.spec import (
     Tier,
     shipped_lifecycles,
 )
-from kvfsm.spec._vocabulary import STORED_TIERS
+from kvfsm.spec._vocabulary import DISCOVER_EVENT, STORED_TIERS
 from kvfsm.state._group import (
     FAILED,
     NO_TARGET,
@@ -263,9 +263,9 @@ class StateCore:
         with its identity, known there and a hash hit, not yet loaded (a restore verifies
         it). Keys already in the hash map are an error: the map serves one block per key."""
         state = self.group(group)
-        event = _DISCOVER.get(Tier(tier))
+        event = DISCOVER_EVENT.get(Tier(tier))
         if event is None:
-            stored = sorted(t.spec_name for t in _DISCOVER)
+            stored = sorted(t.spec_name for t in DISCOVER_EVENT)
             raise KvfsmError(f"{group}: copies are discovered in stored tiers {stored}, "
                              f"not {Tier(tier).spec_name}")
         pos = np.asarray(positions, dtype=np.int32).ravel()
@@ -298,7 +298,7 @@ class StateCore:
         """Fire ``event`` on blocks of ``group`` (use :meth:`allocate` to allocate)."""
         state = self.group(group)
         ev = _event(group, event)
-        if ev is Event.ALLOCATE or ev in _DISCOVER.values():
+        if ev is Event.ALLOCATE or ev in DISCOVER_EVENT.values():
             raise KvfsmError(f"{group}: use StateCore.allocate / discover, which also record "
                              f"the block's identity, rather than firing {ev.spec_name!r}")
         batch = self._ids(state, ids, unique=False)  # the machine refuses repeats itself
@@ -584,10 +584,6 @@ class StateCore:
         problems = self.check_invariants()
         if problems:
             raise InvariantViolation(problems)
-
-
-#: The event that adopts a copy found in each stored tier.
-_DISCOVER: Final = {Tier.DISK: Event.DISCOVER_DISK, Tier.REMOTE: Event.DISCOVER_REMOTE}
 
 
 def _event(group: str, event: Event | str | int) -> Event:

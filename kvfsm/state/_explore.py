@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
 from kvfsm.spec import Event, ModelDecl, Tier
+from kvfsm.spec._vocabulary import DISCOVER_EVENT
 from kvfsm.state._core import CoreConfig, StateCore
 from kvfsm.state._group import NO_TARGET, GroupState
 from kvfsm.state._invariants import core_problems
@@ -67,10 +68,6 @@ def _label(action: Action) -> str:
     return f"{group}[{block}]: {op}"
 
 
-#: How a copy found in each stored tier is adopted.
-_DISCOVER = {Tier.DISK: Event.DISCOVER_DISK, Tier.REMOTE: Event.DISCOVER_REMOTE}
-
-
 def _loads_verify(group: GroupState) -> NDArray[np.bool_]:
     """Per block restoring from a stored tier: the bytes loaded so far match their checksum
     (what decides whether its ``restore_done`` may fire)."""
@@ -110,10 +107,10 @@ class _Runner:
         self.actions: list[Action] = []
         for name, group in StateCore(model, config).groups.items():
             self.actions.append(("allocate", name, -1, None))
-            self.actions += [("discover", name, -1, _DISCOVER[tier]) for tier in group.stored]
+            self.actions += [("discover", name, -1, DISCOVER_EVENT[tier]) for tier in group.stored]
             for block in range(group.n_blocks):
                 self.actions += [("fire", name, block, e) for e in Event
-                                 if e is not Event.ALLOCATE and e not in _DISCOVER.values()]
+                                 if e is not Event.ALLOCATE and e not in DISCOVER_EVENT.values()]
                 if group.stored:
                     self.actions.append(("load", name, block, None))
                 self.actions += [(op, name, block, None) for op in ("write", "pin", "unpin")]
@@ -134,7 +131,7 @@ class _Runner:
             # A distinct identity per allocation: the step that made it in the path.
             core.allocate(name, [step], [step + 1], [step * 31 + 7])
         elif op == "discover" and event is not None:
-            tier = next(t for t, e in _DISCOVER.items() if e is event)
+            tier = next(t for t, e in DISCOVER_EVENT.items() if e is event)
             core.discover(name, [step], [step + 1], [step * 31 + 7], tier)
         elif op == "load":
             # The data path brings a stored copy whose header checksum matches what arrived.

@@ -22,13 +22,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm.spec._vocabulary import Tier
+from kvfsm.tiers._client import ClientTier
 from kvfsm.tiers._contract import (
     HEADER_BYTES,
     MAX_PAYLOAD_BYTES,
     BlockKey,
     LoadResult,
     LoadStatus,
-    StoredTier,
     TierError,
     encode_header,
     verify,
@@ -70,7 +70,7 @@ def _address(array: NDArray[np.uint8]) -> int:
     return address
 
 
-class MooncakeTier(StoredTier):
+class MooncakeTier(ClientTier):
     """A ``StoredTier`` over ``mooncake.store.MooncakeDistributedStore``.
 
     The client mounts ``global_segment_bytes`` of this process's memory into the store (values
@@ -145,32 +145,20 @@ class MooncakeTier(StoredTier):
         if local_hostname in ("127.0.0.1", "localhost"):
             os.environ["MC_TCP_BIND_ADDRESS"] = "127.0.0.1"
             os.environ["MC_TE_FILTERS"] = "lo"
-        self._store: Any = MooncakeDistributedStore()
-        code = self._store.setup(local_hostname, "P2PHANDSHAKE", global_segment_bytes,
+        self._client = MooncakeDistributedStore()
+        code = self._client.setup(local_hostname, "P2PHANDSHAKE", global_segment_bytes,
                                  local_buffer_bytes, "tcp", "", master_address)
         if code != 0:
-            self._store = None
+            self._client = None
             raise TierError(f"Mooncake client setup against master {master_address} failed "
                             f"with code {code}")
         self._suspect = False
 
-    @property
-    def client(self) -> Any:
-        """The ``MooncakeDistributedStore`` underneath (for tools and tests)."""
-        if self._store is None:
-            raise TierError("this MooncakeTier is closed")
-        return self._store
-
     def close(self) -> None:
         """Unmount this process's segment (values stored in it are gone) and close the client."""
-        store, self._store = self._store, None
-        if store is not None:
-            store.close()
+        super().close()
 
     # -- plumbing ------------------------------------------------------------------------------
-
-    def _names(self, keys: Sequence[BlockKey]) -> list[str]:
-        return [self.prefix + key.name for key in keys]
 
     def _reachable(self) -> bool:
         """True unless a recent call saw the master fail and it still refuses connections."""

@@ -21,12 +21,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm.spec._vocabulary import Tier
+from kvfsm.tiers._client import ClientTier
 from kvfsm.tiers._contract import (
     HEADER_BYTES,
     BlockKey,
     LoadResult,
     LoadStatus,
-    StoredTier,
     TierError,
     encode_header,
     verify,
@@ -74,7 +74,7 @@ class _Reply:
                 take += got
 
 
-class RedisTier(StoredTier):
+class RedisTier(ClientTier):
     """A ``StoredTier`` over the ``redis`` client (any Redis 6+ or Valkey server).
 
     * **No silent overwrite.** Every put is ``SET key value NX``. A key that already holds a
@@ -121,7 +121,7 @@ class RedisTier(StoredTier):
                                    "socket_connect_timeout": connect_timeout_s,
                                    "retry": Retry(NoBackoff(), 0), "protocol": 2}
         if "://" in address:
-            self._client: Any = redis.Redis.from_url(address, **options)
+            self._client = redis.Redis.from_url(address, **options)
         else:
             host, _, port = address.rpartition(":")
             if not host or not port.isdigit():
@@ -129,23 +129,11 @@ class RedisTier(StoredTier):
                                 f"{address!r}")
             self._client = redis.Redis(host=host, port=int(port), **options)
 
-    @property
-    def client(self) -> Any:
-        """The ``redis.Redis`` client underneath (for tools and tests)."""
-        if self._client is None:
-            raise TierError("this RedisTier is closed")
-        return self._client
-
     def close(self) -> None:
         """Close the connections; the stored values stay on the server."""
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        super().close()
 
     # -- plumbing ------------------------------------------------------------------------------
-
-    def _names(self, keys: Sequence[BlockKey]) -> list[str]:
-        return [self.prefix + key.name for key in keys]
 
     def _pipeline(self, command: str, calls: Sequence[tuple[Any, ...]],
                   **options: Any) -> list[Any] | None:
