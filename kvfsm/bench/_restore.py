@@ -10,8 +10,8 @@ reads of the same bytes, all measured in one run.
   between runs: the blocks are evicted back to disk. The baseline is a plain single-threaded
   loop of ``os.open`` + ``os.readv`` of the same files into a preallocated
   ``[blocks, file bytes]`` array, no checks. ``DiskTier.load_into`` of all blocks on one
-  thread, no engine around it, is reported too (``disk_tier_*``): what the tier costs apart
-  from the executor.
+  thread, no engine around it, is reported too (``disk_tier_*``, against raw reads in a
+  second alternation of its own): what the tier costs apart from the executor.
 * **remote**: the same blocks put into a Mooncake Store by a writer client that holds the
   segment, restored by an engine whose remote tier is a second client (discovered by the
   lookup, fetched over the transfer engine, verified), against a loop of ``client.get(key)``
@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any
 
+import attrs
 import numpy as np
 import xxhash
 from numpy.typing import NDArray
@@ -95,7 +96,7 @@ def bench_restore(
     blocks: int = 64,
     block_bytes: int = 1 << 20,
     workers: int = 2,
-    repeat: int = 25,
+    repeat: int = 40,
     remote: str = "auto",
     progress: ProgressFn | None = None,
 ) -> Figures:
@@ -132,28 +133,36 @@ def bench_restore(
 
 # -- timing ---------------------------------------------------------------------------------------
 
-#: A measured path: ``(timed, reset)``; ``reset`` runs untimed after every call of ``timed``.
-Measured = tuple[Callable[[], None], Callable[[], None]]
-
-
 def _nothing() -> None:
     pass
+
+
+@attrs.frozen
+class Measured:
+    """A measured path: ``timed`` is clocked; ``prepare`` runs untimed right before it (what
+    must be fresh when the clock starts), ``reset`` untimed right after."""
+
+    timed: Callable[[], None]
+    reset: Callable[[], None] = _nothing
+    prepare: Callable[[], None] = _nothing
 
 
 def best_seconds(paths: Sequence[Measured], *, repeat: int,
                  on_run: Callable[[int, int], None] | None = None) -> list[float]:
     """The least wall time of each path's ``timed()`` over ``repeat`` rounds after one untimed
     round; in each round the paths run one after another, so a disturbance hits them alike."""
-    for timed, reset in paths:
-        timed()
-        reset()
+    for path in paths:
+        path.prepare()
+        path.timed()
+        path.reset()
     best = [float("inf")] * len(paths)
     for done in range(1, repeat + 1):
-        for i, (timed, reset) in enumerate(paths):
+        for i, path in enumerate(paths):
+            path.prepare()
             start = time.perf_counter()
-            timed()
+            path.timed()
             took = time.perf_counter() - start
-            reset()
+            path.reset()
             best[i] = min(best[i], took)
         if on_run is not None:
             on_run(done, repeat)
@@ -209,14 +218,22 @@ class _Restores:
         self.verified = -1
         self.bytes_checked = False
 
+    def prepare(self) -> None:
+        """The verdict whose plan the timed run executes, taken just before the clock starts,
+        as a scheduler looks a request up and then restores what it found (the lookup has its
+        own bench, ``kvfsm bench lookup``)."""
+        self.verdict = self.engine.lookup(self.prompt)
+
     def timed(self) -> None:
-        # The data path only: the verdict (its own bench is ``kvfsm bench lookup``) is taken
-        # before the clock starts, by ``reset`` after the blocks went back.
         if self.verdict is None:
-            self.verdict = self.engine.lookup(self.prompt)
+            raise KvfsmError(f"bench restore: {self.what}: no verdict prepared")
         self.ticket = self.engine.restore(self.verdict, self.prompt)
         self.outcome = dict(self.ticket.wait())
         self.verdict = None
+
+    @property
+    def measured(self) -> Measured:
+        return Measured(self.timed, self.reset, self.prepare)
 
     def reset(self) -> None:
         """Check what the run restored, then move the blocks back (untimed). A block counts as
@@ -243,7 +260,6 @@ class _Restores:
             self.bytes_checked = True
         self.verified = verified if self.verified < 0 else min(self.verified, verified)
         self.back()
-        self.verdict = self.engine.lookup(self.prompt)
 
 
 def _disk_phase(model: ModelDecl, payload: NDArray[np.uint8], tokens: NDArray[np.int64],
@@ -283,6 +299,10 @@ def _disk_phase(model: ModelDecl, payload: NDArray[np.uint8], tokens: NDArray[np
                     os.close(fd)
 
         raw_read()  # page cache warm: every file read once
+        # The spill wrote without fsync: flush those dirty pages now, or the kernel's
+        # writeback would compete with the timed runs.
+        if hasattr(os, "sync"):
+            os.sync()
         if not np.array_equal(raw[:, HEADER_BYTES:], payload):
             raise KvfsmError("bench restore: disk: the files do not hold the committed bytes")
         # The tier alone, for reference: ``DiskTier.load_into`` of every block on this thread
@@ -298,9 +318,13 @@ def _disk_phase(model: ModelDecl, payload: NDArray[np.uint8], tokens: NDArray[np
                 raise KvfsmError("bench restore: disk: the tier failed to load a block")
 
         report.phase(f"disk: restores with {workers} worker(s) vs raw reads")
-        kvfsm_s, raw_s, tier_s = best_seconds(
-            [(restores.timed, restores.reset), (raw_read, _nothing), (tier_read, tier_check)],
-            repeat=repeat, on_run=report.runs("disk"))
+        # Each comparison alternates only its own two paths: a third path touching another
+        # 64 MiB between them would leave each run of the first with colder caches.
+        kvfsm_s, raw_s = best_seconds([restores.measured, Measured(raw_read)],
+                                      repeat=repeat, on_run=report.runs("disk"))
+        report.phase("disk: the tier alone, one thread, vs raw reads")
+        tier_s, tier_raw_s = best_seconds([Measured(tier_read, tier_check), Measured(raw_read)],
+                                          repeat=repeat, on_run=report.runs("disk tier"))
     nbytes = blocks * width
     return {
         "disk_gbps": _gbps(nbytes, kvfsm_s),
@@ -309,7 +333,7 @@ def _disk_phase(model: ModelDecl, payload: NDArray[np.uint8], tokens: NDArray[np
         "disk_restore_ms": kvfsm_s * 1e3,
         "raw_disk_ms": raw_s * 1e3,
         "disk_tier_gbps": _gbps(nbytes, tier_s),
-        "disk_tier_ratio": raw_s / tier_s,
+        "disk_tier_ratio": tier_raw_s / tier_s,
         "disk_verified_blocks": restores.verified,
     }
 
@@ -330,7 +354,7 @@ def _host_phase(model: ModelDecl, payload: NDArray[np.uint8], tokens: NDArray[np
         spill()
         _expect(engine, ("host",), blocks, "after spilling to host")
         restores = _Restores(engine, prompt, payload, "host", "device", spill, stored=False)
-        (host_s,) = best_seconds([(restores.timed, restores.reset)], repeat=repeat,
+        (host_s,) = best_seconds([restores.measured], repeat=repeat,
                                  on_run=report.runs("host"))
     finally:
         engine.close()
@@ -451,7 +475,7 @@ def _remote_measure(store: _Store, model: ModelDecl, payload: NDArray[np.uint8],
             for name in names:
                 get(name)
 
-        paths: list[Measured] = [(raw_get, _nothing)]
+        paths: list[Measured] = [Measured(raw_get)]
         get_into = store.get_into
         if get_into is not None:
             # A stricter baseline beside the asked-for one: the same values read one by one
@@ -467,7 +491,7 @@ def _remote_measure(store: _Store, model: ModelDecl, payload: NDArray[np.uint8],
             raw_get_into()
             if not np.array_equal(into[:, HEADER_BYTES:], payload):
                 raise KvfsmError(f"bench restore: {store.name}: get_into read other bytes")
-            paths.append((raw_get_into, _nothing))
+            paths.append(Measured(raw_get_into))
 
         core = engine.core
 
@@ -479,7 +503,7 @@ def _remote_measure(store: _Store, model: ModelDecl, payload: NDArray[np.uint8],
                              "device_remote", evict)
         report.phase(f"remote ({store.name}): restores with {workers} worker(s) vs raw gets")
         kvfsm_s, raw_s, *into_s = best_seconds(
-            [(restores.timed, restores.reset), *paths], repeat=repeat,
+            [restores.measured, *paths], repeat=repeat,
             on_run=report.runs(f"remote ({store.name})"))
     finally:
         engine.close()

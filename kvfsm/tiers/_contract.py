@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 import struct
 from collections.abc import Sequence
 from typing import Any, Final
@@ -123,10 +124,11 @@ class BlockKey:
             raise ValueError(f"BlockKey token range [{self.token_start}, {self.token_end}) "
                              "is empty backwards")
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
-        """Lower-case hex only (so it is a safe file name and store key): model, group, layout,
-        chain hash and token range."""
+        """Lower-case hex and dashes only, by construction (every field is a validated integer
+        or 16 bytes), so it is a safe file name and store key: model, group, layout, chain hash
+        and token range. Computed once per key (a load or store asks for it several times)."""
         return (f"{self.model.hex()}-{self.group:016x}-{self.layout:016x}-"
                 f"{self.chain_high:016x}{self.chain_low:016x}-{self.token_start:x}-"
                 f"{self.token_end:x}")

@@ -170,6 +170,13 @@ class DiskTier(StoredTier):
         self._evicted: list[BlockKey] = []
         self._scan()
 
+    def _key_path(self, key: BlockKey) -> tuple[str, str]:
+        """``(file name, path)`` of ``key``'s file. A key's name is hex and dashes by
+        construction (:attr:`BlockKey.name`), so unlike names read from the directory it needs
+        no check to stay inside it (a load asks this per block)."""
+        name = key.name + SUFFIX
+        return name, self._prefix + name
+
     def _path(self, name: str) -> str:
         path = self._prefix + name
         if _NAME.match(name) is None or path.rpartition(os.sep)[0] != self._dir:
@@ -310,9 +317,9 @@ class DiskTier(StoredTier):
         touched: list[str] = []
         lost: list[tuple[str, tuple[int, int] | None]] = []
         for i, (key, view) in enumerate(zip(keys, views, strict=True)):
-            name = key.name + SUFFIX
+            name, path = self._key_path(key)
             try:
-                fd = os.open(self._path(name), _READ_FLAGS)
+                fd = os.open(path, _READ_FLAGS)
             except FileNotFoundError:
                 lost.append((name, None))
                 continue
