@@ -376,6 +376,39 @@ def _cmd_model_from_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def lifecycle_setting(text: str) -> tuple[str, str]:
+    """The argparse type of ``replay --lifecycle``: ``NAME=PATH`` as ``(name, path)``."""
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return name.strip(), path.strip()
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from kvfsm.obs import replay
+
+    given: dict[str, Lifecycle] = {}
+    for name, path in args.lifecycle:
+        lifecycle = load_lifecycle(path)
+        if lifecycle.name != name:
+            raise KvfsmError(f"--lifecycle {name}={path}: that spec is lifecycle "
+                             f"{lifecycle.name!r}, not {name!r}")
+        given[name] = lifecycle
+    try:
+        result = replay(args.log, given)
+    except OSError as exc:
+        # Unreadable is not rejected: exit 2, the replay could not run.
+        print(f"kvfsm: error: cannot read {args.log}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    elif result.accepted:
+        print(result.summary())
+    else:
+        print(result.summary(), file=sys.stderr)
+    return 0 if result.accepted else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvfsm", description=__doc__, epilog=_EXIT_CODES)
     parser.add_argument("--version", action="version", version=f"kvfsm {__version__}")
@@ -484,6 +517,22 @@ def build_parser() -> argparse.ArgumentParser:
                       help="instead: the verdict-only fault table on the DeepSeek-style "
                       "declaration (no models served, no extra packages)")
     demo.set_defaults(run=_cmd_demo)
+
+    replay = commands.add_parser(
+        "replay", help="check an event log against the lifecycle tables",
+        description="Re-fire an event log (kvfsm.obs.EventLog) through the lifecycle tables "
+        "and check every line: each event has a row from the logged state, which is the "
+        "replayed one, into the logged state; epochs move as the rows say; reads are of "
+        "readable blocks at their current epoch; no tier holds more blocks than its capacity. "
+        "Exit 0: accepted; 1: rejected (the first bad line is printed on stderr with its "
+        "number); 2: the log cannot be read or a --lifecycle is bad.")
+    replay.add_argument("log", metavar="LOG", help="the event log (JSON Lines)")
+    replay.add_argument("--lifecycle", action="append", default=[], type=lifecycle_setting,
+                        metavar="NAME=PATH",
+                        help="replay groups following lifecycle NAME with the spec at PATH "
+                        "instead of the shipped one (repeatable)")
+    replay.add_argument("--json", action="store_true", help="print the result as JSON")
+    replay.set_defaults(run=_cmd_replay)
     return parser
 
 

@@ -395,3 +395,102 @@ def test_model_from_config_bad_set_is_a_usage_error(
         assert "'abc' is not a JSON literal" in err and "quote strings" in err
     else:
         assert f"expected KEY=VALUE, got {setting!r}" in err
+
+
+# -- replay ------------------------------------------------------------------------------------
+
+
+def _event_log(tmp_path: Path) -> Path:
+    """A log of a small run on the dense model: four blocks written, two spilled to host."""
+    import numpy as np
+
+    from kvfsm import CoreConfig, EventLog, StateCore, shipped_models
+    from kvfsm.spec import Event
+
+    core = StateCore(shipped_models()["dense"],
+                     CoreConfig(device_blocks=4, host_blocks=4, backend="numpy"))
+    path = tmp_path / "events.jsonl"
+    with EventLog(path) as log:
+        log.attach(core)
+        keys = np.arange(1, 5, dtype=np.uint64)
+        ids = core.allocate("attn", np.arange(4), keys, keys)
+        core.fire("attn", ids, Event.WRITE_BEGIN)
+        core.write("attn", ids, np.zeros((4, core.group("attn").decl.payload_bytes), np.uint8))
+        core.fire("attn", ids, Event.WRITE_DONE)
+        core.record_read("attn", ids)
+        core.fire("attn", ids[:2], Event.SPILL_BEGIN)
+        core.fire("attn", ids[:2], Event.SPILL_DONE)
+    return path
+
+
+def test_replay_accepts_a_real_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _event_log(tmp_path)
+    assert main(["replay", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"accepted {path}: 5 moves (16 block moves) and 1 reads")
+    assert main(["replay", str(path), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert (figures["accepted"], figures["moves"], figures["violation"]) == (True, 5, None)
+
+
+def test_replay_rejects_a_tampered_log_naming_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _event_log(tmp_path)
+    lines = path.read_text().splitlines()
+    lines[3] = lines[3].replace('"epochs":[2,', '"epochs":[7,')  # write_done's epochs
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["replay", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"rejected {path}: line 4: epoch: group 'attn' block 0: logged "
+                          "epoch 7 after write_done, expected 2")
+    assert main(["replay", str(path), "--json"]) == 1
+    violation = json.loads(capsys.readouterr().out)["violation"]
+    assert (violation["line"], violation["check"]) == (4, "epoch")
+
+
+def test_replay_a_truncated_log_is_rejected_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _event_log(tmp_path)
+    path.write_text(path.read_text()[:-25])
+    assert main(["replay", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "line 7: malformed: not JSON" in err and "Traceback" not in err
+
+
+def test_replay_with_a_given_lifecycle(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    path = _event_log(tmp_path)
+    assert main(["replay", str(path), "--lifecycle", f"full_kv={FULL_KV}"]) == 0
+    other = tmp_path / "full_kv.toml"
+    other.write_text(FULL_KV.read_text().replace(
+        'event = "evict"\ndest = "free"\nguards = ["no_pins"]\n',
+        'event = "evict"\ndest = "free"\n', 1))
+    capsys.readouterr()
+    assert main(["replay", str(path), "--lifecycle", f"full_kv={other}"]) == 1
+    assert "line 1: header: group 'attn': the log was written with other 'full_kv' tables" \
+        in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--lifecycle", "sliding_window=" + str(FULL_KV)], "that spec is lifecycle 'full_kv'"),
+    (["--lifecycle", "full_kv=/no/such.toml"], "cannot read"),
+    (["--lifecycle", "full_kv"], "expected NAME=PATH"),
+])
+def test_replay_bad_lifecycles_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      args: list[str], words: str) -> None:
+    path = _event_log(tmp_path)
+    try:
+        code = main(["replay", str(path), *args])
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    assert code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_replay_an_unreadable_file_exits_2(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(tmp_path / "missing.jsonl")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path)]) == 2  # a folder

@@ -1,0 +1,366 @@
+"""Replay an event log through the lifecycle tables and report the first line they refuse.
+
+Every block starts free at epoch 0 (or where the header's ``start`` puts it). Each move line is
+re-fired on the replayed states: the event must have a row from the logged from-state, the
+from-state must be the replayed one, the to-state the row's destination, and the epochs must
+move exactly as the row's ``bump_epoch`` effects say. A read must be of blocks a kernel may read
+(``readable`` states) at their replayed epoch. After every line, the blocks holding a slot or a
+copy in each tier never exceed that tier's capacity from the header.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm.fsm import INVALID, compile_lifecycle
+from kvfsm.obs._eventlog import FORMAT, MOVE, READ, VERSION, table_digest
+from kvfsm.spec import Event, Lifecycle, Tier, shipped_lifecycles
+from kvfsm.spec._vocabulary import EVENT_NAMES, TIER_NAMES
+
+#: The effect that moves a block's epoch (once per naming in a row).
+EPOCH_EFFECT: Final = "bump_epoch"
+#: Epochs are uint32 in the core and wrap there.
+_EPOCH_MODULUS: Final = 1 << 32
+
+#: What a replay checks; a violation names one of these.
+CHECKS: Final = (
+    "malformed",   # not JSON, a missing or mistyped field, an unknown group, event or state
+    "header",      # not a kvfsm event log, another version, tables other than the replay's
+    "sequence",    # a sequence number out of order (lines missing, repeated or reordered)
+    "no_row",      # the event has no row from the logged from-state
+    "from_state",  # the logged from-state is not the block's replayed state
+    "to_state",    # the logged to-state is not the row's destination
+    "epoch",       # the logged epoch is not the replayed one moved by the row's bump_epoch
+    "read",        # a read of a block not readable, or at another epoch than its current one
+    "capacity",    # more blocks in a tier than the header's capacity for it
+)
+
+
+@attrs.frozen
+class ReplayViolation:
+    """The first line a replay refused: its number (the header is line 1), which check, why."""
+
+    line: int
+    check: str = attrs.field(validator=attrs.validators.in_(CHECKS))
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.check}: {self.message}"
+
+
+@attrs.frozen
+class ReplayResult:
+    """What a replay of one log found."""
+
+    path: str
+    #: Lines read, the header included (up to and including a violation's line).
+    lines: int
+    #: Move and read lines replayed, and the block moves they held.
+    moves: int
+    reads: int
+    blocks_moved: int
+    violation: ReplayViolation | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.violation is None
+
+    def to_json(self) -> dict[str, Any]:
+        violation = None if self.violation is None else attrs.asdict(self.violation)
+        return {"path": self.path, "accepted": self.accepted, "lines": self.lines,
+                "moves": self.moves, "reads": self.reads, "blocks_moved": self.blocks_moved,
+                "violation": violation}
+
+    def summary(self) -> str:
+        """One line for a person."""
+        if self.violation is None:
+            return (f"accepted {self.path}: {self.moves} moves ({self.blocks_moved} block "
+                    f"moves) and {self.reads} reads replayed over {self.lines} lines")
+        return f"rejected {self.path}: {self.violation}"
+
+
+class _Reject(Exception):
+    def __init__(self, check: str, message: str) -> None:
+        super().__init__(message)
+        self.check = check
+        self.message = message
+
+
+def _field(record: Mapping[str, Any], name: str, kind: type | tuple[type, ...],
+           what: str) -> Any:
+    if name not in record:
+        raise _Reject("malformed", f"{what} has no {name!r} field")
+    value = record[name]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise _Reject("malformed", f"{what}: {name!r} is {value!r}, not {_kind_name(kind)}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join({int: "an integer", str: "a string", list: "a list",
+                        dict: "an object"}.get(k, k.__name__) for k in kinds)
+
+
+def _ints(values: list[Any], what: str, low: int, high: int) -> NDArray[np.int64]:
+    """``values`` as int64, each an integer in ``[low, high)``."""
+    for value in values:
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value < high:
+            raise _Reject("malformed", f"{what}: {value!r} is not an integer in "
+                                       f"[{low}, {high})")
+    return np.array(values, dtype=np.int64)
+
+
+class _Group:
+    """One group's replayed states, epochs and tier occupancy."""
+
+    def __init__(self, name: str, entry: Mapping[str, Any],
+                 lifecycles: Mapping[str, Lifecycle]) -> None:
+        what = f"header: group {name!r}"
+        if not isinstance(entry, dict):
+            raise _Reject("malformed", f"{what} is not an object")
+        lifecycle_name = _field(entry, "lifecycle", str, what)
+        if lifecycle_name not in lifecycles:
+            raise _Reject("header", f"group {name!r} follows lifecycle {lifecycle_name!r}, "
+                          f"which is neither shipped nor given ({sorted(lifecycles)}); pass "
+                          f"--lifecycle {lifecycle_name}=PATH")
+        table = compile_lifecycle(lifecycles[lifecycle_name])
+        logged, ours = _field(entry, "table", str, what), table_digest(table)
+        if logged != ours:
+            raise _Reject("header", f"group {name!r}: the log was written with other "
+                          f"{lifecycle_name!r} tables (digest {logged[:12]}, replaying "
+                          f"{ours[:12]}); pass the lifecycle it was written with "
+                          f"(--lifecycle {lifecycle_name}=PATH)")
+        self.name, self.table = name, table
+        self.n_blocks = _field(entry, "blocks", int, what)
+        if self.n_blocks < 1:
+            raise _Reject("malformed", f"{what}: 'blocks' must be >= 1, got {self.n_blocks}")
+        capacity = np.zeros(len(Tier), dtype=np.int64)
+        for key in ("slots", "copies"):
+            for tier_name, count in _field(entry, key, dict, what).items():
+                if tier_name not in TIER_NAMES or not isinstance(count, int) \
+                        or isinstance(count, bool) or count < 0:
+                    raise _Reject("malformed", f"{what}: {key} {tier_name!r}: {count!r} is not "
+                                  f"a count of a tier ({list(TIER_NAMES)})")
+                capacity[Tier[tier_name.upper()]] = count
+        self.capacity = capacity
+        self.state_ids = dict(table.state_ids)
+        self.state_names = table.lifecycle.state_names
+        self.holds = table.holds_slot.astype(np.int64)
+        self.bumps = np.array([sum(call.name == EPOCH_EFFECT for call in row.effects)
+                               for row in table.lifecycle.rows], dtype=np.int64)
+        self.states = np.full(self.n_blocks, table.initial, dtype=np.int64)
+        self.epochs = np.zeros(self.n_blocks, dtype=np.int64)
+        self.used = self.holds[self.states].sum(axis=0)
+        start = _field(entry, "start", dict, what)
+        ids = self.ids(_field(start, "ids", list, f"{what} start"), f"{what} start")
+        self.states[ids] = self.state_list(start, "states", ids.size, f"{what} start")
+        self.epochs[ids] = self.epoch_list(start, ids.size, f"{what} start")
+        self.used = self.holds[self.states].sum(axis=0)
+        self.check_capacity()
+
+    def ids(self, values: list[Any], what: str) -> NDArray[np.int64]:
+        ids = _ints(values, f"{what} ids", 0, self.n_blocks)
+        if np.unique(ids).size != ids.size:
+            raise _Reject("malformed", f"{what}: block ids repeat")
+        return ids
+
+    def state_list(self, record: Mapping[str, Any], key: str, count: int, what: str
+                   ) -> NDArray[np.int64]:
+        names = _field(record, key, list, what)
+        if len(names) != count:
+            raise _Reject("malformed", f"{what}: {len(names)} {key!r} for {count} ids")
+        try:
+            return np.array([self.state_ids[name] for name in names], dtype=np.int64)
+        except (KeyError, TypeError):
+            unknown = next(n for n in names if not isinstance(n, str) or n not in self.state_ids)
+            raise _Reject("malformed", f"{what}: {key!r} names {unknown!r}, not a state of "
+                          f"{self.table.name!r} ({list(self.state_names)})") from None
+
+    def epoch_list(self, record: Mapping[str, Any], count: int, what: str) -> NDArray[np.int64]:
+        epochs = _field(record, "epochs", list, what)
+        if len(epochs) != count:
+            raise _Reject("malformed", f"{what}: {len(epochs)} 'epochs' for {count} ids")
+        return _ints(epochs, f"{what} epochs", 0, _EPOCH_MODULUS)
+
+    def check_capacity(self) -> None:
+        over = np.flatnonzero(self.used > self.capacity)
+        if over.size:
+            tier = Tier(int(over[0]))
+            raise _Reject("capacity", f"group {self.name!r}: {int(self.used[tier])} blocks "
+                          f"hold a {tier.spec_name} slot or copy, more than its capacity of "
+                          f"{int(self.capacity[tier])}")
+
+    def name_of(self, state: int) -> str:
+        return self.state_names[state]
+
+    def move(self, record: Mapping[str, Any], what: str) -> int:
+        event_name = _field(record, "event", str, what)
+        if event_name not in EVENT_NAMES:
+            raise _Reject("malformed", f"{what}: unknown event {event_name!r}")
+        event = Event.from_name(event_name)
+        ids = self.ids(_field(record, "ids", list, what), what)
+        if not ids.size:
+            raise _Reject("malformed", f"{what}: no ids")
+        source = self.state_list(record, "from", ids.size, what)
+        dest = self.state_list(record, "to", ids.size, what)
+        epochs = self.epoch_list(record, ids.size, what)
+        table = self.table
+        where = table.next_state[source, event]
+        bad = np.flatnonzero(where == INVALID)
+        if bad.size:
+            i = int(bad[0])
+            raise _Reject("no_row", f"group {self.name!r} block {int(ids[i])}: "
+                          f"{table.name!r} has no row for {event_name} from "
+                          f"{self.name_of(int(source[i]))!r}")
+        bad = np.flatnonzero(source != self.states[ids])
+        if bad.size:
+            i = int(bad[0])
+            raise _Reject("from_state", f"group {self.name!r} block {int(ids[i])}: logged "
+                          f"from {self.name_of(int(source[i]))!r} on {event_name}, but the "
+                          f"replay has it in {self.name_of(int(self.states[ids[i]]))!r}")
+        bad = np.flatnonzero(dest != where)
+        if bad.size:
+            i = int(bad[0])
+            raise _Reject("to_state", f"group {self.name!r} block {int(ids[i])}: logged "
+                          f"{self.name_of(int(source[i]))!r} --{event_name}--> "
+                          f"{self.name_of(int(dest[i]))!r}, but the table moves it to "
+                          f"{self.name_of(int(where[i]))!r}")
+        rows = table.row_of[source, event].astype(np.int64)
+        expected = (self.epochs[ids] + self.bumps[rows]) % _EPOCH_MODULUS
+        bad = np.flatnonzero(epochs != expected)
+        if bad.size:
+            i = int(bad[0])
+            row = table.lifecycle.rows[int(rows[i])]
+            raise _Reject("epoch", f"group {self.name!r} block {int(ids[i])}: logged epoch "
+                          f"{int(epochs[i])} after {event_name}, expected {int(expected[i])} "
+                          f"(epoch {int(self.epochs[ids[i]])} before; row {row.label} bumps it "
+                          f"{int(self.bumps[rows[i]])} time(s))")
+        self.used += self.holds[dest].sum(axis=0) - self.holds[source].sum(axis=0)
+        self.states[ids] = dest
+        self.epochs[ids] = epochs
+        self.check_capacity()
+        return int(ids.size)
+
+    def read(self, record: Mapping[str, Any], what: str) -> None:
+        ids = _ints(_field(record, "ids", list, what), f"{what} ids", 0, self.n_blocks)
+        epochs = self.epoch_list(record, ids.size, what)
+        states = self.states[ids]
+        bad = np.flatnonzero(~self.table.readable[states])
+        if bad.size:
+            i = int(bad[0])
+            raise _Reject("read", f"group {self.name!r} block {int(ids[i])} read in state "
+                          f"{self.name_of(int(states[i]))!r}, which a kernel may not read")
+        bad = np.flatnonzero(epochs != self.epochs[ids])
+        if bad.size:
+            i = int(bad[0])
+            raise _Reject("read", f"group {self.name!r} block {int(ids[i])} read at epoch "
+                          f"{int(epochs[i])}, but its content is at epoch "
+                          f"{int(self.epochs[ids[i]])} (it changed)")
+
+
+class _Replay:
+    def __init__(self, path: str, lifecycles: Mapping[str, Lifecycle]) -> None:
+        self.path = path
+        self.lifecycles = lifecycles
+        self.groups: dict[str, _Group] = {}
+        self.lines = self.moves = self.reads = self.blocks_moved = 0
+
+    def result(self, violation: ReplayViolation | None = None) -> ReplayResult:
+        return ReplayResult(self.path, self.lines, self.moves, self.reads, self.blocks_moved,
+                            violation)
+
+    def run(self, lines: Iterable[bytes]) -> ReplayResult:
+        for number, raw in enumerate(lines, 1):
+            self.lines = number
+            try:
+                record = self.parse(raw)
+                if number == 1:
+                    self.header(record)
+                else:
+                    self.line(record, number - 2)
+            except _Reject as reject:
+                return self.result(ReplayViolation(number, reject.check, reject.message))
+            except (TypeError, ValueError, KeyError, IndexError, OverflowError) as exc:
+                # A shape the field checks did not foresee: still a line, never a traceback.
+                return self.result(ReplayViolation(number, "malformed", f"unreadable record "
+                                                   f"({type(exc).__name__}: {exc})"))
+        if self.lines == 0:
+            return self.result(ReplayViolation(1, "header", "empty file: no header line"))
+        return self.result()
+
+    @staticmethod
+    def parse(raw: bytes) -> dict[str, Any]:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _Reject("malformed", f"not UTF-8 text ({exc.reason} at byte "
+                                       f"{exc.start})") from None
+        if not text.strip():
+            raise _Reject("malformed", "an empty line")
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise _Reject("malformed", f"not JSON ({exc.msg} at column {exc.colno}); "
+                                       "a truncated or damaged line") from None
+        if not isinstance(record, dict):
+            raise _Reject("malformed", f"a JSON {type(record).__name__}, not an object")
+        return record
+
+    def header(self, record: Mapping[str, Any]) -> None:
+        if record.get("format") != FORMAT:
+            raise _Reject("header", f"not a kvfsm event log (format {record.get('format')!r}, "
+                          f"expected {FORMAT!r})")
+        if record.get("version") != VERSION:
+            raise _Reject("header", f"event log version {record.get('version')!r}; this kvfsm "
+                          f"replays version {VERSION}")
+        _field(record, "model", str, "header")
+        groups = _field(record, "groups", dict, "header")
+        if not groups:
+            raise _Reject("malformed", "header: no groups")
+        self.groups = {name: _Group(name, entry, self.lifecycles)
+                       for name, entry in groups.items()}
+
+    def line(self, record: Mapping[str, Any], expected_seq: int) -> None:
+        seq = _field(record, "seq", int, "line")
+        if seq != expected_seq:
+            raise _Reject("sequence", f"sequence number {seq}, expected {expected_seq} "
+                          "(lines missing, repeated or out of order)")
+        kind = _field(record, "type", str, f"record {seq}")
+        name = _field(record, "group", str, f"record {seq}")
+        if name not in self.groups:
+            raise _Reject("malformed", f"record {seq}: unknown group {name!r}; groups: "
+                          f"{sorted(self.groups)}")
+        group = self.groups[name]
+        if kind == MOVE:
+            self.blocks_moved += group.move(record, f"record {seq}")
+            self.moves += 1
+        elif kind == READ:
+            group.read(record, f"record {seq}")
+            self.reads += 1
+        else:
+            raise _Reject("malformed", f"record {seq}: type {kind!r}, expected {MOVE!r} or "
+                          f"{READ!r}")
+
+
+def replay(path: str | os.PathLike[str],
+           lifecycles: Mapping[str, Lifecycle] | None = None) -> ReplayResult:
+    """Replay the event log at ``path`` through the lifecycle tables: the shipped ones, with
+    ``lifecycles`` (name -> Lifecycle) added or overriding them. Returns the counts and the
+    first violation, if any (a malformed line is a violation too). A file that cannot be read
+    raises ``OSError``."""
+    known = {**shipped_lifecycles(), **(lifecycles or {})}
+    target = Path(path)
+    with target.open("rb") as stream:
+        return _Replay(str(target), known).run(stream)
+
+
+__all__ = ["CHECKS", "EPOCH_EFFECT", "ReplayResult", "ReplayViolation", "replay"]

@@ -1,0 +1,291 @@
+"""The core's observer hook and the JSON Lines event log: every moved batch is reported once,
+after it moved, with its states and epochs; refused ids never; the log writes them in batches
+and a real engine run (commits, lookups, evictions, host and disk spills and restores, reads)
+replays clean."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from kvfsm import CoreConfig, Engine, EventLog, GuardRejected, KvfsmError, shipped_models
+from kvfsm.obs import FLUSH_EVERY, replay, table_digest
+from kvfsm.spec import Event, Tier
+from kvfsm.state import StateCore
+from kvfsm.tiers import HEADER_BYTES, DiskTier
+from kvfsm.verify import Verdict
+
+DENSE = shipped_models()["dense"]
+GROUP = "attn"
+BS = DENSE.group(GROUP).block_size
+#: Blocks per workload prompt; the device holds two prompts, the host one.
+BLOCKS = 4
+WAIT = 30.0
+
+
+class Recorder:
+    """A core observer keeping everything it is told."""
+
+    def __init__(self) -> None:
+        self.moves: list[tuple[str, Event, list[int], list[int], list[int], list[int]]] = []
+        self.reads: list[tuple[str, list[int], list[int]]] = []
+
+    def moved(self, group: str, event: Event, ids: NDArray[np.intp], before: NDArray[np.uint8],
+              after: NDArray[np.uint8], epochs: NDArray[np.uint32]) -> None:
+        self.moves.append((group, event, ids.tolist(), before.tolist(), after.tolist(),
+                           epochs.tolist()))
+
+    def read(self, group: str, ids: NDArray[np.intp], epochs: NDArray[np.uint32]) -> None:
+        self.reads.append((group, ids.tolist(), epochs.tolist()))
+
+
+def tokens(k: int, blocks: int = BLOCKS) -> NDArray[np.int64]:
+    """``blocks`` full blocks and one token more (so every full block can be usable)."""
+    return np.arange(blocks * BS + 1, dtype=np.int64) + 100_000 * (k + 1)
+
+
+def run_workload(tmp_path: Path, **observers: Any) -> tuple[Engine, list[Verdict]]:
+    """A dense engine with a host pool and a disk tier, given ``event_log`` / ``metrics``:
+    commits that spill to host and on to disk, lookups, host and disk restores, reads of the
+    usable blocks, evictions. Returns the (closed) engine and every verdict it gave."""
+    width = DENSE.group(GROUP).payload_bytes
+    store = DiskTier(tmp_path / "disk", capacity_bytes=64 * (HEADER_BYTES + width), fsync=False)
+    config = CoreConfig(device_blocks=2 * BLOCKS, host_blocks=BLOCKS, disk_blocks=8 * BLOCKS,
+                        backend="numpy")
+    eng = Engine("dense", config, tiers={"disk": store}, **observers)
+    prompts = [eng.prompt(tokens(k)) for k in range(4)]
+    verdicts = []
+    for prompt in prompts:  # the third spills the first to host, the fourth it on to disk
+        eng.commit(prompt)
+        verdicts.append(eng.lookup(prompt))
+    for prompt in (prompts[0], prompts[2]):  # from disk, then from host
+        plan = eng.lookup(prompt)
+        verdicts.append(plan)
+        eng.restore(plan, prompt).wait(timeout=WAIT)
+        after = eng.lookup(prompt)
+        verdicts.append(after)
+        high, low = prompt.words(BS)
+        usable = eng.core.lookup_words(GROUP, high, low)[: after.usable_tokens // BS]
+        eng.core.record_read(GROUP, usable)
+    eng.give_back(GROUP, BLOCKS)
+    eng.spill_down(GROUP, Tier.HOST, BLOCKS)
+    eng.core.fire(GROUP, eng.core.blocks_in(GROUP, "device"), Event.EVICT)
+    eng.close()
+    return eng, verdicts
+
+
+def records(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return lines[0], lines[1:]
+
+
+# -- the hook -------------------------------------------------------------------------------
+
+
+def core() -> StateCore:
+    return StateCore(DENSE, CoreConfig(device_blocks=4, host_blocks=4, backend="numpy"))
+
+
+def written(c: StateCore, count: int) -> NDArray[np.intp]:
+    keys = np.arange(1, count + 1, dtype=np.uint64)
+    ids = c.allocate(GROUP, np.arange(count), keys, keys)
+    c.fire(GROUP, ids, Event.WRITE_BEGIN)
+    c.write(GROUP, ids, np.zeros((count, DENSE.group(GROUP).payload_bytes), dtype=np.uint8))
+    c.fire(GROUP, ids, Event.WRITE_DONE)
+    return ids
+
+
+def test_an_observer_sees_every_batch_with_states_and_epochs_after_it_moved() -> None:
+    c, seen = core(), Recorder()
+    c.add_observer(seen)
+    ids = written(c, 3)
+    table = c.group(GROUP).table
+    name = table.state_name
+    assert [(e.spec_name, i, [name(s) for s in b], [name(s) for s in a], ep)
+            for _, e, i, b, a, ep in seen.moves] == [
+        ("allocate", ids.tolist(), ["free"] * 3, ["allocated"] * 3, [0] * 3),
+        ("write_begin", ids.tolist(), ["allocated"] * 3, ["writing"] * 3, [1] * 3),
+        ("write_done", ids.tolist(), ["writing"] * 3, ["device"] * 3, [2] * 3),
+    ]
+    c.group(GROUP).machine.fire(int(ids[0]), Event.SPILL_BEGIN)  # the scalar path too
+    assert seen.moves[-1][1:4] == (Event.SPILL_BEGIN, [int(ids[0])],
+                                   [table.state_id("device")])
+
+
+def test_refused_ids_are_never_reported() -> None:
+    c, seen = core(), Recorder()
+    ids = written(c, 3)
+    c.pin(GROUP, ids[:1])
+    c.add_observer(seen)
+    with pytest.raises(GuardRejected):
+        c.fire(GROUP, ids, Event.EVICT)
+    assert seen.moves == []  # all or nothing: nothing moved, nothing told
+    moved = c.fire(GROUP, ids, Event.EVICT, masked=True)
+    assert moved.tolist() == [False, True, True]
+    assert [m[2] for m in seen.moves] == [ids[1:].tolist()]
+    c.fire(GROUP, ids[:1], Event.EVICT, masked=True)  # pinned: none moves
+    assert len(seen.moves) == 1
+
+
+def test_a_move_nested_in_another_groups_effect_is_reported() -> None:
+    """Evicting history blocks invalidates the index blocks pointing at them (an effect):
+    that fire, in the index group, is reported too."""
+    model = shipped_models()["deepseek_v4_like"]
+    eng = Engine(model, CoreConfig(device_blocks=64, backend="numpy"))
+    seen = Recorder()
+    eng.core.add_observer(seen)
+    prompt = eng.prompt(np.arange(4 * model.lcm_block_size + 1))
+    eng.commit(prompt)
+    index = next(g for g in eng.core.groups.values() if g.target is not None)
+    target = index.target
+    assert target is not None
+    held = np.unique(index.refs_target[index.refs_target >= 0])
+    eng.core.fire(target.name, held, Event.EVICT, masked=True)
+    assert any(group == index.name and event is Event.INVALIDATE
+               for group, event, *_ in seen.moves)
+    eng.close()
+
+
+def test_observers_are_added_once_and_removed() -> None:
+    c, seen = core(), Recorder()
+    c.add_observer(seen)
+    with pytest.raises(KvfsmError, match="already attached"):
+        c.add_observer(seen)
+    c.remove_observer(seen)
+    with pytest.raises(KvfsmError, match="not attached"):
+        c.remove_observer(seen)
+    written(c, 2)
+    assert seen.moves == []
+
+
+def test_record_read_reports_current_epochs_and_changes_nothing() -> None:
+    c, seen = core(), Recorder()
+    ids = written(c, 2)
+    c.add_observer(seen)
+    before = c.group(GROUP).states.copy()
+    c.record_read(GROUP, ids)
+    assert seen.reads == [(GROUP, ids.tolist(), [2, 2])]
+    assert (c.group(GROUP).states == before).all() and seen.moves == []
+    with pytest.raises(KvfsmError, match="block ids must lie in"):
+        c.record_read(GROUP, [99])
+    with pytest.raises(KvfsmError, match="no group"):
+        c.record_read("nope", ids)
+    assert len(seen.reads) == 1
+
+
+# -- the log ----------------------------------------------------------------------------------
+
+
+def test_a_real_engine_run_is_logged_and_replays_clean(tmp_path: Path) -> None:
+    log_path = tmp_path / "events.jsonl"
+    seen = Recorder()
+    with EventLog(log_path, flush_every=3) as log:
+        eng, _ = run_workload(tmp_path, event_log=log)
+        eng.core.add_observer(seen)  # only to compare the log with; after the run: nothing
+    head, lines = records(log_path)
+    assert head["model"] == "dense"
+    group = head["groups"][GROUP]
+    assert group["lifecycle"] == "full_kv"
+    assert group["table"] == table_digest(eng.core.group(GROUP).table)
+    assert group["slots"] == {"device": 2 * BLOCKS, "host": BLOCKS}
+    assert group["copies"] == {"disk": 8 * BLOCKS}
+    assert group["blocks"] == eng.core.group(GROUP).n_blocks
+    assert [line["seq"] for line in lines] == list(range(len(lines)))
+    moves = {(m["from"][i], m["event"], m["to"][i]) for m in lines if m["type"] == "move"
+             for i in range(len(m["ids"]))}
+    for step in [("device", "spill_begin", "spilling_host"), ("host", "spill_begin",
+                 "spilling_disk"), ("spilling_disk", "spill_done", "disk"),
+                 ("restoring_disk", "restore_done", "device_disk"),
+                 ("restoring_host", "restore_done", "device"), ("device", "evict", "free")]:
+        assert step in moves, step
+    assert sum(line["type"] == "read" for line in lines) == 2
+    result = replay(log_path)
+    assert result.accepted, result.violation
+    assert result.lines == len(lines) + 1
+    assert result.blocks_moved == sum(len(m["ids"]) for m in lines if m["type"] == "move")
+
+
+def test_every_move_the_core_made_is_a_line(tmp_path: Path) -> None:
+    """The log holds exactly what an observer attached beside it saw, in the same order."""
+    seen = Recorder()
+
+    class Both(EventLog):
+        def moved(self, *args: Any) -> None:
+            seen.moved(*args)
+            super().moved(*args)
+
+    with Both(tmp_path / "log.jsonl") as log:
+        run_workload(tmp_path, event_log=log)
+    _, lines = records(tmp_path / "log.jsonl")
+    moves = [line for line in lines if line["type"] == "move"]
+    assert [(m["group"], m["event"], m["ids"], m["epochs"]) for m in moves] == [
+        (g, e.spec_name, i, ep) for g, e, i, _, _, ep in seen.moves]
+
+
+def test_records_are_written_in_batches(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    c = core()
+    log = EventLog(path, flush_every=4)
+    log.attach(c)
+    written(c, 1)  # three batches: still buffered, the header with them
+    assert path.read_text() == ""
+    written(c, 1)  # the fourth batch writes four lines
+    assert len(path.read_text().splitlines()) == 1 + 4
+    c.record_read(GROUP, [0])
+    log.flush()
+    assert len(path.read_text().splitlines()) == 1 + 7
+    log.close()
+    log.close()  # again: nothing
+    written(c, 1)  # not observed any more
+    assert len(path.read_text().splitlines()) == 1 + 7
+    assert replay(path).accepted
+
+
+def test_a_log_attached_to_a_used_core_starts_from_its_states(tmp_path: Path) -> None:
+    c = core()
+    ids = written(c, 3)
+    c.fire(GROUP, ids[:1], Event.EVICT)
+    with EventLog(tmp_path / "log.jsonl") as log:
+        log.attach(c)
+        c.fire(GROUP, ids[1:], Event.SPILL_BEGIN)
+    head, _ = records(tmp_path / "log.jsonl")
+    assert head["groups"][GROUP]["start"] == {
+        "ids": ids.tolist(), "states": ["free", "device", "device"], "epochs": [3, 2, 2]}
+    assert replay(tmp_path / "log.jsonl").accepted
+
+
+def test_misuse_is_a_clear_error(tmp_path: Path) -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(KvfsmError, match="flush_every must be an int >= 1"):
+            EventLog(tmp_path / "x.jsonl", flush_every=bad)  # type: ignore[arg-type]
+    assert FLUSH_EVERY >= 1
+    c = core()
+    log = EventLog(tmp_path / "log.jsonl")
+    log.attach(c)
+    with pytest.raises(KvfsmError, match="already attached"):
+        log.attach(core())
+    log.close()
+    with pytest.raises(KvfsmError, match="closed"):
+        log.attach(core())
+    with pytest.raises(OSError):
+        EventLog(tmp_path / "missing" / "log.jsonl")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_failing_write_never_fails_a_move_and_is_raised_by_flush() -> None:
+    c = core()
+    log = EventLog("/dev/full", flush_every=1)
+    log.attach(c)
+    ids = written(c, 2)  # every batch tries to write; the disk is full
+    assert c.describe(GROUP, int(ids[0])).state == "device"
+    with pytest.raises(OSError):
+        log.flush()
+    with pytest.raises(OSError):
+        log.close()  # the buffered header and lines cannot be written either
+    assert log.closed
+    written(c, 1)  # detached: moves go on

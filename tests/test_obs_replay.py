@@ -1,0 +1,314 @@
+"""Replaying an event log: a real engine run is accepted; every kind of tampering is rejected
+at the line it happened on, by the check it breaks, with a message and never a traceback."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvfsm import EventLog, parse_lifecycle, shipped_lifecycles
+from kvfsm.obs import CHECKS, ReplayResult, replay
+from kvfsm.spec import Event, shipped_specs_dir
+from tests.test_obs_eventlog import GROUP, core, records, run_workload, written
+
+FULL_KV_TEXT = (shipped_specs_dir() / "lifecycles" / "full_kv.toml").read_text()
+#: full_kv with one row changed: evicting a device block needs no free pins (a valid spec).
+UNGUARDED_EVICT = FULL_KV_TEXT.replace('event = "evict"\ndest = "free"\nguards = ["no_pins"]\n',
+                                       'event = "evict"\ndest = "free"\n', 1)
+
+Record = dict[str, Any]
+
+
+@pytest.fixture
+def logged(tmp_path: Path) -> tuple[Record, list[Record]]:
+    """The header and records of a real engine run (spills to host and disk, restores from
+    both, reads, evictions)."""
+    with EventLog(tmp_path / "run.jsonl", flush_every=5) as log:
+        run_workload(tmp_path, event_log=log)
+    assert replay(tmp_path / "run.jsonl").accepted
+    return records(tmp_path / "run.jsonl")
+
+
+def write(path: Path, head: Record, lines: list[Record]) -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in [head, *lines]) + "\n", encoding="utf-8")
+    return path
+
+
+def tamper(tmp_path: Path, logged: tuple[Record, list[Record]],
+           edit: Callable[[Record, list[Record]], int]) -> tuple[ReplayResult, int]:
+    """Replay the run after ``edit`` changed a copy of it; ``edit`` returns the index of the
+    record it broke, whose file line (the header is line 1) is returned with the result."""
+    head, lines = copy.deepcopy(logged)
+    index = edit(head, lines)
+    return replay(write(tmp_path / "tampered.jsonl", head, lines)), index + 2
+
+
+def first(lines: list[Record], event: str, source: str | None = None) -> int:
+    """Index of the first move record of ``event`` (from ``source``)."""
+    return next(i for i, r in enumerate(lines) if r["type"] == "move" and r["event"] == event
+                and (source is None or r["from"][0] == source))
+
+
+def rejected(result: ReplayResult, line: int, check: str, *words: str) -> None:
+    assert result.violation is not None, "accepted"
+    assert (result.violation.line, result.violation.check) == (line, check), result.violation
+    for word in words:
+        assert word in result.violation.message, result.violation
+    assert not result.accepted
+
+
+# -- each check -----------------------------------------------------------------------------
+
+
+def test_an_event_without_a_row_from_the_logged_state(tmp_path: Path, logged: Any) -> None:
+    def edit(head: Record, lines: list[Record]) -> int:
+        i = first(lines, "write_done")
+        lines[i]["event"] = "restore_done"  # writing has no restore_done row
+        return i
+
+    result, line = tamper(tmp_path, logged, edit)
+    rejected(result, line, "no_row", "no row for restore_done from 'writing'")
+
+
+def test_a_from_state_the_replay_does_not_have(tmp_path: Path, logged: Any) -> None:
+    def edit(head: Record, lines: list[Record]) -> int:
+        i = first(lines, "spill_begin", "device")
+        lines[i]["from"][0] = "host"  # a row exists (host -> spilling_disk), the block is not
+        return i
+
+    result, line = tamper(tmp_path, logged, edit)
+    rejected(result, line, "from_state", "logged from 'host'", "replay has it in 'device'")
+
+
+def test_a_to_state_that_is_not_the_rows_destination(tmp_path: Path, logged: Any) -> None:
+    def edit(head: Record, lines: list[Record]) -> int:
+        i = first(lines, "write_done")
+        lines[i]["to"][1] = "host"
+        return i
+
+    result, line = tamper(tmp_path, logged, edit)
+    rejected(result, line, "to_state", "table moves it to 'device'")
+
+
+def test_a_wrong_epoch(tmp_path: Path, logged: Any) -> None:
+    def edit(head: Record, lines: list[Record]) -> int:
+        i = first(lines, "restore_done", "restoring_disk")  # bumps once
+        lines[i]["epochs"][0] -= 1
+        return i
+
+    result, line = tamper(tmp_path, logged, edit)
+    rejected(result, line, "epoch", "bumps it 1 time(s)")
+
+
+def test_an_epoch_moved_by_a_row_that_does_not_bump_it(tmp_path: Path, logged: Any) -> None:
+    def edit(head: Record, lines: list[Record]) -> int:
+        i = first(lines, "spill_begin", "device")  # take_slot, copy_to: no bump
+        lines[i]["epochs"][0] += 1
+        return i
+
+    result, line = tamper(tmp_path, logged, edit)
+    rejected(result, line, "epoch", "bumps it 0 time(s)")
+
+
+def test_a_read_at_an_epoch_the_block_has_left(tmp_path: Path, logged: Any) -> None:
+    def edit(head: Record, lines: list[Record]) -> int:
+        i = next(i for i, r in enumerate(lines) if r["type"] == "read")
+        lines[i]["epochs"][-1] -= 1
+        return i
+
+    result, line = tamper(tmp_path, logged, edit)
+    rejected(result, line, "read", "content is at epoch", "(it changed)")
+
+
+def test_a_read_of_a_block_a_kernel_may_not_read(tmp_path: Path) -> None:
+    """The core reports what it is told; replay finds a read of a spilled block."""
+    c = core()
+    ids = written(c, 2)
+    with EventLog(tmp_path / "log.jsonl") as log:
+        log.attach(c)
+        c.record_read(GROUP, ids)
+        c.fire(GROUP, ids[:1], Event.SPILL_BEGIN)
+        c.fire(GROUP, ids[:1], Event.SPILL_DONE)
+        c.record_read(GROUP, ids)  # block 0 is on the host now
+    result = replay(tmp_path / "log.jsonl")
+    rejected(result, 5, "read", f"block {ids[0]} read in state 'host'")
+
+
+def test_more_blocks_in_a_tier_than_its_slots(tmp_path: Path, logged: Any) -> None:
+    def edit(head: Record, lines: list[Record]) -> int:
+        head["groups"][GROUP]["slots"]["host"] = 3  # the run spills four blocks at once
+        return first(lines, "spill_begin", "device")
+
+    result, line = tamper(tmp_path, logged, edit)
+    rejected(result, line, "capacity", "4 blocks hold a host slot", "capacity of 3")
+
+
+def test_more_copies_in_a_stored_tier_than_it_may_hold(tmp_path: Path, logged: Any) -> None:
+    def edit(head: Record, lines: list[Record]) -> int:
+        head["groups"][GROUP]["copies"]["disk"] = 2
+        return first(lines, "spill_begin", "host")
+
+    result, line = tamper(tmp_path, logged, edit)
+    rejected(result, line, "capacity", "hold a disk slot or copy", "capacity of 2")
+
+
+def test_a_log_of_other_tables_is_refused_at_its_header(tmp_path: Path, logged: Any) -> None:
+    def edit(head: Record, lines: list[Record]) -> int:
+        head["groups"][GROUP]["table"] = "0" * 64
+        return -1
+
+    result, _ = tamper(tmp_path, logged, edit)
+    rejected(result, 1, "header", "other 'full_kv' tables", "--lifecycle full_kv=PATH")
+
+
+def test_other_tables_given_for_replay_are_refused(tmp_path: Path, logged: Any) -> None:
+    path = write(tmp_path / "log.jsonl", *logged)
+    assert UNGUARDED_EVICT != FULL_KV_TEXT
+    other = parse_lifecycle(UNGUARDED_EVICT)
+    rejected(replay(path, {"full_kv": other}), 1, "header", "other 'full_kv' tables")
+    docs_only = parse_lifecycle(FULL_KV_TEXT.replace("A full-attention KV block.", "Docs."))
+    assert replay(path, {"full_kv": docs_only}).accepted  # the digest is of the table alone
+
+
+def test_a_custom_lifecycle_replays_with_its_own_table(tmp_path: Path) -> None:
+    """A core built on a custom full_kv logs a run the shipped table refuses and the custom
+    one accepts."""
+    from kvfsm import CoreConfig, StateCore, shipped_models
+
+    custom = parse_lifecycle(UNGUARDED_EVICT)
+    c = StateCore(shipped_models()["dense"], CoreConfig(device_blocks=4, backend="numpy"),
+                  lifecycles={**shipped_lifecycles(), "full_kv": custom})
+    with EventLog(tmp_path / "log.jsonl") as log:
+        log.attach(c)
+        written(c, 2)
+    assert replay(tmp_path / "log.jsonl", {"full_kv": custom}).accepted
+    rejected(replay(tmp_path / "log.jsonl"), 1, "header")
+
+
+def test_a_missing_line_breaks_the_sequence(tmp_path: Path, logged: Any) -> None:
+    def edit(head: Record, lines: list[Record]) -> int:
+        i = first(lines, "write_begin")
+        del lines[i]
+        return i
+
+    result, line = tamper(tmp_path, logged, edit)
+    rejected(result, line, "sequence", f"expected {line - 2}")
+
+
+# -- lines that are not records ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("damage", "words"), [
+    (lambda text: text[: len(text) // 2], "not JSON"),
+    (lambda text: "{not json", "not JSON"),
+    (lambda text: "", "an empty line"),
+    (lambda text: "[1, 2]", "not an object"),
+    (lambda text: text.replace('"ids"', '"idz"'), "no 'ids' field"),
+    (lambda text: text.replace('"group": "attn"', '"group": "nope"'), "unknown group 'nope'"),
+    (lambda text: text.replace('"event": "write_begin"', '"event": "jump"'),
+     "unknown event 'jump'"),
+    (lambda text: text.replace('"allocated"', '"limbo"', 1), "names 'limbo', not a state"),
+    (lambda text: text.replace('"seq": ', '"seq": "x", "was": '), "not an integer"),
+    (lambda text: text.replace('"ids": [', '"ids": [-1, '), "not an integer in"),
+    (lambda text: text.replace('"type": "move"', '"type": "jump"'), "type 'jump'"),
+    (lambda text: text.replace('"epochs": [', '"epochs": [1, '), "'epochs' for"),
+    (lambda text: text.replace('"from": [', '"from": 7, "was": ['), "not a list"),
+    (lambda text: text.replace('"from": [', '"from": ["allocated", '), "'from' for"),
+    (lambda text: text.replace('"ids": [0, ', '"ids": [1, '), "block ids repeat"),
+])
+def test_a_malformed_line_is_reported_with_its_number(tmp_path: Path, logged: Any,
+                                                      damage: Callable[[str], str],
+                                                      words: str) -> None:
+    head, lines = logged
+    i = first(lines, "write_begin")
+    path = write(tmp_path / "log.jsonl", head, lines)
+    text = path.read_text().splitlines()
+    text[i + 1] = damage(text[i + 1])
+    path.write_text("\n".join(text) + "\n")
+    rejected(replay(path), i + 2, "malformed", words)
+
+
+def test_a_line_that_is_not_utf8(tmp_path: Path, logged: Any) -> None:
+    path = write(tmp_path / "log.jsonl", *logged)
+    data = path.read_bytes().split(b"\n")
+    data[3] = b"\xff\xfe" + data[3]
+    path.write_bytes(b"\n".join(data))
+    rejected(replay(path), 4, "malformed", "not UTF-8")
+
+
+@pytest.mark.parametrize(("header", "words"), [
+    ({"format": "something-else", "version": 1}, "not a kvfsm event log"),
+    ({"format": "kvfsm-eventlog", "version": 99}, "version 99"),
+])
+def test_a_header_that_is_not_ours(tmp_path: Path, logged: Any, header: Record,
+                                   words: str) -> None:
+    head, lines = logged
+    rejected(replay(write(tmp_path / "log.jsonl", {**head, **header}, lines)), 1, "header",
+             words)
+
+
+@pytest.mark.parametrize(("entry", "words"), [
+    (5, "is not an object"),
+    ({"blocks": 0}, "'blocks' must be >= 1"),
+    ({"slots": {"moon": 3}}, "'moon': 3 is not a count of a tier"),
+    ({"copies": {"disk": -1}}, "'disk': -1 is not a count of a tier"),
+    ({"start": {"ids": [0], "states": ["device", "host"], "epochs": [1]}}, "2 'states' for 1"),
+    ({"table": 7}, "'table' is 7, not a string"),
+])
+def test_a_malformed_group_header(tmp_path: Path, logged: Any, entry: Any, words: str) -> None:
+    head, lines = copy.deepcopy(logged)
+    group = head["groups"][GROUP]
+    head["groups"][GROUP] = {**group, **entry} if isinstance(entry, dict) else entry
+    rejected(replay(write(tmp_path / "log.jsonl", head, lines)), 1, "malformed", words)
+
+
+def test_a_header_without_groups(tmp_path: Path, logged: Any) -> None:
+    head, lines = logged
+    rejected(replay(write(tmp_path / "log.jsonl", {**head, "groups": {}}, lines)), 1,
+             "malformed", "no groups")
+
+
+def test_a_move_of_no_blocks(tmp_path: Path, logged: Any) -> None:
+    """The core never reports an empty batch; a line holding one was made by someone else."""
+    def edit(head: Record, lines: list[Record]) -> int:
+        i = first(lines, "write_begin")
+        lines[i].update(ids=[], epochs=[], **{"from": [], "to": []})
+        return i
+
+    result, line = tamper(tmp_path, logged, edit)
+    rejected(result, line, "malformed", "no ids")
+
+
+def test_a_header_naming_an_unknown_lifecycle(tmp_path: Path, logged: Any) -> None:
+    head, lines = copy.deepcopy(logged)
+    head["groups"][GROUP]["lifecycle"] = "mystery"
+    rejected(replay(write(tmp_path / "log.jsonl", head, lines)), 1, "header",
+             "--lifecycle mystery=PATH")
+
+
+def test_an_empty_file_has_no_header(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("")
+    rejected(replay(tmp_path / "empty.jsonl"), 1, "header", "empty file")
+
+
+def test_an_unreadable_file_raises_oserror(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        replay(tmp_path / "missing.jsonl")
+
+
+def test_the_result_reports_counts_and_json(tmp_path: Path, logged: Any) -> None:
+    head, lines = logged
+    result = replay(write(tmp_path / "log.jsonl", head, lines))
+    moves = [r for r in lines if r["type"] == "move"]
+    assert (result.moves, result.reads, result.lines) == (len(moves), len(lines) - len(moves),
+                                                          len(lines) + 1)
+    assert result.to_json()["accepted"] is True
+    assert result.summary().startswith("accepted ")
+    assert set(CHECKS) >= {"no_row", "from_state", "to_state", "epoch", "read", "capacity"}
+    assert np.isfinite(result.blocks_moved)
