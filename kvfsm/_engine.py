@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from typing import Concatenate, ParamSpec, TypeVar
 
 import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from kvfsm._engine_commit import Committer, PayloadFn, zero_payload
 from kvfsm._engine_tiers import EngineTiers, check_tiers
-from kvfsm._errors import KvfsmError
+from kvfsm._errors import KvfsmError, LeaseLost
 from kvfsm._jit import warm_up
+from kvfsm.gates import (
+    DEFAULT_LEASE_TTL_S,
+    Action,
+    AdmissionConfig,
+    AdmissionGate,
+    Decision,
+    GraphRegistry,
+    GraphSignature,
+    Lease,
+    LeaseBook,
+)
+from kvfsm.obs import EngineMetrics, EventLog
 from kvfsm.restore import RestoreExecutor, RestoreTicket
-from kvfsm.spec import Event, Lifecycle, ModelDecl, Tier, shipped_models
-from kvfsm.state import FAILED, NO_TARGET, CoreConfig, GroupState, StateCore, StateError
+from kvfsm.spec import Lifecycle, ModelDecl, Tier, shipped_models
+from kvfsm.state import CoreConfig, StateCore
 from kvfsm.tiers import StoredTier
 from kvfsm.verify import (
     DeviceProfile,
@@ -25,8 +41,22 @@ from kvfsm.verify import (
     lookup,
 )
 
-#: Content for one group's blocks: ``(group, block indices) -> uint8 [k, payload_bytes]``.
-PayloadFn = Callable[[GroupState, NDArray[np.int64]], NDArray[np.uint8]]
+_Args = ParamSpec("_Args")
+_Result = TypeVar("_Result")
+
+
+def _locked(method: Callable[Concatenate[Engine, _Args], _Result]
+            ) -> Callable[Concatenate[Engine, _Args], _Result]:
+    """Run an Engine method holding the engine's lock (one caller in the core at a time),
+    after releasing the pins of leases whose ttl ran out."""
+
+    @functools.wraps(method)
+    def locked(self: Engine, /, *args: _Args.args, **kwargs: _Args.kwargs) -> _Result:
+        with self._lock:
+            self._leases.reap()
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 @attrs.frozen
@@ -42,24 +72,6 @@ class VerifyPolicy:
         return Level.FAST if priority < self.fast_below else Level.STANDARD
 
 
-def _zero_payload(group: GroupState, index: NDArray[np.int64]) -> NDArray[np.uint8]:
-    return np.zeros((index.size, group.decl.payload_bytes), dtype=np.uint8)
-
-
-@attrs.frozen(eq=False)
-class _GroupCommit:
-    """What a commit will do to one group, decided before anything changes."""
-
-    group: GroupState
-    #: Prompt block indices to write, and their content.
-    fresh: NDArray[np.int64]
-    payload: NDArray[np.uint8]
-    #: Cached blocks of the prompt a lookup saw fail: invalidated and written again.
-    replaced: NDArray[np.intp]
-    #: Cached blocks of the prompt kept as they are (never evicted to make room).
-    kept: NDArray[np.intp]
-
-
 class Engine:
     """A model's cache state core plus the lookup that turns a prompt into a :class:`Verdict`."""
 
@@ -73,6 +85,9 @@ class Engine:
         policy: VerifyPolicy | None = None,
         tiers: Mapping[Tier | str, StoredTier] | None = None,
         workers: int = 2,
+        metrics: EngineMetrics | None = None,
+        event_log: EventLog | None = None,
+        admission: AdmissionConfig | None = None,
     ) -> None:
         if isinstance(model, str):
             models = shipped_models()
@@ -81,11 +96,16 @@ class Engine:
                                  "(pass a ModelDecl from load_model for others)")
             model = models[model]
         self.core = StateCore(model, config, lifecycles=lifecycles)
+        # One caller in the core at a time (every public method holds it; reentrant, so a
+        # method may call another); leases validate and release under it too.
+        self._lock = threading.RLock()
+        self._leases = LeaseBook(self.core, self._lock)
         self.tiers = check_tiers(self.core, tiers or {})
         #: Runs restore plans and spills into the stored tiers (host restores need no tier).
         self.restorer = RestoreExecutor(self.core, self.tiers, workers=workers,
-                                        make_room=self.give_back)
+                                        make_room=self.give_back, lock=self._lock)
         self._stored = EngineTiers(self.core, self.tiers, self.restorer)
+        self._committer = Committer(self.core, self._stored)
         # Compile the lookup's kernels now (or load them from the disk cache), not during the
         # first request.
         warm_up()
@@ -93,6 +113,23 @@ class Engine:
         self.profile = profile or DeviceProfile()
         self.policy = policy or VerifyPolicy()
         self._block_sizes = tuple(g.block_size for g in model.groups)
+        # Gate 4: the captured graphs' signatures, and the one lookups are checked against.
+        self._graphs = GraphRegistry(self.core)
+        #: Reported every lookup and told every transition (None: no metrics).
+        self.metrics = metrics
+        #: Told every transition and reported read, for replay (None: no log; the caller
+        #: closes it).
+        self.event_log = event_log
+        if event_log is not None:
+            event_log.attach(self.core)
+        if metrics is not None:
+            self.core.add_observer(metrics)
+        #: Gate 1: measures restore bandwidth (every restore batch) and the prefill rate
+        #: (:meth:`record_prefill`) and chooses per request (:meth:`plan`); it caps restores
+        #: in flight from those measurements only where ``admission`` is given.
+        self.admission = AdmissionGate(self.core, admission, apply_caps=admission is not None)
+        self.restorer.listeners.append(self._restored)
+        self._leases.on_refusal = self._lease_refused
 
     def prompt(self, token_ids: Sequence[int] | ArrayLike = ()) -> Prompt:
         """A prompt whose block hashes (every block size of the model) are kept incrementally."""
@@ -105,6 +142,7 @@ class Engine:
         prompt.check_made_for(self.core.seed, self._block_sizes, "engine")
         return prompt
 
+    @_locked
     def lookup(
         self,
         prompt: Prompt | Sequence[int] | ArrayLike,
@@ -128,10 +166,103 @@ class Engine:
                          drop_last_block=drop_last_block)
         for checks in verdict.checks:
             self.core.record_checks(checks.group, checks.block_ids, checks.passed)
+        # Gate 4: checked against the active graph's signature (a GraphVerdict), if any.
+        verdict = self._graphs.apply(prompt, verdict)
+        if self.metrics is not None:
+            self.metrics.observe_lookup(verdict)
         return verdict
+
+    # -- admission (gate 1) ----------------------------------------------------------------
+
+    @_locked
+    def plan(
+        self,
+        prompt: Prompt | Sequence[int] | ArrayLike,
+        *,
+        level: Level | str | None = None,
+        priority: int = 0,
+        kernel_layouts: KernelLayouts | None = None,
+        drop_last_block: bool = False,
+    ) -> Decision:
+        """Look ``prompt`` up and choose what to do with it by estimated cost (restore bytes
+        over measured tier bandwidth, recompute tokens over the measured prefill rate):
+        restore the verdict's plan (it always fits the restore caps), restore the part that
+        fits now and recompute the rest, wait for restores in flight to drain, or recompute.
+        Run ``decision.verdict``'s plan with :meth:`restore` when ``decision.restores_now``."""
+        prompt = self._own(prompt)
+        verdict = self.lookup(prompt, level=level, priority=priority,
+                              kernel_layouts=kernel_layouts, drop_last_block=drop_last_block)
+        whole = None
+        budget = self.core.restore_budget
+        if budget.capped and verdict.restorable_tokens < verdict.hit_tokens:
+            # What the plan would be without the caps (a lookup changes nothing; the lock
+            # keeps every restore from beginning meanwhile).
+            with budget.lifted():
+                whole = lookup(self.core, prompt, level=verdict.level,
+                               kernel_layouts=kernel_layouts, profile=self.profile,
+                               drop_last_block=drop_last_block, checksums=False)
+        decision = self.admission.decide(verdict, whole)
+        if decision.action is Action.WAIT and self.metrics is not None:
+            self.metrics.observe_admission_wait(decision.wait_s)
+        return decision
+
+    @_locked
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        """The model computed ``tokens`` prompt tokens in ``seconds`` (what :meth:`plan`
+        prices recomputation with)."""
+        self.admission.record_prefill(tokens, seconds)
+
+    def _restored(self, group: str, tier: Tier, outcomes: Mapping[str, int], nbytes: int,
+                  seconds: float) -> None:
+        """A batch of restores ended (under the lock): measure, count, move the caps."""
+        if outcomes.get("OK"):
+            self.admission.record_restore(tier, nbytes, seconds)
+        if self.metrics is not None:
+            self.metrics.observe_restores(
+                group, self.core.group(group).decl.kind, tier,
+                {status.lower(): count for status, count in outcomes.items()}, seconds)
+        self.admission.update_caps()
+
+    def _lease_refused(self, lost: LeaseLost) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_lease_refusal(lost.group or "*")
+
+    # -- captured graphs (gate 4) ----------------------------------------------------------
+
+    @_locked
+    def register_graph(self, signature: GraphSignature) -> None:
+        """Know the captured graph ``signature`` describes. A signature naming a group the
+        model lacks (or leaving one out), a tier the group has no pool in, a layout it does
+        not know, or a name already registered is a ``SignatureError``; nothing is
+        registered."""
+        self._graphs.register(signature)
+
+    @_locked
+    def activate_graph(self, name: str | None) -> None:
+        """Check every later lookup against the registered graph ``name`` (None: none, the
+        engine runs eagerly). Lookups then return a ``GraphVerdict`` carrying a
+        ``GRAPH_MISMATCH`` shortfall for whatever does not fit the graph."""
+        self._graphs.activate(name)
+
+    @property
+    def graphs(self) -> Mapping[str, GraphSignature]:
+        """The registered graph signatures by name (read-only)."""
+        return self._graphs.graphs
+
+    @property
+    def active_graph(self) -> GraphSignature | None:
+        """The graph lookups are checked against, or None."""
+        return self._graphs.active
+
+    def replayable(self, verdict: Verdict) -> bool:
+        """``verdict`` was checked against the active graph by a lookup and its usable prefix
+        and restore plan fit it: the graph may be replayed. False for a verdict taken with
+        no graph active, or another, or carrying a ``GRAPH_MISMATCH``: run it eagerly."""
+        return self._graphs.replayable(verdict)
 
     # -- stored tiers ------------------------------------------------------------------------
 
+    @_locked
     def discover(self, prompt: Prompt | Sequence[int] | ArrayLike) -> int:
         """Adopt copies of ``prompt``'s blocks that the stored tiers hold but this core does
         not know (another engine spilled them, or this one before a restart): per group, the
@@ -140,6 +271,7 @@ class Engine:
         the blocks adopted. :meth:`lookup` calls it when tiers are attached."""
         return self._stored.discover(self._own(prompt))
 
+    @_locked
     def restore(self, verdict: Verdict, prompt: Prompt | None = None) -> RestoreTicket:
         """Start the restores of ``verdict.plan``: device room is made first (never by giving
         back, spilling or forgetting ``prompt``'s own blocks), host copies land at once, disk
@@ -152,6 +284,7 @@ class Engine:
         size cap) are forgotten, so they stop being hits."""
         self._stored.forget_evicted()
 
+    @_locked
     def spill_down(self, group: str, tier: Tier, count: int, keep: ArrayLike = ()) -> int:
         """Move up to ``count`` least recently used unpinned blocks resident in ``tier`` (never
         one of ``keep``) one tier down (host -> disk, disk -> remote) through the stored tiers,
@@ -160,17 +293,50 @@ class Engine:
         blocks moved or dropped."""
         return self._stored.spill_down(group, tier, count, keep)
 
+    @_locked
     def close(self) -> None:
-        """Finish running I/O and stop the restore workers (the tiers stay open)."""
+        """Finish running I/O and stop the restore workers (the tiers stay open); leases
+        still open are released (their next ``validate`` raises LeaseLost)."""
+        self._leases.release_all()
         self.restorer.close()
+        if self.event_log is not None:
+            self.event_log.flush()  # the settles the close made are on disk too
+
+    # -- leases (time of check vs time of use) -----------------------------------------------
+
+    @_locked
+    def lease(self, verdict: Verdict, prompt: Prompt | Sequence[int] | ArrayLike, *,
+              ttl_s: float = DEFAULT_LEASE_TTL_S) -> Lease:
+        """Pin the blocks ``verdict`` (a lookup of ``prompt``) called usable, exactly those
+        the kernel reads at ``usable_tokens``, and record their epochs, for ``ttl_s`` seconds
+        at most: call ``lease.validate()`` right before the read, and release the lease
+        (``with engine.lease(...) as lease:``) after it. Raises :class:`~kvfsm.LeaseLost`,
+        pinning nothing, where a block changed since the lookup (look up again); to make
+        lookup and lease one step against other threads, hold :attr:`lock` across both."""
+        return self._leases.take(verdict, self._own(prompt), ttl_s=ttl_s)
+
+    @property
+    def leases_open(self) -> int:
+        """Leases taken and neither released nor expired and reaped (a leak shows here)."""
+        with self._lock:
+            self._leases.reap()
+            return self._leases.open
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The engine's reentrant lock: every public method holds it. Hold it yourself around
+        direct calls into :attr:`core` (``fire``, ``pin``, ...) and ``RestoreTicket.wait``
+        (which fires) made while other threads use the engine."""
+        return self._lock
 
     # -- commit ----------------------------------------------------------------------------
 
+    @_locked
     def commit(
         self,
         prompt: Prompt | Sequence[int] | ArrayLike,
         *,
-        payload: PayloadFn = _zero_payload,
+        payload: PayloadFn = zero_payload,
         groups: Sequence[str] | None = None,
     ) -> Mapping[str, NDArray[np.intp]]:
         """Cache every complete block of ``prompt`` the model keeps, as a prefill leaves them
@@ -187,139 +353,12 @@ class Engine:
         them anyway: it takes no room, and index blocks are then written against the settled
         history.) Returns the new block ids per group.
         """
-        prompt = self._own(prompt)
-        chosen = self._groups(groups)
-        for group in chosen:
-            self._settle(group, prompt)
-        plans = [self._plan(group, prompt, payload) for group in chosen]
-        self._check_room(plans)
-        out: dict[str, NDArray[np.intp]] = {}
-        for plan in plans:
-            self._make_room(plan)
-            out[plan.group.name] = self._write(plan, prompt)
-            # Settled before the groups pointing into it are written: settling (compressing)
-            # moves epochs, which would leave their fresh references stale.
-            self._settle(plan.group, prompt)
-        return out
+        return self._committer.commit(self._own(prompt), payload=payload, groups=groups)
 
-    def _groups(self, names: Sequence[str] | None) -> list[GroupState]:
-        if names is not None:
-            if isinstance(names, str):
-                raise KvfsmError("commit(groups=...) takes a list of group names, not a str")
-            for name in names:
-                self.core.group(name)  # names the groups when one does not exist
-        chosen = [g for g in self.core.groups.values() if names is None or g.name in names]
-        # Groups whose blocks point into another group come after it.
-        return sorted(chosen, key=lambda g: g.rule.has_targets)
-
-    def _plan(self, group: GroupState, prompt: Prompt, payload: PayloadFn) -> _GroupCommit:
-        decl = group.decl
-        high, low = prompt.words(decl.block_size)
-        index = group.rule.commit_blocks(decl, high.size)
-        known = self.core.lookup_words(group.name, high[index], low[index])
-        cached = known >= 0
-        held = np.where(cached, known, 0)
-        failed = cached & (group.check[held] == FAILED) & (group.pins[held] == 0)
-        fresh = index[~cached | failed]
-        content = np.asarray(payload(group, fresh), dtype=np.uint8)
-        if content.size != fresh.size * decl.payload_bytes:
-            raise KvfsmError(f"{group.name}: payload gave {content.size} bytes for "
-                             f"{fresh.size} blocks; expected shape "
-                             f"[{fresh.size}, {decl.payload_bytes}]")
-        return _GroupCommit(group, fresh, content.reshape(fresh.size, decl.payload_bytes),
-                            known[failed].astype(np.intp),
-                            known[cached & ~failed].astype(np.intp))
-
-    def _givable(self, plan: _GroupCommit) -> NDArray[np.intp]:
-        """Blocks of ``plan``'s group that :meth:`give_back` may take for room: invalid
-        first, then least recently used; never the prompt's own."""
-        group = plan.group
-        candidates = self.core.eviction_candidates(group.name, group.n_blocks)
-        return candidates[~np.isin(candidates, plan.kept)]
-
-    def _check_room(self, plans: list[_GroupCommit]) -> None:
-        for plan in plans:
-            group = plan.group
-            device = group.pools[Tier.DEVICE]
-            short = plan.fresh.size - device.free - plan.replaced.size
-            if short > 0 and short > self._givable(plan).size:
-                raise StateError(
-                    f"{group.name}: commit needs {plan.fresh.size} device blocks, "
-                    f"{device.free} are free and only {self._givable(plan).size} more can be "
-                    "given back (the rest are pinned or this prompt's own); nothing changed")
-
-    def _make_room(self, plan: _GroupCommit) -> None:
-        group, core = plan.group, self.core
-        if plan.replaced.size:
-            core.fire(group.name, plan.replaced, Event.INVALIDATE)
-            waiting = core.reclaimable(group.name)
-            core.fire(group.name, waiting[np.isin(waiting, plan.replaced)], Event.FREE)
-        self.give_back(group.name, plan.fresh.size - group.pools[Tier.DEVICE].free, plan.kept)
-
+    @_locked
     def give_back(self, group: str, count: int, keep: ArrayLike = ()) -> int:
         """Free up to ``count`` device slots of ``group``: unpinned invalid blocks first, then
         the least recently used unpinned ones, spilled a tier down where there is room (still
         a hit, restorable), else evicted; never a block of ``keep``. Returns the blocks given
         back (commit uses it for room; a restore executor can too)."""
-        if count <= 0:
-            return 0
-        core = self.core
-        state = core.group(group)
-        candidates = core.eviction_candidates(group, state.n_blocks)
-        chosen = candidates[~np.isin(candidates, np.asarray(keep, dtype=np.intp))][:count]
-        invalid = np.isin(chosen, core.reclaimable(group))
-        core.fire(group, chosen[invalid], Event.FREE)
-        readable = chosen[~invalid]
-        # To host where there is room, host's oldest moving on to disk (never one of keep).
-        spilled = self._stored.spill_from_device(group, readable, keep)
-        core.fire(group, readable[~spilled], Event.EVICT)
-        return int(chosen.size)
-
-    def _write(self, plan: _GroupCommit, prompt: Prompt) -> NDArray[np.intp]:
-        group, core, fresh = plan.group, self.core, plan.fresh
-        if not fresh.size:
-            return np.zeros(0, dtype=np.intp)
-        high, low = prompt.words(group.decl.block_size)
-        ids = core.allocate(group.name, fresh, high[fresh], low[fresh])
-        core.fire(group.name, ids, Event.WRITE_BEGIN)
-        if group.target is not None:
-            core.set_index_refs(group.name, ids, self._targets(group, prompt, fresh))
-        core.write(group.name, ids, plan.payload)
-        core.fire(group.name, ids, Event.WRITE_DONE)
-        return ids
-
-    def _settle(self, group: GroupState, prompt: Prompt) -> None:
-        """Fire the kind's settle events (compression) on the prompt's cached blocks whose
-        state has a row for them; pinned ones wait (masked fire)."""
-        if not group.rule.settle_events:
-            return
-        high, low = prompt.words(group.decl.block_size)
-        ids = self.core.lookup_words(group.name, high, low)
-        ids = ids[ids >= 0]
-        for event in group.rule.settle_events:
-            ready = ids[group.event_row(event)[group.states[ids]]]
-            if ready.size:
-                self.core.fire(group.name, ready, event, masked=True)
-
-    def _targets(self, group: GroupState, prompt: Prompt,
-                 index: NDArray[np.int64]) -> NDArray[np.int32]:
-        """For each index block, the most recent target blocks complete before its end."""
-        target = group.target
-        if target is None:
-            raise KvfsmError(f"{group.name}: not a sparse-index group")
-        top_k = group.refs_target.shape[1]
-        high, low = prompt.words(target.decl.block_size)
-        target_ids = self.core.lookup_words(target.name, high, low)
-        if not target_ids.size:
-            return np.full((index.size, top_k), NO_TARGET, dtype=np.int32)
-        # Row i: the top_k most recent cached targets complete before index block i ends,
-        # oldest first, packed to the front of the row.
-        complete = np.minimum((index + 1) * group.decl.block_size // target.decl.block_size,
-                              target_ids.size)
-        picks = complete[:, None] - top_k + np.arange(top_k)[None, :]
-        chosen = np.where(picks >= 0, target_ids[np.maximum(picks, 0)], NO_TARGET)
-        chosen = np.where(chosen >= 0, chosen, NO_TARGET)
-        order = np.argsort(chosen == NO_TARGET, axis=1, kind="stable")
-        refs: NDArray[np.int32] = np.take_along_axis(chosen, order, axis=1).astype(np.int32)
-        return refs
-
+        return self._committer.give_back(group, count, keep)

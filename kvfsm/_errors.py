@@ -75,3 +75,24 @@ class TokenError(KvfsmError, ValueError):
 class ForeignPromptError(KvfsmError):
     """A prompt was used with an engine (or a block size) it was not made for: its block hashes
     would never match that engine's cache, or it keeps none at the size asked for."""
+
+
+class LeaseLost(KvfsmError):
+    """A lease no longer guarantees the blocks its verdict called usable: it expired or was
+    released, or a leased block's content moved (its epoch changed), or it is no longer
+    readable in the form the kernel reads. ``group``, ``block``, ``old_epoch``, ``new_epoch``
+    and ``state`` name the first such block (None where the whole lease is gone)."""
+
+    def __init__(self, why: str, *, group: str | None = None, block: int | None = None,
+                 old_epoch: int | None = None, new_epoch: int | None = None,
+                 state: str | None = None) -> None:
+        self.why = why
+        self.group = group
+        self.block = block
+        self.old_epoch = old_epoch
+        self.new_epoch = new_epoch
+        self.state = state
+        where = "" if group is None else f"{group} block {block}: "
+        epochs = "" if old_epoch is None else f" (epoch {old_epoch} -> {new_epoch})"
+        now = "" if state is None else f" (now {state})"
+        super().__init__(f"lease lost: {where}{why}{epochs}{now}")

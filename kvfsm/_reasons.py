@@ -44,3 +44,6 @@ class Reason(enum.Enum):
     PROMPT_END = "prompt_end"
     #: Speculative decoding asked to recompute the last reusable block.
     SPEC_DECODE_DROP = "spec_decode_drop"
+    #: The usable prefix or restore plan does not fit the active captured graph's signature
+    #: (block count, tier, layout, dtype, page size, alignment): run eagerly, or re-plan.
+    GRAPH_MISMATCH = "graph_mismatch"

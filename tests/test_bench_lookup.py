@@ -11,7 +11,8 @@ from kvfsm.bench import bench_lookup
 from kvfsm.cli import main
 
 KEYS = ("tokens", "lookup_ms_median", "baseline_ms_median", "ratio_baseline_vs_lookup",
-        "hash_ms_median")
+        "hash_ms_median", "lookup_ms_median_engine", "lookup_ms_median_metrics_log",
+        "lookup_ms_median_observed")
 
 
 def test_bench_lookup_figures() -> None:
@@ -23,6 +24,19 @@ def test_bench_lookup_figures() -> None:
     assert figures["usable_tokens"] == 4096  # the committed prompt is reusable up to its end
     assert figures["ratio_baseline_vs_lookup"] == pytest.approx(
         figures["baseline_ms_median"] / figures["lookup_ms_median"])
+    assert figures["observability_overhead"] == pytest.approx(
+        figures["lookup_ms_median_observed"] / figures["lookup_ms_median_engine"] - 1)
+    assert figures["metrics_log_overhead"] == pytest.approx(
+        figures["lookup_ms_median_metrics_log"] / figures["lookup_ms_median_engine"] - 1)
+
+
+def test_bench_lookup_without_prometheus_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
+    figures = bench_lookup(tokens=1024, repeat=1)
+    assert figures["lookup_ms_median_observed"] is None
+    assert "prometheus-client" in str(figures["observed_skipped"])
 
 
 def test_cli_bench_lookup_json(capsys: pytest.CaptureFixture[str]) -> None:

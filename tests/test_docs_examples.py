@@ -1,5 +1,5 @@
-"""docs/state-core.md and docs/verdict.md stay true: their Python blocks run, and the
-invariant tables are the code's."""
+"""The docs stay true: the Python blocks of state-core.md, verdict.md, gates.md, leases.md and
+observability.md run, and the invariant tables are the code's."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def test_the_doc_has_python_examples() -> None:
     assert len(BLOCK.findall(_text())) >= 5
 
 
-@pytest.mark.parametrize("doc", [DOC, DOC.with_name("verdict.md")], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", [DOC, *(DOC.with_name(name) for name in (
+    "verdict.md", "gates.md", "leases.md", "observability.md"))], ids=lambda p: p.name)
 def test_python_blocks_run_in_order(doc: Path) -> None:
     # One namespace, as a reader pasting them into one session would have.
     namespace: dict[str, object] = {"__name__": "doc"}

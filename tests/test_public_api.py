@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import kvfsm
 import kvfsm.fsm
+import kvfsm.gates
 import kvfsm.kinds
 import kvfsm.memory
+import kvfsm.obs
 import kvfsm.spec
 import kvfsm.state
 import kvfsm.verify
@@ -38,6 +40,9 @@ EXPECTED = {
     "StateCore", "StateError", "explore_core", "load_model", "shipped_models",
     "DeviceProfile", "Engine", "Level", "Prompt", "Reason", "Verdict", "VerifyPolicy",
     "BlockInfo", "ForeignPromptError", "TokenError",
+    "Lease", "LeaseLost",
+    "GraphSignature", "GroupSignature", "SignatureError",
+    "EngineMetrics", "EventLog",
 }
 
 
@@ -48,7 +53,8 @@ def test_top_level_surface() -> None:
 
 
 def test_subpackages_export_what_they_list() -> None:
-    for module in (kvfsm.fsm, kvfsm.spec, kvfsm.state, kvfsm.memory, kvfsm.verify, kvfsm.kinds):
+    for module in (kvfsm.fsm, kvfsm.spec, kvfsm.state, kvfsm.memory, kvfsm.verify, kvfsm.kinds,
+                   kvfsm.gates, kvfsm.obs):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
 
@@ -73,5 +79,7 @@ def test_errors_share_a_base() -> None:
         "InvariantViolation",
         "TokenError",
         "ForeignPromptError",
+        "LeaseLost",
+        "SignatureError",
     ):
         assert issubclass(getattr(kvfsm, name), kvfsm.KvfsmError)

@@ -463,3 +463,46 @@ def test_loads_that_hang_do_not_hold_up_a_spill(tmp_path: Path) -> None:
     assert {state_of(core, b) for b in cold} == {"disk"}
     assert {state_of(core, b) for b in loading} == {"device_disk"}
     assert core.check_invariants() == []
+
+
+# -- listeners --------------------------------------------------------------------------------
+
+
+class Heard:
+    """A restore listener that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, Tier, dict[str, int], int, float]] = []
+
+    def __call__(self, group: str, tier: Tier, outcomes: Any, nbytes: int,
+                 seconds: float) -> None:
+        self.told.append((group, tier, dict(outcomes), nbytes, seconds))
+
+
+def test_listeners_hear_each_batch_with_its_tier_outcomes_bytes_and_time(tmp_path: Path
+                                                                         ) -> None:
+    """Every batch of restores that ends is reported once: disk loads by load status with the
+    bytes made readable and the worker's seconds, host copies as OK with theirs."""
+    core = make_core()
+    inner = disk(tmp_path)
+    store = Doctored(inner)
+    with RestoreExecutor(core, {Tier.DISK: store}, workers=2) as ex:
+        heard = Heard()
+        ex.listeners.append(heard)
+        ids = stored(core, ex, inner, range(4))
+        store.bad, store.status = {ex.keys.keys(GROUP, ids[3:])[0]}, LoadStatus.CORRUPT
+        ex.submit(plan(core, ids)).wait(timeout=WAIT)
+        host = on_host(core, range(10, 12))
+        group = core.group(GROUP)
+        ex.submit([RestoreStep(GROUP, int(group.position[b]), int(b), "host", Tier.HOST,
+                               RESTORE) for b in host.tolist()])
+    from_disk = [t for t in heard.told if t[1] is Tier.DISK]
+    statuses: dict[str, int] = {}
+    for _, _, outcomes, _, seconds in from_disk:
+        for name, count in outcomes.items():
+            statuses[name] = statuses.get(name, 0) + count
+        assert seconds > 0
+    assert statuses == {"OK": 3, "CORRUPT": 1}
+    assert sum(t[3] for t in from_disk) == 3 * WIDTH
+    (from_host,) = [t for t in heard.told if t[1] is Tier.HOST]
+    assert from_host[:4] == (GROUP, Tier.HOST, {"OK": 2}, 2 * WIDTH) and from_host[4] > 0

@@ -237,6 +237,11 @@ def test_quick_demo_metrics_parse(quick: tuple[Path, dict[str, Any]]) -> None:
         assert families[name].type == "counter", name
         assert all(s.name == f"{name}_total" for s in families[name].samples), name
     assert families["kvfsm_max_logit_diff"].type == "gauge"
+    # The kvfsm-mode engines' own metrics, beside the demo's figures.
+    for name in ("kvfsm_engine_lookups", "kvfsm_engine_hit_tokens", "kvfsm_engine_restores",
+                 "kvfsm_engine_transitions", "kvfsm_engine_shortfalls"):
+        assert families[name].type == "counter", name
+    assert families["kvfsm_engine_restore_duration_seconds"].type == "histogram"
 
     def value(name: str, **labels: str) -> float:
         return sum(s.value for s in families[name].samples
@@ -256,6 +261,12 @@ def test_quick_demo_metrics_parse(quick: tuple[Path, dict[str, Any]]) -> None:
         assert value("kvfsm_restores", model=model_type, workload="faulted") == sum(
             r["count"] for r in m["restores"])
         assert value("kvfsm_lookups", **run) >= m["requests"]
+    engine_lookups = sum(s.value for s in families["kvfsm_engine_lookups"].samples
+                         if s.name == "kvfsm_engine_lookups_total")
+    assert engine_lookups == sum(s.value for s in families["kvfsm_lookups"].samples
+                                 if s.labels["mode"] == "kvfsm")
+    tiers = {s.labels["tier"] for s in families["kvfsm_engine_restores"].samples}
+    assert "host" in tiers
     restores = families["kvfsm_restores"].samples
     assert restores and set(restores[0].labels) == {"model", "workload", "kind", "tier",
                                                     "outcome", "status"}

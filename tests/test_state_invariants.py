@@ -189,6 +189,12 @@ def _stack_a_live_block_as_free(s: Sound) -> str:
     return "swa"
 
 
+def _count_a_restore_that_is_not_running(s: Sound) -> str:
+    group = s.group("history")
+    group._restoring += 1  # a plain counter, not an array: written behind the core's back
+    return "history"
+
+
 #: Per invariant of CORE_INVARIANTS: seed exactly its fault, return the group seeded.
 SEEDS: dict[str, Callable[[Sound], str]] = {
     "lifecycle": _pin_a_free_block,
@@ -200,6 +206,7 @@ SEEDS: dict[str, Callable[[Sound], str]] = {
     "dependents_exact": _unlink_a_reference_from_the_reverse_map,
     "sub_blocks_complete": _forget_a_sub_block_of_a_complete_block,
     "free_ids_exact": _stack_a_live_block_as_free,
+    "restores_counted": _count_a_restore_that_is_not_running,
 }
 
 
@@ -284,3 +291,13 @@ def test_restore_done_accepts_an_intact_host_copy_and_reads_back_the_same_bytes(
     assert core.group("attn").machine.state_of(block) == "device"
     assert np.array_equal(core.read("attn", [block]), payload)
     assert core.check_invariants() == []
+
+
+def test_core_wide_restore_budget_must_count_the_restoring_blocks() -> None:
+    """The core-wide budget's counts are the groups' restoring blocks and their bytes; a count
+    moved behind the core's back is reported."""
+    sound = _sound()
+    assert sound.core.check_invariants() == []
+    sound.core.restore_budget.moved(1, 4096)
+    problems = sound.core.check_invariants()
+    assert any(p.startswith("*: restore_budget: ") for p in problems), problems

@@ -308,6 +308,19 @@ def test_spec_decode_drop_is_applied_once() -> None:
     assert verdict.usable_tokens == 144
 
 
+def test_graph_mismatch() -> None:
+    """A captured graph reading at most 4 blocks: the 10-block prefix is usable eagerly, not
+    replayable (every dimension is tested in tests/test_gates_graph.py)."""
+    from kvfsm.gates import GraphSignature
+
+    eng, text = _dense()
+    eng.register_graph(GraphSignature.of(eng.core, "decode", {"attn": 4}))
+    eng.activate_graph("decode")
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.GRAPH_MISMATCH)
+    assert verdict.usable_tokens == 160 and not eng.replayable(verdict)
+
+
 def test_every_reason_has_a_test() -> None:
     names = {name for name in globals() if name.startswith("test_")}
     for reason in Reason:

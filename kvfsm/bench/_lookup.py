@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
 import numpy as np
+from numpy.typing import NDArray
 
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
 from kvfsm._jit import settings as jit
 from kvfsm.bench._timing import Progress, ProgressFn, median_seconds
-from kvfsm.spec import shipped_models
+from kvfsm.obs import EngineMetrics, EventLog
+from kvfsm.spec import ModelDecl, shipped_models
 from kvfsm.state import CoreConfig
 from kvfsm.verify import Level, lookup
 
 
 def bench_lookup(
     *, tokens: int = 131_072, repeat: int = 41, progress: ProgressFn | None = None
-) -> dict[str, float | int | str]:
+) -> dict[str, float | int | str | None]:
     """Median lookup latency over the DeepSeek-style model (every group, every layer at FULL
     level minus data checksums; with checksums, and with the NumPy twins of the compiled
     kernels, reported too), against a baseline that walks each group's blocks one by one in
@@ -83,6 +90,8 @@ def bench_lookup(
 
     report.phase("hit-only baseline walk")
     baseline_s = median_seconds(baseline, repeat=repeat, on_run=report.runs("hit-only baseline"))
+    report.phase("engine lookups with metrics, event log and leases on vs off")
+    observed = _observed(model, blocks, text, repeat, report)
     return {
         "model": model.name,
         "tokens": tokens,
@@ -94,4 +103,66 @@ def bench_lookup(
         "baseline_ms_median": baseline_s * 1e3,
         "ratio_baseline_vs_lookup": baseline_s / lookup_s,
         "hash_ms_median": hash_s * 1e3,
+        **observed,
     }
+
+
+def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: int,
+              report: Progress) -> dict[str, float | str | None]:
+    """``Engine.lookup`` (STANDARD level: the data checksums were verified by a first FULL
+    lookup) on two engines holding the same prompt, one plain, one with Prometheus metrics
+    and a JSONL event log attached: each lookup alone, and with a lease taken on its verdict,
+    validated and released (what a serving step does before the kernel reads). Runs of the
+    three alternate, so a noisy machine disturbs them alike; medians."""
+    try:
+        from prometheus_client import CollectorRegistry
+    except ImportError:
+        return dict.fromkeys(_OBSERVED_KEYS, None) | {
+            "observed_skipped": 'prometheus-client is not installed (pip install "kvfsm[metrics]")'}
+    config = CoreConfig(device_blocks=blocks, host_blocks=0, backend="numpy")
+    plain = Engine(model, config)
+    with tempfile.TemporaryDirectory(prefix="kvfsm-bench-lookup-") as root, \
+            EventLog(Path(root) / "events.jsonl") as log:
+        seen = Engine(model, config, metrics=EngineMetrics(CollectorRegistry()), event_log=log)
+        prompts = {}
+        for engine in (plain, seen):
+            prompts[id(engine)] = prompt = engine.prompt(text)
+            engine.commit(prompt)
+            engine.lookup(prompt, level=Level.FULL)  # checksums verified: STANDARD skips them
+
+        def off() -> None:
+            plain.lookup(prompts[id(plain)], level=Level.STANDARD)
+
+        def on() -> None:
+            seen.lookup(prompts[id(seen)], level=Level.STANDARD)
+
+        def on_leased() -> None:
+            prompt = prompts[id(seen)]
+            with seen.lease(seen.lookup(prompt, level=Level.STANDARD), prompt) as lease:
+                lease.validate()
+
+        runs: dict[str, list[float]] = {"off": [], "on": [], "leased": []}
+        paths = (("off", off), ("on", on), ("leased", on_leased))
+        for _, run in paths:
+            run()
+        tell = report.runs("observed lookups")
+        for done in range(1, repeat + 1):
+            for name, run in paths:
+                start = time.perf_counter()
+                run()
+                runs[name].append(time.perf_counter() - start)
+            tell(done, repeat)
+        seen.close()
+    plain.close()
+    off_s, on_s, leased_s = (statistics.median(runs[name]) for name in ("off", "on", "leased"))
+    return {
+        "lookup_ms_median_engine": off_s * 1e3,
+        "lookup_ms_median_metrics_log": on_s * 1e3,
+        "lookup_ms_median_observed": leased_s * 1e3,
+        "metrics_log_overhead": on_s / off_s - 1,
+        "observability_overhead": leased_s / off_s - 1,
+    }
+
+
+_OBSERVED_KEYS = ("lookup_ms_median_engine", "lookup_ms_median_metrics_log",
+                  "lookup_ms_median_observed", "metrics_log_overhead", "observability_overhead")

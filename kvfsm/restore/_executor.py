@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import contextlib
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -30,7 +32,7 @@ from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
 from kvfsm.fsm import INVALID
-from kvfsm.restore._keys import KeyMaker
+from kvfsm.restore._keys import KeyFields, KeyMaker
 from kvfsm.spec import Event, Tier
 from kvfsm.state import StateCore
 from kvfsm.tiers import BlockKey, LoadResult, LoadStatus, StoredTier
@@ -39,6 +41,12 @@ from kvfsm.verify import RestoreStep
 IdArray = NDArray[np.intp]
 #: ``(group, count, keep)``: give back up to ``count`` device slots, never a block of ``keep``.
 MakeRoom = Callable[[str, int, IdArray], int]
+
+#: Told of every batch of restores that ended (caller's thread, under the lock): the group, the
+#: tier the copies came from, how many ended how (load status names; ``OK``: made readable),
+#: the payload bytes made readable and the seconds the copies took.
+RestoreListener = Callable[[str, Tier, Mapping[str, int], int, float], None]
+
 
 #: Per block of a store job: the target tier holds it now; its source copy is gone for good.
 _Stored = tuple[NDArray[np.bool_], NDArray[np.bool_]]
@@ -75,6 +83,8 @@ class _Load:
     staged: bool
     then: tuple[Event, ...]
     future: cf.Future[LoadResult]
+    #: Seconds the worker spent on the load (set by the worker when it ends).
+    seconds: list[float] = attrs.field(factory=lambda: [0.0])
     settled: bool = False
     #: Tickets that report this load: the one that started it and any submitted while it ran
     #: whose plan named its blocks.
@@ -126,27 +136,33 @@ class RestoreTicket:
     def record(self, load: _Load, restored: IdArray, failed: IdArray, lost: IdArray,
                result: LoadResult) -> None:
         before = self._outcomes.get(load.group, GroupOutcome(load.group))
-        statuses = collections.Counter(dict(before.statuses))
-        statuses.update(LoadStatus(int(s)).name for s in result.status.tolist())
+        statuses = dict(before.statuses)
+        counts = np.bincount(result.status, minlength=_STATUS_COUNT)
+        for value in np.flatnonzero(counts).tolist():
+            name = _STATUS_NAMES[value]
+            statuses[name] = statuses.get(name, 0) + int(counts[value])
         width = self._executor.core.group(load.group).decl.payload_bytes
         self._outcomes[load.group] = attrs.evolve(
             before, restored=(*before.restored, *restored.tolist()),
             failed=(*before.failed, *failed.tolist()), lost=(*before.lost, *lost.tolist()),
-            statuses=dict(statuses),
-            bytes_loaded=before.bytes_loaded + int(result.ok.sum()) * width)
+            statuses=statuses,
+            bytes_loaded=before.bytes_loaded + int(counts[LoadStatus.OK]) * width)
 
 
 class RestoreExecutor:
     """Runs restore plans and spills against ``core`` with the stored ``tiers``.
 
-    Drive it from the thread that drives the core (it fires there); ``workers`` threads do the
-    I/O. ``make_room`` gives back device slots before restores take them (the engine's
+    It fires on the caller's thread; ``workers`` threads do the I/O. ``lock``, where several
+    threads drive the core (the engine's lock), is held around everything that fires
+    (submits, settles in ``wait`` and ``poll``, spills), never while waiting for I/O.
+    ``make_room`` gives back device slots before restores take them (the engine's
     ``give_back``); without it a plan needing more slots than are free fails its
     ``restore_begin`` (``has_room``) and recomputes.
     """
 
     def __init__(self, core: StateCore, tiers: Mapping[Tier, StoredTier], *,
-                 workers: int = 2, make_room: MakeRoom | None = None) -> None:
+                 workers: int = 2, make_room: MakeRoom | None = None,
+                 lock: contextlib.AbstractContextManager[Any] | None = None) -> None:
         if workers < 1:
             raise KvfsmError(f"RestoreExecutor needs at least one worker, got {workers}")
         self.core = core
@@ -154,12 +170,16 @@ class RestoreExecutor:
         self.keys = KeyMaker(core)
         self._make_room = make_room
         self._workers = workers
+        self._lock: contextlib.AbstractContextManager[Any] = (
+            lock if lock is not None else contextlib.nullcontext())
         #: Worker threads per (tier, direction), made on first use: a tier whose loads hang
         #: (a slow or dead store) must not hold up loads from another tier, nor the spills
         #: that make room, which would wait behind it on a shared pool.
         self._pools: dict[tuple[Tier, str], cf.ThreadPoolExecutor] = {}
         #: Loads not yet settled (or settled by a ticket and not yet dropped by a poll).
         self._open: list[_Load] = []
+        #: Told of every batch of restores that ended (metrics, the admission gate).
+        self.listeners: list[RestoreListener] = []
 
     # -- restores --------------------------------------------------------------------------
 
@@ -173,10 +193,15 @@ class RestoreExecutor:
         is left to that load, which this ticket then reports too: nothing is fired on it here,
         since its slot must stay its own until the load ends. A block left restoring from a
         stored tier with no load running (begun by hand) gets its load now."""
+        with self._lock:
+            return self._submit(plan, keep)
+
+    def _submit(self, plan: Sequence[RestoreStep], keep: Mapping[str, Iterable[int]] | None
+                ) -> RestoreTicket:
         core = self.core
         running: dict[tuple[str, int], _Load] = {
             (load.group, block): load for load in self._open if not load.settled
-            for block in load.ids.tolist()}
+            for block in load.ids.tolist()} if self._open else {}
         joined: dict[int, _Load] = {}
         if self._make_room is not None:
             for name in sorted({step.group for step in plan}):
@@ -191,12 +216,14 @@ class RestoreExecutor:
         immediate: dict[str, list[int]] = collections.defaultdict(list)
         notes: list[str] = []
         for (group, path), steps in batches.items():
+            started = time.perf_counter()
             ids = np.array([step.block_id for step in steps], dtype=np.intp)
-            busy = np.array([(group, block) in running for block in ids.tolist()],
-                            dtype=np.bool_)
-            for block in ids[busy].tolist():
-                joined[id(running[group, block])] = running[group, block]
-            ids = ids[~busy]
+            if running:
+                busy = np.array([(group, block) in running for block in ids.tolist()],
+                                dtype=np.bool_)
+                for block in ids[busy].tolist():
+                    joined[id(running[group, block])] = running[group, block]
+                ids = ids[~busy]
             for position, event in enumerate(path):
                 if event is Event.RESTORE_DONE:
                     # Already restoring from a stored tier: done comes from its load only.
@@ -217,12 +244,21 @@ class RestoreExecutor:
                     loads += self._start_loads(group, ids[loading], path[position + 1:])
                     ids = ids[~loading]
             immediate[group] += ids.tolist()
+            if ids.size and Event.RESTORE_BEGIN in path:
+                width = core.group(group).decl.payload_bytes
+                self._tell(group, Tier.HOST, {"OK": int(ids.size)}, int(ids.size) * width,
+                           time.perf_counter() - started)
         ticket = RestoreTicket(self, [*loads, *joined.values()],
                                {g: tuple(v) for g, v in immediate.items()}, tuple(notes))
         for load in [*loads, *joined.values()]:
             load.tickets.append(ticket)
         self._open += loads
         return ticket
+
+    def _tell(self, group: str, tier: Tier, outcomes: Mapping[str, int], nbytes: int,
+              seconds: float) -> None:
+        for listener in self.listeners:
+            listener(group, tier, outcomes, nbytes, seconds)
 
     def _refused(self, group: str, ids: IdArray, event: Event) -> list[str]:
         state = self.core.group(group)
@@ -246,24 +282,27 @@ class RestoreExecutor:
             tier = Tier(tier_id)
             chosen = ids[residency == tier_id]
             store = self.tiers.get(tier)
-            # Rows and keys for the whole batch at once (each call validates its batch), then
-            # one worker task per chunk so reads overlap checksums on other cores.
+            # Rows and what the keys are made of for the whole batch at once (each call
+            # validates its batch), then one worker task per chunk, which builds its keys and
+            # loads, so reads overlap checksums on other cores and the first worker starts
+            # before the last key is made.
             rows: list[Any] = (list(np.empty((chosen.size, state.decl.payload_bytes), np.uint8))
                                if staged else core.restore_rows(group, chosen))
-            keys = self.keys.keys(group, chosen)
+            fields = self.keys.fields(group, chosen)
             per_task = min(-(-chosen.size // self._workers), CHUNK_BLOCKS)
             for start in range(0, chosen.size, per_task):
-                stop = start + per_task
-                part_keys, part_rows = keys[start:stop], rows[start:stop]
+                stop = min(start + per_task, chosen.size)
+                part_rows = rows[start:stop]
                 future: cf.Future[LoadResult]
+                seconds = [0.0]
                 if store is None:
                     future = cf.Future()
-                    future.set_result(_all(len(part_keys), LoadStatus.FAILED))
+                    future.set_result(_all(stop - start, LoadStatus.FAILED))
                 else:
                     future = self._workers_for(tier, "load").submit(
-                        store.load_into, part_keys, part_rows)
+                        _load, store, fields, start, stop, part_rows, seconds)
                 loads.append(_Load(group, tier, chosen[start:stop], part_rows, staged, then,
-                                   future))
+                                   future, seconds))
         return loads
 
     def settle(self, load: _Load) -> None:
@@ -273,15 +312,16 @@ class RestoreExecutor:
 
     def settle_all(self, loads: Iterable[_Load]) -> int:
         """Settle every finished load of ``loads``, one batch of fires per group and path
-        (caller's thread); returns how many were settled."""
-        ready: dict[tuple[str, tuple[Event, ...]], list[_Load]] = {}
-        for load in loads:
-            if not load.settled and load.future.done():
-                load.settled = True
-                ready.setdefault((load.group, load.then), []).append(load)
-        for (group, then), batch in ready.items():
-            self._settle_batch(group, then, batch)
-        return sum(len(batch) for batch in ready.values())
+        (caller's thread, under the lock); returns how many were settled."""
+        with self._lock:
+            ready: dict[tuple[str, tuple[Event, ...]], list[_Load]] = {}
+            for load in loads:
+                if not load.settled and load.future.done():
+                    load.settled = True
+                    ready.setdefault((load.group, load.then), []).append(load)
+            for (group, then), batch in ready.items():
+                self._settle_batch(group, then, batch)
+            return sum(len(batch) for batch in ready.values())
 
     def _settle_batch(self, group: str, then: tuple[Event, ...], loads: list[_Load]) -> None:
         core = self.core
@@ -294,36 +334,50 @@ class RestoreExecutor:
         ids = np.concatenate([load.ids for load in loads])
         status = np.concatenate([result.status for result in results])
         ok = status == LoadStatus.OK
-        lost_status = np.isin(status, _LOST)
-        good = ids[ok]
+        lost_status = _IS_LOST[status]
+        good_at = np.flatnonzero(ok)
+        good = ids[good_at]
         if good.size:
             staged = [row for load in loads if load.staged for row in load.rows]
             payload = np.stack(staged)[ok] if staged else None
             checksum = np.concatenate([result.checksum for result in results])[ok]
             core.record_loaded(group, good, checksum, payload, verified=payload is None)
         done = _fire(core, group, good, Event.RESTORE_DONE)
+        # What became of each block, by its place in ``ids``: failed (copy kept) unless below.
+        outcome = np.full(ids.size, _FAILED, dtype=np.uint8)
         # A copy that arrived whole and still failed restore_done's check is not trusted twice:
         # rolled back and forgotten, like a copy that is gone or bad for good.
-        rolled = np.concatenate([good[~done], ids[~ok]])
-        _fire(core, group, rolled, Event.RESTORE_FAIL)
-        lost = np.concatenate([good[~done], ids[~ok & lost_status]])
-        _fire(core, group, lost, Event.EVICT)
-        restored = good[done]
+        outcome[good_at[~done]] = _LOST_COPY
+        outcome[~ok & lost_status] = _LOST_COPY
+        _fire(core, group, np.concatenate([good[~done], ids[~ok]]), Event.RESTORE_FAIL)
+        _fire(core, group, ids[outcome == _LOST_COPY], Event.EVICT)
+        restored_at = good_at[done]
         for event in then:
             if event is not Event.RESTORE_DONE:
-                restored = restored[_fire(core, group, restored, event)]
-        failed = ids[~ok & ~lost_status]
+                restored_at = restored_at[_fire(core, group, ids[restored_at], event)]
+        outcome[good_at[done]] = _NEITHER  # done, but a later step of the path refused it
+        outcome[restored_at] = _RESTORED
+        start = 0
+        width = core.group(group).decl.payload_bytes
         for load, result in zip(loads, results, strict=True):
-            mine = load.ids
+            mine, codes = load.ids, outcome[start:start + load.ids.size]
+            start += load.ids.size
+            if self.listeners:
+                counts = np.bincount(result.status, minlength=_STATUS_COUNT)
+                made = int((codes == _RESTORED).sum())
+                self._tell(group, load.tier, {_STATUS_NAMES[value]: int(counts[value])
+                                              for value in np.flatnonzero(counts).tolist()},
+                           made * width, load.seconds[0])
             for ticket in load.tickets:
-                ticket.record(load, mine[np.isin(mine, restored)], mine[np.isin(mine, failed)],
-                              mine[np.isin(mine, lost)], result)
+                ticket.record(load, mine[codes == _RESTORED], mine[codes == _FAILED],
+                              mine[codes == _LOST_COPY], result)
 
     def poll(self) -> int:
         """Settle every load whose I/O has finished; returns how many loads were settled."""
-        settled = self.settle_all(self._open)
-        self._open = [load for load in self._open if not load.settled]
-        return settled
+        with self._lock:
+            settled = self.settle_all(self._open)
+            self._open = [load for load in self._open if not load.settled]
+            return settled
 
     @property
     def loads_in_flight(self) -> int:
@@ -337,6 +391,11 @@ class RestoreExecutor:
         wait: ``spill_begin``, the copies written by workers, ``spill_done`` where the tier
         holds them, ``spill_fail`` elsewhere. A source copy a relay (disk -> remote) found gone
         or bad for good is forgotten, as a restore would. Returns which blocks moved."""
+        with self._lock:
+            return self._store(group, ids, timeout)
+
+    def _store(self, group: str, ids: Iterable[int], timeout: float | None
+               ) -> NDArray[np.bool_]:
         core = self.core
         state = core.group(group)
         batch = np.fromiter(ids, dtype=np.intp)
@@ -418,6 +477,17 @@ def _put(into: StoredTier, keys: Sequence[BlockKey], rows: Sequence[Any],
     return np.asarray(into.put(keys, rows, sums), dtype=np.bool_), np.zeros(len(keys), np.bool_)
 
 
+def _load(store: StoredTier, fields: KeyFields, begin: int, end: int, rows: Sequence[Any],
+          seconds: list[float]) -> LoadResult:
+    """One worker task: build the keys of blocks ``[begin, end)`` of a batch and load them;
+    ``seconds[0]`` gets how long it took."""
+    started = time.perf_counter()
+    try:
+        return store.load_into(fields.build(begin, end), rows)
+    finally:
+        seconds[0] = time.perf_counter() - started
+
+
 def _relay(origin: StoredTier, into: StoredTier, keys: Sequence[BlockKey],
            width: int) -> _Stored:
     """Copy verified values from one stored tier to another (disk -> remote): which were
@@ -425,7 +495,7 @@ def _relay(origin: StoredTier, into: StoredTier, keys: Sequence[BlockKey],
     buffers = np.empty((len(keys), width), dtype=np.uint8)
     loaded = origin.load_into(keys, list(buffers))
     ok = loaded.ok
-    lost = np.isin(loaded.status, _LOST)
+    lost = _IS_LOST[loaded.status]
     stored = np.zeros(len(keys), dtype=np.bool_)
     if ok.any():
         chosen = np.flatnonzero(ok)
@@ -434,8 +504,14 @@ def _relay(origin: StoredTier, into: StoredTier, keys: Sequence[BlockKey],
     return stored, lost
 
 
-#: Load statuses that mean the stored copy is gone or bad for good.
-_LOST = np.array([int(s) for s in LoadStatus if s.lost], dtype=np.uint8)
+#: Per load status value: the stored copy is gone or bad for good.
+_IS_LOST = np.zeros(256, dtype=np.bool_)
+_IS_LOST[[int(s) for s in LoadStatus if s.lost]] = True
+_STATUS_COUNT = max(int(s) for s in LoadStatus) + 1
+_STATUS_NAMES = {int(s): s.name for s in LoadStatus}
+#: What became of a block a settle saw: readable, rolled back (copy kept), rolled back and
+#: forgotten (copy gone or bad), or done but refused by a later step of its path.
+_RESTORED, _FAILED, _LOST_COPY, _NEITHER = 0, 1, 2, 3
 
 
 def _fire(core: StateCore, group: str, ids: IdArray, event: Event) -> NDArray[np.bool_]:

@@ -31,6 +31,7 @@ import attrs
 
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
+from kvfsm.obs import EngineMetrics
 from kvfsm.serve._adapter import CacheAdapter, CacheAdapterError
 from kvfsm.serve._declare import declare
 from kvfsm.serve._loop import Mode, Request, Result, ServeLoop
@@ -98,6 +99,11 @@ POOLS: Final = Pools(64, 48, 16, 256)
 QUICK_POOLS: Final = Pools(16, 24, 8, 64)
 
 
+#: Prefix of the kvfsm-mode engines' metrics in the demo's ``metrics.prom`` (the demo's own
+#: figures are ``kvfsm_*``).
+ENGINE_METRICS_NAMESPACE = "kvfsm_engine"
+
+
 def require_serve_packages() -> None:
     """A :class:`KvfsmError` naming the install line when a package the demo needs is missing."""
     import importlib.util
@@ -115,14 +121,16 @@ def require_serve_packages() -> None:
 
 
 def engine_for(model_type: str, pools: Pools,
-               tiers: Mapping[Tier | str, StoredTier] | None = None, salt: str = "") -> Engine:
+               tiers: Mapping[Tier | str, StoredTier] | None = None, salt: str = "", *,
+               metrics: EngineMetrics | None = None) -> Engine:
     """An engine for the tiny ``model_type`` with ``pools``; disk and remote blocks only where
-    ``tiers`` gives a tier for them."""
+    ``tiers`` gives a tier for them; reporting to ``metrics`` where given."""
     from kvfsm.serve._tiny import tiny_config
 
     tiers = tiers or {}
     names = [name if isinstance(name, str) else name.spec_name for name in tiers]
-    return Engine(declare(tiny_config(model_type)), pools.config(names, salt), tiers=tiers)
+    return Engine(declare(tiny_config(model_type)), pools.config(names, salt), tiers=tiers,
+                  metrics=metrics)
 
 
 def stored_tiers_of(model: ModelDecl) -> tuple[Tier, ...]:
@@ -194,6 +202,9 @@ class DemoRun:
     #: The remote backend the run used (None: none) and the line saying why.
     remote: str | None = None
     remote_note: str = ""
+    #: What the kvfsm-mode engines reported (lookups, restores by kind, tier and outcome,
+    #: transitions, ...): exported beside the demo's own figures.
+    engine_metrics: EngineMetrics | None = None
 
 
 @contextlib.contextmanager
@@ -246,14 +257,16 @@ def _warm_up(model: Any, model_type: str, workload: Workload) -> None:
 
 def _run(model: Any, model_type: str, settings: DemoSettings, workload: Workload, name: str,
          mode: Mode, remote: RemoteStore | None, use_remote: bool,
-         tick: Callable[[], None]) -> tuple[Result, ...]:
+         tick: Callable[[], None], metrics: EngineMetrics | None = None
+         ) -> tuple[Result, ...]:
     """One run on a fresh engine with its own stored tiers (closed and removed afterwards),
     its state invariants checked at the end."""
     if mode == "nocache":
         return _serve(model, None, workload, mode, False, tick)
     with engine_tiers(remote, use_remote=use_remote) as tiers:
         engine = engine_for(model_type, settings.pools, tiers,
-                            namespace(model_type, name, mode))
+                            namespace(model_type, name, mode),
+                            metrics=metrics if mode == "kvfsm" else None)
         try:
             results = _serve(model, engine, workload, mode, name == "faulted", tick)
         finally:
@@ -266,9 +279,10 @@ def _run(model: Any, model_type: str, settings: DemoSettings, workload: Workload
 
 
 def run_model(model_type: str, settings: DemoSettings, progress: Progress | None = None, *,
-              remote: RemoteStore | None = None) -> ModelRun:
+              remote: RemoteStore | None = None,
+              metrics: EngineMetrics | None = None) -> ModelRun:
     """One model's part of the demo (see the module docstring), its engines given the running
-    ``remote`` store (None: disk only)."""
+    ``remote`` store (None: disk only), its kvfsm-mode engines reporting to ``metrics``."""
     from kvfsm.serve._tiny import tiny_model
 
     start = time.perf_counter()
@@ -286,7 +300,7 @@ def run_model(model_type: str, settings: DemoSettings, progress: Progress | None
                 progress(model_type, name, mode)
 
         runs[(name, mode)] = _run(model, model_type, settings, workload, name, mode, remote,
-                                  use_remote, tick)
+                                  use_remote, tick, metrics)
     groups = tuple((decl.name, decl.kind.value) for decl in declared.groups)
     return ModelRun(model_type, groups, workload, settings.pools,
                     tuple(t.spec_name for t in tiers), MappingProxyType(runs),
@@ -297,9 +311,12 @@ def run_demo(settings: DemoSettings, *, progress_bar: bool | None = None) -> Dem
     """Every served model of ``settings.models``, with the remote store of ``settings.remote``
     started first and stopped at the end (also on an error or Ctrl-C); a tqdm progress bar on
     stderr (``None``: only when stderr is a terminal)."""
+    from prometheus_client import CollectorRegistry
     from tqdm import tqdm
 
     start = time.perf_counter()
+    # The engines' own metrics, under their own prefix beside the demo's figures.
+    metrics = EngineMetrics(CollectorRegistry(), namespace=ENGINE_METRICS_NAMESPACE)
     backend, note = choose_remote(settings.remote)
     served, skipped = served_models(settings.models)
     per_model = len(RUNS) * len(demo_workload(engine_for(served[0], Pools(1, 0)).model,
@@ -315,6 +332,7 @@ def run_demo(settings: DemoSettings, *, progress_bar: bool | None = None) -> Dem
             bar.update()
 
         for model_type in served:
-            results.append(run_model(model_type, settings, progress, remote=remote))
+            results.append(run_model(model_type, settings, progress, remote=remote,
+                                     metrics=metrics))
     return DemoRun(tuple(results), MappingProxyType(skipped), time.perf_counter() - start,
-                   backend, note)
+                   backend, note, metrics)

@@ -756,6 +756,8 @@ def metrics_text(demo: DemoRun) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DemoCollector())
     data: bytes = generate_latest(registry)
+    if demo.engine_metrics is not None:  # what the kvfsm engines themselves counted
+        data += demo.engine_metrics.exposition()
     return data
 
 

@@ -1,5 +1,6 @@
 """The logical line: per-group metadata arrays, prefix identity, and the core that owns them."""
 
+from kvfsm.state._budget import RestoreBudget
 from kvfsm.state._core import BlockInfo, CoreConfig, InvariantViolation, StateCore
 from kvfsm.state._explore import CoreCheckResult, CoreViolation, explore_core
 from kvfsm.state._group import (
@@ -29,6 +30,7 @@ __all__ = [
     "GroupState",
     "InvariantViolation",
     "PrefixHashes",
+    "RestoreBudget",
     "StateCore",
     "StateError",
     "core_problems",

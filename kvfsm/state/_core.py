@@ -28,16 +28,19 @@ from kvfsm.spec import (
     shipped_lifecycles,
 )
 from kvfsm.spec._vocabulary import DISCOVER_EVENT, STORED_TIERS
+from kvfsm.state._budget import RestoreBudget
 from kvfsm.state._group import (
     FAILED,
     NO_TARGET,
     UNCHECKED,
     VERIFIED,
+    CoreObserver,
     GroupState,
     IdArray,
     StateError,
 )
 from kvfsm.state._hashing import hash_seed, join_words
+from kvfsm.state._scratch import Scratch
 
 #: The low 64-bit word of a 128-bit key.
 _WORD = (1 << 64) - 1
@@ -60,6 +63,13 @@ def _count(minimum: int) -> Callable[[object, attrs.Attribute[int], int], None]:
             raise KvfsmError(f"CoreConfig.{attribute.name} must be >= {minimum}, got {value}")
 
     return check
+
+
+def _optional_count(instance: object, attribute: attrs.Attribute[int | None],
+                    value: int | None) -> None:
+    """attrs validator: None (no cap) or an ``int`` >= 0."""
+    if value is not None:
+        _count(0)(instance, attribute, value)  # type: ignore[arg-type]
 
 
 def _check_per_group(instance: object,
@@ -92,7 +102,12 @@ class CoreConfig:
     remote_blocks: int = attrs.field(default=0, validator=_count(0))
     per_group: Mapping[str, Mapping[str, int]] = attrs.field(factory=dict,
                                                              validator=_check_per_group)
+    #: Blocks per group that may be restoring at once (the ``admission_open`` guard).
     max_restores_in_flight: int = attrs.field(default=64, validator=_count(0))
+    #: Core-wide caps on restores in flight, in blocks and in payload bytes, across every
+    #: group (None: no cap); the admission gate moves them at run time (see RestoreBudget).
+    max_restore_ops: int | None = attrs.field(default=None, validator=_optional_count)
+    max_restore_bytes: int | None = attrs.field(default=None, validator=_optional_count)
     cache_salt: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     backend: str = attrs.field(default="auto", validator=_check_backend)
 
@@ -152,6 +167,14 @@ class StateCore:
         host_backend = NumpyBackend()
         self.seed = hash_seed(model.name, model.layout_version, self.config.cache_salt)
         self._tick = 0
+        #: Told of every moved batch and reported read (shared with every group).
+        self._observers: list[CoreObserver] = []
+        #: Restores in flight across the groups and their caps (shared with every group).
+        self.restore_budget = RestoreBudget(self.config.max_restore_ops,
+                                            self.config.max_restore_bytes)
+        # Working arrays for O(ids) set operations, sized for the largest group, made on use.
+        largest = max(sum(self.config.slots(decl.name).values()) for decl in model.groups)
+        self._scratch = Scratch(largest)
         groups: dict[str, GroupState] = {}
         for decl in model.groups:
             table = compile_lifecycle(known[decl.lifecycle])
@@ -183,6 +206,9 @@ class StateCore:
                 max_restores_in_flight=self.config.max_restores_in_flight,
                 dependents=self._dependents_of(decl.name),
                 stored=stored,
+                observers=self._observers,
+                budget=self.restore_budget,
+                scratch=self._scratch,
             )
         for state in groups.values():
             if state.decl.target_group is not None:
@@ -303,6 +329,34 @@ class StateCore:
                              f"the block's identity, rather than firing {ev.spec_name!r}")
         batch = self._ids(state, ids, unique=False)  # the machine refuses repeats itself
         return state.machine.fire_batch(batch, ev, masked=masked)
+
+    # -- observers -------------------------------------------------------------------------
+
+    def add_observer(self, observer: CoreObserver) -> None:
+        """Tell ``observer`` of every batch that moves from now on, whoever fires it (and of
+        every read reported by :meth:`record_read`), in the order they happen."""
+        if any(known is observer for known in self._observers):
+            raise KvfsmError(f"{self.model.name}: observer {observer!r} is already attached")
+        self._observers.append(observer)
+
+    def remove_observer(self, observer: CoreObserver) -> None:
+        """Stop telling ``observer``; an observer not attached is an error."""
+        for index, known in enumerate(self._observers):
+            if known is observer:
+                del self._observers[index]
+                return
+        raise KvfsmError(f"{self.model.name}: observer {observer!r} is not attached")
+
+    def record_read(self, group: str, ids: ArrayLike) -> None:
+        """Tell the observers that ``ids`` were read at their current epochs. Nothing changes
+        and nothing is checked here beyond the ids: an event-log replay checks that they
+        were readable at those epochs."""
+        state = self.group(group)
+        batch = self._ids(state, ids, unique=False)
+        if self._observers and batch.size:
+            read, epochs = batch.copy(), state.epoch[batch]
+            for observer in self._observers:
+                observer.read(group, read, epochs)
 
     def _dependents_of(self, group: str) -> Callable[[IdArray], None]:
         def invalidate(ids: IdArray) -> None:
@@ -446,7 +500,7 @@ class StateCore:
         self._require(state, batch, state.table.readable, "pin")
         targets = self._index_targets(state, batch)
         if state.target is not None and targets.size:
-            self._require(state.target, np.unique(targets), state.target.table.readable,
+            self._require(state.target, targets, state.target.table.readable,
                           "pin (as index targets)")
             state.target.add_pins(targets)  # checks its limit before any pin moves
         try:
@@ -465,7 +519,7 @@ class StateCore:
                              f"{batch[state.pins[batch] == 0][:8].tolist()}")
         targets = self._index_targets(state, batch)
         if state.target is not None and targets.size:
-            touched, held = np.unique(targets, return_counts=True)
+            touched, held = state.target.repeats(targets)
             short = touched[state.target.pins[touched] < held]
             if short.size:
                 # Someone unpinned a target this index still holds: refuse, never wrap.

@@ -14,7 +14,7 @@ so every fire, whoever makes it, keeps them exact.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,8 +25,10 @@ from kvfsm.kinds import rule_of
 from kvfsm.memory import SlotPool
 from kvfsm.spec import Call, Event, GroupDecl, Layout, Row, Tier
 from kvfsm.spec._vocabulary import STORED_TIERS
+from kvfsm.state._budget import RestoreBudget
 from kvfsm.state._dependents import Dependents
 from kvfsm.state._hashtable import BlockHashTable
+from kvfsm.state._scratch import Scratch
 
 IdArray = NDArray[np.intp]
 #: ``refs_target`` value of an unused index entry.
@@ -41,6 +43,19 @@ MAX_PINS: Final = int(np.iinfo(np.uint16).max)
 
 class StateError(KvfsmError):
     """An operation is not allowed in the current state of some blocks; nothing changed."""
+
+
+class CoreObserver(Protocol):
+    """Told of every batch of blocks that moved, right after it moved (refused ids never),
+    and of reads an engine reports (``StateCore.record_read``). The arrays are copies the
+    observer may keep; an observer must not raise, since the move has already happened."""
+
+    def moved(self, group: str, event: Event, ids: IdArray, before: NDArray[np.uint8],
+              after: NDArray[np.uint8], epochs: NDArray[np.uint32]) -> None:
+        """``ids`` moved on ``event`` from state ids ``before`` to ``after``, now at ``epochs``."""
+
+    def read(self, group: str, ids: IdArray, epochs: NDArray[np.uint32]) -> None:
+        """``ids`` were read at their current ``epochs`` (no state changed)."""
 
 
 def _read_only(array: NDArray[Any]) -> NDArray[Any]:
@@ -90,6 +105,9 @@ class GroupState:
         max_restores_in_flight: int,
         dependents: Callable[[IdArray], None],
         stored: Mapping[Tier, int] | None = None,
+        observers: list[CoreObserver] | None = None,
+        budget: RestoreBudget | None = None,
+        scratch: Scratch | None = None,
     ) -> None:
         self.decl = decl
         self.table = table
@@ -131,7 +149,13 @@ class GroupState:
         self.dependents: Dependents | None = None
         self._max_restores = max_restores_in_flight
         self._restoring = 0
+        #: Working arrays for set operations on ids (shared by the core's groups).
+        self.scratch = Scratch(n) if scratch is None else scratch
+        #: Restores in flight across the core's groups and their caps (shared by its groups).
+        self.budget = RestoreBudget() if budget is None else budget
         self._dependents = dependents
+        # The core's observer list, shared by all its groups (empty: one `if` per move).
+        self._observers = [] if observers is None else observers
         self.machine = Machine(table, n, guards=self._guards(), effects=self._effects(),
                                name=f"group {decl.name!r} ({table.name})",
                                on_moved=self._on_moved)
@@ -193,8 +217,11 @@ class GroupState:
         return self._restoring
 
     def restore_budget(self) -> int:
-        """Restores the admission gate lets begin now."""
-        return max(self._max_restores - self.restores_in_flight(), 0)
+        """Restores the admission gate lets begin now: the least of this group's own cap and
+        the core-wide room in operations and bytes (:class:`RestoreBudget`)."""
+        own = max(self._max_restores - self.restores_in_flight(), 0)
+        shared = self.budget.room(self.decl.payload_bytes)
+        return own if shared is None else min(own, shared)
 
     def _admission_open(self, ids: IdArray, call: Call) -> NDArray[np.bool_]:
         return np.arange(ids.shape[0]) < self.restore_budget()
@@ -307,13 +334,23 @@ class GroupState:
         blocks, initial = self._blocks, self.table.initial
         after = self.states[ids]
         restoring = self.table.restoring
-        self._restoring += int(restoring[after].sum()) - int(restoring[before].sum())
-        now_free = after == initial
-        if event is Event.ALLOCATE or not now_free.all():
-            self._left_free(ids[~now_free])
-        entered = ids[now_free]
+        entered_restoring = int(restoring[after].sum()) - int(restoring[before].sum())
+        if entered_restoring:
+            self._restoring += entered_restoring
+            self.budget.moved(entered_restoring, self.decl.payload_bytes)
+        # Only ids that crossed the free boundary touch the stack: a batch moving between two
+        # other states (a restore, a spill) costs nothing here, whatever the pool's size.
+        was_free, now_free = before == initial, after == initial
+        left = was_free & ~now_free
+        if left.any():
+            self._left_free(ids[left])
+        entered = ids[now_free & ~was_free]
         blocks.free_ids[blocks.free_top : blocks.free_top + entered.size] = entered
         blocks.free_top += entered.size
+        if self._observers:
+            moved, epochs = ids.copy(), blocks.epoch[ids]
+            for observer in self._observers:
+                observer.moved(self.name, event, moved, before, after, epochs)
 
     def _left_free(self, ids: IdArray) -> None:
         """Take ids that left the free state off the stack."""
@@ -375,12 +412,26 @@ class GroupState:
         """``count`` more readers hold each of ``ids`` (repeats add up); never wraps."""
         pins = self._blocks.pins
         if count > 0:
-            touched, held = np.unique(ids, return_counts=True)
+            touched, held = self.repeats(ids)
             if (pins[touched].astype(np.int64) + held * count > MAX_PINS).any():
                 raise StateError(f"{self.name}: more than {MAX_PINS} pins on one block")
             np.add.at(pins, ids, np.uint16(count))
         else:
             np.subtract.at(pins, ids, np.uint16(-count))
+
+    # -- sets of ids in O(ids) (the core's scratch arrays, no sort) ---------------------------
+
+    def distinct(self, ids: IdArray) -> IdArray:
+        """``ids`` without repeats (index targets repeat a lot)."""
+        return self.scratch.distinct(ids)
+
+    def repeats(self, ids: IdArray) -> tuple[IdArray, NDArray[np.int32]]:
+        """The distinct ``ids`` and how often each occurs."""
+        return self.scratch.repeats(ids)
+
+    def without(self, ids: IdArray, drop: IdArray) -> IdArray:
+        """``ids`` less those in ``drop``."""
+        return self.scratch.without(ids, drop)
 
     def touch(self, ids: IdArray, tick: int) -> None:
         self._blocks.last_use[ids] = tick

@@ -127,6 +127,12 @@ def _free_ids_exact(group: GroupState) -> list[str]:
     return [] if np.array_equal(stacked, free) else ["free-id stack differs from free blocks"]
 
 
+def _restores_counted(group: GroupState) -> list[str]:
+    restoring = int(group.table.restoring[group.states].sum())
+    return [] if restoring == group.restores_in_flight() else [
+        f"{restoring} blocks are restoring, the count says {group.restores_in_flight()}"]
+
+
 CORE_INVARIANTS: tuple[CoreInvariant, ...] = (
     CoreInvariant("lifecycle", "the exhaustive checker's invariants hold on the real counts",
                   _lifecycle_level),
@@ -146,7 +152,21 @@ CORE_INVARIANTS: tuple[CoreInvariant, ...] = (
                   _sub_blocks_complete),
     CoreInvariant("free_ids_exact", "the free-id stack holds exactly the free blocks",
                   _free_ids_exact),
+    CoreInvariant("restores_counted", "the admission gate's count of restores in flight is "
+                  "the number of blocks in restoring states", _restores_counted),
 )
+
+
+def _budget_exact(core: StateCore) -> list[str]:
+    """The core-wide restore budget counts exactly the groups' restoring blocks and bytes."""
+    budget = core.restore_budget
+    ops = sum(group.restores_in_flight() for group in core.groups.values())
+    nbytes = sum(group.restores_in_flight() * group.decl.payload_bytes
+                 for group in core.groups.values())
+    if (budget.ops, budget.bytes) == (ops, nbytes):
+        return []
+    return [f"*: restore_budget: counts {budget.ops} restores of {budget.bytes} bytes in "
+            f"flight, the groups hold {ops} of {nbytes}"]
 
 
 def core_problems(core: StateCore) -> list[str]:
@@ -156,4 +176,4 @@ def core_problems(core: StateCore) -> list[str]:
         for name, group in core.groups.items()
         for inv in CORE_INVARIANTS
         for problem in inv.problems(group)
-    ]
+    ] + _budget_exact(core)

@@ -235,6 +235,9 @@ class GroupEval:
         # The classic hit: hash presence only, under the kind's own rule (a sliding window
         # needs only its window, a recurrent group a snapshot at exactly L).
         self.hit = self._usable(found, found)
+        #: Per candidate length: restores the plan for it begins (kept only where the core-wide
+        #: restore budget has caps and the plan restores something; else None).
+        self.restores_asked: NDArray[np.int64] | None = None
         self.now = self._usable(self.now_raw, self.now_cmp)
         plan_changes_nothing = bool(np.array_equal(self.after_raw, self.now_raw)) and \
             bool(np.array_equal(self.after_cmp, self.now_cmp))
@@ -257,17 +260,21 @@ class GroupEval:
 
     def _admitted(self) -> Bools:
         """Per candidate length: the restores the plan needs there fit the group's admission
-        budget, so the verdict never offers a plan the gate would refuse."""
+        budget, so the verdict never offers a plan the gate would refuse. Where the core-wide
+        budget has caps, also keeps the restores asked per length (``restores_asked``) for the
+        lookup to add up over groups."""
         budget = self.group.restore_budget()
         states = np.where(self.found, self.group.states[np.where(self.found, self.ids, 0)], 0)
         restores_raw = ~self.now_raw & self.after_raw & self.paths.restores[Form.RAW][states]
         restores_cmp = ~self.now_cmp & self.after_cmp & \
             self.paths.restores[Form.COMPRESSED][states]
-        if int(restores_raw.sum()) + int(restores_cmp.sum()) <= budget:
+        total = int(restores_raw.sum()) + int(restores_cmp.sum())
+        if total == 0 or (total <= budget and not self.group.budget.capped):
             return np.ones(self.lengths.size, dtype=np.bool_)
         lo, cut, hi = self.spans.lo, self.spans.cut, self.spans.hi
         raw_count, cmp_count = _prefix(restores_raw), _prefix(restores_cmp)
         asked = raw_count[hi] - raw_count[cut] + cmp_count[cut] - cmp_count[lo]
+        self.restores_asked = asked
         admitted: Bools = asked <= budget
         return admitted
 

@@ -9,6 +9,7 @@ groups shrink each other's candidates.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
 from kvfsm.spec import Form, Layout, Tier
@@ -95,7 +96,7 @@ def lookup(
             kernel_layout=layouts.get(group.name), profile=profile,
             history=evals.get(target) if target else None, checksums=checksums)
     now = np.logical_and.reduce([e.now for e in evals.values()])
-    after = np.logical_and.reduce([e.after for e in evals.values()])
+    after = np.logical_and.reduce([e.after for e in evals.values()]) & _admitted(core, evals)
     usable_at, restorable_at = _largest(now), _largest(after)
     reasons: list[Shortfall] = []
     if drop_last_block and (usable_at > 0 or restorable_at > 0):
@@ -137,6 +138,25 @@ def lookup(
         prompt_tokens=prompt.n_tokens, hit_tokens=hit, usable_tokens=usable,
         restorable_tokens=restorable, recompute_from=usable, level=level,
         groups=groups, reasons=tuple(reasons), plan=plan, checks=checks)
+
+
+def _admitted(core: StateCore, evals: dict[str, GroupEval]) -> NDArray[np.bool_] | bool:
+    """Per candidate length: the restores every group's plan begins there fit, together, the
+    core-wide room in operations and bytes (each group checked its own share alone), so the
+    verdict never offers a plan the admission gate would refuse. True where nothing is capped
+    or at most one group restores."""
+    asking = [(e.restores_asked, e.decl.payload_bytes) for e in evals.values()
+              if e.restores_asked is not None]
+    budget = core.restore_budget
+    if len(asking) < 2 or not budget.capped:
+        return True
+    ops_room, bytes_room = budget.ops_room(), budget.bytes_room()
+    fits = np.ones(asking[0][0].size, dtype=np.bool_)
+    if ops_room is not None:
+        fits &= np.sum([asked for asked, _ in asking], axis=0) <= ops_room
+    if bytes_room is not None:
+        fits &= np.sum([asked * width for asked, width in asking], axis=0) <= bytes_room
+    return fits
 
 
 def _group_verdict(e: GroupEval, lengths: np.ndarray) -> GroupVerdict:

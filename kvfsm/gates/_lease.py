@@ -1,0 +1,364 @@
+"""Leases: the blocks a verdict called usable stay usable until the kernel has read them.
+
+A verdict is a snapshot. Between the check and the kernel's read a block can be evicted,
+spilled, compressed or reused; every such row bumps the block's epoch and is guarded by
+``no_pins``. A lease pins exactly the blocks the kernel reads at the verdict's
+``usable_tokens`` (per group, what the kind's rule needs there, in the form it needs them; an
+index pins its targets too) and records each one's ``(group, block, epoch)``, so
+:meth:`Lease.validate` right before a read proves that nothing it covers moved, and the pins
+make sure nothing could. Per group a lease holds a few arrays, never per-block objects.
+
+Leases expire (``ttl_s``, monotonic clock): a reader that died cannot hold blocks forever. The
+:class:`LeaseBook` that hands them out (one per engine) releases expired leases' pins whenever
+its owner calls :meth:`LeaseBook.reap` (the engine does at the start of every call), and
+counts the open ones so none leak. Pins move through the core's ``pin`` / ``unpin``; every
+lease operation takes the owner's lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+import attrs
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm._errors import KvfsmError, LeaseLost
+from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
+from kvfsm.state import FAILED, NO_TARGET, GroupState, StateCore, StateError
+from kvfsm.verify import Prompt, Verdict
+
+IdArray = NDArray[np.intp]
+
+#: Seconds a lease holds its pins unless released first: far longer than one kernel launch
+#: reads, short enough that a reader that died stops holding blocks soon.
+DEFAULT_LEASE_TTL_S: Final = 10.0
+
+
+@attrs.frozen(eq=False)
+class _Held:
+    """What one lease holds in one group: the blocks it pinned itself and every block whose
+    epoch it checks (those, plus index targets pinned through their index)."""
+
+    group: str
+    #: Blocks pinned directly, in prompt order, and their block indices in the prompt.
+    pinned: IdArray
+    index: NDArray[np.int64]
+    #: Blocks checked: ``pinned`` first, then targets of index blocks pointing here.
+    ids: IdArray
+    epochs: NDArray[np.uint32]
+
+
+class Lease:
+    """The blocks of one verdict, pinned and recorded at their epochs until released.
+
+    Use it as a context manager (released on every path) or call :meth:`release`, which may
+    be called any number of times. :meth:`validate` right before a read raises
+    :class:`~kvfsm.LeaseLost` unless every leased block is still at its epoch and readable in
+    the form the kernel reads; ``valid`` says the same as a bool.
+    """
+
+    def __init__(self, book: LeaseBook, tokens: int, held: tuple[_Held, ...],
+                 expires_at: float) -> None:
+        self._book = book
+        #: The prefix length the lease covers (the verdict's ``usable_tokens``).
+        self.tokens = tokens
+        #: When the lease expires, on the book's monotonic clock.
+        self.expires_at = expires_at
+        self._held = held
+        self._released = False
+        self._expired_on_release = False
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        return tuple(held.group for held in self._held)
+
+    def blocks(self, group: str) -> IdArray:
+        """The block ids of ``group`` the lease pinned (what the kernel reads), prompt order."""
+        return self._held_of(group).pinned.copy()
+
+    def indices(self, group: str) -> NDArray[np.int64]:
+        """The prompt block indices of :meth:`blocks` of ``group`` (block ``i`` covers tokens
+        ``[i * block_size, (i + 1) * block_size)``)."""
+        return self._held_of(group).index.copy()
+
+    def epochs(self, group: str) -> NDArray[np.uint32]:
+        """The epochs recorded for :meth:`blocks` of ``group``."""
+        held = self._held_of(group)
+        return held.epochs[: held.pinned.size].copy()
+
+    def _held_of(self, group: str) -> _Held:
+        for held in self._held:
+            if held.group == group:
+                return held
+        raise KvfsmError(f"no group {group!r} in this lease; groups: {list(self.groups)}")
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def expired(self) -> bool:
+        """Its ttl ran out (whether or not its pins were released yet)."""
+        return self._expired_on_release or (not self._released
+                                            and self._book.clock() >= self.expires_at)
+
+    @property
+    def valid(self) -> bool:
+        """Whether :meth:`validate` would pass now."""
+        try:
+            self.validate()
+        except LeaseLost:
+            return False
+        return True
+
+    def validate(self) -> None:
+        """Raise :class:`~kvfsm.LeaseLost` unless the lease is open, not expired, and every
+        block it covers is at the epoch recorded and readable in the form the kernel reads
+        (an expired lease's pins are released here too)."""
+        with self._book.lock:
+            try:
+                self._validate()
+            except LeaseLost as lost:
+                self._book.refused(lost)
+                raise
+            # The read about to happen, for the event log (replay checks its epochs).
+            core = self._book.core
+            for held in self._held:
+                if held.ids.size:
+                    core.record_read(held.group, held.ids)
+
+    def _validate(self) -> None:
+        if not self._released and self._book.clock() >= self.expires_at:
+            self.mark_expired()
+            self._book.drop(self)
+        if self._expired_on_release:
+            raise LeaseLost(f"the lease expired (its ttl ran out at {self.expires_at:.3f} "
+                            "on the monotonic clock) and its pins were released; look up "
+                            "again")
+        if self._released:
+            raise LeaseLost("the lease was released")
+        core = self._book.core
+        for held in self._held:
+            _check(core.group(held.group), held)
+
+    def release(self) -> None:
+        """Give back the lease's pins (idempotent; safe from any thread)."""
+        with self._book.lock:
+            self._book.drop(self)
+
+    def unpin(self, core: StateCore) -> None:
+        """Give back the pins (the book calls this once, under its lock). A block pinned by
+        this lease whose epoch moved anyway (something bypassed the pin) lost its pin with its
+        content: it is skipped, never unpinned under another owner."""
+        if self._released:
+            return
+        self._released = True
+        for held in self._held:
+            state = core.group(held.group)
+            count = held.pinned.size
+            still = state.epoch[held.pinned] == held.epochs[:count]
+            try:
+                core.unpin(held.group, held.pinned[still])
+            except StateError:
+                # Someone released pins behind the lease's back (an unbalanced unpin of an
+                # index's target): give back what can be, block by block (a rare path).
+                for block in held.pinned[still].tolist():
+                    with contextlib.suppress(StateError):
+                        core.unpin(held.group, [block])
+
+    def mark_expired(self) -> None:
+        self._expired_on_release = True
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        blocks = sum(held.pinned.size for held in self._held)
+        status = "released" if self._released else "open"
+        return f"Lease({self.tokens} tokens, {blocks} blocks pinned, {status})"
+
+
+def _check(state: GroupState, held: _Held) -> None:
+    """LeaseLost naming the first block of ``held`` whose epoch moved or that is no longer
+    readable. (Its form needs no check of its own: every row that changes a readable block's
+    form bumps its epoch.)"""
+    table = state.table
+    codes = state.states[held.ids]
+    epochs = state.epoch[held.ids]
+    moved = epochs != held.epochs
+    bad = moved | ~table.readable[codes]
+    if not bad.any():
+        return
+    first = int(np.flatnonzero(bad)[0])
+    why = "its content moved" if moved[first] else "it is no longer readable"
+    raise LeaseLost(why, group=state.name, block=int(held.ids[first]),
+                    old_epoch=int(held.epochs[first]), new_epoch=int(epochs[first]),
+                    state=table.state_name(int(codes[first])))
+
+
+class LeaseBook:
+    """Hands out the leases of one core and keeps the open ones (one per engine).
+
+    ``lock`` is the owner's lock (reentrant); every method takes it. ``clock`` is monotonic.
+    """
+
+    def __init__(self, core: StateCore, lock: threading.RLock | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.core = core
+        self.lock = lock if lock is not None else threading.RLock()
+        self.clock = clock
+        self._open: dict[int, Lease] = {}
+        #: Told of every refusal (a lease not granted, a validate that failed): metrics.
+        self.on_refusal: Callable[[LeaseLost], None] | None = None
+        #: The earliest expiry among open leases (reap does nothing before it).
+        self._next_expiry = float("inf")
+
+    def refused(self, lost: LeaseLost) -> None:
+        if self.on_refusal is not None:
+            self.on_refusal(lost)
+
+    @property
+    def open(self) -> int:
+        """Leases neither released nor expired-and-reaped."""
+        with self.lock:
+            return len(self._open)
+
+    def leases(self) -> tuple[Lease, ...]:
+        with self.lock:
+            return tuple(self._open.values())
+
+    def take(self, verdict: Verdict, prompt: Prompt, *,
+             ttl_s: float = DEFAULT_LEASE_TTL_S) -> Lease:
+        """Pin the blocks ``verdict`` called usable for ``prompt`` and record their epochs.
+
+        Raises :class:`~kvfsm.LeaseLost` (nothing pinned) where a block needed at
+        ``verdict.usable_tokens`` is no longer cached, readable in the form the kernel reads,
+        free of a failed checksum, or (an index) pointing at targets still at their epochs:
+        it changed since the lookup; look up again.
+        """
+        if not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not ttl_s > 0:
+            raise KvfsmError(f"lease ttl_s must be a number of seconds > 0, got {ttl_s!r}")
+        tokens = verdict.usable_tokens
+        if tokens > prompt.n_tokens:
+            raise KvfsmError(f"the verdict covers {tokens} tokens but the prompt has only "
+                             f"{prompt.n_tokens}: not this prompt's verdict")
+        with self.lock:
+            try:
+                needed = {name: _needed(state, prompt, tokens)
+                          for name, state in self.core.groups.items()}
+            except LeaseLost as lost:
+                self.refused(lost)
+                raise
+            # Per target group: the blocks the lease's index blocks point at.
+            targets: dict[str, list[IdArray]] = {}
+            for name, (ids, _) in needed.items():
+                group = self.core.group(name)
+                if group.target is not None:
+                    targets.setdefault(group.target.name, []).append(_targets(group, ids))
+            done: list[str] = []
+            try:
+                for name, (ids, _) in needed.items():
+                    if ids.size:
+                        self.core.pin(name, ids)
+                        done.append(name)
+            except Exception:
+                for name in done:
+                    self.core.unpin(name, needed[name][0])
+                raise
+            held = tuple(_record(self.core.group(name), ids, index, targets.get(name, []))
+                         for name, (ids, index) in needed.items())
+            lease = Lease(self, tokens, held, self.clock() + float(ttl_s))
+            self._open[id(lease)] = lease
+            self._next_expiry = min(self._next_expiry, lease.expires_at)
+            return lease
+
+    def drop(self, lease: Lease) -> None:
+        """Release ``lease``'s pins and forget it (idempotent)."""
+        with self.lock:
+            self._open.pop(id(lease), None)
+            lease.unpin(self.core)
+
+    def reap(self) -> int:
+        """Release every expired lease's pins; returns how many. O(1) before the earliest
+        expiry, so the engine calls it on every call."""
+        with self.lock:
+            now = self.clock()
+            if now < self._next_expiry:
+                return 0
+            expired = [lease for lease in self._open.values() if now >= lease.expires_at]
+            for lease in expired:
+                lease.mark_expired()
+                self.drop(lease)
+            self._next_expiry = min((lease.expires_at for lease in self._open.values()),
+                                    default=float("inf"))
+            return len(expired)
+
+    def release_all(self) -> int:
+        """Release every open lease (an engine closing); returns how many."""
+        with self.lock:
+            open_leases = list(self._open.values())
+            for lease in open_leases:
+                self.drop(lease)
+            self._next_expiry = float("inf")
+            return len(open_leases)
+
+
+def _needed(state: GroupState, prompt: Prompt, tokens: int
+            ) -> tuple[IdArray, NDArray[np.int64]]:
+    """The block ids the kernel reads in ``state``'s group at ``tokens`` (the kind's rule:
+    ``[lo, cut)`` compressed, ``[cut, hi)`` raw) and their prompt block indices, or LeaseLost
+    naming the first that is no longer cached, readable in that form, or free of a failed
+    checksum. (An index whose targets moved was invalidated with them: not readable.)"""
+    decl = state.decl
+    need = state.rule.needed(decl, np.array([tokens], dtype=np.int64))
+    lo, cut, hi = int(need.lo[0]), int(need.cut[0]), int(need.hi[0])
+    high, low = prompt.words(decl.block_size)
+    if hi > high.size:
+        raise KvfsmError(f"{state.name}: the verdict needs {hi} blocks of this prompt, which "
+                         f"has {high.size}: not this prompt's verdict")
+    ids = state.hash_map.lookup(high[lo:hi], low[lo:hi])
+    index = np.arange(lo, hi, dtype=np.int64)
+    forms = np.where(index < cut, FORM_COMPRESSED, FORM_RAW).astype(np.int8)
+    gone = ids < 0
+    if gone.any():
+        first = int(np.flatnonzero(gone)[0])
+        raise LeaseLost(f"prompt block {lo + first} is no longer cached; look up again",
+                        group=state.name, block=-1)
+    codes = state.states[ids]
+    unreadable = ~state.table.readable[codes] | (state.table.form[codes] != forms)
+    bad = unreadable | (state.check[ids] == FAILED)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        why = "not readable in the form the kernel reads" if unreadable[first] else \
+            "a lookup saw it fail its checksum"
+        raise LeaseLost(f"no longer usable as the verdict said: {why}; look up again",
+                        group=state.name, block=int(ids[first]),
+                        state=state.table.state_name(int(codes[first])))
+    return ids.astype(np.intp), index
+
+
+def _targets(state: GroupState, ids: IdArray) -> IdArray:
+    """The distinct target blocks the index blocks ``ids`` point at (none for other kinds)."""
+    if state.target is None or not ids.size:
+        return np.zeros(0, dtype=np.intp)
+    refs = state.refs_target[ids].ravel()
+    return state.target.distinct(refs[refs != NO_TARGET].astype(np.intp))
+
+
+def _record(state: GroupState, pinned: IdArray, index: NDArray[np.int64],
+            targets: list[IdArray]) -> _Held:
+    """The epochs of ``pinned`` and of ``targets``: blocks of this group that index blocks of
+    the lease point at (pinned through their index)."""
+    extra = state.distinct(np.concatenate(targets).astype(np.intp)) if targets \
+        else np.zeros(0, dtype=np.intp)
+    extra = state.without(extra, pinned)
+    ids = np.concatenate([pinned, extra]).astype(np.intp)
+    return _Held(state.name, pinned, index, ids, state.epoch[ids].copy())

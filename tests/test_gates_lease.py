@@ -1,0 +1,467 @@
+"""Leases (kvfsm.gates): what a lease pins per kind, how validate and release behave, expiry,
+and that every public Engine method holds the engine's lock."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvfsm import (
+    CoreConfig,
+    Engine,
+    GuardRejected,
+    KvfsmError,
+    Lease,
+    LeaseLost,
+    shipped_lifecycles,
+    shipped_models,
+)
+from kvfsm.spec import Event, Tier
+from kvfsm.state import MAX_PINS, StateError
+from tests.verify_models import SWA, block_id, engine, group, history_by_hand, model, tokens
+
+#: A prompt of 321 tokens: 320 can be reused (the last one is always computed).
+TEXT = tokens(321)
+#: Seconds a test thread may take before the test calls it stuck (never reached when sound).
+JOIN_S = 30.0
+
+
+def _engine(name: str) -> Engine:
+    return Engine(shipped_models()[name],
+                  CoreConfig(device_blocks=64, host_blocks=16, backend="numpy"))
+
+
+def _committed(name: str) -> tuple[Engine, Lease]:
+    eng = _engine(name)
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    return eng, eng.lease(eng.lookup(prompt), prompt)
+
+
+def _ids(eng: Engine, group: str, indices: range) -> list[int]:
+    return [block_id(eng, group, TEXT, i) for i in indices]
+
+
+def _pins(eng: Engine) -> dict[str, int]:
+    return {name: int(state.pins.sum()) for name, state in eng.core.groups.items()}
+
+
+# -- what a lease pins, per kind -----------------------------------------------------------------
+
+
+def test_full_attention_leases_every_block_of_the_prefix() -> None:
+    eng, lease = _committed("dense")
+    assert lease.tokens == 320
+    assert lease.blocks("attn").tolist() == _ids(eng, "attn", range(20))
+    assert lease.indices("attn").tolist() == list(range(20))
+    assert _pins(eng) == {"attn": 20}
+
+
+def test_sliding_window_leases_only_the_window() -> None:
+    """At L = 320 with W = 128 the kernel reads tokens 193..319: blocks 12..19 of 16."""
+    eng, lease = _committed("gpt_oss_like")
+    assert lease.blocks("swa").tolist() == _ids(eng, "swa", range(12, 20))
+    assert lease.blocks("full").tolist() == _ids(eng, "full", range(20))
+    assert _pins(eng) == {"full": 20, "swa": 8}
+
+
+def test_compressed_history_index_and_targets_are_leased() -> None:
+    """The compressed history up to the boundary, every index block, and the history blocks
+    the index points at (pinned through the index)."""
+    eng, lease = _committed("deepseek_v4_like")
+    history = _ids(eng, "history", range(5))
+    assert lease.blocks("history").tolist() == history
+    assert lease.blocks("index").tolist() == _ids(eng, "index", range(20))
+    index = eng.core.group("index")
+    targets = index.refs_target[lease.blocks("index")]
+    expected = np.zeros(eng.core.group("history").n_blocks, dtype=np.int64)
+    expected[history] += 1  # the lease's own pin
+    np.add.at(expected, targets[targets >= 0], 1)  # one per reference of a pinned index
+    assert eng.core.group("history").pins.tolist() == expected.tolist()
+
+
+def test_index_targets_outside_the_window_are_held_and_checked() -> None:
+    """An index pointing into a sliding window: its targets before the window are not read
+    as window blocks, but the index reads them, so they are pinned through it, and their
+    epochs are checked; bypassing those pins and evicting one leaves the pinned index
+    readable, and only the target's recorded epoch tells."""
+    eng = engine(model("t_swa_index", SWA, group("index", "sparse_index", "sparse_index", 16,
+                                                 'target_group = "swa"\ntop_k = 4')))
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    lease = eng.lease(eng.lookup(prompt), prompt)
+    swa = eng.core.group("swa")
+    assert lease.blocks("swa").tolist() == _ids(eng, "swa", range(16, 20))  # the window
+    outside = block_id(eng, "swa", TEXT, 5)
+    assert swa.pins[outside] > 0
+    with pytest.raises(GuardRejected, match="no_pins"):
+        eng.core.fire("swa", [outside], Event.EVICT)
+    swa.add_pins(np.full(int(swa.pins[outside]), outside, dtype=np.intp), -1)  # bypassed
+    eng.core.fire("swa", [outside], Event.EVICT)
+    assert eng.core.describe("index", block_id(eng, "index", TEXT, 5)).state == "device"
+    with pytest.raises(LeaseLost) as lost:
+        lease.validate()
+    assert (lost.value.group, lost.value.block) == ("swa", outside)
+    lease.release()  # gives back every pin it still can, never raises
+    index = eng.core.group("index")
+    stuck = np.flatnonzero((index.refs_target == outside).any(axis=1))
+    assert np.flatnonzero(index.pins).tolist() == stuck.tolist()
+    assert eng.leases_open == 0
+
+
+def test_recurrent_leases_the_snapshot_at_the_usable_length_only() -> None:
+    eng, lease = _committed("qwen3_next_like")
+    assert lease.tokens == 256
+    assert lease.blocks("delta").tolist() == [block_id(eng, "delta", TEXT, 3)]  # 4 x 64
+    assert lease.blocks("attn").tolist() == _ids(eng, "attn", range(16))
+
+
+def test_nothing_usable_leases_nothing() -> None:
+    eng = _engine("dense")
+    prompt = eng.prompt(TEXT)
+    with eng.lease(eng.lookup(prompt), prompt) as lease:
+        lease.validate()
+        assert lease.tokens == 0 and lease.blocks("attn").size == 0
+    assert eng.leases_open == 0
+
+
+# -- the tables' guards keep leased blocks in place ------------------------------------------------
+
+
+@pytest.mark.parametrize("event", [Event.EVICT, Event.INVALIDATE])
+def test_a_leased_block_cannot_be_evicted_or_invalidated(event: Event) -> None:
+    eng, lease = _committed("dense")
+    block = lease.blocks("attn")[:1]
+    with pytest.raises(GuardRejected, match="no_pins"):
+        eng.core.fire("attn", block, event)
+    assert not eng.core.fire("attn", block, event, masked=True).any()
+    lease.validate()
+    lease.release()
+    eng.core.fire("attn", block, event)
+
+
+def test_a_leased_block_cannot_finish_a_spill_and_give_back_passes_it_over() -> None:
+    eng, lease = _committed("dense")
+    block = lease.blocks("attn")[:1]
+    eng.core.fire("attn", block, Event.SPILL_BEGIN)  # the copy may start: bytes stay
+    with pytest.raises(GuardRejected, match="no_pins"):
+        eng.core.fire("attn", block, Event.SPILL_DONE)
+    eng.core.fire("attn", block, Event.SPILL_FAIL)
+    assert eng.give_back("attn", 64) == 0  # every device block is leased
+    lease.validate()
+
+
+def test_compressing_a_block_outside_the_lease_leaves_it_valid() -> None:
+    """History block 4 is still compressing, so the prompt is usable to 256 (blocks 0..3); its
+    compression invalidates the index block pointing at it (19, the only one ending after its
+    last token), which is not leased."""
+    eng = _engine("deepseek_v4_like")
+    history_by_hand(eng, TEXT, {4: "compressing"})
+    prompt = eng.prompt(TEXT)
+    with eng.lease(eng.lookup(prompt), prompt) as lease:
+        assert lease.tokens == 256
+        assert lease.blocks("index").tolist() == _ids(eng, "index", range(16))
+        compressing = block_id(eng, "history", TEXT, 4)
+        assert compressing not in lease.blocks("history").tolist()
+        last = block_id(eng, "index", TEXT, 19)
+        eng.core.fire("history", [compressing], Event.COMPRESS_DONE)
+        assert eng.core.describe("index", last).state == "invalid"
+        lease.validate()
+    eng.core.assert_invariants()
+
+
+def test_every_row_leaving_a_readable_state_and_moving_content_is_pin_guarded() -> None:
+    """Leases rely on it: in every shipped lifecycle, a row from a readable state that bumps
+    the epoch, returns the device slot or drops the hash has the ``no_pins`` guard."""
+    moves = ("bump_epoch", "return_slot:device", "drop_hash")
+    for name, lifecycle in shipped_lifecycles().items():
+        for row in lifecycle.rows:
+            if not lifecycle.state(row.source).readable:
+                continue
+            if any(str(effect).startswith(moves) for effect in row.effects):
+                assert any(str(guard) == "no_pins" for guard in row.guards), (name, row.label)
+
+
+# -- validate ----------------------------------------------------------------------------------
+
+
+def test_validate_names_the_block_whose_content_moved() -> None:
+    """Pins bypassed by hand (an unbalanced unpin): the block is evicted and its id reused by
+    another prompt; validate names the group, block and both epochs, and release leaves the
+    new owner's pin alone."""
+    eng, lease = _committed("dense")
+    blocks = lease.blocks("attn")
+    old = int(lease.epochs("attn")[-1])
+    eng.core.unpin("attn", blocks[-1:])
+    eng.core.fire("attn", blocks[-1:], Event.EVICT)
+    other = eng.prompt(tokens(17, seed=5))
+    eng.commit(other)
+    reused = eng.core.lookup_words("attn", *other.words(16))
+    assert reused.tolist() == blocks[-1:].tolist()  # the id went to another prompt's block
+    with pytest.raises(LeaseLost) as lost:
+        lease.validate()
+    assert (lost.value.group, lost.value.block) == ("attn", int(blocks[-1]))
+    assert lost.value.old_epoch == old and lost.value.new_epoch != old
+    assert not lease.valid
+    eng.core.pin("attn", reused)
+    lease.release()
+    assert eng.core.group("attn").pins[reused].tolist() == [1]
+    assert _pins(eng) == {"attn": 1}
+
+
+def test_validate_catches_a_block_no_longer_readable_in_its_form() -> None:
+    eng, lease = _committed("dense")
+    block = lease.blocks("attn")[:1]
+    eng.core.unpin("attn", block)
+    eng.core.fire("attn", block, Event.SPILL_BEGIN)
+    eng.core.fire("attn", block, Event.SPILL_DONE)
+    with pytest.raises(LeaseLost, match="host"):
+        lease.validate()
+
+
+def _stale(change: Callable[[Engine], None]) -> tuple[Engine, pytest.ExceptionInfo[LeaseLost]]:
+    """Lease a deepseek verdict after ``change`` ran between the lookup and the lease."""
+    eng = _engine("deepseek_v4_like")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    change(eng)
+    with pytest.raises(LeaseLost) as lost:
+        eng.lease(verdict, prompt)
+    assert eng.leases_open == 0
+    assert _pins(eng) == {"history": 0, "swa": 0, "index": 0}
+    return eng, lost
+
+
+def test_a_verdict_whose_block_was_evicted_leases_nothing() -> None:
+    _, lost = _stale(lambda eng: eng.core.fire("swa", [block_id(eng, "swa", TEXT, 19)],
+                                               Event.EVICT))
+    assert lost.value.group == "swa" and "no longer cached" in str(lost.value)
+
+
+def test_a_verdict_whose_block_was_spilled_leases_nothing() -> None:
+    def spill(eng: Engine) -> None:
+        block = [block_id(eng, "swa", TEXT, 19)]
+        eng.core.fire("swa", block, Event.SPILL_BEGIN)
+        eng.core.fire("swa", block, Event.SPILL_DONE)
+
+    eng, lost = _stale(spill)
+    assert (lost.value.group, lost.value.block) == ("swa", block_id(eng, "swa", TEXT, 19))
+    assert lost.value.state == "host"
+
+
+def test_a_history_block_rewritten_raw_is_not_leased_as_compressed() -> None:
+    """Evicted and written again under the same hash but not yet compressed: readable, but
+    raw, and the kernel reads the history compressed."""
+
+    def rewrite(eng: Engine) -> None:
+        eng.core.fire("history", [block_id(eng, "history", TEXT, 0)], Event.EVICT)
+        high, low = eng.prompt(TEXT).words(64)
+        ids = eng.core.allocate("history", [0], high[:1], low[:1])
+        eng.core.fire("history", ids, Event.WRITE_BEGIN)
+        eng.core.write("history", ids, np.zeros((1, eng.core.group("history").decl
+                                                  .payload_bytes), np.uint8))
+        eng.core.fire("history", ids, Event.WRITE_DONE)
+
+    _, lost = _stale(rewrite)
+    assert (lost.value.group, lost.value.state) == ("history", "raw")
+
+
+def test_a_verdict_whose_block_then_failed_its_checksum_leases_nothing() -> None:
+    def fail(eng: Engine) -> None:
+        eng.core.record_checks("swa", [block_id(eng, "swa", TEXT, 19)], [False])
+
+    _, lost = _stale(fail)
+    assert lost.value.group == "swa" and "checksum" in str(lost.value)
+
+
+def test_a_failed_pin_rolls_back_the_groups_pinned_before_it() -> None:
+    eng = _engine("deepseek_v4_like")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    last = block_id(eng, "index", TEXT, 19)
+    eng.core.group("index").add_pins(np.full(MAX_PINS, last, dtype=np.intp))
+    with pytest.raises(StateError, match="pins"):
+        eng.lease(verdict, prompt)
+    pins = _pins(eng)
+    assert (pins["history"], pins["swa"], pins["index"]) == (0, 0, MAX_PINS)
+    assert eng.leases_open == 0
+
+
+@pytest.mark.parametrize("ttl", [0, -1.0, float("nan"), "1", True])
+def test_a_bad_ttl_is_refused_and_pins_nothing(ttl: object) -> None:
+    eng = _engine("dense")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    with pytest.raises(KvfsmError, match="ttl_s"):
+        eng.lease(eng.lookup(prompt), prompt, ttl_s=ttl)  # type: ignore[arg-type]
+    assert _pins(eng) == {"attn": 0}
+
+
+def test_a_verdict_of_another_prompt_is_refused() -> None:
+    eng = _engine("dense")
+    eng.commit(eng.prompt(TEXT))
+    verdict = eng.lookup(TEXT)
+    with pytest.raises(KvfsmError, match="not this prompt"):
+        eng.lease(verdict, TEXT[:100])
+    assert _pins(eng) == {"attn": 0} and eng.leases_open == 0
+
+
+# -- release and expiry --------------------------------------------------------------------------
+
+
+def test_release_is_idempotent_and_a_released_lease_fails_validate() -> None:
+    eng, lease = _committed("dense")
+    assert eng.leases_open == 1
+    lease.release()
+    lease.release()
+    assert eng.leases_open == 0 and _pins(eng) == {"attn": 0}
+    assert lease.released and not lease.valid
+    with pytest.raises(LeaseLost, match="released"):
+        lease.validate()
+
+
+def test_the_context_manager_releases_on_an_exception() -> None:
+    eng = _engine("dense")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    with pytest.raises(RuntimeError, match="kernel"), eng.lease(eng.lookup(prompt), prompt):
+        raise RuntimeError("kernel failed")
+    assert eng.leases_open == 0 and _pins(eng) == {"attn": 0}
+
+
+def test_an_expired_lease_is_released_by_the_engines_next_call() -> None:
+    eng = _engine("dense")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    lease = eng.lease(eng.lookup(prompt), prompt, ttl_s=1e-3)
+    time.sleep(0.01)
+    assert lease.expired and _pins(eng) == {"attn": 20}  # nobody called the engine yet
+    eng.lookup(prompt)
+    assert _pins(eng) == {"attn": 0} and eng.leases_open == 0
+    with pytest.raises(LeaseLost, match="expired"):
+        lease.validate()
+    lease.release()  # still safe
+    assert _pins(eng) == {"attn": 0}
+
+
+def test_validate_of_an_expired_lease_releases_its_pins() -> None:
+    eng = _engine("dense")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    lease = eng.lease(eng.lookup(prompt), prompt, ttl_s=1e-3)
+    time.sleep(0.01)
+    with pytest.raises(LeaseLost, match="expired"):
+        lease.validate()
+    assert _pins(eng) == {"attn": 0}
+
+
+def test_close_releases_open_leases() -> None:
+    eng, lease = _committed("dense")
+    eng.close()
+    assert eng.leases_open == 0 and _pins(eng) == {"attn": 0}
+    assert not lease.valid
+
+
+def test_leases_outlive_many_readers_and_count_exactly() -> None:
+    """Readers of one prompt each pin the same blocks; the counts add and fall back to 0."""
+    eng = _engine("dense")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    leases = [eng.lease(verdict, prompt) for _ in range(5)]
+    assert eng.leases_open == 5 and _pins(eng) == {"attn": 100}
+    for lease in leases:
+        lease.validate()
+        lease.release()
+    assert eng.leases_open == 0 and _pins(eng) == {"attn": 0}
+
+
+# -- the engine's lock ---------------------------------------------------------------------------
+
+
+#: Every public Engine method that touches the core.
+LOCKED = ["lookup", "commit", "give_back", "lease", "leases_open", "discover", "spill_down",
+          "restore", "close"]
+
+
+def _call(eng: Engine, method: str) -> Callable[[], object]:
+    prompt = eng.prompt(TEXT)
+    calls: dict[str, Callable[[], object]] = {
+        "lookup": lambda: eng.lookup(prompt),
+        "commit": lambda: eng.commit(prompt),
+        "give_back": lambda: eng.give_back("attn", 1),
+        "lease": lambda: eng.lease(eng.lookup(prompt), prompt).release(),
+        "leases_open": lambda: eng.leases_open,
+        "discover": lambda: eng.discover(prompt),
+        "spill_down": lambda: eng.spill_down("attn", Tier.HOST, 1),
+        "restore": lambda: eng.restore(eng.lookup(prompt), prompt),
+        "close": eng.close,
+    }
+    return calls[method]
+
+
+@pytest.mark.parametrize("method", LOCKED)
+def test_every_public_engine_method_waits_for_the_lock(method: str) -> None:
+    """While another thread holds ``engine.lock`` a call does not run; once released it does."""
+    eng = _engine("dense")
+    eng.commit(eng.prompt(TEXT))
+    call = _call(eng, method)
+    finished = threading.Event()
+
+    def caller() -> None:
+        call()
+        finished.set()
+
+    with eng.lock:
+        thread = threading.Thread(target=caller)
+        thread.start()
+        assert not finished.wait(0.2), f"{method} ran while another thread held the lock"
+    thread.join(JOIN_S)
+    assert finished.is_set() and not thread.is_alive()
+
+
+def test_lease_validate_and_release_wait_for_the_lock() -> None:
+    eng, lease = _committed("dense")
+    finished = threading.Event()
+
+    def caller() -> None:
+        lease.validate()
+        lease.release()
+        finished.set()
+
+    with eng.lock:
+        thread = threading.Thread(target=caller)
+        thread.start()
+        assert not finished.wait(0.2)
+        assert lease.blocks("attn").size == 20 and not lease.released
+    thread.join(JOIN_S)
+    assert finished.is_set() and eng.leases_open == 0
+
+
+def test_lease_repr_says_what_it_holds() -> None:
+    eng, lease = _committed("dense")
+    assert repr(lease) == "Lease(320 tokens, 20 blocks pinned, open)"
+    with pytest.raises(KvfsmError, match="no group 'nope'"):
+        lease.blocks("nope")
+    lease.release()
+    assert repr(lease).endswith("released)")
+    eng.core.assert_invariants()
+
+
+def test_the_docs_lease_example_runs() -> None:
+    """docs/leases.md stays true: its Python blocks run, in order, in one namespace."""
+    doc = Path(__file__).resolve().parents[1] / "docs" / "leases.md"
+    blocks = re.findall(r"^```python\n(.*?)^```", doc.read_text(encoding="utf-8"),
+                        re.DOTALL | re.MULTILINE)
+    assert blocks
+    namespace: dict[str, object] = {"__name__": "doc"}
+    for number, code in enumerate(blocks, start=1):
+        exec(compile(code, f"leases.md python block #{number}", "exec"), namespace)
