@@ -248,7 +248,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.model:
         settings = attrs.evolve(settings, models=tuple(dict.fromkeys(args.model)))
     settings = attrs.evolve(settings, seed=args.seed, remote=args.remote)
-    demo = run_demo(settings, progress_bar=False if args.quiet else None)
+    demo = run_demo(settings, progress_bar=False if args.quiet else None,
+                    events=out_dir / "events")
     if not demo.models:
         raise KvfsmError("kvfsm.serve serves none of the models asked for: " + "; ".join(
             f"{model_type}: {why}" for model_type, why in demo.skipped.items()))
@@ -268,7 +269,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if figures["kvfsm_wrong"]:
         print(f"kvfsm demo: {figures['kvfsm_wrong']} kvfsm output(s) differ from recomputing",
               file=sys.stderr)
-    return 0 if clean and not figures["kvfsm_wrong"] else 1
+    if figures["event_logs_rejected"]:
+        print(f"kvfsm demo: {figures['event_logs_rejected']} event log(s) rejected by replay",
+              file=sys.stderr)
+    return 0 if clean and not figures["kvfsm_wrong"] and not figures["event_logs_rejected"] \
+        else 1
 
 
 def config_setting(text: str) -> tuple[str, object, str]:

@@ -308,3 +308,31 @@ def test_demo_cli_remote_option(tmp_path: Path) -> None:
     assert figures["remote"] == "none" and "No remote tier" in figures["remote_note"]
     assert "kvfsm demo --quick --model gpt_oss --remote none" in (
         tmp_path / "report.md").read_text(encoding="utf-8")
+
+
+def test_quick_demo_logs_every_kvfsm_run_and_its_logs_replay(
+        quick: tuple[Path, dict[str, Any]]) -> None:
+    """Each kvfsm-mode run of the demo (clean and faulted workloads, every model) writes its
+    transitions to events/<model>-<workload>.jsonl; the demo replays each through the lifecycle
+    tables and all are accepted; a log tampered with afterwards is rejected."""
+    from kvfsm.obs import replay
+
+    out, figures = quick
+    logs = figures["event_logs"]
+    assert set(logs) == {f"{model}/{workload}" for model in figures["models"]
+                         for workload in ("clean", "faulted")}
+    assert figures["event_logs_rejected"] == 0
+    assert all(entry["accepted"] and entry["blocks_moved"] > 0 for entry in logs.values())
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "re-fired each log through the lifecycle tables" in report
+    some = sorted((out / "events").glob("*.jsonl"))[0]
+    lines = some.read_text(encoding="utf-8").splitlines()
+    move = next(i for i, line in enumerate(lines) if '"type":"move"' in line and i > 0)
+    record = json.loads(lines[move])
+    record["to"][0] = record["from"][0]  # a transition the table does not have
+    lines[move] = json.dumps(record, separators=(",", ":"))
+    tampered = out / "tampered.jsonl"
+    tampered.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = replay(tampered)
+    assert not result.accepted and result.violation is not None
+    assert result.violation.line == move + 1

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -31,7 +32,7 @@ import attrs
 
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
-from kvfsm.obs import EngineMetrics
+from kvfsm.obs import EngineMetrics, EventLog, ReplayResult, replay
 from kvfsm.serve._adapter import CacheAdapter, CacheAdapterError
 from kvfsm.serve._declare import declare
 from kvfsm.serve._loop import Mode, Request, Result, ServeLoop
@@ -122,15 +123,16 @@ def require_serve_packages() -> None:
 
 def engine_for(model_type: str, pools: Pools,
                tiers: Mapping[Tier | str, StoredTier] | None = None, salt: str = "", *,
-               metrics: EngineMetrics | None = None) -> Engine:
+               metrics: EngineMetrics | None = None, event_log: EventLog | None = None
+               ) -> Engine:
     """An engine for the tiny ``model_type`` with ``pools``; disk and remote blocks only where
-    ``tiers`` gives a tier for them; reporting to ``metrics`` where given."""
+    ``tiers`` gives a tier for them; reporting to ``metrics`` and ``event_log`` where given."""
     from kvfsm.serve._tiny import tiny_config
 
     tiers = tiers or {}
     names = [name if isinstance(name, str) else name.spec_name for name in tiers]
     return Engine(declare(tiny_config(model_type)), pools.config(names, salt), tiers=tiers,
-                  metrics=metrics)
+                  metrics=metrics, event_log=event_log)
 
 
 def stored_tiers_of(model: ModelDecl) -> tuple[Tier, ...]:
@@ -205,6 +207,9 @@ class DemoRun:
     #: What the kvfsm-mode engines reported (lookups, restores by kind, tier and outcome,
     #: transitions, ...): exported beside the demo's own figures.
     engine_metrics: EngineMetrics | None = None
+    #: Per kvfsm-mode run whose transitions were logged (``model/workload``): the log
+    #: replayed through the lifecycle tables afterwards.
+    replays: Mapping[str, ReplayResult] = attrs.field(factory=dict)
 
 
 @contextlib.contextmanager
@@ -257,16 +262,20 @@ def _warm_up(model: Any, model_type: str, workload: Workload) -> None:
 
 def _run(model: Any, model_type: str, settings: DemoSettings, workload: Workload, name: str,
          mode: Mode, remote: RemoteStore | None, use_remote: bool,
-         tick: Callable[[], None], metrics: EngineMetrics | None = None
-         ) -> tuple[Result, ...]:
+         tick: Callable[[], None], metrics: EngineMetrics | None = None,
+         events: Path | None = None) -> tuple[Result, ...]:
     """One run on a fresh engine with its own stored tiers (closed and removed afterwards),
-    its state invariants checked at the end."""
+    its state invariants checked at the end; a kvfsm-mode run's transitions logged into
+    ``events`` (a JSONL file) where given."""
     if mode == "nocache":
         return _serve(model, None, workload, mode, False, tick)
-    with engine_tiers(remote, use_remote=use_remote) as tiers:
+    observed = mode == "kvfsm"
+    with engine_tiers(remote, use_remote=use_remote) as tiers, contextlib.ExitStack() as stack:
+        log = stack.enter_context(EventLog(events)) if observed and events is not None \
+            else None
         engine = engine_for(model_type, settings.pools, tiers,
                             namespace(model_type, name, mode),
-                            metrics=metrics if mode == "kvfsm" else None)
+                            metrics=metrics if observed else None, event_log=log)
         try:
             results = _serve(model, engine, workload, mode, name == "faulted", tick)
         finally:
@@ -279,10 +288,11 @@ def _run(model: Any, model_type: str, settings: DemoSettings, workload: Workload
 
 
 def run_model(model_type: str, settings: DemoSettings, progress: Progress | None = None, *,
-              remote: RemoteStore | None = None,
-              metrics: EngineMetrics | None = None) -> ModelRun:
+              remote: RemoteStore | None = None, metrics: EngineMetrics | None = None,
+              events: Path | None = None) -> ModelRun:
     """One model's part of the demo (see the module docstring), its engines given the running
-    ``remote`` store (None: disk only), its kvfsm-mode engines reporting to ``metrics``."""
+    ``remote`` store (None: disk only), its kvfsm-mode engines reporting to ``metrics`` and
+    logging their transitions into ``events/<model>-<workload>.jsonl`` (None: no logs)."""
     from kvfsm.serve._tiny import tiny_model
 
     start = time.perf_counter()
@@ -300,20 +310,30 @@ def run_model(model_type: str, settings: DemoSettings, progress: Progress | None
                 progress(model_type, name, mode)
 
         runs[(name, mode)] = _run(model, model_type, settings, workload, name, mode, remote,
-                                  use_remote, tick, metrics)
+                                  use_remote, tick, metrics,
+                                  None if events is None else events_file(events, model_type,
+                                                                          name))
     groups = tuple((decl.name, decl.kind.value) for decl in declared.groups)
     return ModelRun(model_type, groups, workload, settings.pools,
                     tuple(t.spec_name for t in tiers), MappingProxyType(runs),
                     time.perf_counter() - start)
 
 
-def run_demo(settings: DemoSettings, *, progress_bar: bool | None = None) -> DemoRun:
+def events_file(events: Path, model_type: str, workload: str) -> Path:
+    """Where the kvfsm-mode run of ``model_type`` on ``workload`` logs its transitions."""
+    return events / f"{model_type}-{workload}.jsonl"
+
+
+def run_demo(settings: DemoSettings, *, progress_bar: bool | None = None,
+             events: Path | None = None) -> DemoRun:
     """Every served model of ``settings.models``, with the remote store of ``settings.remote``
     started first and stopped at the end (also on an error or Ctrl-C); a tqdm progress bar on
     stderr (``None``: only when stderr is a terminal)."""
     from prometheus_client import CollectorRegistry
     from tqdm import tqdm
 
+    if events is not None:
+        events.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     # The engines' own metrics, under their own prefix beside the demo's figures.
     metrics = EngineMetrics(CollectorRegistry(), namespace=ENGINE_METRICS_NAMESPACE)
@@ -333,6 +353,10 @@ def run_demo(settings: DemoSettings, *, progress_bar: bool | None = None) -> Dem
 
         for model_type in served:
             results.append(run_model(model_type, settings, progress, remote=remote,
-                                     metrics=metrics))
+                                     metrics=metrics, events=events))
+    # Every logged run re-fired through the lifecycle tables: a real run's log must replay.
+    replays = {} if events is None else {
+        f"{run.model_type}/{name}": replay(events_file(events, run.model_type, name))
+        for run in results for name, mode in RUNS if mode == "kvfsm"}
     return DemoRun(tuple(results), MappingProxyType(skipped), time.perf_counter() - start,
-                   backend, note, metrics)
+                   backend, note, metrics, MappingProxyType(replays))
