@@ -61,3 +61,24 @@ def model() -> Any:
     from kvfsm.serve import tiny_model
 
     return tiny_model("gpt_oss", seed=0)
+
+
+@pytest.fixture(scope="module")
+def master() -> Iterator[Any]:
+    """A Mooncake master on 127.0.0.1 for one test module (skips, or fails under CI=true,
+    where it cannot start)."""
+    from tests.remote_servers import start_mooncake_master
+
+    server = start_mooncake_master()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[Any]:
+    """A redis-server on 127.0.0.1 for one test module (skips, or fails under CI=true)."""
+    from tests.remote_servers import start_redis_server
+
+    server = start_redis_server()
+    yield server
+    server.stop()

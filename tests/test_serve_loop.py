@@ -17,6 +17,7 @@ from kvfsm.serve._loop import Request, Result, restore_plan, serve
 from kvfsm.spec import Event, Tier
 from kvfsm.state import CoreConfig, GroupState
 from kvfsm.verify import Level, Reason
+from tests.chat_prompts import chat_prompts
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -36,20 +37,7 @@ class Workload:
     extends the user's previous prompt); 57 to 99 tokens, none a multiple of 16."""
 
     def __init__(self, seed: int = 7) -> None:
-        rng = np.random.default_rng(seed)
-
-        def draw(n: int) -> list[int]:
-            return [int(t) for t in rng.integers(0, 1000, n)]
-
-        self.system = draw(40)
-        a1 = self.system + draw(17)
-        b1 = self.system + draw(23)
-        a2 = a1 + draw(28)
-        c1 = self.system + draw(31)
-        b2 = b1 + draw(31)
-        a3 = a2 + draw(14)
-        c2 = c1 + draw(18)
-        self.prompts = {"A1": a1, "B1": b1, "A2": a2, "C1": c1, "B2": b2, "A3": a3, "C2": c2}
+        self.system, self.prompts = chat_prompts(seed)
         self.requests = [Request(rid, tokens, NEW_TOKENS) for rid, tokens in self.prompts.items()]
         p = self.prompts
         #: Before request rid: a fault on the blocks it is about to reuse.

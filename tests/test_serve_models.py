@@ -30,6 +30,7 @@ from kvfsm.serve._loop import Request, Result, restore_plan, serve
 from kvfsm.spec import Event, parse_model
 from kvfsm.state import CoreConfig, GroupState
 from kvfsm.verify import Level, Reason
+from tests.chat_prompts import chat_prompts
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -220,20 +221,7 @@ class Workload:
     requests a fault lands on blocks the request is about to reuse."""
 
     def __init__(self, model_type: str, seed: int = 7, new_tokens: int = NEW_TOKENS) -> None:
-        rng = np.random.default_rng(seed)
-
-        def draw(n: int) -> list[int]:
-            return [int(t) for t in rng.integers(0, 1000, n)]
-
-        self.system = draw(40)
-        a1 = self.system + draw(17)
-        b1 = self.system + draw(23)
-        a2 = a1 + draw(28)
-        c1 = self.system + draw(31)
-        b2 = b1 + draw(31)
-        a3 = a2 + draw(14)
-        c2 = c1 + draw(18)
-        self.prompts = {"A1": a1, "B1": b1, "A2": a2, "C1": c1, "B2": b2, "A3": a3, "C2": c2}
+        self.system, self.prompts = chat_prompts(seed)
         self.requests = [Request(rid, tokens, new_tokens) for rid, tokens in self.prompts.items()]
         p = self.prompts
         qwen = model_type == "qwen3_next"

@@ -7,14 +7,13 @@ missing the tests skip, except under ``CI=true``, where they fail."""
 from __future__ import annotations
 
 import itertools
-import os
 import subprocess
 import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,16 +34,13 @@ from kvfsm.tiers import (
     encode_header,
 )
 from kvfsm.tiers._servers import free_port
+from tests.remote_servers import (
+    Clock,
+)
 
 SIZE = 4096
 _CHAINS = itertools.count(1)
 SEGMENT = 64 << 20
-
-
-def unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason}; CI=true, where the remote-tier tests must run")
-    pytest.skip(reason)
 
 
 def key(chain: int | None = None, *, start: int = 0, end: int = 16) -> BlockKey:
@@ -73,18 +69,6 @@ def load(tier: StoredTier, keys: list[BlockKey], n: int = SIZE
     return tier.load_into(keys, list(outs)), outs
 
 
-class Clock:
-    """``time.monotonic`` that can be told to jump ``step`` seconds on every call."""
-
-    def __init__(self) -> None:
-        self.step = 0.0
-        self._offset = 0.0
-
-    def __call__(self) -> float:
-        self._offset += self.step
-        return time.monotonic() + self._offset
-
-
 @dataclass
 class Backend:
     """A tier and the raw client beside it: plant (overwrite) a value, read one, drop one."""
@@ -99,36 +83,6 @@ class Backend:
 
     def raw(self, k: BlockKey) -> str:
         return "kvfsm/" + k.name
-
-
-@pytest.fixture(scope="module")
-def master() -> Iterator[MooncakeMaster]:
-    try:
-        import mooncake.store  # noqa: F401
-    except (ImportError, OSError) as exc:
-        unavailable(f"the Mooncake client does not import ({exc})")
-    server = MooncakeMaster()
-    try:
-        server.start()
-    except TierError as exc:
-        unavailable(str(exc))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    try:
-        import redis  # noqa: F401
-    except ImportError as exc:
-        unavailable(f"the redis client does not import ({exc})")
-    server = RedisServer()
-    try:
-        server.start()
-    except TierError as exc:
-        unavailable(str(exc))
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import select
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any
 
 import attrs
 import numpy as np
@@ -42,11 +41,15 @@ from kvfsm.tiers import (
     RedisServer,
     RedisTier,
     StoredTier,
-    TierError,
 )
 from kvfsm.tiers._servers import _die_with_parent
 from kvfsm.verify import Verdict
 from tests.engine_worker import GROUP, block_content, token_ids
+from tests.remote_servers import (
+    Clock,
+    start_mooncake_master,
+    start_redis_server,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "engine_worker.py"
@@ -57,24 +60,6 @@ ANSWER_TIMEOUT_S = 60.0
 #: Each test's prompts start at a token range of their own, so tests sharing a store never
 #: share keys.
 _STARTS = itertools.count(10_000, 10_000)
-
-
-def unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason}; CI=true, where the remote-tier tests must run")
-    pytest.skip(reason)
-
-
-class Clock:
-    """``time.monotonic`` that can be told to jump ``step`` seconds on every call."""
-
-    def __init__(self) -> None:
-        self.step = 0.0
-        self._offset = 0.0
-
-    def __call__(self) -> float:
-        self._offset += self.step
-        return time.monotonic() + self._offset
 
 
 @dataclass
@@ -92,32 +77,6 @@ class Store:
 
 
 # -- servers and tiers -----------------------------------------------------------------------------
-
-
-def _mooncake_master(**options: Any) -> MooncakeMaster:
-    try:
-        import mooncake.store  # noqa: F401
-    except (ImportError, OSError) as exc:
-        unavailable(f"the Mooncake client does not import ({exc})")
-    server = MooncakeMaster(**options)
-    try:
-        server.start()
-    except TierError as exc:
-        unavailable(str(exc))
-    return server
-
-
-def _redis_server(**options: Any) -> RedisServer:
-    try:
-        import redis  # noqa: F401
-    except ImportError as exc:
-        unavailable(f"the redis client does not import ({exc})")
-    server = RedisServer(**options)
-    try:
-        server.start()
-    except TierError as exc:
-        unavailable(str(exc))
-    return server
 
 
 def _mooncake_store(server: MooncakeMaster) -> Store:
@@ -144,20 +103,6 @@ def _redis_store(server: RedisServer) -> Store:
     return Store("redis", server.address, tier, clock, client.get,
                  lambda name, data: client.set(name, data), client.delete,
                  lambda name: client.exists(name) == 1)
-
-
-@pytest.fixture(scope="module")
-def master() -> Iterator[MooncakeMaster]:
-    server = _mooncake_master()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = _redis_server()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -433,7 +378,7 @@ def test_store_killed_then_restarted(backend: str, tmp_path: Path) -> None:
     raises. Once it is back (having lost every value), the known blocks are MISSING; A spills
     again and B restores and reads A's bytes."""
     start = next(_STARTS)
-    server = (_mooncake_master() if backend == "mooncake" else _redis_server())
+    server = (start_mooncake_master() if backend == "mooncake" else start_redis_server())
     try:
         store = _mooncake_store(server) if isinstance(server, MooncakeMaster) else \
             _redis_store(server)
@@ -548,7 +493,7 @@ def test_redis_evictions_under_maxmemory(redis_server: RedisServer, policy: str,
     blocks 4.. get a TTL) so the cut is in the middle; with ``allkeys-lru`` the server picks
     (approximately the oldest) and the same rule is checked wherever the cut falls."""
     start, blocks, seed = next(_STARTS), 8, 17
-    server = _redis_server(maxmemory="64mb", maxmemory_policy=policy)
+    server = start_redis_server(maxmemory="64mb", maxmemory_policy=policy)
     try:
         store = _redis_store(server)
         client = getattr(store.tier, "client")  # noqa: B009

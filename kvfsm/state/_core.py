@@ -231,10 +231,8 @@ class StateCore:
         batch = raw.astype(np.intp, copy=False).ravel()
         if batch.size and (batch.min() < 0 or batch.max() >= group.n_blocks):
             raise KvfsmError(f"{group.name}: block ids must lie in [0, {group.n_blocks})")
-        if unique and batch.size > 1:
-            ordered = np.sort(batch)
-            if (ordered[1:] == ordered[:-1]).any():
-                raise KvfsmError(f"{group.name}: block ids repeat in one call")
+        if unique and batch.size > 1 and group.distinct(batch).size != batch.size:
+            raise KvfsmError(f"{group.name}: block ids repeat in one call")
         return batch
 
     def _require(self, group: GroupState, ids: IdArray, allowed: NDArray[np.bool_],
@@ -504,7 +502,7 @@ class StateCore:
                           "pin (as index targets)")
             state.target.add_pins(targets)  # checks its limit before any pin moves
         try:
-            state.add_pins(batch)
+            state.add_pins(batch, distinct=True)  # _ids refused repeats
         except StateError:
             if state.target is not None and targets.size:
                 state.target.add_pins(targets, -1)
@@ -526,8 +524,8 @@ class StateCore:
                 raise StateError(f"{group}: unpinning index blocks would release pins on "
                                  f"{state.target.name} blocks {short[:8].tolist()} that are "
                                  "no longer held (unbalanced unpin)")
-            state.target.add_pins(targets, -1)
-        state.add_pins(batch, -1)
+            state.target.add_pins(targets, -1, counted=(touched, held))
+        state.add_pins(batch, -1, distinct=True)
 
     @staticmethod
     def _index_targets(state: GroupState, batch: IdArray) -> IdArray:

@@ -408,16 +408,23 @@ class GroupState:
             used, self.target.epoch[np.where(used, refs, 0)], 0)
         self.dependents.link(ids, refs)
 
-    def add_pins(self, ids: IdArray, count: int = 1) -> None:
-        """``count`` more readers hold each of ``ids`` (repeats add up); never wraps."""
+    def add_pins(self, ids: IdArray, count: int = 1, *, distinct: bool = False,
+                 counted: tuple[IdArray, NDArray[np.int32]] | None = None) -> None:
+        """``count`` more readers hold each of ``ids`` (repeats add up; ``distinct``: the
+        caller checked there are none; ``counted``: the caller has ``repeats(ids)``); never
+        wraps."""
         pins = self._blocks.pins
-        if count > 0:
-            touched, held = self.repeats(ids)
-            if (pins[touched].astype(np.int64) + held * count > MAX_PINS).any():
-                raise StateError(f"{self.name}: more than {MAX_PINS} pins on one block")
-            np.add.at(pins, ids, np.uint16(count))
+        held: NDArray[np.int64] | None = None
+        if distinct:
+            touched = ids
         else:
-            np.subtract.at(pins, ids, np.uint16(-count))
+            touched, repeats = counted if counted is not None else self.repeats(ids)
+            held = repeats.astype(np.int64)
+        delta = count if held is None else held * count
+        after = pins[touched].astype(np.int64) + delta
+        if count > 0 and (after > MAX_PINS).any():
+            raise StateError(f"{self.name}: more than {MAX_PINS} pins on one block")
+        pins[touched] = after.astype(np.uint16)  # touched are distinct: a plain scatter
 
     # -- sets of ids in O(ids) (the core's scratch arrays, no sort) ---------------------------
 
