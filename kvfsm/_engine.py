@@ -221,7 +221,8 @@ class Engine:
             self.metrics.observe_restores(
                 group, self.core.group(group).decl.kind, tier,
                 {status.lower(): count for status, count in outcomes.items()}, seconds)
-        self.admission.update_caps()
+        if self.admission.apply_caps:
+            self.admission.update_caps()
 
     def _lease_refused(self, lost: LeaseLost) -> None:
         if self.metrics is not None:

@@ -124,21 +124,20 @@ def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: in
     with tempfile.TemporaryDirectory(prefix="kvfsm-bench-lookup-") as root, \
             EventLog(Path(root) / "events.jsonl") as log:
         seen = Engine(model, config, metrics=EngineMetrics(CollectorRegistry()), event_log=log)
-        prompts = {}
-        for engine in (plain, seen):
-            prompts[id(engine)] = prompt = engine.prompt(text)
+        plain_prompt, seen_prompt = plain.prompt(text), seen.prompt(text)
+        for engine, prompt in ((plain, plain_prompt), (seen, seen_prompt)):
             engine.commit(prompt)
             engine.lookup(prompt, level=Level.FULL)  # checksums verified: STANDARD skips them
 
         def off() -> None:
-            plain.lookup(prompts[id(plain)], level=Level.STANDARD)
+            plain.lookup(plain_prompt, level=Level.STANDARD)
 
         def on() -> None:
-            seen.lookup(prompts[id(seen)], level=Level.STANDARD)
+            seen.lookup(seen_prompt, level=Level.STANDARD)
 
         def on_leased() -> None:
-            prompt = prompts[id(seen)]
-            with seen.lease(seen.lookup(prompt, level=Level.STANDARD), prompt) as lease:
+            verdict = seen.lookup(seen_prompt, level=Level.STANDARD)
+            with seen.lease(verdict, seen_prompt) as lease:
                 lease.validate()
 
         runs: dict[str, list[float]] = {"off": [], "on": [], "leased": []}

@@ -48,6 +48,10 @@ def _optional_count(instance: object, attribute: attrs.Attribute[int | None],
                          f"got {value!r}")
 
 
+#: Bytes per second per tier assumed until a restore from it is measured.
+ASSUMED_BANDWIDTH: Mapping[str, float] = {"host": 5e9, "disk": 1e9, "remote": 2e8}
+
+
 @attrs.frozen
 class AdmissionConfig:
     """What the admission gate starts from and how it follows measurements."""
@@ -61,10 +65,10 @@ class AdmissionConfig:
     window_s: float = attrs.field(default=0.25, validator=_positive)
     #: At most this share of the device pools' free bytes may be in flight.
     memory_fraction: float = attrs.field(default=0.5, validator=_fraction)
-    #: Assumed until measured: bytes per second per stored tier (host copies: ``host``) and
-    #: prefill tokens per second.
+    #: Assumed until measured: bytes per second per stored tier (host copies: ``host``; a
+    #: tier left out keeps its :data:`ASSUMED_BANDWIDTH`) and prefill tokens per second.
     bandwidth_bytes_per_s: Mapping[str, float] = attrs.field(
-        factory=lambda: {"host": 5e9, "disk": 1e9, "remote": 2e8})
+        factory=lambda: dict(ASSUMED_BANDWIDTH))
     prefill_tokens_per_s: float = attrs.field(default=2e4, validator=_positive)
     #: Weight of a new measurement in the running averages.
     smoothing: float = attrs.field(default=0.3, validator=_fraction)
@@ -120,6 +124,15 @@ class Decision:
 _TIER_NAMES = {Tier.HOST: "host", Tier.DISK: "disk", Tier.REMOTE: "remote"}
 
 
+@attrs.frozen
+class PlanCost:
+    """What a plan's restores begin and take: blocks, payload bytes, estimated seconds."""
+
+    ops: int
+    nbytes: int
+    seconds: float
+
+
 class AdmissionGate:
     """Measures restore bandwidth and prefill rate, sets ``core``'s restore caps from them and
     chooses, per request, between restoring, restoring part, waiting and recomputing."""
@@ -130,8 +143,15 @@ class AdmissionGate:
         self.config = config or AdmissionConfig()
         #: Whether :meth:`update_caps` sets the core's caps (False: measure and choose only).
         self.apply_caps = apply_caps
-        self._bandwidth = {tier: float(self.config.bandwidth_bytes_per_s.get(name, 1e9))
-                           for tier, name in _TIER_NAMES.items()}
+        assumed = {**ASSUMED_BANDWIDTH, **self.config.bandwidth_bytes_per_s}
+        self._bandwidth = {tier: float(assumed[name]) for tier, name in _TIER_NAMES.items()}
+        #: The tiers restores can come from here (fixed by the core's config): the byte cap
+        #: and the drain estimate follow the slowest of them.
+        self._tiers = sorted({tier for group in core.groups.values()
+                              for tier in (*group.pools, *group.stored)
+                              if tier in self._bandwidth}) or [Tier.HOST]
+        #: Payload bytes of the widest group's block: the byte cap never goes below one.
+        self._widest = max(group.decl.payload_bytes for group in core.groups.values())
         self._prefill = float(self.config.prefill_tokens_per_s)
         self.measured_restores = 0
         self.measured_prefills = 0
@@ -183,14 +203,11 @@ class AdmissionGate:
         ``memory_fraction`` of the free device bytes, never above ``max_bytes`` (nor the
         core config's ``max_restore_bytes``); blocks at most ``max_ops`` (and the config's
         ``max_restore_ops``). Returns ``(max_ops, max_bytes)``."""
-        tiers = self._tiers_in_use()
-        rate = min(self._bandwidth[tier] for tier in tiers)
-        by_rate = int(rate * self.config.window_s)
+        by_rate = int(self._slowest() * self.config.window_s)
         by_memory = int(self.free_device_bytes() * self.config.memory_fraction)
-        widest = max(group.decl.payload_bytes for group in self.core.groups.values())
         # Room for at least one block of the widest group: a cap below one block would refuse
         # every restore forever, which is recompute-only, not admission.
-        max_bytes = max(min(by_rate, by_memory), widest)
+        max_bytes = max(min(by_rate, by_memory), self._widest)
         ceiling = _least(self.config.max_bytes, self.core.config.max_restore_bytes)
         if ceiling is not None:
             max_bytes = min(max_bytes, ceiling)
@@ -199,40 +216,35 @@ class AdmissionGate:
             self.core.restore_budget.set_caps(max_ops, max_bytes)
         return max_ops, max_bytes
 
-    def _tiers_in_use(self) -> list[Tier]:
-        found = {tier for group in self.core.groups.values()
-                 for tier in (*group.pools, *group.stored) if tier in self._bandwidth}
-        return sorted(found) or [Tier.HOST]
+    def _slowest(self) -> float:
+        return min(self._bandwidth[tier] for tier in self._tiers)
 
     # -- the choice --------------------------------------------------------------------------
 
-    def plan_bytes(self, verdict: Verdict) -> int:
-        """Payload bytes the plan's restores move."""
-        return sum(self.core.group(step.group).decl.payload_bytes for step in verdict.plan
-                   if Event.RESTORE_BEGIN in step.path)
-
-    def plan_seconds(self, verdict: Verdict) -> float:
-        """Estimated seconds the plan's restores take at the tiers' bandwidths."""
-        total = 0.0
+    def plan_cost(self, verdict: Verdict) -> PlanCost:
+        """What the plan's restores begin (blocks, payload bytes) and take at the tiers'
+        bandwidths, in one pass over its steps."""
+        ops = nbytes = 0
+        seconds = 0.0
         for step in verdict.plan:
-            if Event.RESTORE_BEGIN in step.path and step.tier in self._bandwidth:
-                total += self.core.group(step.group).decl.payload_bytes / \
-                    self._bandwidth[step.tier]
-        return total
+            if Event.RESTORE_BEGIN in step.path:
+                width = self.core.group(step.group).decl.payload_bytes
+                ops += 1
+                nbytes += width
+                if step.tier in self._bandwidth:
+                    seconds += width / self._bandwidth[step.tier]
+        return PlanCost(ops, nbytes, seconds)
 
-    def fits_drained(self, verdict: Verdict) -> bool:
-        """Whether ``verdict``'s plan fits the caps once no restore is in flight."""
+    def fits_drained(self, cost: PlanCost) -> bool:
+        """Whether a plan of ``cost`` fits the caps once no restore is in flight."""
         budget = self.core.restore_budget
-        ops = sum(Event.RESTORE_BEGIN in step.path for step in verdict.plan)
-        return (budget.max_ops is None or ops <= budget.max_ops) and \
-            (budget.max_bytes is None or self.plan_bytes(verdict) <= budget.max_bytes)
+        return (budget.max_ops is None or cost.ops <= budget.max_ops) and \
+            (budget.max_bytes is None or cost.nbytes <= budget.max_bytes)
 
     def drain_seconds(self) -> float:
         """Estimated seconds until the restores in flight have landed."""
         in_flight = self.core.restore_budget.bytes
-        if not in_flight:
-            return 0.0
-        return in_flight / min(self._bandwidth[tier] for tier in self._tiers_in_use())
+        return in_flight / self._slowest() if in_flight else 0.0
 
     def decide(self, verdict: Verdict, whole: Verdict | None = None) -> Decision:
         """Choose for one request. ``verdict``: the lookup under the current caps (its plan
@@ -246,12 +258,14 @@ class AdmissionGate:
         wait_s = 0.0
         if whole is not None and whole.restorable_tokens > verdict.restorable_tokens:
             now_action = Action.PARTIAL
-            if self.fits_drained(whole):  # waiting helps only if the whole plan then fits
+            whole_cost = self.plan_cost(whole)
+            if self.fits_drained(whole_cost):  # waiting helps only if the whole plan then fits
                 wait_s = self.drain_seconds()
-                estimates[Action.WAIT] = wait_s + self.plan_seconds(whole) + \
+                estimates[Action.WAIT] = wait_s + whole_cost.seconds + \
                     (prompt - whole.restorable_tokens) / compute
+        cost = self.plan_cost(verdict)
         if verdict.restorable_tokens > verdict.usable_tokens:
-            estimates[now_action] = self.plan_seconds(verdict) + \
+            estimates[now_action] = cost.seconds + \
                 (prompt - verdict.restorable_tokens) / compute
         action = min(estimates, key=lambda a: (estimates[a], _PREFERENCE.index(a)))
         reuse = {Action.RECOMPUTE: verdict.usable_tokens,
@@ -259,7 +273,7 @@ class AdmissionGate:
                  }.get(action, verdict.restorable_tokens)
         return Decision(action, reuse, verdict, estimates,
                         wait_s=wait_s if action is Action.WAIT else 0.0,
-                        restore_bytes=self.plan_bytes(verdict)
+                        restore_bytes=cost.nbytes
                         if action in (Action.RESTORE, Action.PARTIAL) else 0)
 
 

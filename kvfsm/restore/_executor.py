@@ -134,19 +134,18 @@ class RestoreTicket:
                 for name in names}
 
     def record(self, load: _Load, restored: IdArray, failed: IdArray, lost: IdArray,
-               result: LoadResult) -> None:
+               statuses: Mapping[str, int], width: int) -> None:
+        """Add one settled load: its blocks by outcome, its load statuses (name -> count)
+        and the payload bytes of the OK ones (``width`` each)."""
         before = self._outcomes.get(load.group, GroupOutcome(load.group))
-        statuses = dict(before.statuses)
-        counts = np.bincount(result.status, minlength=_STATUS_COUNT)
-        for value in np.flatnonzero(counts).tolist():
-            name = _STATUS_NAMES[value]
-            statuses[name] = statuses.get(name, 0) + int(counts[value])
-        width = self._executor.core.group(load.group).decl.payload_bytes
+        merged = dict(before.statuses)
+        for name, count in statuses.items():
+            merged[name] = merged.get(name, 0) + count
         self._outcomes[load.group] = attrs.evolve(
             before, restored=(*before.restored, *restored.tolist()),
             failed=(*before.failed, *failed.tolist()), lost=(*before.lost, *lost.tolist()),
-            statuses=statuses,
-            bytes_loaded=before.bytes_loaded + int(counts[LoadStatus.OK]) * width)
+            statuses=merged,
+            bytes_loaded=before.bytes_loaded + statuses.get(LoadStatus.OK.name, 0) * width)
 
 
 class RestoreExecutor:
@@ -362,15 +361,16 @@ class RestoreExecutor:
         for load, result in zip(loads, results, strict=True):
             mine, codes = load.ids, outcome[start:start + load.ids.size]
             start += load.ids.size
+            counts = np.bincount(result.status, minlength=_STATUS_COUNT)
+            statuses = {_STATUS_NAMES[value]: int(counts[value])
+                        for value in np.flatnonzero(counts).tolist()}
+            made = codes == _RESTORED
             if self.listeners:
-                counts = np.bincount(result.status, minlength=_STATUS_COUNT)
-                made = int((codes == _RESTORED).sum())
-                self._tell(group, load.tier, {_STATUS_NAMES[value]: int(counts[value])
-                                              for value in np.flatnonzero(counts).tolist()},
-                           made * width, load.seconds[0])
+                self._tell(group, load.tier, statuses, int(made.sum()) * width,
+                           load.seconds[0])
             for ticket in load.tickets:
-                ticket.record(load, mine[codes == _RESTORED], mine[codes == _FAILED],
-                              mine[codes == _LOST_COPY], result)
+                ticket.record(load, mine[made], mine[codes == _FAILED],
+                              mine[codes == _LOST_COPY], statuses, width)
 
     def poll(self) -> int:
         """Settle every load whose I/O has finished; returns how many loads were settled."""

@@ -380,17 +380,17 @@ def model_lines(model_type: str, m: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def replay_line(figures: Mapping[str, Any]) -> str | None:
-    """What replaying the kvfsm runs' event logs found, in a line (None: none logged)."""
+def replay_text(figures: Mapping[str, Any]) -> str | None:
+    """What replaying the kvfsm runs' event logs found (None: none logged)."""
     logs = figures.get("event_logs") or {}
     if not logs:
         return None
     moved = sum(entry["blocks_moved"] for entry in logs.values())
     rejected = {run: entry["violation"] for run, entry in logs.items() if not entry["accepted"]}
     if not rejected:
-        return (f"event logs: {len(logs)} kvfsm runs replayed through the lifecycle tables, "
-                f"all accepted ({moved:,} block transitions)")
-    return (f"event logs: {len(rejected)} of {len(logs)} kvfsm runs REJECTED by replay: "
+        return (f"{len(logs)} kvfsm runs replayed through the lifecycle tables, all accepted "
+                f"({moved:,} block transitions)")
+    return (f"{len(rejected)} of {len(logs)} kvfsm runs REJECTED by replay: "
             + "; ".join(f"{run}: {why}" for run, why in rejected.items()))
 
 
@@ -402,9 +402,9 @@ def summary_lines(figures: Mapping[str, Any]) -> list[str]:
     for model_type, why in figures["skipped"].items():
         lines.append(f"{pretty(model_type)}: not served yet ({why})")
     lines.append(figures["remote_note"])
-    replayed = replay_line(figures)
+    replayed = replay_text(figures)
     if replayed is not None:
-        lines.append(replayed)
+        lines.append(f"event logs: {replayed}")
     lines.append(
         f"total: {figures['requests']} requests, hit rate {figures['hit_rate']:.1%}, usable "
         f"{figures['usable_rate']:.1%}; wrong outputs naive {figures['naive_wrong']}, kvfsm "
@@ -518,11 +518,11 @@ def report_markdown(demo: DemoRun, figures: Mapping[str, Any], *, command: str =
             "bookkeeping (lookups, restores and the waits for their loads, commits and the "
             "spills they cause; not the forwards nor the adapter's tensor copies) over the "
             "kvfsm runs' serving wall time.", ""]
-    replayed = replay_line(figures)
+    replayed = replay_text(figures)
     if replayed is not None:
         out += ["Every kvfsm run logged each block transition (`events/*.jsonl`) and the demo "
                 "re-fired each log through the lifecycle tables, as `kvfsm replay` does: "
-                f"{replayed.removeprefix('event logs: ')}.", ""]
+                f"{replayed}.", ""]
     if figures["skipped"]:
         out += ["Not served yet: " + "; ".join(f"{pretty(t)} ({why})"
                                               for t, why in figures["skipped"].items()), ""]

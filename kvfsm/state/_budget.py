@@ -55,12 +55,11 @@ class RestoreBudget:
 
     def room(self, payload_bytes: int) -> int | None:
         """How many more blocks of ``payload_bytes`` may begin restoring (None: no cap)."""
-        rooms = []
-        if self.max_ops is not None:
-            rooms.append(self.max_ops - self.ops)
-        if self.max_bytes is not None:
-            rooms.append((self.max_bytes - self.bytes) // max(payload_bytes, 1))
-        return max(min(rooms), 0) if rooms else None
+        ops, nbytes = self.ops_room(), self.bytes_room()
+        by_bytes = None if nbytes is None else nbytes // max(payload_bytes, 1)
+        if ops is None or by_bytes is None:
+            return by_bytes if ops is None else ops
+        return min(ops, by_bytes)
 
     def ops_room(self) -> int | None:
         return None if self.max_ops is None else max(self.max_ops - self.ops, 0)
