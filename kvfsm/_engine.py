@@ -133,13 +133,15 @@ class Engine:
 
     def prompt(self, token_ids: Sequence[int] | ArrayLike = ()) -> Prompt:
         """A prompt whose block hashes (every block size of the model) are kept incrementally."""
-        return Prompt(self.core.seed, self._block_sizes, token_ids)
+        return Prompt(self.core.seed, self._block_sizes, token_ids,
+                      hash_function=self.core.config.hash_function)
 
     def _own(self, prompt: Prompt | Sequence[int] | ArrayLike) -> Prompt:
         """``prompt`` made here (token ids become a prompt), or a ForeignPromptError."""
         if not isinstance(prompt, Prompt):
             return self.prompt(prompt)
-        prompt.check_made_for(self.core.seed, self._block_sizes, "engine")
+        prompt.check_made_for(self.core.seed, self._block_sizes, "engine",
+                              self.core.config.hash_function)
         return prompt
 
     @_locked

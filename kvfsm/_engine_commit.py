@@ -95,30 +95,30 @@ class Committer:
                             known[failed].astype(np.intp),
                             known[cached & ~failed].astype(np.intp))
 
-    def _givable(self, plan: _GroupCommit) -> NDArray[np.intp]:
-        """Blocks of ``plan``'s group that :meth:`give_back` may take for room: invalid
-        first, then least recently used; never the prompt's own."""
-        group = plan.group
-        candidates = self.core.eviction_candidates(group.name, group.n_blocks)
-        return candidates[~np.isin(candidates, plan.kept)]
+    def _givable(self, plan: _GroupCommit, count: int) -> NDArray[np.intp]:
+        """Up to ``count`` blocks of ``plan``'s group that :meth:`give_back` may take for
+        room: invalid first, then least recently used; never the prompt's own."""
+        return self.core.eviction_candidates(plan.group.name, count, exclude=plan.kept)
 
     def _check_room(self, plans: list[_GroupCommit]) -> None:
         for plan in plans:
             group = plan.group
             device = group.pools[Tier.DEVICE]
             short = plan.fresh.size - device.free - plan.replaced.size
-            if short > 0 and short > self._givable(plan).size:
+            if short > 0 and short > (givable := self._givable(plan, short).size):
                 raise StateError(
                     f"{group.name}: commit needs {plan.fresh.size} device blocks, "
-                    f"{device.free} are free and only {self._givable(plan).size} more can be "
+                    f"{device.free} are free and only {givable} more can be "
                     "given back (the rest are pinned or this prompt's own); nothing changed")
 
     def _make_room(self, plan: _GroupCommit) -> None:
         group, core = plan.group, self.core
         if plan.replaced.size:
             core.fire(group.name, plan.replaced, Event.INVALIDATE)
-            waiting = core.reclaimable(group.name)
-            core.fire(group.name, waiting[np.isin(waiting, plan.replaced)], Event.FREE)
+            # Those left holding their slot with no reader give it back now (pinned ones wait).
+            waiting = plan.replaced[group.reclaimable_mask(plan.replaced)
+                                    & (group.pins[plan.replaced] == 0)]
+            core.fire(group.name, waiting, Event.FREE)
         self.give_back(group.name, plan.fresh.size - group.pools[Tier.DEVICE].free, plan.kept)
 
     def give_back(self, group: str, count: int, keep: ArrayLike = ()) -> int:
@@ -127,9 +127,8 @@ class Committer:
             return 0
         core = self.core
         state = core.group(group)
-        candidates = core.eviction_candidates(group, state.n_blocks)
-        chosen = candidates[~np.isin(candidates, np.asarray(keep, dtype=np.intp))][:count]
-        invalid = np.isin(chosen, core.reclaimable(group))
+        chosen = core.eviction_candidates(group, count, exclude=keep)
+        invalid = state.reclaimable_mask(chosen)
         core.fire(group, chosen[invalid], Event.FREE)
         readable = chosen[~invalid]
         # To host where there is room, host's oldest moving on to disk (never one of keep).

@@ -50,11 +50,11 @@ def check_tiers(core: StateCore, tiers: Mapping[Tier | str, StoredTier]) -> dict
     return out
 
 
-def _keep_mask(size: int, keep: ArrayLike) -> NDArray[np.bool_]:
-    mask = np.zeros(size, dtype=np.bool_)
+def _kept(size: int, keep: ArrayLike) -> IdArray:
+    """The ids of ``keep`` that name blocks (others are ignored)."""
     kept = np.asarray(keep, dtype=np.intp).ravel()
-    mask[kept[(kept >= 0) & (kept < size)]] = True
-    return mask
+    in_range: IdArray = kept[(kept >= 0) & (kept < size)]
+    return in_range
 
 
 class EngineTiers:
@@ -161,12 +161,11 @@ class EngineTiers:
             return 0
         core = self.core
         state = core.group(group)
-        table = state.table
-        here = (table.residency[state.states] == int(tier)) & ~table.in_flight[state.states] \
-            & (state.pins == 0) & ~table.readable[state.states] \
-            & ~_keep_mask(state.n_blocks, keep)
-        ids = np.flatnonzero(here)
-        ids = ids[np.argsort(state.last_use[ids], kind="stable")][:count].astype(np.intp)
+        resting = state.resting_lists.get(Tier(tier))
+        if resting is None:
+            return 0  # no state of this lifecycle rests there
+        # The oldest unpinned blocks resting there (a recency list: costs what it walks).
+        ids = state.oldest(resting, count, _kept(state.n_blocks, keep))
         if not ids.size:
             return 0
         below = Tier(int(tier) + 1) if int(tier) + 1 < len(Tier) else None

@@ -7,8 +7,8 @@ path that hashes tokens goes through :func:`as_token_ids` first.
 
 from __future__ import annotations
 
-import array
 import reprlib
+import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,8 +29,9 @@ _SHORT.maxstring = _SHORT.maxother = 30
 
 
 def as_token_ids(token_ids: Sequence[int] | ArrayLike) -> NDArray[np.int64]:
-    """``token_ids`` as a 1-D int64 array, or :class:`TokenError` if any id is not an integer
-    in ``[0, 2**63)``.
+    """``token_ids`` as a 1-D C-contiguous int64 array, or :class:`TokenError` if any id is
+    not an integer in ``[0, 2**63)``. A C-contiguous int64 array, or a CPU int64 tensor, comes
+    back as a view of the caller's memory (not a copy); other inputs are converted once.
 
     Accepted: a sequence (or an iterator) of Python or NumPy integers, a 1-D NumPy array of
     any integer dtype (int8..int64, uint8..uint64, or object holding integers), and a 1-D torch
@@ -59,11 +60,12 @@ def as_token_ids(token_ids: Sequence[int] | ArrayLike) -> NDArray[np.int64]:
 
 
 def _from_sequence(values: Sequence[object]) -> NDArray[np.int64]:
-    # array('q') takes only int-likes (floats, strings and sequences raise) and overflows at
-    # 2**63, in one C loop: the full type check costs no more than the old int64 cast did.
+    # struct's native "q" takes only int-likes (floats, strings and sequences raise) and
+    # overflows at 2**63, in one C loop: the fastest correct list -> int64 conversion measured
+    # (array('q') parses a format per item, np.fromiter casts floats and parses strings).
     try:
-        packed = array.array("q", values if isinstance(values, list) else list(values))
-    except (TypeError, OverflowError, ValueError):
+        packed = struct.pack(f"{len(values)}q", *values)
+    except (struct.error, TypeError, OverflowError, ValueError):
         raise _first_bad(values) from None
     tokens: NDArray[np.int64] = np.frombuffer(packed, dtype=np.int64)
     if not tokens.size:
@@ -102,7 +104,8 @@ def _from_array(values: NDArray[Any]) -> NDArray[np.int64]:
     if kind == "u" and itemsize == 8 and values.max() >= TOKEN_ID_LIMIT:
         position = int(np.argmax(values >= TOKEN_ID_LIMIT))
         raise _bad(position, values[position])
-    return np.asarray(values, dtype=np.int64)
+    # C-contiguous int64 (an array or a CPU tensor's view) comes back as it is, not copied.
+    return np.ascontiguousarray(values, dtype=np.int64)
 
 
 def _first_bad(values: Sequence[object]) -> TokenError:

@@ -153,7 +153,15 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from kvfsm.bench import bench_fsm, bench_lookup, bench_restore, bench_state, restore_table
+    from kvfsm.bench import (
+        LENGTHS,
+        POOL_SIZES,
+        bench_fsm,
+        bench_lookup,
+        bench_restore,
+        bench_state,
+        restore_table,
+    )
 
     def progress(line: str) -> None:
         # stderr, so stdout stays the figures alone (parseable with --json).
@@ -167,7 +175,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     figures: Mapping[str, object]
     try:
         if args.what == "lookup":
-            figures = bench_lookup(tokens=args.tokens, progress=report)
+            figures = bench_lookup(
+                tokens=args.tokens, progress=report,
+                lengths=LENGTHS if args.lengths is None else args.lengths,
+                pool_sizes=POOL_SIZES if args.pool_sizes is None else args.pool_sizes)
         elif args.what == "restore":
             figures = bench_restore(blocks=blocks, block_bytes=args.block_bytes,
                                     workers=args.workers, remote=args.remote, progress=report)
@@ -183,9 +194,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print("\n".join(restore_table(figures)))
     else:
         for key, value in figures.items():
-            shown = f"{value:,.3f}" if isinstance(value, float) else str(value)
+            if isinstance(value, dict):
+                shown = json.dumps(value)
+            else:
+                shown = f"{value:,.3f}" if isinstance(value, float) else str(value)
             print(f"{key:32s} {shown}")
     return 0
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    """A comma-separated list of sizes >= 1 (``none``: an empty list)."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers or 'none', got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return sizes
 
 
 def _demo_specs(out_dir: Path, lines: list[str]) -> bool:
@@ -453,6 +481,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "restored (restore; default 64)")
     bench.add_argument("--tokens", type=positive_int, default=131_072,
                        help="prompt tokens (lookup; >= 1)")
+    bench.add_argument("--lengths", type=_sizes, default=None,
+                       help="lookup: prompt lengths of the per-length table (comma-separated; "
+                       "'none' leaves it out; default 1024 to 524288 tokens)")
+    bench.add_argument("--pool-sizes", type=_sizes, default=None,
+                       help="lookup: pool sizes (blocks per group) of the pool-size table "
+                       "(comma-separated; 'none' leaves it out; default 10000, 100000, "
+                       "1000000)")
     bench.add_argument("--block-bytes", type=positive_int, default=1 << 20,
                        help="bytes per block (restore; a multiple of 64; default 1048576)")
     bench.add_argument("--workers", type=positive_int, default=2,

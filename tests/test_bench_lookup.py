@@ -10,6 +10,8 @@ from kvfsm import KvfsmError
 from kvfsm.bench import bench_lookup
 from kvfsm.cli import main
 
+#: The per-length and pool-size tables left out (they build engines up to 1 M blocks).
+NO_TABLES = ("--lengths", "none", "--pool-sizes", "none")
 KEYS = ("tokens", "lookup_ms_median", "baseline_ms_median", "ratio_baseline_vs_lookup",
         "hash_ms_median", "lookup_ms_median_engine", "lookup_ms_median_metrics_log",
         "lookup_ms_median_observed")
@@ -40,19 +42,19 @@ def test_bench_lookup_without_prometheus_says_why(monkeypatch: pytest.MonkeyPatc
 
 
 def test_cli_bench_lookup_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "lookup", "--json", "--tokens", "2048"]) == 0
+    assert main(["bench", "lookup", "--json", "--tokens", "2048", *NO_TABLES]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert set(KEYS) <= set(figures)
 
 
 def test_cli_bench_lookup_reports_progress_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "lookup", "--json", "--tokens", "2048"]) == 0
+    assert main(["bench", "lookup", "--json", "--tokens", "2048", *NO_TABLES]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["tokens"] == 2048  # progress never reaches stdout
     progress = captured.err.splitlines()
     assert "bench lookup: hashing 2048 tokens..." in progress
     assert all(line.startswith("bench lookup: ") for line in progress)
-    assert main(["bench", "lookup", "--quiet", "--tokens", "2048"]) == 0
+    assert main(["bench", "lookup", "--quiet", "--tokens", "2048", *NO_TABLES]) == 0
     assert capsys.readouterr().err == ""
 
 
@@ -69,3 +71,23 @@ def test_bench_lookup_counts_runs_of_long_measurements(monkeypatch: pytest.Monke
     bench_lookup(tokens=1024, repeat=3, progress=lines.append)
     assert "bench lookup: hit-only baseline: 3/3 runs" in lines
     assert "bench lookup: hashing: 2/3 runs" in lines
+
+
+def test_bench_lookup_tables_per_length_and_pool_size(capsys: pytest.CaptureFixture[str]) -> None:
+    """``lengths``: per prompt length the lookup's median and cost per 1 k tokens;
+    ``pool_sizes``: per operation its cost at each pool size and the ratio largest/smallest."""
+    assert main(["bench", "lookup", "--json", "--quiet", "--tokens", "1024", "--lengths",
+                 "1024,2048", "--pool-sizes", "2000,4000"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert set(figures["lengths"]) == {"1024", "2048"}
+    for row in figures["lengths"].values():
+        assert row["lookup_ms_median"] > 0 and row["usable_tokens"] > 0
+    pools = figures["pool_sizes"]
+    assert pools["pool_sizes"] == [2000, 4000]
+    assert pools["lookup_ratio_max_vs_min_pool"] > 0
+
+
+@pytest.mark.parametrize("text", ["0", "1,x", ""])
+def test_cli_bench_lookup_refuses_bad_sizes(text: str) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "lookup", "--lengths", text])

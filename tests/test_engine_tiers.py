@@ -522,13 +522,17 @@ def test_files_the_cap_evicts_stop_being_hits(tmp_path: Path) -> None:
         commit(eng, prompt)
     # The first two prompts went to disk (16 files), the cap kept the 12 newest.
     assert len(store) == 12
+    leads = []
     for prompt in prompts[:2]:
         present = store.contains([key(eng, prompt, i) for i in range(BLOCKS)])
         leading = BLOCKS if present.all() else int(np.argmin(present))
         verdict = eng.lookup(prompt)
         assert verdict.hit_tokens == leading * BS
         assert verdict.restorable_tokens == leading * BS
-    assert eng.lookup(prompts[0]).hit_tokens == 0
+        leads.append(leading)
+    # Which four files went depends on the order the spill workers finished their puts; a
+    # prompt missing one of them is a shorter hit.
+    assert min(leads) < BLOCKS
     # Every block the core believes is on disk has its file.
     group = eng.core.group(GROUP)
     on_disk = eng.core.blocks_in(GROUP, "disk")

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
@@ -72,18 +73,105 @@ def test_sliding_window_leases_only_the_window() -> None:
 
 
 def test_compressed_history_index_and_targets_are_leased() -> None:
-    """The compressed history up to the boundary, every index block, and the history blocks
-    the index points at (pinned through the index)."""
+    """The compressed history up to the boundary and every index block; every history block
+    an index block points at is one the lease holds as a history block (a usable index row
+    points only at history ending before it), so each is pinned once, and none can move."""
     eng, lease = _committed("deepseek_v4_like")
     history = _ids(eng, "history", range(5))
     assert lease.blocks("history").tolist() == history
     assert lease.blocks("index").tolist() == _ids(eng, "index", range(20))
     index = eng.core.group("index")
     targets = index.refs_target[lease.blocks("index")]
+    assert set(targets[targets >= 0].tolist()) <= set(history)
     expected = np.zeros(eng.core.group("history").n_blocks, dtype=np.int64)
-    expected[history] += 1  # the lease's own pin
+    expected[history] = 1  # the lease's own pin, once per block
+    assert eng.core.group("history").pins.tolist() == expected.tolist()
+    with pytest.raises(GuardRejected, match="no_pins"):
+        eng.core.fire("history", [int(targets[targets >= 0][0])], Event.EVICT)
+    lease.release()
+    assert _pins(eng) == {"history": 0, "swa": 0, "index": 0}
+
+
+def test_a_verdict_without_its_probe_leases_through_the_index() -> None:
+    """A verdict made by hand (no probe) is leased by probing the prompt again; an index's
+    targets are then pinned through it, once per reference, and all given back."""
+    eng = _engine("deepseek_v4_like")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict = attrs.evolve(eng.lookup(prompt), probe=None)
+    lease = eng.lease(verdict, prompt)
+    history = _ids(eng, "history", range(5))
+    targets = eng.core.group("index").refs_target[lease.blocks("index")]
+    expected = np.zeros(eng.core.group("history").n_blocks, dtype=np.int64)
+    expected[history] += 1
     np.add.at(expected, targets[targets >= 0], 1)  # one per reference of a pinned index
     assert eng.core.group("history").pins.tolist() == expected.tolist()
+    lease.validate()
+    lease.release()
+    assert _pins(eng) == {"history": 0, "swa": 0, "index": 0}
+
+
+@pytest.mark.parametrize("name", ["dense", "gpt_oss_like", "deepseek_v4_like",
+                                  "qwen3_next_like"])
+def test_a_lease_from_the_probe_holds_what_a_fresh_probe_would(name: str) -> None:
+    """Leasing from what the lookup found pins the same blocks, at the same epochs, as
+    probing the prompt again (every shipped model); both validate, and both give back every
+    pin they took."""
+    eng = _engine(name)
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    assert verdict.probe is not None
+    fast = eng.lease(verdict, prompt)
+    fresh = eng.lease(attrs.evolve(verdict, probe=None), prompt)
+    for name in eng.core.groups:
+        assert fast.blocks(name).tolist() == fresh.blocks(name).tolist()
+        assert fast.indices(name).tolist() == fresh.indices(name).tolist()
+        assert fast.epochs(name).tolist() == fresh.epochs(name).tolist()
+    fast.validate()
+    fresh.validate()
+    fast.release()
+    fresh.release()
+    assert set(_pins(eng).values()) == {0}
+
+
+def test_a_block_that_moved_since_the_lookup_refuses_the_lease() -> None:
+    """Evicted and written again between the lookup and the lease (same hash, new epoch):
+    the probe's epochs tell, the lease is refused and pins nothing."""
+    eng = _engine("dense")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    block = block_id(eng, "attn", TEXT, 3)
+    eng.core.fire("attn", [block], Event.EVICT)
+    with pytest.raises(LeaseLost, match="no longer cached") as lost:
+        eng.lease(verdict, prompt)
+    assert (lost.value.group, lost.value.block) == ("attn", block)
+    assert _pins(eng) == {"attn": 0}
+    eng.commit(prompt)  # the prefix written again: new epochs, the old verdict still refused
+    with pytest.raises(LeaseLost):
+        eng.lease(verdict, prompt)
+    eng.lease(eng.lookup(prompt), prompt).release()
+
+
+def test_a_probe_of_another_prompt_or_engine_is_not_used() -> None:
+    """A verdict leased with a prompt of another prefix, or by another engine, is probed
+    afresh: never the first prompt's (or engine's) blocks."""
+    eng = _engine("dense")
+    prompt, other = eng.prompt(TEXT), eng.prompt(tokens(321, seed=7))
+    eng.commit(prompt)
+    eng.commit(other)
+    verdict = eng.lookup(prompt)
+    with eng.lease(verdict, other) as lease:
+        assert lease.blocks("attn").tolist() == [block_id(eng, "attn", other.token_ids, i)
+                                                 for i in range(20)]
+    twin = _engine("dense")
+    twin_prompt = twin.prompt(TEXT)
+    twin.commit(twin_prompt)
+    with twin.lease(verdict, twin_prompt) as lease:
+        assert lease.blocks("attn").tolist() == [block_id(twin, "attn", TEXT, i)
+                                                 for i in range(20)]
+    assert _pins(eng) == {"attn": 0} and _pins(twin) == {"attn": 0}
 
 
 def test_index_targets_outside_the_window_are_held_and_checked() -> None:

@@ -116,14 +116,60 @@ def test_an_epoch_moved_by_a_row_that_does_not_bump_it(tmp_path: Path, logged: A
     rejected(result, line, "epoch", "bumps it 0 time(s)")
 
 
+def _last_epoch_back(record: Record) -> None:
+    """The last epoch of a read one lower, in whichever spelling the log used."""
+    if "epochs" in record:
+        record["epochs"][-1] -= 1
+        return
+    value, count = record["epochs_runs"][-1]
+    record["epochs_runs"][-1:] = [[value, count - 1], [value - 1, 1]] if count > 1 \
+        else [[value - 1, 1]]
+
+
 def test_a_read_at_an_epoch_the_block_has_left(tmp_path: Path, logged: Any) -> None:
     def edit(head: Record, lines: list[Record]) -> int:
         i = next(i for i, r in enumerate(lines) if r["type"] == "read")
-        lines[i]["epochs"][-1] -= 1
+        _last_epoch_back(lines[i])
         return i
 
     result, line = tamper(tmp_path, logged, edit)
     rejected(result, line, "read", "content is at epoch", "(it changed)")
+
+
+def test_a_long_read_is_written_as_runs_and_replays(tmp_path: Path) -> None:
+    """A read of consecutive blocks at one epoch (a lease's blocks) is logged as runs, which
+    replay reads back exactly: one epoch moved inside a run is still caught."""
+    c = core()
+    ids = written(c, 4)
+    with EventLog(tmp_path / "log.jsonl") as log:
+        log.attach(c)
+        c.record_read(GROUP, ids)
+    record = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
+    assert record["ids_runs"] == [[int(ids[0]), 4]] and "ids" not in record
+    assert record["epochs_runs"] == [[int(c.group(GROUP).epoch[ids[0]]), 4]]
+    assert replay(tmp_path / "log.jsonl").accepted
+
+
+@pytest.mark.parametrize("runs, why", [
+    ([[0, 10**9]], "count"),
+    ([[0, 0]], "count"),
+    ([[5, 2, 1]], "pair"),
+    ([[10**6, 1]], "integer in"),
+])
+def test_malformed_runs_are_refused_before_they_are_expanded(
+        tmp_path: Path, runs: list[list[int]], why: str) -> None:
+    c = core()
+    ids = written(c, 4)
+    with EventLog(tmp_path / "log.jsonl") as log:
+        log.attach(c)
+        c.record_read(GROUP, ids)
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    record = json.loads(lines[-1])
+    record["ids_runs"] = runs
+    lines[-1] = json.dumps(record)
+    (tmp_path / "log.jsonl").write_text("\n".join(lines) + "\n")
+    result = replay(tmp_path / "log.jsonl")
+    assert result.violation is not None and why in result.violation.message, result
 
 
 def test_a_read_of_a_block_a_kernel_may_not_read(tmp_path: Path) -> None:

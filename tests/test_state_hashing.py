@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import pytest
+import xxhash
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from kvfsm import TokenError
-from kvfsm.state import PrefixHashes, hash_seed, join_words, split_digest
+from kvfsm import KvfsmError, TokenError
+from kvfsm._jit import settings as jit
+from kvfsm.state import (
+    HASH_FUNCTIONS,
+    PrefixHashes,
+    _hash_kernel,
+    hash_seed,
+    join_words,
+    split_digest,
+)
+from kvfsm.state._hashing import SHA256
 
 SEED = hash_seed("m", 1)
 TOKENS = st.lists(st.integers(0, 2**31 - 1), max_size=120)
@@ -167,3 +179,156 @@ def test_prefix_hashes_refuse_what_is_not_a_token_id() -> None:
         with pytest.raises(TokenError):
             hashes.extend(bad)
     assert (hashes.n_tokens, hashes.n_blocks) == (8, 0)
+
+
+# --- the hash functions and their chains -------------------------------------------------------
+
+#: Block sizes reaching each XXH3 path of a block's input (16 + 8 * size bytes): up to 128
+#: bytes (sizes 1-14), 129-240 (15-28), striped (29+; several 1024-byte stripes from 127 on).
+PATH_SIZES = st.one_of(st.integers(1, 30), st.sampled_from([63, 64, 65, 126, 127, 128, 129, 300]))
+#: Small ids make equal blocks likely; large ones reach the int64 edge.
+ANY_TOKEN = st.one_of(st.integers(0, 3), st.integers(0, 2**63 - 1))
+
+
+def _reference_words(tokens: list[int], block_size: int, seed: bytes,
+                     function: str) -> tuple[list[int], list[int]]:
+    """The chain as the module docstring defines it, one block at a time with the reference
+    libraries: block i hashes block i - 1's digest (the seed for block 0) and its tokens as
+    little-endian int64; xxh3_128 chains 16-byte digests, sha256 the full 32 bytes and keeps
+    the first 16."""
+    parent, high, low = seed, [], []
+    raw = np.array(tokens, dtype="<i8").tobytes()
+    step = 8 * block_size
+    for start in range(0, len(raw) - len(raw) % step, step):
+        if function == SHA256:
+            parent = hashlib.sha256(parent + raw[start : start + step]).digest()
+        else:
+            parent = xxhash.xxh3_128_digest(parent + raw[start : start + step])
+        high.append(int.from_bytes(parent[:8], "little"))
+        low.append(int.from_bytes(parent[8:16], "little"))
+    return high, low
+
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=st.lists(ANY_TOKEN, max_size=700), block_size=PATH_SIZES,
+       seed=st.binary(min_size=16, max_size=16), function=st.sampled_from(HASH_FUNCTIONS),
+       compiled=st.booleans())
+def test_words_are_the_reference_chain(tokens: list[int], block_size: int, seed: bytes,
+                                       function: str, compiled: bool) -> None:
+    """For any tokens, block size, seed and hash function, compiled or not, the words are
+    those of the chain computed block by block with xxhash / hashlib."""
+    if compiled and not jit.available:
+        return
+    prefix = PrefixHashes(seed, block_size, function)
+    with jit.using(compiled):
+        prefix.extend(tokens)
+    high, low = prefix.words()
+    assert (high.tolist(), low.tolist()) == _reference_words(tokens, block_size, seed, function)
+
+
+@settings(max_examples=100, deadline=None)
+@given(tokens=st.lists(ANY_TOKEN, max_size=400), block_size=PATH_SIZES,
+       function=st.sampled_from(HASH_FUNCTIONS), data=st.data())
+def test_any_chunking_gives_the_words_of_one_extend(tokens: list[int], block_size: int,
+                                                    function: str, data: st.DataObject) -> None:
+    """Extending in arbitrary chunks (as arrays or lists, empty ones included) gives the words
+    of one extend of all the tokens, at every block size and with either function."""
+    whole = PrefixHashes(SEED, block_size, function)
+    whole.extend(tokens)
+    cuts = data.draw(st.lists(st.integers(0, len(tokens)), max_size=8), label="cuts")
+    pieces = PrefixHashes(SEED, block_size, function)
+    bounds = [0, *sorted(cuts), len(tokens)]
+    for start, stop in itertools.pairwise(bounds):
+        chunk = tokens[start:stop]
+        pieces.extend(np.array(chunk, dtype=np.int64) if start % 2 else chunk)
+    assert pieces.keys() == whole.keys()
+    assert pieces.n_tokens == whole.n_tokens == len(tokens)
+
+
+def test_the_default_chain_is_unchanged_so_stored_keys_stay_valid() -> None:
+    """Disk and remote copies are named by these words: the compiled chain gives exactly the
+    seeds and words of earlier versions (values computed by the per-block xxhash chain)."""
+    assert hash_seed("m", 1).hex() == "a6a7f64f5037f71adf7792f370ac6ade"
+    expected = {1: (0x836D815AF1ECAA74ACB6246F25EC0E3, 0x9E32593329FB2C4DEFA3CD88BF568214),
+                16: (0x24DB25797E818B9D80E3197CECA8B26, 0xCE697494CE9CCFCD7BC87266439B631B),
+                64: (0x79104BE840DC91D7BAE3DD92E696862C, 0x1C1593B34D82E6AAA852828A70F219B7)}
+    for block_size, (first, last) in expected.items():
+        keys = _hashes(np.arange(256), block_size).keys()
+        assert (keys[0], keys[-1]) == (first, last), block_size
+
+
+def test_sha256_is_its_own_namespace() -> None:
+    """The collision-resistant function gives other seeds and other words for the same key and
+    tokens, so caches hashing differently share no block."""
+    tokens = list(range(64))
+    assert hash_seed("m", 1, hash_function=SHA256) != hash_seed("m", 1)
+    assert len(hash_seed("m", 1, hash_function=SHA256)) == 16
+    fast = _hashes(tokens, 16).keys()
+    strong = PrefixHashes(hash_seed("m", 1, hash_function=SHA256), 16, SHA256)
+    strong.extend(tokens)
+    assert strong.n_blocks == 4 and not set(strong.keys()) & set(fast)
+    assert strong.hash_function == SHA256 and PrefixHashes(SEED, 16).hash_function == "xxh3_128"
+
+
+@pytest.mark.parametrize("name", ["xxhash", "SHA256", "", 3])
+def test_an_unknown_hash_function_is_refused_naming_the_choices(name: object) -> None:
+    with pytest.raises(KvfsmError, match=r"hash_function must be one of \['xxh3_128', 'sha256'\]"):
+        PrefixHashes(SEED, 16, name)  # type: ignore[arg-type]
+    with pytest.raises(KvfsmError, match="one of"):
+        hash_seed("m", 1, hash_function=name)  # type: ignore[arg-type]
+
+
+def test_a_seed_that_is_not_16_bytes_is_refused() -> None:
+    with pytest.raises(ValueError, match="seed must be 16 bytes"):
+        PrefixHashes(b"short", 16)
+
+
+class _CountingKernel:
+    """Stands in for the chain kernel, recording how many blocks each call hashed."""
+
+    def __init__(self, kernel: Callable[..., None]) -> None:
+        self.kernel = kernel
+        self.blocks: list[int] = []
+
+    def __call__(self, tokens: np.ndarray, block_size: int, *rest: np.ndarray) -> None:
+        self.blocks.append(tokens.size // block_size)
+        self.kernel(tokens, block_size, *rest)
+
+
+def test_one_token_appends_hash_each_block_once_and_words_cost_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decoding appends one token at a time: each append hashes at most the one block it
+    completes (every block exactly once overall), the word arrays grow by doubling (a
+    logarithmic number of moves), and words() is a view of them, not a rebuild."""
+    counter = _CountingKernel(_hash_kernel.chain_kernel)
+    monkeypatch.setattr(_hash_kernel, "chain_kernel", counter)
+    prefix = PrefixHashes(SEED, 16)
+    storages = set()
+    earlier: list[tuple[np.ndarray, np.ndarray]] = []
+    for token in range(5000):
+        prefix.extend([token])
+        high, low = prefix.words()
+        storages.add(high.base.__array_interface__["data"][0] if high.base is not None else 0)
+        if token % 997 == 0:
+            earlier.append((high, high.copy()))
+    assert counter.blocks == [1] * (5000 // 16)  # one call per completed block, one block each
+    assert prefix.n_blocks == 5000 // 16
+    assert len(storages) <= 2 + int(np.log2(5000 // 16))
+    high, low = prefix.words()
+    again = prefix.words()
+    assert np.shares_memory(high, again[0]) and np.shares_memory(low, again[1])
+    for view, then in earlier:  # earlier answers still hold the words of their time
+        assert np.array_equal(view, then)
+    assert prefix.keys() == _hashes(list(range(5000)), 16).keys()
+
+
+def test_a_refused_extend_leaves_every_word_as_it_was() -> None:
+    prefix = _hashes(list(range(40)), 16)
+    before = [w.copy() for w in prefix.words()]
+    for bad in ([*range(30), -1], [*range(30), 0.5], [True] * 20):
+        with pytest.raises(TokenError):
+            prefix.extend(bad)
+    assert (prefix.n_tokens, prefix.n_blocks) == (40, 2)
+    assert all(np.array_equal(a, b) for a, b in zip(prefix.words(), before, strict=True))
+    prefix.extend(range(40, 48))  # the pending block completes as if nothing was refused
+    assert prefix.keys() == _hashes(list(range(48)), 16).keys()

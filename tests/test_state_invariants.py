@@ -189,6 +189,15 @@ def _stack_a_live_block_as_free(s: Sound) -> str:
     return "swa"
 
 
+def _drop_a_readable_block_from_its_recency_list(s: Sound) -> str:
+    group = s.group("swa")
+    listed = int(group.recency.list_of_state[group.states[s.swa[0]]])
+    oldest = int(group.recency.head[listed])
+    # Its list's head skips it, behind the core's back: give-backs would never offer it.
+    _corrupt(group, "recency.head", listed, int(group.recency.next[oldest]))
+    return "swa"
+
+
 def _count_a_restore_that_is_not_running(s: Sound) -> str:
     group = s.group("history")
     group._restoring += 1  # a plain counter, not an array: written behind the core's back
@@ -206,6 +215,7 @@ SEEDS: dict[str, Callable[[Sound], str]] = {
     "dependents_exact": _unlink_a_reference_from_the_reverse_map,
     "sub_blocks_complete": _forget_a_sub_block_of_a_complete_block,
     "free_ids_exact": _stack_a_live_block_as_free,
+    "recency_exact": _drop_a_readable_block_from_its_recency_list,
     "restores_counted": _count_a_restore_that_is_not_running,
 }
 

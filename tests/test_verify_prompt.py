@@ -11,9 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvfsm import ForeignPromptError, KvfsmError, TokenError
-from kvfsm.state import hash_seed
+from kvfsm import Engine, ForeignPromptError, KvfsmError, TokenError
+from kvfsm._tokens import as_token_ids
+from kvfsm.state import CoreConfig, hash_seed
 from kvfsm.verify import Prompt
+from tests.verify_models import GPT_OSS
 
 SEED = hash_seed("m", 1)
 OTHER_SEED = hash_seed("m", 1, "tenant-a")
@@ -237,8 +239,8 @@ def test_check_made_for_accepts_its_own_engine_even_when_it_keeps_more_sizes() -
 def test_check_made_for_refuses_another_seed() -> None:
     prompt = Prompt(SEED, [16], [1, 2, 3])
     with pytest.raises(ForeignPromptError,
-                       match=r"prompt was made for another model, layout version or cache_salt; "
-                             r"make it with engine\.prompt\(\.\.\.\)"):
+                       match=r"prompt was made for another model, layout version, cache_salt or "
+                             r"hash function; make it with engine\.prompt\(\.\.\.\)"):
         prompt.check_made_for(OTHER_SEED, [16], "engine")
 
 
@@ -305,3 +307,88 @@ def test_block_words_are_equal_iff_token_ids_are_equal_as_integers(
     whole = [len(t) - len(t) % block_size for t in pair]
     assert _same_words(first, second, block_size) == (
         pair[0][: whole[0]] == pair[1][: whole[1]])
+
+
+# --- inputs are viewed, not copied, where they can be ------------------------------------------
+
+
+def test_int64_arrays_and_cpu_tensors_are_viewed_others_converted_once() -> None:
+    """A C-contiguous int64 array or CPU int64 tensor is hashed in place (no copy); a strided
+    or other-dtype one is converted into one C-contiguous int64 array."""
+    tokens = np.arange(1000, dtype=np.int64)
+    assert as_token_ids(tokens) is tokens
+    strided = as_token_ids(tokens[::2])
+    assert strided.flags.c_contiguous and strided.tolist() == list(range(0, 1000, 2))
+    narrow = as_token_ids(tokens.astype(np.int32))
+    assert narrow.dtype == np.int64 and narrow.flags.c_contiguous
+    torch = pytest.importorskip("torch")
+    tensor = torch.arange(1000, dtype=torch.int64)
+    assert np.shares_memory(as_token_ids(tensor), tensor.numpy())
+    assert as_token_ids(torch.arange(10, dtype=torch.int32)).tolist() == list(range(10))
+
+
+def test_a_prompt_made_from_a_list_keeps_growing_as_one_from_an_array() -> None:
+    """The prompt keeps the array it converted a list into; extending it afterwards (one token
+    at a time, then in chunks) gives the tokens and words of one array, and every earlier
+    token_ids answer stays as it was."""
+    tokens = list(range(100, 133))
+    prompt = _prompt(tokens)
+    first = prompt.token_ids
+    for extra in ([7], [8], list(range(40))):
+        prompt.extend(extra)
+        tokens += extra
+    assert first.tolist() == list(range(100, 133))
+    assert prompt.token_ids.tolist() == tokens
+    assert all(_same_words(prompt, _prompt(np.array(tokens)), size) for size in SIZES)
+
+
+def test_words_are_kept_not_rebuilt() -> None:
+    """words() hands out views of the kept words (O(1)), still valid after later extends."""
+    prompt = _prompt(list(range(64)))
+    high, low = prompt.words(16)
+    again = prompt.words(16)
+    assert np.shares_memory(high, again[0]) and np.shares_memory(low, again[1])
+    before = high.copy()
+    prompt.extend(range(64, 2000))
+    assert np.array_equal(high, before)
+    assert np.array_equal(prompt.words(16)[0][:4], before)
+
+
+# --- the hash function ---------------------------------------------------------------------------
+
+
+def test_the_hash_function_is_kept_and_changes_every_word() -> None:
+    tokens = list(range(64))
+    fast, strong = _prompt(tokens), Prompt(SEED, SIZES, tokens, hash_function="sha256")
+    assert (fast.hash_function, strong.hash_function) == ("xxh3_128", "sha256")
+    for size in SIZES:
+        assert not set(fast.words(size)[0].tolist()) & set(strong.words(size)[0].tolist())
+    assert "sha256" in repr(strong)
+    with pytest.raises(KvfsmError, match=r"hash_function must be one of \['xxh3_128', 'sha256'\]"):
+        Prompt(SEED, SIZES, tokens, hash_function="md5")
+
+
+def test_check_made_for_refuses_another_hash_function() -> None:
+    prompt = Prompt(SEED, [16], [1, 2, 3], hash_function="sha256")
+    prompt.check_made_for(SEED, [16], "engine")  # the seed alone cannot tell
+    with pytest.raises(ForeignPromptError, match="hashed with sha256 but engine uses xxh3_128"):
+        prompt.check_made_for(SEED, [16], "engine", "xxh3_128")
+
+
+def test_engines_hashing_differently_refuse_each_others_prompts() -> None:
+    """An engine configured for sha256 makes sha256 prompts under its own seed; the default
+    engine refuses them (and the other way round), so no block is ever shared."""
+    config = {"device_blocks": 32, "host_blocks": 0, "backend": "numpy"}
+    fast = Engine(GPT_OSS, CoreConfig(**config))
+    strong = Engine(GPT_OSS, CoreConfig(**config, hash_function="sha256"))
+    assert strong.core.seed != fast.core.seed
+    tokens = np.arange(200)
+    made = strong.prompt(tokens)
+    assert made.hash_function == "sha256"
+    with pytest.raises(ForeignPromptError):
+        fast.lookup(made)
+    with pytest.raises(ForeignPromptError):
+        strong.lookup(fast.prompt(tokens))
+    assert strong.lookup(made).usable_tokens == 0  # and its own lookups work
+    with pytest.raises(KvfsmError, match=r"CoreConfig.hash_function must be one of"):
+        CoreConfig(hash_function="xxh3")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -13,16 +14,26 @@ from numpy.typing import NDArray
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
 from kvfsm._jit import settings as jit
+from kvfsm.bench._pools import bench_pool_sizes
 from kvfsm.bench._timing import Progress, ProgressFn, median_seconds
 from kvfsm.obs import EngineMetrics, EventLog
 from kvfsm.spec import ModelDecl, shipped_models
 from kvfsm.state import CoreConfig
-from kvfsm.verify import Level, lookup
+from kvfsm.verify import Level, Prompt, lookup
+
+#: Prompt lengths of the ``lengths`` table: the short prompts most requests have up to the
+#: longest contexts served.
+LENGTHS = (1_024, 4_096, 16_384, 65_536, 131_072, 524_288)
+#: Pool sizes (blocks per group) of the ``pool_sizes`` table: 10 k to 1 M.
+POOL_SIZES = (10_000, 100_000, 1_000_000)
+#: Prompt tokens of the pool-size table (fits the smallest pool; long enough to matter).
+POOL_TOKENS = 16_384
 
 
 def bench_lookup(
-    *, tokens: int = 131_072, repeat: int = 41, progress: ProgressFn | None = None
-) -> dict[str, float | int | str | None]:
+    *, tokens: int = 131_072, repeat: int = 41, progress: ProgressFn | None = None,
+    lengths: Sequence[int] = (), pool_sizes: Sequence[int] = (),
+) -> dict[str, object]:
     """Median lookup latency over the DeepSeek-style model (every group, every layer at FULL
     level minus data checksums; with checksums, and with the NumPy twins of the compiled
     kernels, reported too), against a baseline that walks each group's blocks one by one in
@@ -104,7 +115,43 @@ def bench_lookup(
         "ratio_baseline_vs_lookup": baseline_s / lookup_s,
         "hash_ms_median": hash_s * 1e3,
         **observed,
+        **({"lengths": _lengths(model, lengths, repeat, report)} if lengths else {}),
+        **({"pool_sizes": bench_pool_sizes(pool_sizes=pool_sizes, tokens=POOL_TOKENS,
+                                           progress=progress)} if pool_sizes else {}),
     }
+
+
+def _lengths(model: ModelDecl, lengths: Sequence[int], repeat: int, report: Progress
+             ) -> dict[str, dict[str, float | int]]:
+    """Per prompt length: the median lookup (every group, every check, FULL minus data
+    checksums, as the headline figure) of a committed prompt, and the hashing of it."""
+    table: dict[str, dict[str, float | int]] = {}
+    finest = min(g.block_size for g in model.groups)
+    for tokens in sorted({int(length) for length in lengths}):
+        if tokens < 1:
+            raise KvfsmError(f"bench lookup: lengths must be >= 1, got {tokens}")
+        report.phase(f"lookup at {tokens} tokens")
+        engine = Engine(model, CoreConfig(device_blocks=tokens // finest + 8, host_blocks=0,
+                                          backend="numpy"))
+        text = np.random.default_rng(tokens).integers(0, 100_000, tokens + 1)
+        prompt = engine.prompt(text)
+        engine.commit(prompt)
+        runs = max(repeat, 3)
+
+        def verdict(engine: Engine = engine, prompt: Prompt = prompt) -> None:
+            lookup(engine.core, prompt, level=Level.FULL, checksums=False)
+
+        def hashing(engine: Engine = engine, text: NDArray[np.int64] = text) -> None:
+            engine.prompt(text)
+
+        lookup_s = median_seconds(verdict, repeat=runs)
+        hash_s = median_seconds(hashing, repeat=max(runs // 8, 3))
+        usable = lookup(engine.core, prompt, level=Level.FULL, checksums=False).usable_tokens
+        table[str(tokens)] = {"lookup_ms_median": lookup_s * 1e3,
+                              "hash_ms_median": hash_s * 1e3, "usable_tokens": usable,
+                              "us_per_1k_tokens": lookup_s * 1e6 / (tokens / 1024)}
+        engine.close()
+    return table
 
 
 def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: int,

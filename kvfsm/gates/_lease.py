@@ -29,8 +29,18 @@ from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError, LeaseLost
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
-from kvfsm.state import FAILED, NO_TARGET, GroupState, StateCore, StateError
-from kvfsm.verify import Prompt, Verdict
+from kvfsm.state import FAILED, MAX_PINS, NO_TARGET, GroupState, StateCore, StateError
+from kvfsm.state._lease_pins import (
+    CHECK_FAILED,
+    MOVED,
+    PINNED_FULL,
+    UNREADABLE,
+    WRONG_FORM,
+    first_moved,
+    pin_if_usable,
+    unpin_unmoved,
+)
+from kvfsm.verify import ProbedGroup, Prompt, Verdict
 
 IdArray = NDArray[np.intp]
 
@@ -45,12 +55,19 @@ class _Held:
     epoch it checks (those, plus index targets pinned through their index)."""
 
     group: str
-    #: Blocks pinned directly, in prompt order, and their block indices in the prompt.
+    #: Blocks pinned directly, in prompt order; the first is the prompt's block ``first``.
     pinned: IdArray
-    index: NDArray[np.int64]
+    first: int
     #: Blocks checked: ``pinned`` first, then targets of index blocks pointing here.
     ids: IdArray
     epochs: NDArray[np.uint32]
+    #: Pinned as blocks alone (an index's targets are pinned as blocks of their own group in
+    #: the same lease), taken from a lookup's probe; else through :meth:`StateCore.pin`.
+    alone: bool = False
+
+    @property
+    def index(self) -> NDArray[np.int64]:
+        return np.arange(self.first, self.first + self.pinned.size, dtype=np.int64)
 
 
 class Lease:
@@ -128,9 +145,9 @@ class Lease:
                 raise
             # The read about to happen, for the event log (replay checks its epochs).
             core = self._book.core
-            for held in self._held:
-                if held.ids.size:
-                    core.record_read(held.group, held.ids)
+            if core.observed:
+                for held in self._held:
+                    core.record_leased_read(held.group, held.ids, held.epochs)
 
     def _validate(self) -> None:
         if not self._released and self._book.clock() >= self.expires_at:
@@ -161,6 +178,9 @@ class Lease:
         for held in self._held:
             state = core.group(held.group)
             count = held.pinned.size
+            if held.alone:
+                unpin_unmoved(state, held.pinned, held.epochs[:count])
+                continue
             still = state.epoch[held.pinned] == held.epochs[:count]
             try:
                 core.unpin(held.group, held.pinned[still])
@@ -190,18 +210,15 @@ def _check(state: GroupState, held: _Held) -> None:
     """LeaseLost naming the first block of ``held`` whose epoch moved or that is no longer
     readable. (Its form needs no check of its own: every row that changes a readable block's
     form bumps its epoch.)"""
-    table = state.table
-    codes = state.states[held.ids]
-    epochs = state.epoch[held.ids]
-    moved = epochs != held.epochs
-    bad = moved | ~table.readable[codes]
-    if not bad.any():
+    first = first_moved(state, held.ids, held.epochs)
+    if first < 0:
         return
-    first = int(np.flatnonzero(bad)[0])
-    why = "its content moved" if moved[first] else "it is no longer readable"
-    raise LeaseLost(why, group=state.name, block=int(held.ids[first]),
-                    old_epoch=int(held.epochs[first]), new_epoch=int(epochs[first]),
-                    state=table.state_name(int(codes[first])))
+    block = int(held.ids[first])
+    epoch, code = int(state.epoch[block]), int(state.states[block])
+    why = "its content moved" if epoch != int(held.epochs[first]) else \
+        "it is no longer readable"
+    raise LeaseLost(why, group=state.name, block=block, old_epoch=int(held.epochs[first]),
+                    new_epoch=epoch, state=state.table.state_name(code))
 
 
 class LeaseBook:
@@ -251,6 +268,9 @@ class LeaseBook:
             raise KvfsmError(f"the verdict covers {tokens} tokens but the prompt has only "
                              f"{prompt.n_tokens}: not this prompt's verdict")
         with self.lock:
+            held = self._probed(verdict, prompt)
+            if held is not None:
+                return self._open_lease(tokens, held, ttl_s)
             try:
                 needed = {name: _needed(state, prompt, tokens)
                           for name, state in self.core.groups.items()}
@@ -273,12 +293,62 @@ class LeaseBook:
                 for name in done:
                     self.core.unpin(name, needed[name][0])
                 raise
-            held = tuple(_record(self.core.group(name), ids, index, targets.get(name, []))
-                         for name, (ids, index) in needed.items())
-            lease = Lease(self, tokens, held, self.clock() + float(ttl_s))
-            self._open[id(lease)] = lease
-            self._next_expiry = min(self._next_expiry, lease.expires_at)
-            return lease
+            recorded = tuple(_record(self.core.group(name), ids, index, targets.get(name, []))
+                             for name, (ids, index) in needed.items())
+            return self._open_lease(tokens, recorded, ttl_s)
+
+    def _open_lease(self, tokens: int, held: tuple[_Held, ...], ttl_s: float) -> Lease:
+        lease = Lease(self, tokens, held, self.clock() + float(ttl_s))
+        self._open[id(lease)] = lease
+        self._next_expiry = min(self._next_expiry, lease.expires_at)
+        return lease
+
+    def _probed(self, verdict: Verdict, prompt: Prompt) -> tuple[_Held, ...] | None:
+        """The lease's holdings made from what the verdict's lookup found (its probe), pinned;
+        None where the probe cannot serve (no probe, another core, another prompt, an index
+        whose targets the lease would not hold as blocks): the caller probes and checks
+        afresh. LeaseLost (nothing pinned) where a block moved or stopped being usable since
+        the lookup."""
+        probe = verdict.probe
+        core = self.core
+        if probe is None or probe.core() is not core or probe.tokens != verdict.usable_tokens:
+            return None
+        probed = {group.group: group for group in probe.groups}
+        if probed.keys() != core.groups.keys():
+            return None
+        for group in probe.groups:
+            state = core.group(group.group)
+            if group.last_words is not None:
+                high, low = prompt.words(state.decl.block_size)
+                if group.hi > high.size or \
+                        (int(high[group.hi - 1]), int(low[group.hi - 1])) != group.last_words:
+                    return None  # another prompt: its own blocks, probed afresh
+            if state.target is not None and group.hi > group.lo and \
+                    not _targets_held(state, group, probed[state.target.name]):
+                return None
+        held: list[_Held] = []
+        try:
+            for group in probe.groups:
+                state = core.group(group.group)
+                first, why = pin_if_usable(state, group.ids, group.epochs,
+                                           group.cut - group.lo)
+                if first >= 0 and why == PINNED_FULL:
+                    raise StateError(f"{state.name}: more than {MAX_PINS} pins on one block "
+                                     f"(block {int(group.ids[first])}); nothing was pinned")
+                if first >= 0:
+                    lost = _unusable(state, group, first, why)
+                    self.refused(lost)
+                    raise lost
+                held.append(_Held(group.group, group.ids, group.lo, group.ids, group.epochs,
+                                  alone=True))
+        except Exception:
+            for taken in held:  # the groups pinned before the refusal
+                unpin_unmoved(core.group(taken.group), taken.pinned, taken.epochs)
+            raise
+        for taken in held:
+            if taken.pinned.size:
+                core.touch(taken.group, taken.pinned)
+        return tuple(held)
 
     def drop(self, lease: Lease) -> None:
         """Release ``lease``'s pins and forget it (idempotent)."""
@@ -309,6 +379,39 @@ class LeaseBook:
                 self.drop(lease)
             self._next_expiry = float("inf")
             return len(open_leases)
+
+
+def _targets_held(index: GroupState, rows: ProbedGroup, target: ProbedGroup) -> bool:
+    """The lease will hold, as blocks of the target group, every block that index rows
+    ``[rows.lo, rows.hi)`` may point at: usable rows point only at this prompt's history
+    blocks that end before the row does (the lookup checked each reference), so at
+    positions below ``rows.hi * index_block // target_block``; the lease holds the target
+    group's ``[target.lo, target.hi)``."""
+    assert index.target is not None
+    reach = rows.hi * index.decl.block_size // index.target.decl.block_size
+    return target.lo == 0 and target.hi >= reach
+
+
+_WHY = {
+    MOVED: "its content moved since the lookup",
+    UNREADABLE: "not readable any more",
+    WRONG_FORM: "not readable in the form the kernel reads",
+    CHECK_FAILED: "a lookup saw it fail its checksum",
+    PINNED_FULL: "pinned by too many readers",
+}
+
+
+def _unusable(state: GroupState, group: ProbedGroup, first: int, why: int) -> LeaseLost:
+    block = int(group.ids[first])
+    code = int(state.states[block])
+    if not state.table.hashed[code]:
+        what = "no longer cached"
+    else:
+        what = f"no longer usable as the verdict said: {_WHY[why]}"
+    return LeaseLost(f"prompt block {group.lo + first} is {what}; look up again",
+                     group=state.name, block=block,
+                     old_epoch=int(group.epochs[first]), new_epoch=int(state.epoch[block]),
+                     state=state.table.state_name(int(state.states[block])))
 
 
 def _needed(state: GroupState, prompt: Prompt, tokens: int
@@ -361,4 +464,5 @@ def _record(state: GroupState, pinned: IdArray, index: NDArray[np.int64],
         else np.zeros(0, dtype=np.intp)
     extra = state.without(extra, pinned)
     ids = np.concatenate([pinned, extra]).astype(np.intp)
-    return _Held(state.name, pinned, index, ids, state.epoch[ids].copy())
+    first = int(index[0]) if index.size else 0
+    return _Held(state.name, pinned, first, ids, state.epoch[ids].copy())

@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
+from kvfsm._jit import kernel
 from kvfsm.fsm import CompiledTable
 from kvfsm.spec import Event
 from kvfsm.spec._vocabulary import POOLED_TIERS
@@ -29,7 +30,9 @@ from kvfsm.state import GroupState, StateCore
 
 #: What the header's ``format`` says, and the version of the line layout below it.
 FORMAT: Final = "kvfsm-eventlog"
-VERSION: Final = 1
+VERSION: Final = 2
+#: Versions :func:`~kvfsm.obs.replay` reads (1 never wrote runs).
+READABLE_VERSIONS: Final = frozenset({1, 2})
 #: Batches buffered before they are written, unless told otherwise.
 FLUSH_EVERY: Final = 1024
 #: The ``type`` of a line after the header.
@@ -85,6 +88,71 @@ def header(core: StateCore) -> dict[str, Any]:
 #: event, from or to.
 _Record = tuple[str, str, Event | None, NDArray[np.intp], NDArray[np.uint8] | None,
                 NDArray[np.uint8] | None, NDArray[np.uint32]]
+
+
+def _runs_example() -> tuple[object, ...]:
+    return (np.zeros(1, dtype=np.int64), 1, np.empty(1, dtype=np.int64),
+            np.empty(1, dtype=np.int64), np.empty(1, dtype=np.int64))
+
+
+def _runs_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """Short runs of consecutive or repeated values, with jumps between them."""
+    size = int(rng.integers(0, 12))
+    step = int(rng.integers(0, 2))
+    values = np.cumsum(np.where(rng.random(size) < 0.7, step, rng.integers(-3, 4, size)))
+    return (values.astype(np.int64), step, np.empty(size, dtype=np.int64),
+            np.empty(size, dtype=np.int64), np.empty(1, dtype=np.int64))
+
+
+def _runs_twin(values: NDArray[np.int64], step: int, firsts: NDArray[np.int64],
+               counts: NDArray[np.int64], found: NDArray[np.int64]) -> None:
+    """:func:`runs_kernel` as array operations."""
+    if not values.size:
+        found[0] = 0
+        return
+    starts = np.concatenate([np.zeros(1, dtype=np.int64),
+                             np.flatnonzero(np.diff(values) != step) + 1])
+    found[0] = starts.size
+    firsts[: starts.size] = values[starts]
+    counts[: starts.size] = np.diff(np.append(starts, values.size))
+
+
+@kernel(example=_runs_example, twin=_runs_twin, inputs=_runs_inputs)
+def runs_kernel(values: NDArray[np.int64], step: int, firsts: NDArray[np.int64],
+                counts: NDArray[np.int64], found: NDArray[np.int64]) -> None:
+    """``found[0]`` runs of ``values``, each continuing by ``step``: the first value of run
+    ``r`` in ``firsts[r]``, its length in ``counts[r]`` (one pass)."""
+    runs = 0
+    for i in range(values.size):
+        if runs > 0 and values[i] == values[i - 1] + step:
+            counts[runs - 1] += 1
+        else:
+            firsts[runs] = values[i]
+            counts[runs] = 1
+            runs += 1
+    found[0] = runs
+
+
+def runs(values: NDArray[Any], step: int) -> NDArray[np.int64]:
+    """``values`` as ``[first, count]`` rows: each run continues by ``step`` (1: consecutive
+    ids, 0: a repeated value)."""
+    wide = values.astype(np.int64)
+    firsts, counts = np.empty(wide.size, np.int64), np.empty(wide.size, np.int64)
+    found = np.empty(1, dtype=np.int64)
+    runs_kernel(wide, step, firsts, counts, found)
+    count = int(found[0])
+    return np.stack([firsts[:count], counts[:count]], axis=1)
+
+
+def _put_runs(line: dict[str, Any], key: str, values: NDArray[Any], *, step: int) -> None:
+    """``line[key]`` as a list, or ``line[key + "_runs"]`` as ``[first, count]`` pairs when
+    fewer numbers spell it."""
+    if values.size > 2:
+        rows = runs(values, step)
+        if 2 * rows.shape[0] < values.size:
+            line[f"{key}_runs"] = rows.tolist()
+            return
+    line[key] = values.tolist()
 
 
 class EventLog:
@@ -172,9 +240,12 @@ class EventLog:
                 line["ids"] = ids.tolist()
                 line["from"] = names[before].tolist()
                 line["to"] = names[after].tolist()
+                line["epochs"] = epochs.tolist()
             else:
-                line["ids"] = ids.tolist()
-            line["epochs"] = epochs.tolist()
+                # A read is usually a lease's blocks: long runs of consecutive ids at one
+                # epoch, written as runs when that is shorter.
+                _put_runs(line, "ids", ids, step=1)
+                _put_runs(line, "epochs", epochs, step=0)
             lines.append(json.dumps(line, separators=_COMPACT))
         self._buffer.clear()
         self._file.write("\n".join(lines) + "\n")
@@ -212,5 +283,5 @@ class EventLog:
         self.close()
 
 
-__all__ = ["FLUSH_EVERY", "FORMAT", "MOVE", "READ", "VERSION", "EventLog", "header",
-           "table_digest"]
+__all__ = ["FLUSH_EVERY", "FORMAT", "MOVE", "READ", "READABLE_VERSIONS", "VERSION", "EventLog",
+           "header", "runs", "table_digest"]

@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm.fsm import INVALID, compile_lifecycle
-from kvfsm.obs._eventlog import FORMAT, MOVE, READ, VERSION, table_digest
+from kvfsm.obs._eventlog import FORMAT, MOVE, READ, READABLE_VERSIONS, table_digest
 from kvfsm.spec import Event, Lifecycle, Tier, shipped_lifecycles
 from kvfsm.spec._vocabulary import EVENT_NAMES, TIER_NAMES
 
@@ -117,6 +117,36 @@ def _ints(values: list[Any], what: str, low: int, high: int) -> NDArray[np.int64
             raise _Reject("malformed", f"{what}: {value!r} is not an integer in "
                                        f"[{low}, {high})")
     return np.array(values, dtype=np.int64)
+
+
+#: The most values a read's runs may spell (a tampered count is refused before it is
+#: expanded).
+_MAX_RUN: Final = 1 << 24
+
+
+def _expand(rows: list[Any], step: int, what: str, low: int, high: int, *,
+            limit: int = _MAX_RUN) -> NDArray[np.int64]:
+    """``[first, count]`` rows (each run continuing by ``step``) as the values they spell,
+    each an integer in ``[low, high)``; counts are integers >= 1, at most ``limit`` values in
+    all (checked before anything is expanded)."""
+    pairs = []
+    total = 0
+    for row in rows:
+        if not isinstance(row, list) or len(row) != 2:
+            raise _Reject("malformed", f"{what}: {row!r} is not a [first, count] pair")
+        first, count = _ints(row[:1], what, low, high), _ints(row[1:], f"{what} count", 1,
+                                                               _MAX_RUN)
+        last = int(first[0]) + step * (int(count[0]) - 1)
+        if not low <= last < high:
+            raise _Reject("malformed", f"{what}: the run {row!r} leaves [{low}, {high})")
+        pairs.append((int(first[0]), int(count[0])))
+        total += int(count[0])
+        if total > limit:
+            raise _Reject("malformed", f"{what}: the runs spell more than {limit} values")
+    if not pairs:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([first + step * np.arange(count, dtype=np.int64)
+                           for first, count in pairs])
 
 
 class _Group:
@@ -251,8 +281,18 @@ class _Group:
         return int(ids.size)
 
     def read(self, record: Mapping[str, Any], what: str) -> None:
-        ids = _ints(_field(record, "ids", list, what), f"{what} ids", 0, self.n_blocks)
-        epochs = self.epoch_list(record, ids.size, what)
+        if "ids_runs" in record:
+            ids = _expand(_field(record, "ids_runs", list, what), 1, f"{what} ids_runs",
+                          0, self.n_blocks)
+        else:
+            ids = _ints(_field(record, "ids", list, what), f"{what} ids", 0, self.n_blocks)
+        if "epochs_runs" in record:
+            epochs = _expand(_field(record, "epochs_runs", list, what), 0,
+                             f"{what} epochs_runs", 0, _EPOCH_MODULUS, limit=ids.size)
+            if epochs.size != ids.size:
+                raise _Reject("malformed", f"{what}: {epochs.size} epochs for {ids.size} ids")
+        else:
+            epochs = self.epoch_list(record, ids.size, what)
         states = self.states[ids]
         bad = np.flatnonzero(~self.table.readable[states])
         if bad.size:
@@ -319,9 +359,9 @@ class _Replay:
         if record.get("format") != FORMAT:
             raise _Reject("header", f"not a kvfsm event log (format {record.get('format')!r}, "
                           f"expected {FORMAT!r})")
-        if record.get("version") != VERSION:
+        if record.get("version") not in READABLE_VERSIONS:
             raise _Reject("header", f"event log version {record.get('version')!r}; this kvfsm "
-                          f"replays version {VERSION}")
+                          f"replays versions {sorted(READABLE_VERSIONS)}")
         _field(record, "model", str, "header")
         groups = _field(record, "groups", dict, "header")
         if not groups:

@@ -12,12 +12,19 @@ from kvfsm.state._group import (
     GroupState,
     StateError,
 )
-from kvfsm.state._hashing import PrefixHashes, hash_seed, join_words, split_digest
+from kvfsm.state._hashing import (
+    HASH_FUNCTIONS,
+    PrefixHashes,
+    hash_seed,
+    join_words,
+    split_digest,
+)
 from kvfsm.state._invariants import CORE_INVARIANTS, CoreInvariant, core_problems
 
 __all__ = [
     "CORE_INVARIANTS",
     "FAILED",
+    "HASH_FUNCTIONS",
     "MAX_PINS",
     "NO_TARGET",
     "UNCHECKED",

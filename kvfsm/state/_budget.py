@@ -55,6 +55,8 @@ class RestoreBudget:
 
     def room(self, payload_bytes: int) -> int | None:
         """How many more blocks of ``payload_bytes`` may begin restoring (None: no cap)."""
+        if self.max_ops is None and self.max_bytes is None:
+            return None  # every lookup asks: the common case answers first
         ops, nbytes = self.ops_room(), self.bytes_room()
         by_bytes = None if nbytes is None else nbytes // max(payload_bytes, 1)
         if ops is None or by_bytes is None:

@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm.fsm import FORM_CODE, INVALID, compile_lifecycle
+from kvfsm.fsm import FORM_CODE, compile_lifecycle
 from kvfsm.memory import Backend, NumpyBackend, SlotPool, select_backend
 from kvfsm.spec import (
     Event,
@@ -30,8 +30,10 @@ from kvfsm.spec import (
 from kvfsm.spec._vocabulary import DISCOVER_EVENT, STORED_TIERS
 from kvfsm.state._budget import RestoreBudget
 from kvfsm.state._group import (
+    EVICT_LIST,
     FAILED,
     NO_TARGET,
+    RECLAIM_LIST,
     UNCHECKED,
     VERIFIED,
     CoreObserver,
@@ -39,7 +41,8 @@ from kvfsm.state._group import (
     IdArray,
     StateError,
 )
-from kvfsm.state._hashing import hash_seed, join_words
+from kvfsm.state._hashing import XXH3_128, check_hash_function, hash_seed, join_words
+from kvfsm.state._recency import Clock
 from kvfsm.state._scratch import Scratch
 
 #: The low 64-bit word of a 128-bit key.
@@ -85,6 +88,10 @@ def _check_per_group(instance: object,
                                  f"int >= 0, got {count!r}")
 
 
+def _check_hash_function(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    check_hash_function(value, "CoreConfig.hash_function")
+
+
 def _check_backend(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
     if value not in BACKENDS:
         raise KvfsmError(f"CoreConfig.backend must be one of {list(BACKENDS)}, got {value!r}")
@@ -110,6 +117,9 @@ class CoreConfig:
     max_restore_bytes: int | None = attrs.field(default=None, validator=_optional_count)
     cache_salt: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     backend: str = attrs.field(default="auto", validator=_check_backend)
+    #: The block hash (``kvfsm.state.HASH_FUNCTIONS``): "xxh3_128" (fast) or "sha256"
+    #: (collision resistant); part of the seed, so engines hashing differently share no block.
+    hash_function: str = attrs.field(default=XXH3_128, validator=_check_hash_function)
 
     def slots(self, group: str) -> dict[Tier, int]:
         sizes = {Tier.DEVICE: self.device_blocks, Tier.HOST: self.host_blocks,
@@ -165,8 +175,10 @@ class StateCore:
                              f"does not have; groups: {[g.name for g in model.groups]}")
         self.backend = backend or select_backend(self.config.backend)
         host_backend = NumpyBackend()
-        self.seed = hash_seed(model.name, model.layout_version, self.config.cache_salt)
-        self._tick = 0
+        self.seed = hash_seed(model.name, model.layout_version, self.config.cache_salt,
+                              self.config.hash_function)
+        #: The use counter behind ``last_use`` (shared with every group).
+        self.clock = Clock()
         #: Told of every moved batch and reported read (shared with every group).
         self._observers: list[CoreObserver] = []
         #: Restores in flight across the groups and their caps (shared with every group).
@@ -209,6 +221,7 @@ class StateCore:
                 observers=self._observers,
                 budget=self.restore_budget,
                 scratch=self._scratch,
+                clock=self.clock,
             )
         for state in groups.values():
             if state.decl.target_group is not None:
@@ -345,6 +358,11 @@ class StateCore:
                 return
         raise KvfsmError(f"{self.model.name}: observer {observer!r} is not attached")
 
+    @property
+    def observed(self) -> bool:
+        """Some observer is attached (a caller may skip reporting reads when none is)."""
+        return bool(self._observers)
+
     def record_read(self, group: str, ids: ArrayLike) -> None:
         """Tell the observers that ``ids`` were read at their current epochs. Nothing changes
         and nothing is checked here beyond the ids: an event-log replay checks that they
@@ -355,6 +373,14 @@ class StateCore:
             read, epochs = batch.copy(), state.epoch[batch]
             for observer in self._observers:
                 observer.read(group, read, epochs)
+
+    def record_leased_read(self, group: str, ids: IdArray, epochs: NDArray[np.uint32]) -> None:
+        """:meth:`record_read` of blocks a lease just validated at ``epochs``: the ids are the
+        core's own and their epochs known, so nothing is checked or gathered again. The
+        arrays are handed to observers as they are (a lease never changes them)."""
+        if self._observers and ids.size:
+            for observer in self._observers:
+                observer.read(group, ids, epochs)
 
     def _dependents_of(self, group: str) -> Callable[[IdArray], None]:
         def invalidate(ids: IdArray) -> None:
@@ -536,43 +562,37 @@ class StateCore:
         return targets
 
     def touch(self, group: str, ids: ArrayLike) -> None:
-        """Mark blocks used now (for the LRU eviction order)."""
+        """Mark blocks used now (for the LRU eviction order); repeats allowed. One compiled
+        pass checks the ids' range, stamps them and moves them in their recency lists."""
         state = self.group(group)
-        batch = self._ids(state, ids, unique=False)
-        self._tick += 1
-        state.touch(batch, self._tick)
+        raw = np.asarray(ids)
+        if raw.size and not np.issubdtype(raw.dtype, np.integer):
+            raise KvfsmError(f"{state.name}: block ids must be integers, got dtype {raw.dtype}")
+        batch = raw.astype(np.intp, copy=False).ravel()
+        # Read-only ids would make numba compile the kernel again, mid-request: copy them.
+        state.touch(batch if batch.flags.writeable else batch.copy())
 
-    def eviction_candidates(self, group: str, count: int) -> IdArray:
-        """Up to ``count`` device blocks to give back now, oldest use first: unpinned blocks
-        left invalid (their slot is only waiting for readers to finish) before unpinned
-        readable ones that may be evicted."""
+    def eviction_candidates(self, group: str, count: int, *,
+                            exclude: ArrayLike = ()) -> IdArray:
+        """Up to ``count`` device blocks to give back now, none of ``exclude``: unpinned
+        blocks left invalid (their slot is only waiting for readers to finish) before unpinned
+        readable ones that may be evicted, each kind least recently used first (a block is
+        used when touched and when it enters its kind). Costs the blocks returned plus the
+        pinned and excluded ones passed over, never the pool (recency lists)."""
         state = self.group(group)
-        reclaim = self.reclaimable(group)[:count]
-        count -= reclaim.size
-        if count <= 0:
+        skip = self._ids(state, exclude, unique=False)
+        reclaim = state.oldest(RECLAIM_LIST, count, skip)
+        if count - reclaim.size <= 0:
             return reclaim
-        evictable = state.event_row(Event.EVICT) & state.table.readable
-        mask = evictable[state.states] & (state.pins == 0)
-        candidates = np.flatnonzero(mask)
-        if candidates.size > count:
-            oldest = np.argpartition(state.last_use[candidates], count - 1)[:count]
-            candidates = candidates[oldest]
-        chosen = candidates[np.argsort(state.last_use[candidates], kind="stable")]
+        chosen = state.oldest(EVICT_LIST, count - reclaim.size, skip)
         return np.concatenate([reclaim, chosen]).astype(np.intp)
 
     def reclaimable(self, group: str) -> IdArray:
         """Unpinned blocks holding a device slot whose content is no longer trusted or reached
-        (``invalid``): the table lets ``free`` return their slot."""
+        (``invalid``): the table lets ``free`` return their slot. Least recently used first;
+        costs those blocks and the pinned ones among them (a recency list)."""
         state = self.group(group)
-        table = state.table
-        # The states invalidation leads into (not `allocated`, which looks the same but is a
-        # write about to start) that hold a device slot until freed.
-        entered = table.next_state[:, Event.INVALIDATE]
-        invalidated = np.zeros(table.n_states, dtype=np.bool_)
-        invalidated[entered[entered != INVALID]] = True
-        waiting = invalidated & state.event_row(Event.FREE) & table.holds_slot[:, Tier.DEVICE] \
-            & ~table.hashed
-        return np.flatnonzero(waiting[state.states] & (state.pins == 0)).astype(np.intp)
+        return state.oldest(RECLAIM_LIST, state.n_blocks)
 
     def hash_key(self, group: str, block: int) -> int:
         state = self.group(group)

@@ -28,6 +28,7 @@ from kvfsm.spec._vocabulary import STORED_TIERS
 from kvfsm.state._budget import RestoreBudget
 from kvfsm.state._dependents import Dependents
 from kvfsm.state._hashtable import BlockHashTable
+from kvfsm.state._recency import NO_LIST, Clock, Recency
 from kvfsm.state._scratch import Scratch
 
 IdArray = NDArray[np.intp]
@@ -39,6 +40,51 @@ VERIFIED: Final = 1
 FAILED: Final = 2
 #: Most readers that may pin one block at once (``pins`` is uint16).
 MAX_PINS: Final = int(np.iinfo(np.uint16).max)
+#: The recency lists of a group (see :func:`recency_classes`): blocks whose device slot waits
+#: only to be freed (``invalid``), and readable device blocks that may be evicted; the blocks
+#: resting in a lower tier have one list per tier after these.
+RECLAIM_LIST: Final = 0
+EVICT_LIST: Final = 1
+#: Tiers with a list of the blocks resting there (what ``spill_down`` moves on).
+RESTING_TIERS: Final = (Tier.HOST, Tier.DISK, Tier.REMOTE)
+
+
+def reclaim_states(table: CompiledTable) -> NDArray[np.bool_]:
+    """Per state: a block there holds a device slot whose content is no longer trusted or
+    reached (the states invalidation leads into, not ``allocated``, which looks the same but
+    is a write about to start), and ``free`` returns the slot."""
+    entered = table.next_state[:, Event.INVALIDATE]
+    invalidated = np.zeros(table.n_states, dtype=np.bool_)
+    invalidated[entered[entered != INVALID]] = True
+    frees = table.next_state[:, Event.FREE] != INVALID
+    reclaim: NDArray[np.bool_] = (invalidated & frees & table.holds_slot[:, Tier.DEVICE]
+                                  & ~table.hashed)
+    return reclaim
+
+
+def resting_states(table: CompiledTable, tier: Tier) -> NDArray[np.bool_]:
+    """Per state: a block there rests in ``tier`` (its copy is there, not readable, nothing
+    in flight): what ``spill_down`` may move a tier down."""
+    resting: NDArray[np.bool_] = ((table.residency == int(tier)) & ~table.in_flight
+                                  & ~table.readable)
+    return resting
+
+
+def recency_classes(table: CompiledTable) -> tuple[NDArray[np.int8], dict[Tier, int]]:
+    """Each state's recency list (NO_LIST: none) and the list of each resting tier that has
+    states. Reclaimable states come first, then readable evictable ones, then resting ones
+    per tier (a state matching several classes joins the first)."""
+    lists = np.full(table.n_states, NO_LIST, dtype=np.int8)
+    evictable = (table.next_state[:, Event.EVICT] != INVALID) & table.readable
+    lists[evictable] = EVICT_LIST
+    lists[reclaim_states(table)] = RECLAIM_LIST
+    tiers: dict[Tier, int] = {}
+    for tier in RESTING_TIERS:
+        states = resting_states(table, tier) & (lists == NO_LIST)
+        if states.any():
+            tiers[tier] = EVICT_LIST + 1 + len(tiers)
+            lists[states] = tiers[tier]
+    return lists, tiers
 
 
 class StateError(KvfsmError):
@@ -108,6 +154,7 @@ class GroupState:
         observers: list[CoreObserver] | None = None,
         budget: RestoreBudget | None = None,
         scratch: Scratch | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.decl = decl
         self.table = table
@@ -140,8 +187,9 @@ class GroupState:
         self.layouts: list[Layout] = [decl.layout]
         self.write_layout = 0
         #: The prefix hash map: 128-bit chained hash -> block id (complete blocks only), an
-        #: open-addressing table of arrays sized for every block at once.
-        self.hash_map = BlockHashTable(n)
+        #: open-addressing table sized for every block at once; it reads each block's key from
+        #: the hash words (written before a block is published, kept while it is mapped).
+        self.hash_map = BlockHashTable(n, (blocks.hash_high, blocks.hash_low))
         self.full_sub_mask = (1 << (decl.sub_blocks or 1)) - 1
         #: Set by the core for sparse-index groups: the group the index points into.
         self.target: GroupState | None = None
@@ -154,6 +202,12 @@ class GroupState:
         #: Restores in flight across the core's groups and their caps (shared by its groups).
         self.budget = RestoreBudget() if budget is None else budget
         self._dependents = dependents
+        #: The core's use counter (shared by its groups): ``last_use`` stamps.
+        self.clock = Clock() if clock is None else clock
+        #: The blocks of each recency class, least recently used first (O(1) per moved or
+        #: touched block; see :mod:`kvfsm.state._recency`). 8 bytes per block.
+        list_of_state, self.resting_lists = recency_classes(table)
+        self.recency = Recency(n, list_of_state)
         # The core's observer list, shared by all its groups (empty: one `if` per move).
         self._observers = [] if observers is None else observers
         self.machine = Machine(table, n, guards=self._guards(), effects=self._effects(),
@@ -220,6 +274,8 @@ class GroupState:
         """Restores the admission gate lets begin now: the least of this group's own cap and
         the core-wide room in operations and bytes (:class:`RestoreBudget`)."""
         own = max(self._max_restores - self.restores_in_flight(), 0)
+        if not self.budget.capped:
+            return own  # every lookup asks: no payload arithmetic when nothing is capped
         shared = self.budget.room(self.decl.payload_bytes)
         return own if shared is None else min(own, shared)
 
@@ -347,6 +403,10 @@ class GroupState:
         entered = ids[now_free & ~was_free]
         blocks.free_ids[blocks.free_top : blocks.free_top + entered.size] = entered
         blocks.free_top += entered.size
+        # A block joining a recency list is as recent as the latest use (lists stay ordered).
+        joined = self.recency.moved(ids, before, after)
+        if joined.size:
+            blocks.last_use[joined] = self.clock.now
         if self._observers:
             moved, epochs = ids.copy(), blocks.epoch[ids]
             for observer in self._observers:
@@ -440,8 +500,37 @@ class GroupState:
         """``ids`` less those in ``drop``."""
         return self.scratch.without(ids, drop)
 
-    def touch(self, ids: IdArray, tick: int) -> None:
-        self._blocks.last_use[ids] = tick
+    def touch(self, ids: IdArray) -> None:
+        """Blocks ``ids`` were used now (the clock's next tick): stamped, and moved to the
+        young end of their recency list, in one compiled pass. An id outside the group is a
+        KvfsmError, and then nothing changes (the clock included)."""
+        bad = self.recency.touch(ids, self.states, self._blocks.last_use, self.clock.now + 1)
+        if bad >= 0:
+            raise KvfsmError(f"{self.name}: block ids must lie in [0, {self.n_blocks}), got "
+                             f"{int(ids[bad])}")
+        self.clock.advance()
+
+    def oldest(self, list_id: int, count: int, exclude: IdArray | None = None) -> IdArray:
+        """Up to ``count`` unpinned blocks of recency list ``list_id``, least recently used
+        first, none of ``exclude``: costs the blocks returned and those skipped."""
+        if exclude is None or not exclude.size:
+            return self.recency.oldest(list_id, count, self._blocks.pins)
+        marks = self.scratch.marks()
+        marks[exclude] = True
+        try:
+            return self.recency.oldest(list_id, count, self._blocks.pins, marks)
+        finally:
+            marks[exclude] = False
+
+    def in_list(self, ids: IdArray, list_id: int) -> NDArray[np.bool_]:
+        """Per block: its state puts it on recency list ``list_id``."""
+        member: NDArray[np.bool_] = self.recency.list_of_state[self.states[ids]] == list_id
+        return member
+
+    def reclaimable_mask(self, ids: IdArray) -> NDArray[np.bool_]:
+        """Per block: it holds a device slot only waiting to be freed (``invalid``; pins not
+        considered)."""
+        return self.in_list(ids, RECLAIM_LIST)
 
     def record_checks(self, ids: IdArray, passed: NDArray[np.bool_]) -> None:
         """Checksum results a lookup saw at the blocks' current epochs. A failure sticks until

@@ -1,9 +1,24 @@
-"""The prefix hash map as an open-addressing hash table of plain NumPy arrays.
+"""The prefix hash map as an open-addressing hash table of one 8-byte word per slot.
 
-Keys are 128-bit chained prefix hashes stored as two uint64 words; values are block ids. The
-table has a power-of-two capacity of at least twice the group's block count, so even with every
-block published it is at most half full. Collisions are resolved by linear probing from
-``low & mask`` (xxh3 words are uniformly random, so the low bits spread keys evenly).
+Keys are 128-bit chained prefix hashes; values are block ids. A key is always its block's own
+hash: the table reads each block's two key words from per-block arrays its owner gives it at
+construction (a group's ``hash_high`` / ``hash_low``, written before the block is published and
+left alone while it is mapped), so a slot need not hold the key. A slot is one uint64: the top
+32 bits of the key's high word (its *fingerprint*) above the block id (int32; -1 empty, -2
+tombstone), 8 bytes per slot where three parallel arrays took 20.
+
+A probe reads one slot per step and compares the fingerprint; only where it matches does it read
+the block's key words to compare the whole key. A hit thus costs one random access into the
+table plus the block's words, which for a prompt's blocks lie next to each other (allocated in
+one batch), and a miss costs its chain's slots alone (a stray fingerprint match, 1 in 2**32 per
+occupied slot met, costs one more read). At a million blocks per group the table is 16 MiB
+instead of 40 and a lookup misses the cache once per key instead of three times.
+
+The table has a power-of-two capacity of at least twice the block count; since every live entry
+is a distinct block (its key is that block's words), it is at most half full and never grows.
+Collisions are resolved by linear probing from ``low & mask`` (xxh3 words are uniformly random,
+so the low bits spread keys evenly, and the fingerprint, taken from the other word, is
+independent of the home slot).
 
 Every batch operation is vectorized in probe rounds: one round is a few array operations over
 the keys still pending, and the number of rounds is the longest probe chain met (small at a load
@@ -20,19 +35,33 @@ which every entry is inserted again). Lookups may therefore stop at the first em
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from typing import Final
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kvfsm._jit import kernel
 
-#: ``value`` of a slot that never held an entry since the last rebuild.
-EMPTY = -1
-#: ``value`` of a slot whose entry was removed; probing continues past it.
-TOMBSTONE = -2
+#: Block id of a slot that never held an entry since the last rebuild.
+EMPTY: Final = -1
+#: Block id of a slot whose entry was removed; probing continues past it.
+TOMBSTONE: Final = -2
 #: Slots a lookup examines per pending key after the first round (contiguous, cache-friendly).
-WINDOW = 8
+WINDOW: Final = 8
+#: Keys whose home slots the compiled probe reads before walking their chains: enough
+#: independent loads to keep the CPU's outstanding cache misses busy, few enough for L1.
+READ_AHEAD: Final = 256
+#: Bits of a slot above its block id: the fingerprint (the key's high word's top bits).
+_BLOCK_BITS: Final = 32
+#: The fingerprint and block halves of a slot word.
+_FINGERPRINT: Final = np.uint64(((1 << 64) - 1) ^ ((1 << _BLOCK_BITS) - 1))
+_BLOCK: Final = np.uint64((1 << _BLOCK_BITS) - 1)
+#: A slot word whose block half reads EMPTY / TOMBSTONE as int32.
+_EMPTY_SLOT: Final = np.uint64(EMPTY & ((1 << _BLOCK_BITS) - 1))
+#: Index of the block half among a slot's two int32 halves in memory (for the ``value`` view).
+_BLOCK_HALF: Final = 0 if sys.byteorder == "little" else 1
 _WORD = (1 << 64) - 1
 _KEY = (1 << 128) - 1
 _WINDOW_OFFSETS = np.arange(WINDOW, dtype=np.intp)
@@ -46,62 +75,77 @@ def _capacity_for(entries: int) -> int:
     return 1 << max(3, (2 * max(entries, 1) - 1).bit_length())
 
 
+def slot_words(high: U64Array, blocks: NDArray[np.integer]) -> U64Array:
+    """The slot word of each entry: its key's fingerprint (``high``'s top bits) and block id."""
+    words: U64Array = (high & _FINGERPRINT) | blocks.astype(np.uint64)
+    return words
+
+
 def _probe_example() -> tuple[object, ...]:
-    keys, value = np.zeros(8, dtype=np.uint64), np.full(8, EMPTY, dtype=np.int32)
-    return keys, keys, value, keys[:1], keys[:1], np.empty(1, dtype=np.intp), True
+    keys = np.zeros(8, dtype=np.uint64)
+    return (np.full(8, _EMPTY_SLOT, dtype=np.uint64), keys, keys.copy(), keys[:1], keys[:1],
+            np.empty(1, dtype=np.intp), True)
 
 
 def _probe_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     """A valid table (no key twice, none past an empty slot of its chain: keys inserted at the
-    first empty slot, some then removed to tombstones; now and then no empty slot at all) and
-    keys to find: stored ones, and others sharing home slots and words with them."""
+    first empty slot, some then removed to tombstones; now and then no empty slot at all) over
+    blocks whose words share fingerprints, words and home slots, now and then a slot naming a
+    block beyond the words (corrupt), and keys to find: stored ones, the words of blocks not
+    mapped, and others sharing a word with them."""
     capacity = 1 << int(rng.integers(3, 7))
-    full = rng.random() < 0.1
-    n_keys = capacity if full else int(rng.integers(0, capacity // 2 + 1))
-    key_high = np.zeros(capacity, dtype=np.uint64)
-    key_low = np.zeros(capacity, dtype=np.uint64)
-    value = np.full(capacity, EMPTY, dtype=np.int32)
-    # Few distinct high words and low words in a few multiples of the capacity: long chains,
-    # and keys equal in one word only.
-    high_words = rng.integers(0, 3, 2 * capacity).astype(np.uint64)
-    low_words = rng.integers(0, 4 * capacity, 2 * capacity).astype(np.uint64)
+    n_blocks = int(rng.integers(1, 2 * capacity))
+    # Few distinct high words (fingerprints: 0 and the top bit) and low words in a few
+    # multiples of the capacity: long chains, equal fingerprints, keys equal in one word only.
+    highs = np.array([0, 1, 1 << 63, (1 << 63) | 1], dtype=np.uint64)
+    block_high = rng.choice(highs, n_blocks).astype(np.uint64)
+    block_low = rng.integers(0, 4 * capacity, n_blocks).astype(np.uint64)
+    slots = np.full(capacity, _EMPTY_SLOT, dtype=np.uint64)
     stored: set[tuple[int, int]] = set()
-    for hi, lo in zip(high_words.tolist(), low_words.tolist(), strict=True):
-        if len(stored) == n_keys:
+    full = rng.random() < 0.1
+    wanted = capacity if full else int(rng.integers(0, capacity // 2 + 1))
+    mask = capacity - 1
+    for block in rng.permutation(n_blocks).tolist():
+        key = (int(block_high[block]), int(block_low[block]))
+        if len(stored) == wanted:
             break
-        if (hi, lo) in stored:
-            continue
-        stored.add((hi, lo))
-        pos = lo & (capacity - 1)
-        while value[pos] != EMPTY:
-            pos = (pos + 1) & (capacity - 1)
-        key_high[pos], key_low[pos] = hi, lo
-        value[pos] = rng.integers(0, 8)  # block 0 often: a twin must not take it for a marker
-    value[(value >= 0) & (rng.random(capacity) < 0.3)] = TOMBSTONE
-    # Keys to find: stored ones (removed ones included), and others sharing a word with them.
+        if key in stored:
+            continue  # a block with the same content as a mapped one: not mapped
+        stored.add(key)
+        pos = key[1] & mask
+        while (slots[pos] & _BLOCK) != _EMPTY_SLOT:
+            pos = (pos + 1) & mask
+        slots[pos] = slot_words(block_high[block : block + 1], np.array([block]))[0]
+    live = (slots & _BLOCK) < np.uint64(n_blocks)
+    stray = live & (rng.random(capacity) < 0.05)
+    slots[stray] = (slots[stray] & _FINGERPRINT) | np.uint64(n_blocks)  # beyond the words
+    tomb = live & ~stray & (rng.random(capacity) < 0.3)
+    slots[tomb] = (slots[tomb] & _FINGERPRINT) | np.uint64(TOMBSTONE & ((1 << 32) - 1))
     n = int(rng.integers(0, 2 * capacity))
-    high = rng.choice(high_words, n).astype(np.uint64)
-    low = rng.choice(low_words, n).astype(np.uint64)
-    chosen = rng.random(n) < 0.5
-    if stored:
-        pairs = np.array(sorted(stored), dtype=np.uint64)[rng.integers(0, len(stored), n)]
-        high[chosen], low[chosen] = pairs[chosen, 0], pairs[chosen, 1]
-    return (key_high, key_low, value, high, low, np.full(n, -7, dtype=np.intp),
-            bool(rng.integers(0, 2)))
+    pick = rng.integers(0, n_blocks, n)
+    high, low = block_high[pick], block_low[pick]
+    mixed = rng.random(n) < 0.3
+    high[mixed] = rng.choice(highs, int(mixed.sum()))
+    return (slots, block_high, block_low, high.astype(np.uint64), low.astype(np.uint64),
+            np.full(n, -7, dtype=np.intp), bool(rng.integers(0, 2)))
 
 
-def _probe_twin(key_high: U64Array, key_low: U64Array, value: NDArray[np.int32],
-                high: U64Array, low: U64Array, out: IdArray, want_block: bool) -> None:
+def _probe_twin(slots: U64Array, block_high: U64Array, block_low: U64Array, high: U64Array,
+                low: U64Array, out: IdArray, want_block: bool) -> None:
     """:func:`probe_kernel` as vectorized probe rounds: one round is a few array operations
     over the keys still pending."""
-    capacity = value.size
-    # First round: the home slot alone, where most keys are (1-D, the cheapest form: three
-    # gathers and compares over every key, no index lists).
+    capacity, n_blocks = slots.size, block_high.size
+    # First round: the home slot alone, where most keys are (1-D, the cheapest form: one
+    # gather of slots, one of each word array, compares over every key, no index lists).
     pos = (low & np.uint64(capacity - 1)).astype(np.intp)
-    values = value[pos]
-    hit = (values >= 0) & (key_low[pos] == low) & (key_high[pos] == high)
+    word = slots[pos]
+    block = (word & _BLOCK).astype(np.intp)
+    live = block < n_blocks  # EMPTY and TOMBSTONE read as 2**32 - 1 and 2**32 - 2
+    at = np.where(live, block, 0)
+    hit = (live & ((word & _FINGERPRINT) == (high & _FINGERPRINT))
+           & (block_low[at] == low) & (block_high[at] == high))
     found: IdArray = np.where(hit, pos, -1)
-    pending = np.flatnonzero(~hit & (values != EMPTY))
+    pending = np.flatnonzero(~hit & ((word & _BLOCK) != _EMPTY_SLOT))
     pos, hi, lo = pos[pending] + 1, high[pending], low[pending]
     # Later rounds: WINDOW contiguous slots per key still pending. Flat positions of the
     # few set entries stand in for reductions along the short axis, which are slow.
@@ -109,41 +153,63 @@ def _probe_twin(key_high: U64Array, key_low: U64Array, value: NDArray[np.int32],
     probed = 1  # slots of each chain examined; past the capacity a chain has no end
     while pending.size and probed < capacity:
         probed += WINDOW
-        slots = (pos[:, None] + _WINDOW_OFFSETS) & wrap
-        values = value[slots]
-        flat = np.flatnonzero((values >= 0) & (key_low[slots] == lo[:, None]))
+        window = (pos[:, None] + _WINDOW_OFFSETS) & wrap
+        words = slots[window]
+        blocks = (words & _BLOCK).astype(np.intp)
+        flat = np.flatnonzero((blocks < n_blocks)
+                              & ((words & _FINGERPRINT) == (hi[:, None] & _FINGERPRINT)))
         rows, cols = flat // WINDOW, flat % WINDOW
-        keep = key_high[slots[rows, cols]] == hi[rows]
+        candidate = blocks[rows, cols]
+        keep = (block_low[candidate] == lo[rows]) & (block_high[candidate] == hi[rows])
         rows, cols = rows[keep], cols[keep]
-        found[pending[rows]] = slots[rows, cols]
+        # Keys are stored once, so at most one slot of a window holds a pending key.
+        found[pending[rows]] = window[rows, cols]
         go = np.ones(pending.size, dtype=np.bool_)
-        go[np.flatnonzero(values == EMPTY) // WINDOW] = False
+        go[np.flatnonzero((words & _BLOCK) == _EMPTY_SLOT) // WINDOW] = False
         go[rows] = False
         pending, pos, hi, lo = pending[go], pos[go] + WINDOW, hi[go], lo[go]
-    out[:] = np.where(found >= 0, value[np.maximum(found, 0)], -1) if want_block else found
+    if want_block:
+        out[:] = np.where(found >= 0, (slots[np.maximum(found, 0)] & _BLOCK).astype(np.intp), -1)
+    else:
+        out[:] = found
 
 
 @kernel(example=_probe_example, twin=_probe_twin, inputs=_probe_inputs)
-def probe_kernel(key_high: U64Array, key_low: U64Array, value: NDArray[np.int32],
-                 high: U64Array, low: U64Array, out: IdArray, want_block: bool) -> None:
+def probe_kernel(slots: U64Array, block_high: U64Array, block_low: U64Array, high: U64Array,
+                 low: U64Array, out: IdArray, want_block: bool) -> None:
     """Per key, linear probing from its home until its entry or an empty slot: ``out`` gets
-    the slot (``want_block`` false) or the block id (true), -1 when absent. One pass, compiled
-    (the twin, :func:`_probe_twin`, probes in vectorized rounds). A chain never runs past the
-    capacity, so a table left without empty slots (corrupt) still ends the probe."""
-    mask = np.uint64(value.size - 1)
-    wrap = value.size - 1
-    for i in range(high.size):
-        hi, lo = high[i], low[i]
-        pos = np.intp(lo & mask)
-        out[i] = -1
-        for _ in range(value.size):
-            held = value[pos]
-            if held == EMPTY:
-                break
-            if held >= 0 and key_low[pos] == lo and key_high[pos] == hi:
-                out[i] = held if want_block else pos
-                break
-            pos = (pos + 1) & wrap
+    the slot (``want_block`` false) or the block id (true), -1 when absent. A slot is the
+    key's only if its fingerprint matches and its block's words (``block_high``,
+    ``block_low``) equal the key; a block id beyond those words never matches. Compiled
+    (the twin, :func:`_probe_twin`, probes in vectorized rounds). A chain never runs
+    past the capacity, so a table left without empty slots (corrupt) still ends the probe. The
+    home slots of :data:`READ_AHEAD` keys are read first, then each chain walked from there."""
+    mask = np.uint64(slots.size - 1)
+    n_blocks = np.uint64(block_high.size)
+    home_words = np.empty(min(READ_AHEAD, high.size), dtype=np.uint64)
+    for start in range(0, high.size, READ_AHEAD):
+        stop = min(start + READ_AHEAD, high.size)
+        # The home slots of a run of keys first: loads independent of each other, which the
+        # CPU overlaps (cache misses in a large table), where walking one chain at a time
+        # waits on every branch that depends on the slot just read.
+        for i in range(start, stop):
+            home_words[i - start] = slots[low[i] & mask]
+        for i in range(start, stop):
+            hi, lo = high[i], low[i]
+            fingerprint = hi & _FINGERPRINT
+            pos = lo & mask
+            word = home_words[i - start]
+            out[i] = -1
+            for _ in range(slots.size):
+                block = word & _BLOCK
+                if block == _EMPTY_SLOT:
+                    break
+                if (block < n_blocks and (word & _FINGERPRINT) == fingerprint
+                        and block_low[block] == lo and block_high[block] == hi):
+                    out[i] = block if want_block else pos
+                    break
+                pos = (pos + np.uint64(1)) & mask
+                word = slots[pos]
 
 
 def _words(high: ArrayLike, low: ArrayLike) -> tuple[U64Array, U64Array]:
@@ -155,27 +221,42 @@ def _words(high: ArrayLike, low: ArrayLike) -> tuple[U64Array, U64Array]:
 
 
 class BlockHashTable:
-    """128-bit key -> block id, with ``dict.setdefault`` / guarded ``del`` semantics in batches."""
+    """Block key -> block id, with ``dict.setdefault`` / guarded ``del`` semantics in batches.
 
-    def __init__(self, n_blocks: int) -> None:
+    ``words``: the per-block key arrays ``(high, low)`` (uint64, ``n_blocks`` each) the table
+    reads to confirm a key; its owner writes a block's words before the block is inserted and
+    leaves them alone while the block is mapped. Without them the table allocates its own
+    (``block_high``, ``block_low``, zero), for the caller to write the same way."""
+
+    def __init__(self, n_blocks: int, words: tuple[U64Array, U64Array] | None = None) -> None:
         if n_blocks < 0:
             raise ValueError(f"n_blocks must be >= 0, got {n_blocks}")
+        if n_blocks >= 2**31:
+            raise ValueError(f"block ids are int32 here; {n_blocks} blocks do not fit")
         self.n_blocks = n_blocks
-        self._allocate(_capacity_for(n_blocks))
-
-    def _allocate(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._mask = np.uint64(capacity - 1)
-        self.key_high = np.zeros(capacity, dtype=np.uint64)
-        self.key_low = np.zeros(capacity, dtype=np.uint64)
-        #: Block id per slot, or EMPTY / TOMBSTONE.
-        self.value = np.full(capacity, EMPTY, dtype=np.int32)
+        self._owns_words = words is None
+        if words is None:
+            words = (np.zeros(n_blocks, dtype=np.uint64), np.zeros(n_blocks, dtype=np.uint64))
+        for name, array in zip(("high", "low"), words, strict=True):
+            if array.dtype != np.uint64 or array.shape != (n_blocks,):
+                raise ValueError(f"the {name} key words must be a uint64 array of {n_blocks} "
+                                 f"blocks, got {array.dtype} {array.shape}")
+        #: Each block's key words, read where a slot's fingerprint matches a key.
+        self.block_high, self.block_low = words
+        self.capacity = _capacity_for(n_blocks)
+        self._mask = np.uint64(self.capacity - 1)
+        #: One word per slot: fingerprint above block id (see the module docstring).
+        self.slots = np.full(self.capacity, _EMPTY_SLOT, dtype=np.uint64)
+        #: The block id of each slot (int32, EMPTY / TOMBSTONE): a view of the slots' low halves.
+        self.value: NDArray[np.int32] = self.slots.view(np.int32)[_BLOCK_HALF::2]
         self.n_live = 0
         self.n_tombstones = 0
 
     @property
     def nbytes(self) -> int:
-        return self.key_high.nbytes + self.key_low.nbytes + self.value.nbytes
+        """Bytes the table allocated: its slots, and the key words where it owns them."""
+        owned = self.block_high.nbytes + self.block_low.nbytes if self._owns_words else 0
+        return self.slots.nbytes + owned
 
     def _home(self, low: U64Array) -> IdArray:
         home: IdArray = (low & self._mask).astype(np.intp)
@@ -186,59 +267,60 @@ class BlockHashTable:
     def _find(self, high: U64Array, low: U64Array) -> IdArray:
         """The slot holding each key, or -1."""
         slots = np.empty(high.size, dtype=np.intp)
-        probe_kernel(self.key_high, self.key_low, self.value, high, low, slots, False)
+        probe_kernel(self.slots, self.block_high, self.block_low, high, low, slots, False)
         return slots
 
     def lookup(self, high: ArrayLike, low: ArrayLike) -> IdArray:
         """The block id of each key ``(high, low)``, or -1 where the key is absent."""
         hi, lo = _words(high, low)
         found = np.empty(hi.size, dtype=np.intp)
-        probe_kernel(self.key_high, self.key_low, self.value, hi, lo, found, True)
+        probe_kernel(self.slots, self.block_high, self.block_low, hi, lo, found, True)
         return found
 
     def insert_first(self, high: ArrayLike, low: ArrayLike, blocks: ArrayLike) -> None:
         """Map each key to its block unless the key is mapped already (``dict.setdefault``);
-        among equal keys in one batch the first occurrence wins."""
+        among equal keys in one batch the first occurrence wins. Each key must be its block's
+        words (a ValueError otherwise, the table unchanged)."""
         hi, lo = _words(high, low)
         given = np.asarray(blocks, dtype=np.intp).ravel()
         if given.shape != hi.shape:
             raise ValueError(f"{hi.size} keys but {given.size} blocks")
-        if given.size and (given.min() < 0 or given.max() > np.iinfo(np.int32).max):
-            raise ValueError("block ids must be >= 0 and fit in int32")
+        if given.size and (given.min() < 0 or given.max() >= self.n_blocks):
+            raise ValueError(f"block ids must lie in [0, {self.n_blocks})")
+        other = np.flatnonzero((self.block_high[given] != hi) | (self.block_low[given] != lo))
+        if other.size:
+            raise ValueError(f"keys differ from their blocks' words (blocks "
+                             f"{given[other][:8].tolist()}): a block's key is its own hash")
         ids = given.astype(np.int32)
-        crowded = self.n_live + hi.size > self.capacity // 2
-        if (self.n_tombstones or crowded) and hi.size:
+        if self.n_tombstones and hi.size:
             # A free slot on a key's chain may be a tombstone with the key further along it:
-            # drop the keys present first, so the rest may take the first free slot they meet
-            # (and so keys already present do not count as new entries).
+            # drop the keys present first, so the rest may take the first free slot they meet.
             absent = self._find(hi, lo) < 0
             hi, lo, ids = hi[absent], lo[absent], ids[absent]
+            if (self.n_live + self.n_tombstones + hi.size
+                    > self.capacity - self.capacity // 4):
+                # Keep empty slots to end the probes of absent keys: drop the tombstones.
+                self._rebuild()
         if hi.size:
-            new = hi.size
-            if crowded and self.n_live + new > self.capacity // 2:
-                # Close to full: count equal keys of the batch once before growing for them.
-                order = np.lexsort((lo, hi))
-                new = 1 + int(np.count_nonzero((np.diff(hi[order]) != 0)
-                                               | (np.diff(lo[order]) != 0)))
-            self._reserve(new)
             self._place(hi, lo, ids)
 
     def _place(self, hi: U64Array, lo: U64Array, ids: NDArray[np.int32]) -> None:
-        """Insert keys that are absent, or found on their chain before any free slot."""
+        """Insert keys that are absent, or found on their chain before any free slot. A free
+        slot is always left: every live entry is a distinct block, at most half the slots."""
         # Pending keys stay in batch order; equal keys share a chain, so they move in step.
         pos = self._home(lo)
         wrap = self.capacity - 1
         while hi.size:
-            values = self.value[pos]
+            held = self.value[pos]
             done = np.zeros(hi.size, dtype=np.bool_)
-            occupied = np.flatnonzero(values >= 0)
+            occupied = np.flatnonzero(held >= 0)
             if occupied.size:
-                at = pos[occupied]
-                done[occupied] = ((self.key_low[at] == lo[occupied])
-                                  & (self.key_high[at] == hi[occupied]))
-            free = np.flatnonzero(values < 0)
+                at = held[occupied]
+                done[occupied] = ((self.block_low[at] == lo[occupied])
+                                  & (self.block_high[at] == hi[occupied]))
+            free = np.flatnonzero(held < 0)
             if free.size:
-                done[free] = self._claim(pos, hi, lo, ids, free, values)
+                done[free] = self._claim(pos, hi, lo, ids, free, held)
             if done.all():
                 return
             keep = ~done
@@ -246,43 +328,28 @@ class BlockHashTable:
             hi, lo, ids = hi[keep], lo[keep], ids[keep]
 
     def _claim(self, pos: IdArray, hi: U64Array, lo: U64Array, ids: NDArray[np.int32],
-               free: IdArray, values: NDArray[np.int32]) -> NDArray[np.bool_]:
+               free: IdArray, held: NDArray[np.int32]) -> NDArray[np.bool_]:
         """Pending keys ``free`` stand on free slots: one per slot takes it (the first in batch
         order among equal keys); returns, per key of ``free``, whether it is now mapped."""
         slots = pos[free]
+        # Scratch claims in the block halves: each contender writes its pending index and one
+        # write per slot survives, whichever it is; the survivor is that slot's winner.
         marker = free.astype(np.int32)
-        # Scratch claims in the value array: one write per slot survives, whichever it is.
         self.value[slots] = marker
-        won: NDArray[np.bool_] = self.value[slots] == marker
-        taken, winners = slots[won], free[won]
-        self.key_high[taken], self.key_low[taken] = hi[winners], lo[winners]
-        losers = np.flatnonzero(~won)
-        if not losers.size:
-            self._settle(taken, ids[winners], values[winners])
-            return won
-        # A loser whose key equals its slot's new key is a duplicate in the batch: mapped.
-        at = slots[losers]
-        twin = ((self.key_low[at] == lo[free[losers]])
-                & (self.key_high[at] == hi[free[losers]]))
+        winner = self.value[slots].astype(np.intp)
+        twin = (winner != free) & (hi[winner] == hi[free]) & (lo[winner] == lo[free])
         if twin.any():
-            # Equal keys met at one slot (with the same key words): the earliest must win.
-            np.minimum.at(self.value, at[twin], marker[losers[twin]])
-            won = self.value[slots] == marker
-            taken, winners = slots[won], free[won]
-            losers = np.flatnonzero(~won)
-            at = slots[losers]  # the key words there are unchanged: twins share them
-            twin = ((self.key_low[at] == lo[free[losers]])
-                    & (self.key_high[at] == hi[free[losers]]))
-        self._settle(taken, ids[winners], values[winners])
-        won[losers[twin]] = True  # now: mapped
-        return won
-
-    def _settle(self, taken: IdArray, blocks: NDArray[np.int32],
-                before: NDArray[np.int32]) -> None:
-        """Claimed slots (keys written) get their blocks; the counts follow."""
-        self.value[taken] = blocks
+            # Equal keys met at one slot: the earliest in the batch must win.
+            np.minimum.at(self.value, slots[twin], marker[twin])
+            winner = self.value[slots].astype(np.intp)
+        won = winner == free
+        taken, winners = slots[won], free[won]
+        self.slots[taken] = slot_words(hi[winners], ids[winners])
         self.n_live += int(taken.size)
-        self.n_tombstones -= int(np.count_nonzero(before == TOMBSTONE))
+        self.n_tombstones -= int(np.count_nonzero(held[winners] == TOMBSTONE))
+        # A loser whose key equals its slot's winner's is a duplicate in the batch: mapped.
+        mapped: NDArray[np.bool_] = won | ((hi[winner] == hi[free]) & (lo[winner] == lo[free]))
+        return mapped
 
     def remove_if(self, high: ArrayLike, low: ArrayLike, blocks: ArrayLike) -> None:
         """Remove each key where it maps to the given block (``if m.get(k) == b: del m[k]``)."""
@@ -308,33 +375,24 @@ class BlockHashTable:
         self.n_live -= removed
         self.n_tombstones += removed
         if self.n_tombstones > self.capacity // 4:
-            self._rebuild(self.capacity)
+            self._rebuild()
 
-    def _reserve(self, incoming: int) -> None:
-        """Keep a free slot on every chain: at most half live, three quarters in use."""
-        if self.n_live + incoming > self.capacity // 2:
-            self._rebuild(_capacity_for(self.n_live + incoming))
-        elif self.n_live + self.n_tombstones + incoming > self.capacity - self.capacity // 4:
-            self._rebuild(self.capacity)
-
-    def _rebuild(self, capacity: int) -> None:
-        """Drop every tombstone by inserting the live entries again (a new capacity may grow)."""
+    def _rebuild(self) -> None:
+        """Drop every tombstone by inserting the live entries again."""
         live = np.flatnonzero(self.value >= 0)
-        hi, lo, ids = self.key_high[live], self.key_low[live], self.value[live]
-        if capacity == self.capacity:
-            self.value.fill(EMPTY)
-            self.n_live = self.n_tombstones = 0
-        else:
-            self._allocate(capacity)
+        ids = self.value[live].copy()
+        self.slots.fill(_EMPTY_SLOT)
+        self.n_live = self.n_tombstones = 0
         if live.size:
-            self._place(hi, lo, ids)
+            self._place(self.block_high[ids], self.block_low[ids], ids)
 
     # -- dict-like helpers (not on hot paths) ----------------------------------------------
 
     def entries(self) -> tuple[U64Array, U64Array, IdArray]:
         """``(high, low, block)`` arrays of every live entry, in slot order."""
-        live = np.flatnonzero(self.value >= 0)
-        return self.key_high[live], self.key_low[live], self.value[live].astype(np.intp)
+        blocks = self.value[self.value >= 0].astype(np.intp)
+        blocks = blocks[blocks < self.n_blocks]  # a corrupt id has no words (problems says)
+        return self.block_high[blocks], self.block_low[blocks], blocks
 
     def get(self, key: int, default: int | None = None) -> int | None:
         """The block of a 128-bit key ``(high << 64) | low``, or ``default``."""
@@ -362,17 +420,31 @@ class BlockHashTable:
         return iter([key for key, _ in self.items()])
 
     def problems(self) -> list[str]:
-        """Structural faults: counts that disagree with the slots, or entries lookup misses."""
+        """Structural faults: counts that disagree with the slots, block ids beyond the words
+        or mapped twice, fingerprints not their block's, or entries lookup misses."""
         out: list[str] = []
-        live, tombs = int((self.value >= 0).sum()), int((self.value == TOMBSTONE).sum())
+        value = self.value
+        live, tombs = int((value >= 0).sum()), int((value == TOMBSTONE).sum())
         if (live, tombs) != (self.n_live, self.n_tombstones):
             out.append(f"counts say {self.n_live} live and {self.n_tombstones} tombstones, "
                        f"slots hold {live} and {tombs}")
-        if not (self.value >= TOMBSTONE).all():
+        if not (value >= TOMBSTONE).all():
             out.append("a slot holds a value below the tombstone marker")
-        if (self.value == EMPTY).sum() == 0:
+        if (value == EMPTY).sum() == 0:
             out.append("no empty slot is left, so a probe for an absent key never ends")
+        beyond = value[value >= self.n_blocks]
+        if beyond.size:
+            out.append(f"slots name blocks {beyond[:8].tolist()} beyond the {self.n_blocks} "
+                       "blocks with key words")
         high, low, blocks = self.entries()
+        counts = np.bincount(blocks, minlength=self.n_blocks)
+        if (counts > 1).any():
+            out.append(f"blocks {np.flatnonzero(counts > 1)[:8].tolist()} are mapped twice")
+        held = self.slots[(value >= 0) & (value < self.n_blocks)]
+        stale = blocks[(held & _FINGERPRINT) != (high & _FINGERPRINT)]
+        if stale.size:
+            out.append(f"slots of blocks {stale[:8].tolist()} hold another key's fingerprint "
+                       "(a block's words changed while it was mapped?)")
         missed = np.flatnonzero(self.lookup(high, low) != blocks)
         if missed.size:
             out.append(f"{missed.size} entries are not found by lookup (blocks "

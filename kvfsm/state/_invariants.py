@@ -127,6 +127,10 @@ def _free_ids_exact(group: GroupState) -> list[str]:
     return [] if np.array_equal(stacked, free) else ["free-id stack differs from free blocks"]
 
 
+def _recency_exact(group: GroupState) -> list[str]:
+    return group.recency.problems(group.states, group.last_use)
+
+
 def _restores_counted(group: GroupState) -> list[str]:
     restoring = int(group.table.restoring[group.states].sum())
     return [] if restoring == group.restores_in_flight() else [
@@ -152,6 +156,8 @@ CORE_INVARIANTS: tuple[CoreInvariant, ...] = (
                   _sub_blocks_complete),
     CoreInvariant("free_ids_exact", "the free-id stack holds exactly the free blocks",
                   _free_ids_exact),
+    CoreInvariant("recency_exact", "each recency list holds exactly the blocks its states "
+                  "put there, least recently used first", _recency_exact),
     CoreInvariant("restores_counted", "the admission gate's count of restores in flight is "
                   "the number of blocks in restoring states", _restores_counted),
 )

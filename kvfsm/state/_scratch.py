@@ -54,6 +54,13 @@ class Scratch:
         self._count[touched] = 0
         return touched, held
 
+    def marks(self) -> NDArray[np.bool_]:
+        """The marks array (all False): a caller sets entries, uses them and clears exactly
+        those before it returns (holding the engine's lock)."""
+        if self._mark is None:
+            self._mark = np.zeros(self.n, dtype=np.bool_)
+        return self._mark
+
     def without(self, ids: IdArray, drop: IdArray) -> IdArray:
         """``ids`` less those in ``drop``."""
         if self._mark is None:

@@ -1,11 +1,16 @@
 """One group's part of a lookup: per-block facts, the four layers, and "usable at length L".
 
-Everything is a NumPy array over the prompt's blocks of this group; "usable at L" is computed
-for every candidate length at once with prefix sums, so non-monotone kinds (sliding window,
-compressed tail, recurrent checkpoints) are exact and there is no shrinking loop.
+Every fact is an array over the prompt's blocks of this group, computed in one compiled pass
+(:mod:`kvfsm.verify._group_pass`); "usable at L" is computed for every candidate length at once
+with prefix sums, so non-monotone kinds (sliding window, compressed tail, recurrent
+checkpoints) are exact and there is no shrinking loop. Reasons and plans read the same arrays
+afterwards, only for the lengths a verdict explains.
 """
 
 from __future__ import annotations
+
+import weakref
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -17,27 +22,143 @@ from kvfsm.kinds import Needed
 from kvfsm.memory import SlotPool
 from kvfsm.memory._backend import data_ptr
 from kvfsm.spec import Form, Layout, Tier
-from kvfsm.state import FAILED, NO_TARGET, UNCHECKED, GroupState, StateCore
-from kvfsm.verify._block_facts import (
-    FOUND,
-    LAYOUT,
-    PLACED,
-    READ_COMPRESSED,
-    READ_RAW,
-    READABLE,
-    SOUND,
-    TO_COMPRESSED,
-    TO_RAW,
-    WHOLE,
-    block_facts,
+from kvfsm.state import FAILED, UNCHECKED, GroupState, StateCore
+from kvfsm.verify._block_facts import FOUND, LAYOUT, PLACED, READABLE, WHOLE
+from kvfsm.verify._group_pass import (
+    AFTER,
+    AFTER_CMP,
+    AFTER_RAW,
+    ALL_SETTLED,
+    ASKED_KEPT,
+    CHAIN_BLOCKS,
+    CHECKS_IGNORED,
+    CHECKS_RECORDED,
+    FIT,
+    HIT,
+    LARGEST_AFTER,
+    LARGEST_HIT,
+    LARGEST_NOW,
+    N_PARAMS,
+    N_PER_BLOCK,
+    N_PER_LENGTH,
+    N_SCALARS,
+    NEEDS_CHECKSUMS,
+    NOW,
+    NOW_CMP,
+    NOW_RAW,
+    P_ALIGNED,
+    P_ALL_SETTLED,
+    P_BUDGET,
+    P_CAPPED,
+    P_CHECK_MODE,
+    P_FULL_SUB_MASK,
+    P_HAS_INDEX,
+    P_OWN_SIZE,
+    P_SETTLED_FORM,
+    P_TARGET_SIZE,
+    P_USE_CHECKED_OK,
+    group_pass,
 )
 from kvfsm.verify._index_check import IndexCheck
-from kvfsm.verify._paths import (
-    restore_paths,
-)
+from kvfsm.verify._paths import restore_paths
 from kvfsm.verify._types import DeviceProfile, Level
 
 Bools = NDArray[np.bool_]
+
+# Stand-ins for a group without an index (the pass reads none of them; read-only like the
+# core's arrays, so the call compiles to the same version).
+_NO_INDEX = (np.full((1, 1), -1, dtype=np.int32), np.zeros((1, 1), dtype=np.uint32),
+             np.zeros(1, dtype=np.uint32), np.zeros(1, dtype=np.uint8),
+             np.ones(1, dtype=np.bool_), np.full(1, -1, dtype=np.int32),
+             np.full(1, -1, dtype=np.intp), np.zeros(1, dtype=np.bool_))
+for _stand_in in _NO_INDEX[:6]:
+    _stand_in.flags.writeable = False
+
+#: Per group: read-only views of its metadata arrays the pass reads (fixed buffers, made once
+#: per group), and the pass's parameters that never change for it.
+_ARRAYS: weakref.WeakKeyDictionary[GroupState, tuple[tuple[NDArray[Any], ...],
+                                                     NDArray[np.int64]]] = \
+    weakref.WeakKeyDictionary()
+_INDEX: weakref.WeakKeyDictionary[GroupState, tuple[NDArray[Any], ...]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _group_arrays(group: GroupState) -> tuple[tuple[NDArray[Any], ...], NDArray[np.int64]]:
+    known = _ARRAYS.get(group)
+    if known is None:
+        template = np.ones(N_PARAMS, dtype=np.int64)  # sizes and flags of a non-index group
+        template[P_FULL_SUB_MASK] = group.full_sub_mask
+        template[P_SETTLED_FORM] = group.rule.settled_form is Form.COMPRESSED
+        if group.target is not None:
+            template[P_TARGET_SIZE] = group.target.decl.block_size
+            template[P_OWN_SIZE] = group.decl.block_size
+        known = _ARRAYS[group] = ((group.states, group.epoch, group.position, group.sub_blocks,
+                                   group.layout_id), template)
+    return known
+
+
+def _index_arrays(group: GroupState) -> tuple[NDArray[Any], ...]:
+    """The index's references and the target group's arrays the pass reads."""
+    known = _INDEX.get(group)
+    if known is None:
+        target = group.target
+        assert target is not None
+        known = _INDEX[group] = (group.refs_target, group.refs_epoch, target.epoch,
+                                 target.states, target.table.hashed, target.position)
+    return known
+
+
+#: All-True masks by length, shared read-only (the pass reads ``checked_ok`` only when asked).
+_TRUE: dict[int, Bools] = {}
+
+
+def _all_true(n: int) -> Bools:
+    mask = _TRUE.get(n)
+    if mask is None:
+        if len(_TRUE) > 64:
+            _TRUE.clear()
+        mask = _TRUE[n] = np.ones(n, dtype=np.bool_)
+    return mask
+
+
+#: What a lookup needs of a group, a reading layout and a device profile that does not change
+#: between lookups: per group (weakly), by the ids of the layout and profile (kept with the
+#: answer, so a reused id is never mistaken).
+_STATICS: weakref.WeakKeyDictionary[
+    GroupState, dict[tuple[int, int], tuple[object, object, int, tuple[Bools, bool, bool]]]
+] = weakref.WeakKeyDictionary()
+
+
+def _statics(group: GroupState, reads: Layout, profile: DeviceProfile
+             ) -> tuple[Bools, bool, bool]:
+    """Per layout id of ``group``, whether the reading kernel's layout ``reads`` accepts it;
+    whether restored blocks land aligned for ``profile``; whether every device slot already
+    meets it. Cached: recomputed only when the group records a new layout."""
+    known_here = _STATICS.get(group)
+    if known_here is None:
+        known_here = _STATICS[group] = {}
+    key = (id(reads), id(profile))
+    known = known_here.get(key)
+    layouts = group.layouts
+    if known is not None and known[0] is reads and known[1] is profile and \
+            known[2] == len(layouts):
+        return known[3]
+    if len(known_here) >= _MAX_SPANS:
+        known_here.clear()
+    pool = group.pools[Tier.DEVICE]
+    layout_ok = np.array([layout == reads for layout in layouts], dtype=np.bool_)
+    layout_ok.setflags(write=False)
+    answer = (layout_ok, alignment_guaranteed(pool, profile),
+              _aligned_by_construction(pool, profile))
+    known_here[key] = (reads, profile, len(layouts), answer)
+    return answer
+
+
+def _aligned_by_construction(pool: SlotPool, profile: DeviceProfile) -> bool:
+    """Every slot of ``pool`` meets ``profile``: its base and stride are multiples of the
+    base alignment and its stride of the size alignment (layer 4 then has nothing to check)."""
+    return data_ptr(pool.data) % profile.base_alignment == 0 and \
+        pool.stride % profile.base_alignment == 0 and pool.stride % profile.size_alignment == 0
 
 
 def _prefix(bad: Bools) -> NDArray[np.int64]:
@@ -113,6 +234,31 @@ class Spans:
         self.base: Bools = inside if need.servable is None else inside & need.servable
         self.base.setflags(write=False)
         self.reads_compressed = bool((self.lo < self.cut).any())
+        #: ``lo``, ``cut`` and ``hi`` as one read-only ``[3, lengths]`` array.
+        self.bounds = np.stack([self.lo, self.cut, self.hi]).astype(np.int64)
+        self.bounds.setflags(write=False)
+
+
+#: Spans by (group declaration, prompt blocks, candidate count, step), shared: a kind's rule
+#: is a function of these alone, and a serving load repeats prompt lengths.
+_SPANS: dict[tuple[int, int, int, int], tuple[object, Spans]] = {}
+_MAX_SPANS = 4096
+
+
+def spans_for(group: GroupState, n: int, lengths: NDArray[np.int64], step: int) -> Spans:
+    """The group's spans over ``lengths`` (``[0, step, ...]``) for a prompt of ``n`` blocks."""
+    decl = group.decl
+    key = (id(decl), n, lengths.size, step)
+    known = _SPANS.get(key)
+    if known is not None and known[0] is decl:
+        return known[1]
+    if len(_SPANS) >= _MAX_SPANS:
+        _SPANS.clear()
+    spans = Spans(group.rule.needed(decl, lengths), n)
+    for array in (spans.lo, spans.cut, spans.hi):
+        array.setflags(write=False)
+    _SPANS[key] = (decl, spans)
+    return spans
 
 
 def usable_at(spans: Spans, ok_raw: Bools, ok_cmp: Bools) -> Bools:
@@ -129,26 +275,11 @@ def usable_at(spans: Spans, ok_raw: Bools, ok_cmp: Bools) -> Bools:
     return usable
 
 
-def _targets_settled(group: GroupState, rows: NDArray[np.intp], history: GroupEval) -> Bools:
-    """Per index row: every target it references is the prompt's history block at the target's
-    position and is settled there (see :attr:`GroupEval.settled`)."""
-    target = group.target
-    assert target is not None, f"group {group.name!r} has no target group"
-    refs = group.refs_target[rows]
-    used = refs != NO_TARGET
-    in_range = (refs >= 0) & (refs < target.n_blocks)
-    held = np.where(in_range, refs, 0)
-    position = target.position[held]
-    placed = (position >= 0) & (position < history.n)
-    at = np.where(placed, position, 0)
-    settled = placed & history.settled[at] & (history.ids[at] == held)
-    bad = (used & ~(in_range & settled)) | (refs < NO_TARGET)
-    result: Bools = ~bad.any(axis=1)
-    return result
-
-
 class GroupEval:
-    """Facts about the prompt's blocks of one group, and its usable vectors."""
+    """Facts about the prompt's blocks of one group, and its usable vectors (one
+    :func:`~kvfsm.verify._group_pass.group_pass` call; a second only where the device checks
+    must be computed here: data checksums at FULL level or of blocks never checked at their
+    epoch, or alignment the pools do not guarantee)."""
 
     def __init__(
         self,
@@ -163,88 +294,118 @@ class GroupEval:
         profile: DeviceProfile,
         history: GroupEval | None = None,
         checksums: bool = True,
+        spans: Spans | None = None,
     ) -> None:
         self.group = group
-        self.decl = group.decl
+        self.decl = decl = group.decl
         self.rule = group.rule
         self.lengths = lengths
-        size = self.decl.block_size
         # Every complete block of the prompt: candidates use the first lengths[-1] // size, the
         # rest tells how far this group's chain reaches.
         self.n = n = int(high.size)
-        self.ids = core.lookup_words(group.name, high[:n], low[:n]) if n else \
+        #: The prompt's hash words of this group's blocks.
+        self.words = (high, low)
+        self.ids = group.hash_map.lookup(high[:n], low[:n]) if n else \
             np.zeros(0, dtype=np.intp)
-        self.paths = paths = restore_paths(group.table)
-        # Layers 1 (sub-blocks), 2 (recorded layout vs the kernel's; the group's declared
-        # layout when the caller names none) and 3 (position), and what each block's state
-        # allows: one byte per block, in one pass over the metadata.
-        reads = kernel_layout or self.decl.layout
-        layout_ok = np.array([layout == reads for layout in group.layouts], dtype=np.bool_)
-        self.facts = facts = block_facts(group, self.ids, layout_ok, paths.code)
-        self.found = found = facts != 0
-        readable = (facts & READABLE) != 0
-        safe = np.where(found, self.ids, 0)
-
-        # Layers 4 (alignment) and 1 (checksums) over the readable blocks' device slots; None
-        # where every block passes (the common case costs no array).
+        self.paths = restore_paths(group.table)
+        self.spans = spans if spans is not None else Spans(self.rule.needed(decl, lengths), n)
+        self._history = history
         pool = group.pools[Tier.DEVICE]
-        self.restore_aligned = alignment_guaranteed(pool, profile)
+        layout_ok, self.restore_aligned, aligned = _statics(group, kernel_layout or decl.layout,
+                                                            profile)
         self.align_ok: Bools | None = None
         self.checksum_ok: Bools | None = None
         #: The checksums this lookup computed: block ids and whether each passed.
         self.checked: tuple[NDArray[np.intp], Bools] = (np.zeros(0, dtype=np.intp),
                                                        np.zeros(0, dtype=np.bool_))
-        check_alignment = not (level is Level.FAST and self.restore_aligned)
-        if (check_alignment or checksums) and readable.any():
-            readable_ids = safe[readable]
-            slots = group.slot[Tier.DEVICE][readable_ids]
-            if check_alignment:
-                self.align_ok = _aligned(pool, profile, slots, readable)
-            if checksums:
-                self.checksum_ok, made, passed = _checksums(group, pool, level, slots,
-                                                            readable_ids, readable)
-                self.checked = (made, passed)
-        checked_ok = _both(self.align_ok, self.checksum_ok)
-        # Sparse index: targets current (epochs) and inside this prompt's history (layer 3).
-        self.index: IndexCheck | None = None
-        sound = (facts & SOUND) == SOUND
-        if group.target is not None and n:
-            self.index = IndexCheck(group, safe, history.ids if history else None)
-            sound &= self.index.fit
-        good = sound if checked_ok is None else sound & checked_ok
-        self.now_raw = good & ((facts & READ_RAW) != 0)
-        self.now_cmp = good & ((facts & READ_COMPRESSED) != 0)
-        # After the plan: blocks reaching the form by a content-preserving path; readable
-        # blocks that failed a check stay bad (restoring cannot repair their bytes).
-        if not self.restore_aligned:
-            movable = np.zeros(n, dtype=np.bool_)
-        else:
-            movable = sound if checked_ok is None else sound & ~(readable & ~checked_ok)
-        self.after_raw = self.now_raw | (movable & ((facts & TO_RAW) != 0))
-        self.after_cmp = self.now_cmp | (movable & ((facts & TO_COMPRESSED) != 0))
-        if self.index is not None and history is not None and \
-                not bool(history.settled.all()):
-            # Every step of a plan on a target (a restore, a compression) bumps its epoch and
-            # invalidates the index rows pointing at it: after the plan a row still counts
-            # only if each of its targets already sits, usable, in its settled form.
-            stays = _targets_settled(group, safe, history)
-            self.after_raw = self.after_raw & stays
-            self.after_cmp = self.after_cmp & stays
-        self.chain_tokens = (int(np.argmin(found)) if not found.all() else n) * size
-        self.spans = Spans(self.rule.needed(self.decl, lengths), n)
-        # The classic hit: hash presence only, under the kind's own rule (a sliding window
-        # needs only its window, a recurrent group a snapshot at exactly L).
-        self.hit = self._usable(found, found)
+        # Layers 2 (recorded layout vs the kernel's; the group's declared layout when the
+        # caller names none), 1, 3 and 4, and what each block's state allows, in one pass.
+        check_alignment = not (level is Level.FAST and self.restore_aligned) and not aligned
+        computes_checksums = checksums and level is Level.FULL
+        #: Data checks read from the core's records (a block seen failing stays failed).
+        self._recorded_checks = checksums
+        self._pass(layout_ok, None, CHECKS_RECORDED if checksums else CHECKS_IGNORED)
+        if check_alignment or computes_checksums or self._scalars[NEEDS_CHECKSUMS]:
+            # Device checks computed here over the readable blocks' slots, then the pass again
+            # with their answers.
+            readable = (self.facts & READABLE) != 0
+            if readable.any():
+                readable_ids = self.ids[readable]
+                slots = group.slot[Tier.DEVICE][readable_ids]
+                if check_alignment:
+                    self.align_ok = _aligned(pool, profile, slots, readable)
+                if checksums:
+                    self.checksum_ok, made, passed = _checksums(group, pool, level, slots,
+                                                                readable_ids, readable)
+                    self.checked = (made, passed)
+            checked_ok = _both(self.align_ok, self.checksum_ok)
+            self._recorded_checks = False
+            self._pass(layout_ok, checked_ok, CHECKS_IGNORED)
+        self.chain_tokens = int(self._scalars[CHAIN_BLOCKS]) * decl.block_size
         #: Per candidate length: restores the plan for it begins (kept only where the core-wide
         #: restore budget has caps and the plan restores something; else None).
-        self.restores_asked: NDArray[np.int64] | None = None
-        self.now = self._usable(self.now_raw, self.now_cmp)
-        plan_changes_nothing = bool(np.array_equal(self.after_raw, self.now_raw)) and \
-            bool(np.array_equal(self.after_cmp, self.now_cmp))
-        #: Per candidate length: usable once the plan for that length has run (which may
-        #: also break what is usable now, e.g. index rows over a target the plan moves).
-        self.after: Bools = self.now if plan_changes_nothing else \
-            self._usable(self.after_raw, self.after_cmp) & self._admitted()
+        self.restores_asked: NDArray[np.int64] | None = \
+            self._asked if self._scalars[ASKED_KEPT] else None
+        #: Last candidate index where the hit / usable now / usable after the plan holds.
+        self.largest_hit = int(self._scalars[LARGEST_HIT])
+        self.largest_now = int(self._scalars[LARGEST_NOW])
+        self.largest_after = int(self._scalars[LARGEST_AFTER])
+
+    def _pass(self, layout_ok: Bools, checked_ok: Bools | None, check_mode: int) -> None:
+        group, n = self.group, self.n
+        history = self._history
+        arrays, template = _group_arrays(group)
+        has_index = group.target is not None and history is not None and n > 0
+        params = template.copy()
+        params[P_CHECK_MODE] = check_mode
+        params[P_USE_CHECKED_OK] = checked_ok is not None
+        params[P_ALIGNED] = self.restore_aligned
+        params[P_HAS_INDEX] = has_index
+        params[P_BUDGET] = group.restore_budget()
+        params[P_CAPPED] = group.budget.capped
+        if has_index:
+            assert history is not None
+            params[P_ALL_SETTLED] = history.all_settled
+            index_arrays = (*_index_arrays(group), history.ids, history.settled)
+        else:
+            index_arrays = _NO_INDEX
+        self.facts = np.empty(n, dtype=np.uint8)
+        #: Each block's epoch as this lookup saw it (0 where missing).
+        self.epochs = np.empty(n, dtype=np.uint32)
+        self._per_block = per_block = np.empty((N_PER_BLOCK, n), dtype=np.bool_)
+        count = self.lengths.size
+        self._per_length = per_length = np.empty((N_PER_LENGTH, count), dtype=np.bool_)
+        self._asked = np.empty(count, dtype=np.int64)
+        self._scalars = np.empty(N_SCALARS, dtype=np.int64)
+        spans, paths = self.spans, self.paths
+        group_pass(
+            self.ids, *arrays, layout_ok, paths.code, group.check,
+            checked_ok if checked_ok is not None else _all_true(n), *index_arrays,
+            spans.bounds, spans.base, paths.restores_by_form, params,
+            self.facts, self.epochs, per_block, per_length, self._asked, self._scalars)
+        self.now_raw, self.now_cmp = per_block[NOW_RAW], per_block[NOW_CMP]
+        self.after_raw, self.after_cmp = per_block[AFTER_RAW], per_block[AFTER_CMP]
+        self.hit, self.now, self.after = per_length[HIT], per_length[NOW], per_length[AFTER]
+        self._has_index = has_index
+
+    @property
+    def found(self) -> Bools:
+        """Per block: its hash is in the map."""
+        found: Bools = self.facts != 0
+        return found
+
+    @property
+    def index(self) -> IndexCheck | None:
+        """The index's reference checks (sparse-index groups; None otherwise), for reasons."""
+        if not self._has_index or self._history is None:
+            return None
+        safe = np.where(self.ids >= 0, self.ids, 0)
+        return IndexCheck(self.group, safe, self._history.ids, fit=self._per_block[FIT])
+
+    @property
+    def all_settled(self) -> bool:
+        """Every block of the prompt is usable now in the form its kind settles in."""
+        return bool(self._scalars[ALL_SETTLED])
 
     @property
     def settled(self) -> Bools:
@@ -252,31 +413,6 @@ class GroupEval:
         settled: Bools = self.now_cmp if self.rule.settled_form is Form.COMPRESSED \
             else self.now_raw
         return settled
-
-    # -- usable at every candidate length ----------------------------------------------------
-
-    def _usable(self, ok_raw: Bools, ok_cmp: Bools) -> Bools:
-        return usable_at(self.spans, ok_raw, ok_cmp)
-
-    def _admitted(self) -> Bools:
-        """Per candidate length: the restores the plan needs there fit the group's admission
-        budget, so the verdict never offers a plan the gate would refuse. Where the core-wide
-        budget has caps, also keeps the restores asked per length (``restores_asked``) for the
-        lookup to add up over groups."""
-        budget = self.group.restore_budget()
-        states = np.where(self.found, self.group.states[np.where(self.found, self.ids, 0)], 0)
-        restores_raw = ~self.now_raw & self.after_raw & self.paths.restores[Form.RAW][states]
-        restores_cmp = ~self.now_cmp & self.after_cmp & \
-            self.paths.restores[Form.COMPRESSED][states]
-        total = int(restores_raw.sum()) + int(restores_cmp.sum())
-        if total == 0 or (total <= budget and not self.group.budget.capped):
-            return np.ones(self.lengths.size, dtype=np.bool_)
-        lo, cut, hi = self.spans.lo, self.spans.cut, self.spans.hi
-        raw_count, cmp_count = _prefix(restores_raw), _prefix(restores_cmp)
-        asked = raw_count[hi] - raw_count[cut] + cmp_count[cut] - cmp_count[lo]
-        self.restores_asked = asked
-        admitted: Bools = asked <= budget
-        return admitted
 
     # -- reasons ---------------------------------------------------------------------------
 
@@ -336,4 +472,7 @@ class GroupEval:
             return Reason.MISALIGNED
         if self.checksum_ok is not None and not self.checksum_ok[index]:
             return Reason.CHECKSUM_MISMATCH
+        if self.checksum_ok is None and self._recorded_checks and \
+                int(self.group.check[self.ids[index]]) == FAILED:
+            return Reason.CHECKSUM_MISMATCH  # seen failing by an earlier lookup
         return None

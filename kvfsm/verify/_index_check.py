@@ -198,13 +198,19 @@ class IndexCheck:
 
     ``ids`` are the prompt's index blocks by row (0 where missing: such rows fail elsewhere);
     ``history_ids`` the prompt's history blocks by position (-1 where missing), or None to check
-    only liveness and epochs.
+    only liveness and epochs; ``fit``, the rows' answers where a lookup's pass already has them.
     """
 
-    def __init__(self, group: GroupState, ids: IdArray, history_ids: IdArray | None) -> None:
+    def __init__(self, group: GroupState, ids: IdArray, history_ids: IdArray | None, *,
+                 fit: Bools | None = None) -> None:
         target = group.target
         assert target is not None, f"group {group.decl.name!r} has no target group"
         self.group, self.target, self.ids, self.history_ids = group, target, ids, history_ids
+        if fit is not None:
+            #: Per prompt row: every reference current and allowed (here as a lookup's pass
+            #: already found it).
+            self.fit = fit
+            return
         # Per position of the prompt's history (small: the prompt's blocks, not the pool's):
         # the epoch of the block there, and the first index row allowed to point at it (the
         # first whose block ends at or after the history block's end; never if it is dead).

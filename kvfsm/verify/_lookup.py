@@ -8,13 +8,16 @@ groups shrink each other's candidates.
 
 from __future__ import annotations
 
+import functools
+import weakref
+
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
 from kvfsm.spec import Form, Layout, Tier
-from kvfsm.state import StateCore
-from kvfsm.verify._group_eval import GroupEval
+from kvfsm.state import GroupState, StateCore
+from kvfsm.verify._group_eval import GroupEval, spans_for
 from kvfsm.verify._prompt import Prompt
 from kvfsm.verify._types import (
     Checks,
@@ -22,6 +25,8 @@ from kvfsm.verify._types import (
     GroupVerdict,
     KernelLayouts,
     Level,
+    Probe,
+    ProbedGroup,
     Reason,
     RestoreStep,
     Shortfall,
@@ -30,6 +35,27 @@ from kvfsm.verify._types import (
 
 #: At most this many block-level shortfalls are listed per group and reason.
 MAX_LISTED = 16
+
+_DEFAULT_PROFILE = DeviceProfile()
+_LAYOUTS: weakref.WeakKeyDictionary[
+    StateCore, tuple[tuple[GroupState, ...], tuple[int, ...], int]] = weakref.WeakKeyDictionary()
+#: Candidate lengths by (count, step), shared read-only: most prompts of a serving load have
+#: a few hundred distinct lengths.
+_CANDIDATES: dict[tuple[int, int], NDArray[np.int64]] = {}
+_MAX_CACHED = 4096
+
+
+def _candidates(count: int, step: int) -> NDArray[np.int64]:
+    """``[0, step, 2 * step, ...]``, ``count`` of them (read-only, cached)."""
+    key = (count, step)
+    lengths = _CANDIDATES.get(key)
+    if lengths is None:
+        if len(_CANDIDATES) >= _MAX_CACHED:
+            _CANDIDATES.clear()
+        lengths = np.arange(count, dtype=np.int64) * step
+        lengths.flags.writeable = False
+        _CANDIDATES[key] = lengths
+    return lengths
 
 
 def _largest(vector: np.ndarray, below: int | None = None) -> int:
@@ -78,40 +104,46 @@ def lookup(
     """
     level = as_level(level)
     check_kernel_layouts(core, kernel_layouts)
-    prompt.check_made_for(core.seed, (g.block_size for g in core.model.groups), "engine")
-    profile = profile or DeviceProfile()
-    step = core.model.lcm_block_size
+    order, block_sizes, step = _layout_of(core)
+    prompt.check_made_for(core.seed, block_sizes, "engine")
+    profile = profile or _DEFAULT_PROFILE
     last = max(prompt.n_tokens - 1, 0)  # the last prompt token is always computed
-    lengths = np.arange(last // step + 1, dtype=np.int64) * step
+    lengths = _candidates(last // step + 1, step)
     layouts = kernel_layouts or {}
     evals: dict[str, GroupEval] = {}
     # Groups whose blocks point into another group come after it (the index check reads the
     # prompt's blocks of the target group).
-    order = sorted(core.groups.values(), key=lambda g: g.rule.has_targets)
     for group in order:
-        high, low = prompt.words(group.decl.block_size)
-        target = group.decl.target_group
+        decl = group.decl
+        high, low = prompt.words(decl.block_size)
+        target = decl.target_group
         evals[group.name] = GroupEval(
             core, group, high, low, lengths, level=level,
             kernel_layout=layouts.get(group.name), profile=profile,
-            history=evals.get(target) if target else None, checksums=checksums)
-    now = np.logical_and.reduce([e.now for e in evals.values()])
-    after = np.logical_and.reduce([e.after for e in evals.values()]) & _admitted(core, evals)
-    usable_at, restorable_at = _largest(now), _largest(after)
+            history=evals.get(target) if target else None, checksums=checksums,
+            spans=spans_for(group, int(high.size), lengths, step))
+    every = tuple(evals.values())
+    usable_at = _common_last(every, "now")
+    admitted = _admitted(core, evals)
+    restorable_at = _common_last(every, "after") if admitted is True else \
+        _largest(_and(every, "after") & admitted)
+    hit_at = _common_last(every, "hit")
     reasons: list[Shortfall] = []
     if drop_last_block and (usable_at > 0 or restorable_at > 0):
         # Speculative decoding recomputes the last reusable block, now and after a plan alike.
+        now, after = _and(every, "now"), _and(every, "after") & admitted
         if usable_at > 0:
             usable_at = _largest(now, below=usable_at)
         if restorable_at > 0:
             restorable_at = _largest(after, below=restorable_at)
         reasons.append(Shortfall(Reason.SPEC_DECODE_DROP, "*",
                                  detail="speculative decoding recomputes the last block"))
-    usable, restorable = int(lengths[usable_at]), int(lengths[max(restorable_at, usable_at)])
-
-    hit = int(lengths[_largest(np.logical_and.reduce([e.hit for e in evals.values()]))])
+    restorable_at = max(restorable_at, usable_at)
+    usable, restorable = int(lengths[usable_at]), int(lengths[restorable_at])
+    hit = int(lengths[hit_at])
+    final = int(lengths[-1])
     # What each group's hash chain covers on its own, in tokens (prefix kinds only).
-    prefix = [e for e in evals.values() if e.rule.prefix_hit]
+    prefix = [e for e in every if e.rule.prefix_hit]
     if prefix and step > min(e.decl.block_size for e in prefix):
         covered = min(min(e.chain_tokens for e in prefix), last)
         finest = min(e.decl.block_size for e in prefix)
@@ -119,25 +151,86 @@ def lookup(
             reasons.append(Shortfall(Reason.BLOCK_BOUNDARY, "*", detail=(
                 f"the groups' chains reach {covered} tokens together, but usable lengths are "
                 f"multiples of {step}, the LCM of their block sizes")))
-    if hit == int(lengths[-1]) and hit > 0:
-        reasons.append(Shortfall(Reason.PROMPT_END, "*", detail=(
-            f"every candidate length hit; tokens from {hit} on are computed, the last one "
-            "for its logits")))
+    if hit == final and hit > 0:
+        reasons.append(_prompt_end(hit))
     # Why not the hit, and why not the whole prompt (the windows of the two differ).
-    listed = set()
-    for length in (hit, int(lengths[-1])):
-        for shortfall in _shortfalls(evals, length, usable):
-            if shortfall not in listed:
-                listed.add(shortfall)
-                reasons.append(shortfall)
-    groups = tuple(_group_verdict(e, lengths) for e in evals.values())
+    if usable < final:
+        listed = set()
+        for length in (hit, final):
+            for shortfall in _shortfalls(evals, length, usable):
+                if shortfall not in listed:
+                    listed.add(shortfall)
+                    reasons.append(shortfall)
+    groups = tuple(_group_verdict(e, lengths) for e in every)
     plan = _plan(evals, restorable) if restorable > usable else ()
     checks = tuple(Checks(name, e.checked[0], e.checked[1])
                    for name, e in evals.items() if e.checked[0].size)
     return Verdict(
         prompt_tokens=prompt.n_tokens, hit_tokens=hit, usable_tokens=usable,
         restorable_tokens=restorable, recompute_from=usable, level=level,
-        groups=groups, reasons=tuple(reasons), plan=plan, checks=checks)
+        groups=groups, reasons=tuple(reasons), plan=plan, checks=checks,
+        probe=_probe(core, every, usable_at, usable))
+
+
+@functools.lru_cache(maxsize=_MAX_CACHED)
+def _prompt_end(hit: int) -> Shortfall:
+    """The shortfall of a prompt hit at every candidate length (a value: shared)."""
+    return Shortfall(Reason.PROMPT_END, "*", detail=(
+        f"every candidate length hit; tokens from {hit} on are computed, the last one for its "
+        "logits"))
+
+
+def _layout_of(core: StateCore) -> tuple[tuple[GroupState, ...], tuple[int, ...], int]:
+    """The core's groups in lookup order (a group whose blocks point into another after it)
+    the block sizes a prompt must keep and their LCM (cached per core: all are fixed at its
+    making)."""
+    known = _LAYOUTS.get(core)
+    if known is None:
+        order = tuple(sorted(core.groups.values(), key=lambda g: g.rule.has_targets))
+        sizes = tuple(sorted({g.block_size for g in core.model.groups}))
+        known = _LAYOUTS[core] = (order, sizes, core.model.lcm_block_size)
+    return known
+
+
+def _common_last(evals: tuple[GroupEval, ...], name: str) -> int:
+    """The last candidate index where every group's vector ``name`` holds (0 when none). No
+    group's holds past its own last, so where all hold at the least of those, that is it;
+    else the vectors (not prefixes: windows, snapshots) are ANDed."""
+    if len(evals) == 1:
+        return int(getattr(evals[0], f"largest_{name}"))
+    at: int = min(getattr(e, f"largest_{name}") for e in evals)
+    for e in evals:
+        if not getattr(e, name)[at]:
+            return _largest(_and(evals, name))
+    return at
+
+
+def _and(evals: tuple[GroupEval, ...], name: str) -> NDArray[np.bool_]:
+    """The groups' vectors ``name`` ANDed (a fresh array)."""
+    out: NDArray[np.bool_] = getattr(evals[0], name).copy()
+    for e in evals[1:]:
+        out &= getattr(e, name)
+    return out
+
+
+def _probe(core: StateCore, evals: tuple[GroupEval, ...], at: int, tokens: int) -> Probe:
+    """Per group, the blocks needed at candidate ``at`` (``tokens`` long), as found (made
+    when a lease first asks)."""
+
+    def groups() -> tuple[ProbedGroup, ...]:
+        made = []
+        for e in evals:
+            bounds = e.spans.bounds
+            lo, cut, hi = int(bounds[0, at]), int(bounds[1, at]), int(bounds[2, at])
+            last_words = None
+            if hi > lo:
+                high, low = e.words
+                last_words = (int(high[hi - 1]), int(low[hi - 1]))
+            made.append(ProbedGroup(e.group.name, lo, cut, hi, e.ids[lo:hi],
+                                    e.epochs[lo:hi], last_words))
+        return tuple(made)
+
+    return Probe(weakref.ref(core), tokens, groups)
 
 
 def _admitted(core: StateCore, evals: dict[str, GroupEval]) -> NDArray[np.bool_] | bool:
@@ -160,12 +253,12 @@ def _admitted(core: StateCore, evals: dict[str, GroupEval]) -> NDArray[np.bool_]
 
 
 def _group_verdict(e: GroupEval, lengths: np.ndarray) -> GroupVerdict:
-    usable = int(lengths[_largest(e.now)])
-    restorable = max(int(lengths[_largest(e.after)]), usable)
-    hit = int(lengths[_largest(e.hit)])
+    usable = int(lengths[e.largest_now])
+    restorable = max(int(lengths[e.largest_after]), usable)
+    hit = int(lengths[e.largest_hit])
     stop: Reason | None = None
     if not e.now[-1] and usable < int(lengths[-1]):
-        probe = int(lengths[min(_largest(e.now) + 1, lengths.size - 1)])
+        probe = int(lengths[min(e.largest_now + 1, lengths.size - 1)])
         if not e.servable(probe):
             stop = e.rule.unservable
         else:

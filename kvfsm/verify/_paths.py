@@ -39,6 +39,10 @@ class RestorePaths:
             self.reachable[form] = np.array([p is not None for p in paths], dtype=np.bool_)
             self.restores[form] = np.array([p is not None and Event.RESTORE_BEGIN in p
                                             for p in paths], dtype=np.bool_)
+        #: ``restores`` as one read-only ``[2, n_states]`` array (raw, then compressed).
+        self.restores_by_form = np.stack([self.restores[Form.RAW],
+                                          self.restores[Form.COMPRESSED]])
+        self.restores_by_form.setflags(write=False)
         # One code per state so a lookup turns every per-state fact into a single gather.
         readable = table.readable
         self.code = (

@@ -10,6 +10,7 @@ from numpy.typing import ArrayLike, NDArray
 from kvfsm._errors import ForeignPromptError
 from kvfsm._tokens import as_token_ids
 from kvfsm.state import PrefixHashes
+from kvfsm.state._hashing import XXH3_128, check_hash_function
 
 
 class Prompt:
@@ -17,16 +18,19 @@ class Prompt:
 
     Hashes are computed once, incrementally (as vLLM's requests keep them), so a lookup never
     hashes: it only reads the words. A prompt is bound to the ``seed`` (model, layout version,
-    cache salt) and ``block_sizes`` it was made with; :meth:`check_made_for` tells an engine
-    whether it may use it.
+    cache salt, hash function), the ``hash_function`` (one of
+    :data:`kvfsm.state.HASH_FUNCTIONS`) and the ``block_sizes`` it was made with;
+    :meth:`check_made_for` tells an engine whether it may use it.
     """
 
     def __init__(self, seed: bytes, block_sizes: Iterable[int],
-                 token_ids: Sequence[int] | ArrayLike = ()) -> None:
+                 token_ids: Sequence[int] | ArrayLike = (), *,
+                 hash_function: str = XXH3_128) -> None:
         self._seed = bytes(seed)
+        self._hash_function = check_hash_function(hash_function)
         self._block_sizes = tuple(sorted(set(block_sizes)))
-        self._hashes = {size: PrefixHashes(self._seed, size) for size in self._block_sizes}
-        self._words: dict[int, tuple[NDArray[np.uint64], NDArray[np.uint64]]] = {}
+        self._hashes = {size: PrefixHashes(self._seed, size, hash_function)
+                        for size in self._block_sizes}
         # Tokens so far live in _buffer[:_n_tokens]; the buffer doubles when full, so appending
         # one token at a time stays amortized O(1).
         self._buffer = np.zeros(0, dtype=np.int64)
@@ -37,6 +41,11 @@ class Prompt:
     def seed(self) -> bytes:
         """The root digest the block hashes chain from (see :func:`kvfsm.state.hash_seed`)."""
         return self._seed
+
+    @property
+    def hash_function(self) -> str:
+        """The block hash its words were made with (one of :data:`kvfsm.state.HASH_FUNCTIONS`)."""
+        return self._hash_function
 
     @property
     def block_sizes(self) -> tuple[int, ...]:
@@ -64,23 +73,35 @@ class Prompt:
         if not tokens.size:
             return
         end = self._n_tokens + tokens.size
-        if end > self._buffer.size:
+        if not self._n_tokens and isinstance(token_ids, list | tuple):
+            # A list was just converted into an array nobody else holds: keep it, not a copy
+            # (it is exactly full, so the next extend moves the tokens to a growable buffer).
+            self._buffer = tokens
+        elif end > self._buffer.size:
             grown = np.empty(max(end, 2 * self._buffer.size), dtype=np.int64)
             grown[: self._n_tokens] = self._buffer[: self._n_tokens]
             self._buffer = grown
-        self._buffer[self._n_tokens : end] = tokens
+        if self._buffer is not tokens:
+            self._buffer[self._n_tokens : end] = tokens
         for hashes in self._hashes.values():
-            hashes.extend(tokens)
+            hashes.extend_checked(tokens)
         self._n_tokens = end
-        self._words.clear()
 
-    def check_made_for(self, seed: bytes, block_sizes: Iterable[int], owner: str) -> None:
-        """Raise :class:`ForeignPromptError` unless this prompt was made with ``seed`` and keeps
-        every one of ``block_sizes`` (``owner`` names the maker to use instead)."""
+    def check_made_for(self, seed: bytes, block_sizes: Iterable[int], owner: str,
+                       hash_function: str | None = None) -> None:
+        """Raise :class:`ForeignPromptError` unless this prompt was made with ``seed`` (and
+        ``hash_function``, where given) and keeps every one of ``block_sizes`` (``owner`` names
+        the maker to use instead)."""
         if bytes(seed) != self._seed:
             raise ForeignPromptError(
-                "prompt was made for another model, layout version or cache_salt; make it with "
-                f"{owner}.prompt(...)")
+                "prompt was made for another model, layout version, cache_salt or hash "
+                f"function; make it with {owner}.prompt(...)")
+        if hash_function is not None and hash_function != self._hash_function:
+            raise ForeignPromptError(
+                f"prompt was hashed with {self._hash_function} but {owner} uses "
+                f"{hash_function}; make it with {owner}.prompt(...)")
+        if block_sizes == self._block_sizes:
+            return  # the engine's own sizes, as it made the prompt: nothing to compare
         missing = sorted(set(block_sizes) - set(self._block_sizes))
         if missing:
             raise ForeignPromptError(
@@ -93,9 +114,8 @@ class Prompt:
             raise ForeignPromptError(
                 f"prompt keeps no hashes at block size {block_size} (it keeps "
                 f"{list(self._block_sizes)}); make it with the engine's prompt(...)")
-        if block_size not in self._words:
-            self._words[block_size] = self._hashes[block_size].words()
-        return self._words[block_size]
+        return self._hashes[block_size].words()
 
     def __repr__(self) -> str:
-        return f"Prompt(n_tokens={self._n_tokens}, block_sizes={self._block_sizes})"
+        return (f"Prompt(n_tokens={self._n_tokens}, block_sizes={self._block_sizes}, "
+                f"hash_function={self._hash_function!r})")

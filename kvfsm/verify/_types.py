@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 import numpy as np
@@ -82,6 +82,49 @@ class Checks:
     passed: NDArray[np.bool_]
 
 
+@attrs.frozen(eq=False)
+class ProbedGroup:
+    """What a lookup saw of one group's blocks at the verdict's usable length: the prompt's
+    blocks ``[lo, hi)`` (``[lo, cut)`` read compressed, ``[cut, hi)`` raw), their ids and
+    their epochs then, and the hash words of block ``hi - 1`` (the chain covers every block
+    before it, so equal words mean the same prefix)."""
+
+    group: str
+    lo: int
+    cut: int
+    hi: int
+    ids: NDArray[np.intp]
+    epochs: NDArray[np.uint32]
+    last_words: tuple[int, int] | None
+
+
+class Probe:
+    """The blocks a verdict called usable, as its lookup found them, so a lease on it pins
+    them without probing and checking them again: its epochs prove nothing moved since.
+    ``core`` is a weak reference to the state core the lookup read; ``groups`` are made on
+    first use from the lookup's arrays (most verdicts are never leased)."""
+
+    __slots__ = ("_groups", "_make", "core", "tokens")
+
+    def __init__(self, core: Callable[[], object], tokens: int,
+                 groups: tuple[ProbedGroup, ...] | Callable[[], tuple[ProbedGroup, ...]]
+                 ) -> None:
+        self.core = core
+        self.tokens = tokens
+        self._groups = groups if isinstance(groups, tuple) else None
+        self._make = None if isinstance(groups, tuple) else groups
+
+    @property
+    def groups(self) -> tuple[ProbedGroup, ...]:
+        if self._groups is None:
+            assert self._make is not None
+            self._groups, self._make = self._make(), None
+        return self._groups
+
+    def __repr__(self) -> str:
+        return f"Probe(tokens={self.tokens})"
+
+
 @attrs.frozen
 class Verdict:
     """The answer to "can this prefix be reused right now, after which restores, or not"."""
@@ -102,6 +145,9 @@ class Verdict:
     #: Checksums computed by this lookup (applied by ``Engine.lookup``; see
     #: :meth:`StateCore.record_checks`).
     checks: tuple[Checks, ...] = attrs.field(default=(), repr=False, eq=False)
+    #: The usable blocks as the lookup found them (for :meth:`Engine.lease`; None on a
+    #: verdict made by hand, whose lease probes and checks the blocks itself).
+    probe: Probe | None = attrs.field(default=None, repr=False, eq=False)
 
     def group(self, name: str) -> GroupVerdict:
         for group in self.groups:

@@ -1,0 +1,221 @@
+"""Pins for leases, in one compiled pass per group: check what a lookup saw and pin it, give it
+back, and tell whether it is still as pinned.
+
+A lease pins the blocks a verdict called usable (see :mod:`kvfsm.gates`). The lookup already
+found their ids and epochs; a lease made from them proves with one gather per block that
+nothing moved since (every row that changes a block's content, frees it or makes it unreadable
+bumps its epoch or its state) and pins exactly those blocks. Unlike :meth:`StateCore.pin`, a
+pin here never pins an index block's targets through its references: the lease pins those
+targets directly, as blocks of the prompt's history it reads anyway (the caller checks that
+they are), so a lease costs its blocks, not their references. A lease gives back exactly
+what it pinned with :func:`unpin_unmoved`; nothing else may release these pins.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm._jit import kernel, read_only
+from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
+from kvfsm.state._group import FAILED, MAX_PINS, GroupState
+
+IdArray = NDArray[np.intp]
+
+#: Why :func:`first_unusable` stopped (its second answer).
+FINE: Final = 0
+MOVED: Final = 1
+UNREADABLE: Final = 2
+WRONG_FORM: Final = 3
+CHECK_FAILED: Final = 4
+PINNED_FULL: Final = 5
+
+
+def _unusable_example() -> tuple[object, ...]:
+    u8 = read_only(np.zeros(1, dtype=np.uint8))
+    return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint32), 0, u8,
+            read_only(np.zeros(1, dtype=np.uint32)), u8, read_only(np.ones(1, dtype=np.bool_)),
+            read_only(np.zeros(1, dtype=np.int8)), np.zeros(1, dtype=np.uint16),
+            MAX_PINS, np.empty(2, dtype=np.int64))
+
+
+def _unusable_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """Blocks mostly as seen (epochs, readable states of the right form, unchecked or
+    verified, few pins), now and then one moved, unreadable, of the other form, failed or
+    pinned to the limit."""
+    n_blocks, n_states = int(rng.integers(1, 12)), int(rng.integers(1, 5))
+    n = int(rng.integers(0, n_blocks + 1))
+    ids = rng.permutation(n_blocks)[:n].astype(np.intp)
+    epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
+    seen = epoch[ids].copy()
+    seen[rng.random(n) < 0.1] += 1
+    limit = int(rng.integers(1, 4))
+    return (ids, seen, int(rng.integers(0, n + 1)),
+            read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)), read_only(epoch),
+            read_only(np.where(rng.random(n_blocks) < 0.9, 0, rng.integers(0, 3, n_blocks))
+                      .astype(np.uint8)),
+            read_only(rng.random(n_states) < 0.85),
+            read_only(rng.choice([FORM_RAW, FORM_COMPRESSED], n_states).astype(np.int8)),
+            rng.integers(0, limit + 1, n_blocks).astype(np.uint16), limit,
+            np.empty(2, dtype=np.int64))
+
+
+def _unusable_twin(ids: IdArray, seen: NDArray[np.uint32], cut: int,
+                   states: NDArray[np.uint8], epoch: NDArray[np.uint32],
+                   check: NDArray[np.uint8], readable: NDArray[np.bool_],
+                   form: NDArray[np.int8], pins: NDArray[np.uint16], max_pins: int,
+                   out: NDArray[np.int64]) -> None:
+    """:func:`first_unusable_kernel` as array operations."""
+    codes = states[ids]
+    wanted = np.where(np.arange(ids.size) < cut, FORM_COMPRESSED, FORM_RAW)
+    why = np.select(
+        [epoch[ids] != seen, ~readable[codes], form[codes] != wanted, check[ids] == FAILED,
+         pins[ids] >= max_pins],
+        [MOVED, UNREADABLE, WRONG_FORM, CHECK_FAILED, PINNED_FULL], FINE)
+    bad = np.flatnonzero(why != FINE)
+    out[0], out[1] = (int(bad[0]), int(why[bad[0]])) if bad.size else (-1, FINE)
+    if not bad.size:
+        pins[ids] += np.uint16(1)
+
+
+@kernel(example=_unusable_example, twin=_unusable_twin, inputs=_unusable_inputs)
+def first_unusable_kernel(ids: IdArray, seen: NDArray[np.uint32], cut: int,
+                          states: NDArray[np.uint8], epoch: NDArray[np.uint32],
+                          check: NDArray[np.uint8], readable: NDArray[np.bool_],
+                          form: NDArray[np.int8], pins: NDArray[np.uint16], max_pins: int,
+                          out: NDArray[np.int64]) -> None:
+    """``out = (i, why)`` for the first block ``ids[i]`` not at epoch ``seen[i]``, not
+    readable, not in its form (compressed before ``cut``, raw from it), seen failing a
+    checksum, or pinned to the limit; ``(-1, FINE)`` when every block is usable, and then
+    each is pinned once more (distinct ids: one pass, nothing pinned on a refusal)."""
+    for i in range(ids.size):
+        block = ids[i]
+        code = states[block]
+        wanted = FORM_COMPRESSED if i < cut else FORM_RAW
+        why = FINE
+        if epoch[block] != seen[i]:
+            why = MOVED
+        elif not readable[code]:
+            why = UNREADABLE
+        elif form[code] != wanted:
+            why = WRONG_FORM
+        elif check[block] == FAILED:
+            why = CHECK_FAILED
+        elif pins[block] >= max_pins:
+            why = PINNED_FULL
+        if why != FINE:
+            out[0], out[1] = i, why
+            return
+    out[0], out[1] = -1, FINE
+    for i in range(ids.size):
+        pins[ids[i]] += 1
+
+
+def _moved_example() -> tuple[object, ...]:
+    return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint32),
+            read_only(np.zeros(1, dtype=np.uint8)), read_only(np.zeros(1, dtype=np.uint32)),
+            read_only(np.ones(1, dtype=np.bool_)), np.empty(1, dtype=np.int64))
+
+
+def _moved_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """Blocks mostly at the epochs recorded and readable, some moved or unreadable."""
+    n_blocks, n_states = int(rng.integers(1, 12)), int(rng.integers(1, 5))
+    ids = rng.integers(0, n_blocks, int(rng.integers(0, 10))).astype(np.intp)
+    epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
+    recorded = epoch[ids].copy()
+    recorded[rng.random(ids.size) < 0.1] += 1
+    return (ids, recorded, read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)),
+            read_only(epoch), read_only(rng.random(n_states) < 0.9),
+            np.empty(1, dtype=np.int64))
+
+
+def _first_moved_twin(ids: IdArray, recorded: NDArray[np.uint32], states: NDArray[np.uint8],
+                      epoch: NDArray[np.uint32], readable: NDArray[np.bool_],
+                      out: NDArray[np.int64]) -> None:
+    bad = np.flatnonzero((epoch[ids] != recorded) | ~readable[states[ids]])
+    out[0] = int(bad[0]) if bad.size else -1
+
+
+@kernel(example=_moved_example, twin=_first_moved_twin, inputs=_moved_inputs)
+def first_moved_kernel(ids: IdArray, recorded: NDArray[np.uint32], states: NDArray[np.uint8],
+                       epoch: NDArray[np.uint32], readable: NDArray[np.bool_],
+                       out: NDArray[np.int64]) -> None:
+    """``out[0]``: the first ``i`` whose block moved off epoch ``recorded[i]`` or is no longer
+    readable; -1 when none did."""
+    out[0] = -1
+    for i in range(ids.size):
+        block = ids[i]
+        if epoch[block] != recorded[i] or not readable[states[block]]:
+            out[0] = i
+            return
+
+
+def _pins_example() -> tuple[object, ...]:
+    return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint32),
+            read_only(np.zeros(1, dtype=np.uint32)), np.zeros(1, dtype=np.uint16), 1)
+
+
+def _pins_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """Distinct blocks with pins to give (some at 0), some moved off their recorded epoch."""
+    n_blocks = int(rng.integers(1, 12))
+    ids = rng.permutation(n_blocks)[: int(rng.integers(0, n_blocks + 1))].astype(np.intp)
+    epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
+    recorded = epoch[ids].copy()
+    recorded[rng.random(ids.size) < 0.2] += 1
+    return (ids, recorded, read_only(epoch), rng.integers(0, 3, n_blocks).astype(np.uint16),
+            int(rng.choice([1, -1])))
+
+
+def _move_pins_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
+                    pins: NDArray[np.uint16], delta: int) -> None:
+    unmoved = ids[epoch[ids] == recorded]
+    if delta > 0:
+        pins[unmoved] += np.uint16(1)
+    else:
+        held = unmoved[pins[unmoved] > 0]
+        pins[held] -= np.uint16(1)
+
+
+@kernel(example=_pins_example, twin=_move_pins_twin, inputs=_pins_inputs)
+def move_pins_kernel(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
+                     pins: NDArray[np.uint16], delta: int) -> None:
+    """One pin more (``delta`` 1) or less (-1, never below 0) on each distinct block of
+    ``ids`` still at its epoch ``recorded[i]`` (a moved block lost its pin with its content:
+    another owner's pin is never taken)."""
+    for i in range(ids.size):
+        block = ids[i]
+        if epoch[block] != recorded[i]:
+            continue
+        if delta > 0:
+            pins[block] += 1
+        elif pins[block] > 0:
+            pins[block] -= 1
+
+
+def pin_if_usable(state: GroupState, ids: IdArray, seen: NDArray[np.uint32], cut: int
+                  ) -> tuple[int, int]:
+    """Pin each of the distinct blocks ``ids`` once (never an index's targets) if every one
+    is at the epoch the lookup saw (``seen[i]``), readable in its form (compressed before
+    index ``cut``, raw from it), not seen failing a checksum and not pinned ``MAX_PINS``
+    times: ``(-1, FINE)``. Else nothing is pinned and the answer is ``(i, why)`` for the
+    first that is not."""
+    out = np.empty(2, dtype=np.int64)
+    table = state.table
+    first_unusable_kernel(ids, seen, cut, state.states, state.epoch, state.check,
+                          table.readable, table.form, state._blocks.pins, MAX_PINS, out)
+    return int(out[0]), int(out[1])
+
+
+def unpin_unmoved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32]) -> None:
+    """Give back the pins :func:`pin_if_usable` took on ``ids``, except on blocks no longer
+    at ``epochs`` (their pin went with their content)."""
+    move_pins_kernel(ids, epochs, state.epoch, state._blocks.pins, -1)
+
+
+def first_moved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32]) -> int:
+    """The first index into ``ids`` whose block is no longer at ``epochs`` or readable; -1."""
+    out = np.empty(1, dtype=np.int64)
+    first_moved_kernel(ids, epochs, state.states, state.epoch, state.table.readable, out)
+    return int(out[0])
