@@ -1,0 +1,62 @@
+"""kvfsm inside vLLM (0.33.0, v1 engine): a scheduler that caps each new request's local prefix
+hit to kvfsm's usable length, and a KV connector whose external store is kvfsm's tiers.
+
+The declaration and the mirror import no vLLM; ``KvfsmScheduler``, ``KvfsmAsyncScheduler`` and
+``KvfsmConnector`` import it when first named (vLLM resolves them by qualified name:
+``kvfsm.integrations.vllm.KvfsmScheduler``). See docs/integrations.md.
+"""
+
+from typing import Any
+
+from kvfsm.integrations.vllm._mirror import (
+    Mirror,
+    MirrorSettings,
+    MirrorSettingsError,
+    PagePayload,
+    mirror_for,
+    register,
+    settings_of,
+    unregister,
+)
+from kvfsm.integrations.vllm._model import GroupMap, UnsupportedSpecError, declare
+
+#: Names that subclass vLLM classes, by the module defining them (imported on first use).
+_NEEDS_VLLM = {
+    "HitCaps": "_scheduler", "KvfsmHitCap": "_scheduler", "KvfsmScheduler": "_scheduler",
+    "KvfsmAsyncScheduler": "_scheduler", "KvfsmConnector": "_connector",
+    "KvfsmConnectorMetadata": "_connector", "BlockLoad": "_connector",
+    "ClaimCounts": "_connector",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The vLLM-dependent classes, imported when first asked for."""
+    module = _NEEDS_VLLM.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+__all__ = [
+    "BlockLoad",
+    "ClaimCounts",
+    "GroupMap",
+    "HitCaps",
+    "KvfsmAsyncScheduler",
+    "KvfsmConnector",
+    "KvfsmConnectorMetadata",
+    "KvfsmHitCap",
+    "KvfsmScheduler",
+    "Mirror",
+    "MirrorSettings",
+    "MirrorSettingsError",
+    "PagePayload",
+    "UnsupportedSpecError",
+    "declare",
+    "mirror_for",
+    "register",
+    "settings_of",
+    "unregister",
+]

@@ -1,0 +1,254 @@
+"""A vLLM KV connector (``SupportsHMA``) whose external store is kvfsm's tiers.
+
+Switch on with ``--kv-transfer-config '{"kv_connector": "KvfsmConnector",
+"kv_connector_module_path": "kvfsm.integrations.vllm", "kv_role": "kv_both",
+"kv_connector_extra_config": {"kvfsm": {...}}}'`` (settings: :class:`MirrorSettings`).
+
+**Scheduler side.** vLLM asks ``get_num_new_matched_tokens`` once per new request, after its
+local lookup, and can only extend the hit by what is returned. The connector looks the prompt
+up; where the verdict can restore more than vLLM's local hit, it runs the verdict's plan
+(host copies land at once, disk and remote loads are verified on kvfsm's workers, for at most
+``restore_wait_s``), looks up again and claims only what is *usable* then: a block whose copy
+was corrupt, torn, foreign or still in flight is not, and a length is claimed only where every
+group has state. The blocks the claim needs are leased (pinned, epochs recorded) until the
+worker has copied them. Loads are synchronous (``load_kv_async`` is False): vLLM schedules the
+claimed tokens as computed and the worker copies them in ``start_load_kv`` before the forward.
+
+**Worker side.** ``start_load_kv`` reads the verified bytes of each claimed block from kvfsm's
+device pool (``StateCore.read`` refuses a block that is not readable) and copies them into the
+KV tensors of every layer of its group, at the vLLM block id allocated for it; a block it
+cannot read or copy is reported by ``get_block_ids_with_load_errors`` (vLLM then recomputes
+from it). KV tensors are taken as block-major, one page per block whose bytes are kvfsm's
+payload (the layout of the hand-built configs of the tests); other layouts are an error.
+
+The scheduler and worker sides share the mirror through the in-process registry, so both must
+run in one process (vLLM's in-process executor, as in the tests).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import attrs
+import numpy as np
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore[import-not-found,unused-ignore]
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    SupportsHMA,
+)
+
+from kvfsm._errors import KvfsmError
+from kvfsm.gates import Lease
+from kvfsm.integrations.vllm._mirror import Mirror, mirror_for, settings_of
+from kvfsm.verify import Prompt, Verdict
+
+LOG = logging.getLogger(__name__)
+
+#: Restore plans run for one claim at most (each after the last one's failures are known).
+RESTORE_ROUNDS = 3
+
+
+@attrs.frozen
+class BlockLoad:
+    """Copy kvfsm block ``kvfsm_id`` of ``group`` into vLLM block ``vllm_block`` of KV cache
+    group ``group_index``."""
+
+    request_id: str
+    group_index: int
+    group: str
+    kvfsm_id: int
+    vllm_block: int
+
+
+class KvfsmConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc,unused-ignore]
+    """The loads of one scheduler step."""
+
+    def __init__(self, loads: tuple[BlockLoad, ...] = ()) -> None:
+        self.loads = loads
+
+
+@attrs.define
+class _Claim:
+    """What the connector promised a request: tokens ``[start, end)`` from ``verdict``."""
+
+    prompt: Prompt
+    verdict: Verdict
+    lease: Lease
+    start: int
+    end: int
+
+
+@attrs.define
+class ClaimCounts:
+    """What the connector answered: requests asked, claims made, tokens claimed, restores
+    run, and claims refused because nothing usable remained after the restore."""
+
+    asked: int = 0
+    claimed: int = 0
+    tokens: int = 0
+    restores: int = 0
+    refused_after_restore: int = 0
+
+
+class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unused-ignore]
+    """kvfsm's tiers as vLLM's external KV store, claiming only verified-usable tokens."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.kvfsm: Mirror = mirror_for(kv_cache_config, settings_of(vllm_config))
+        self.counts = ClaimCounts()
+        self._claims: dict[str, _Claim] = {}
+        self._loads: list[BlockLoad] = []
+        #: Leases of loads handed to the worker, released at the next step (after the load).
+        self._shipped: list[Lease] = []
+        self._kv_caches: dict[str, Any] = {}
+        self._load_errors: set[int] = set()
+
+    # -- scheduler side ----------------------------------------------------------------------
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        self.kvfsm.attach(kv_cache_manager)
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
+                                   ) -> tuple[int, bool]:
+        """Tokens beyond ``num_computed_tokens`` kvfsm verified usable after restoring them."""
+        self.counts.asked += 1
+        self._drop_claim(request.request_id)
+        if _keyed_beyond_tokens(request):
+            return 0, False  # kvfsm's hashes cover token ids only: never claim across keys
+        mirror = self.kvfsm
+        engine = mirror.engine
+        prompt = mirror.prompt_of(request)
+        with engine.lock:
+            verdict = engine.lookup(prompt, level=mirror.level)
+            if max(verdict.usable_tokens, verdict.restorable_tokens) <= num_computed_tokens:
+                return 0, False
+            # A failed load leaves a shorter length restorable (e.g. an earlier recurrent
+            # checkpoint the first plan did not need): restore again, a bounded number of times.
+            for _ in range(RESTORE_ROUNDS):
+                if not verdict.plan or verdict.restorable_tokens <= max(
+                        verdict.usable_tokens, num_computed_tokens):
+                    break
+                self.counts.restores += 1
+                ticket = engine.restore(verdict, prompt)
+                ticket.wait(timeout=mirror.settings.restore_wait_s)
+                verdict = engine.lookup(prompt, level=mirror.level)
+            end = verdict.usable_tokens
+            if end <= num_computed_tokens:
+                self.counts.refused_after_restore += 1
+                return 0, False
+            try:
+                lease = engine.lease(verdict, prompt)
+            except KvfsmError:
+                return 0, False
+        self._claims[request.request_id] = _Claim(prompt, verdict, lease, num_computed_tokens,
+                                                  end)
+        self.counts.claimed += 1
+        self.counts.tokens += end - num_computed_tokens
+        return end - num_computed_tokens, False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int
+                                 ) -> None:
+        """Plan the copies of the claimed blocks into the vLLM blocks just allocated."""
+        claim = self._claims.get(request.request_id)
+        if claim is None or num_external_tokens == 0:
+            return
+        if claim.start + num_external_tokens != claim.end:
+            # vLLM took another count than claimed: load nothing, recompute instead.
+            self._drop_claim(request.request_id)
+            return
+        vllm_ids = blocks.get_block_ids()
+        for probed in claim.verdict.probe.groups if claim.verdict.probe else ():
+            group = next(g for g in self.kvfsm.groups if g.name == probed.group)
+            first = claim.start // group.block_size
+            for index, kid in zip(range(probed.lo, probed.hi), probed.ids, strict=True):
+                if index < first:
+                    continue  # vLLM's local hit already holds it
+                self._loads.append(BlockLoad(request.request_id, group.index, group.name,
+                                             int(kid), int(vllm_ids[group.index][index])))
+
+    def build_connector_meta(self, scheduler_output: Any) -> KvfsmConnectorMetadata:
+        """This step's loads; leases of the previous step's loads are released (done)."""
+        for lease in self._shipped:
+            lease.release()
+        self._shipped = []
+        loads = tuple(self._loads)
+        self._loads = []
+        for request_id in {load.request_id for load in loads}:
+            claim = self._claims.pop(request_id, None)
+            if claim is not None:
+                self._shipped.append(claim.lease)
+        return KvfsmConnectorMetadata(loads)
+
+    def _drop_claim(self, request_id: str) -> None:
+        claim = self._claims.pop(request_id, None)
+        if claim is not None:
+            claim.lease.release()
+            self._loads = [load for load in self._loads if load.request_id != request_id]
+
+    def request_finished(self, request: Any, block_ids: list[int]
+                         ) -> tuple[bool, dict[str, Any] | None]:
+        self._drop_claim(request.request_id)
+        return False, None
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:
+        self._drop_claim(request.request_id)
+        return False, None
+
+    # -- worker side -------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        self._kv_caches = dict(kv_caches)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        """Copy every planned block's verified bytes into the KV tensors of its group."""
+        import torch
+
+        metadata = self._get_connector_metadata()
+        if not isinstance(metadata, KvfsmConnectorMetadata):
+            return
+        core = self.kvfsm.engine.core
+        for load in metadata.loads:
+            layers = self.kvfsm.groups[load.group_index].layer_names
+            try:
+                with self.kvfsm.engine.lock:
+                    data = core.read(load.group, [load.kvfsm_id])[0]
+                page = torch.from_numpy(np.ascontiguousarray(data))
+                for layer in layers:
+                    target = self._kv_caches[layer][load.vllm_block]
+                    if target.numel() * target.element_size() != page.numel():
+                        raise KvfsmError(f"KV tensor of layer {layer!r}: a block holds "
+                                         f"{target.numel() * target.element_size()} bytes, "
+                                         f"kvfsm's page {page.numel()}")
+                    target.view(-1).view(torch.uint8).copy_(page)
+            except (KvfsmError, KeyError) as exc:
+                LOG.warning("kvfsm connector: block %d of %s not loaded: %s", load.vllm_block,
+                            load.group, exc)
+                self._load_errors.add(load.vllm_block)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Loads are done in :meth:`start_load_kv`, before the forward."""
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        """Nothing to save per layer: the mirror commits what vLLM caches."""
+
+    def wait_for_save(self) -> None:
+        """Nothing to wait for (see :meth:`save_kv_layer`)."""
+
+
+def _keyed_beyond_tokens(request: Any) -> bool:
+    """vLLM keys this request's blocks by more than its token ids (LoRA, multimodal inputs,
+    a cache salt), which kvfsm's prompt hashes do not cover."""
+    return bool(getattr(request, "lora_request", None) or getattr(request, "cache_salt", None)
+                or getattr(request, "mm_features", None))
+
+
+__all__ = ["BlockLoad", "ClaimCounts", "KvfsmConnector", "KvfsmConnectorMetadata"]

@@ -1,0 +1,328 @@
+"""A kvfsm engine kept in step with vLLM's block pool, and the verdict it gives a request.
+
+:class:`Mirror` wraps two methods of the one ``BlockPool`` instance vLLM's ``KVCacheManager``
+built (the instance, not the class: other pools are untouched):
+
+* ``cache_full_blocks``: vLLM just put a request's full blocks of one KV cache group in its
+  prefix-cache map. The mirror commits the same prefix to that kvfsm group and remembers which
+  kvfsm block each vLLM block is. kvfsm keeps what its kind's rule keeps; a block vLLM left out
+  (a null or masked block: sliding-window blocks out of the window, Mamba states off a step end)
+  and that this commit created is evicted again, so kvfsm never holds what vLLM's pool does not.
+* ``_maybe_evict_cached_block``: vLLM is reusing a cached block. When no other vLLM block holds
+  that kvfsm block any more, the mirror offloads it a tier down (host, then disk or remote as
+  the host fills, through the engine's stored tiers), where it stays a hit the connector can
+  restore; with no tier below the device it is evicted.
+
+A lookup (:meth:`Mirror.verdict`) then says how much of a request's prompt is usable now and
+after a restore. kvfsm's pools hold the pages' bytes: ``payload`` gives them at commit time
+(what the forward of those tokens writes; zeros by default, where only the bookkeeping is
+mirrored). kvfsm's device pool is sized above vLLM's (``MirrorSettings.device_headroom``) so
+that kvfsm never gives back a block vLLM still caches.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm._engine import Engine
+from kvfsm._errors import KvfsmError
+from kvfsm.integrations.vllm._model import GroupMap, UnsupportedSpecError, declare
+from kvfsm.serve._faults import sink
+from kvfsm.spec import Event, Tier
+from kvfsm.state import CoreConfig, GroupState
+from kvfsm.tiers import DiskTier, StoredTier
+from kvfsm.verify import Level, Prompt, Verdict, as_level
+
+LOG = logging.getLogger(__name__)
+
+#: ``(group map, prompt token ids, block indices) -> uint8 [len(indices), payload_bytes]``:
+#: the bytes of those blocks of that group, as the model's forward writes them.
+PagePayload = Callable[[GroupMap, Sequence[int], NDArray[np.int64]], NDArray[np.uint8]]
+
+#: Default bytes of the disk tier a mirror opens when given a directory.
+DEFAULT_DISK_BYTES = 1 << 30
+
+
+class MirrorSettingsError(KvfsmError):
+    """A kvfsm setting passed through vLLM's config is missing, unknown or of the wrong type."""
+
+
+#: The types each setting accepts (bools are refused where numbers are expected).
+_SETTING_TYPES: Mapping[str, type | tuple[type, ...]] = {
+    "name": str, "level": str, "device_headroom": (int, float), "host_blocks": int,
+    "disk_dir": (str, type(None)), "disk_bytes": int, "disk_blocks": int,
+    "restore_wait_s": (int, float)}
+
+
+@attrs.frozen
+class MirrorSettings:
+    """How the mirror's engine is built (the ``kvfsm`` keys of ``kv_connector_extra_config``
+    or of ``additional_config["kvfsm"]``)."""
+
+    #: Registry name: the scheduler and the connector of one vLLM engine share the mirror.
+    name: str = "default"
+    #: Verification level of the lookups that cap hits and claims.
+    level: str = "standard"
+    #: kvfsm device slots per group, as a multiple of vLLM's blocks.
+    device_headroom: float = 2.0
+    #: Host slots per group (the first offload tier; 0: none).
+    host_blocks: int = 0
+    #: Directory of a disk tier below host (None: none) and its size cap.
+    disk_dir: str | None = None
+    disk_bytes: int = DEFAULT_DISK_BYTES
+    #: Logical blocks per group that may be known only on disk.
+    disk_blocks: int = 0
+    #: Seconds the connector waits for a restore before claiming only what already landed.
+    restore_wait_s: float = 1.0
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str) -> MirrorSettings:
+        """Settings from a config mapping; unknown keys and wrong types are a
+        :class:`MirrorSettingsError` naming ``where``."""
+        fields = {field.name: field for field in attrs.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise MirrorSettingsError(f"{where}: unknown kvfsm settings {unknown}; known: "
+                                      f"{sorted(fields)}")
+        for key, value in values.items():
+            expected = _SETTING_TYPES[key]
+            if not isinstance(value, expected) or isinstance(value, bool):
+                raise MirrorSettingsError(f"{where}: kvfsm setting {key}={value!r} has the "
+                                          "wrong type")
+        settings = cls(**values)
+        try:
+            as_level(settings.level)  # an unknown level fails here, not at the first request
+        except (KvfsmError, ValueError) as exc:
+            raise MirrorSettingsError(f"{where}: {exc}") from exc
+        if settings.device_headroom < 1:
+            raise MirrorSettingsError(f"{where}: device_headroom must be >= 1")
+        return settings
+
+
+class Mirror:
+    """A kvfsm engine mirroring one vLLM ``KVCacheManager``'s block pool."""
+
+    def __init__(self, kv_cache_config: Any, settings: MirrorSettings | None = None, *,
+                 engine: Engine | None = None, payload: PagePayload | None = None) -> None:
+        self.settings = settings or MirrorSettings()
+        self.model, self.groups = declare(kv_cache_config, name=f"vllm-{self.settings.name}")
+        self.level: Level = as_level(self.settings.level)
+        self.engine = engine or self._engine(int(kv_cache_config.num_blocks))
+        if [g.name for g in self.engine.model.groups] != [g.name for g in self.groups]:
+            raise KvfsmError("mirror engine's groups do not match the vLLM KV cache groups")
+        self.payload = payload
+        #: vLLM block id -> (kvfsm group, kvfsm block id), for every block vLLM caches.
+        self._held: dict[int, tuple[str, int]] = {}
+        #: (kvfsm group, kvfsm block id) -> the vLLM block ids caching it.
+        self._holders: dict[tuple[str, int], set[int]] = {}
+        self._attached: object | None = None
+        self._lock = threading.RLock()
+        #: Counters: commits that found no room, blocks offloaded and dropped.
+        self.commit_failures = 0
+        self.offloaded = 0
+        self.dropped = 0
+
+    def _engine(self, vllm_blocks: int) -> Engine:
+        s = self.settings
+        tiers: dict[Tier | str, StoredTier] = {}
+        if s.disk_dir is not None:
+            Path(s.disk_dir).mkdir(parents=True, exist_ok=True)
+            tiers[Tier.DISK] = DiskTier(s.disk_dir, capacity_bytes=s.disk_bytes, fsync=False)
+        config = CoreConfig(device_blocks=int(vllm_blocks * s.device_headroom) + 1,
+                            host_blocks=s.host_blocks,
+                            disk_blocks=s.disk_blocks if tiers else 0, backend="numpy")
+        return Engine(self.model, config, tiers=tiers)
+
+    # -- keeping in step ----------------------------------------------------------------------
+
+    def attach(self, kv_cache_manager: Any) -> None:
+        """Follow ``kv_cache_manager``'s block pool from now on (once; attaching to a second
+        manager is an error: one mirror follows one pool)."""
+        pool = kv_cache_manager.block_pool
+        if getattr(kv_cache_manager.coordinator, "enable_partial_hash_hits", False):
+            raise UnsupportedSpecError(
+                "vLLM keeps Mamba states at sub-block positions here (a Mamba block longer "
+                "than the hash block); the mirror follows whole blocks only: give the Mamba "
+                "groups the hash block size")
+        if self._attached is pool:
+            return
+        if self._attached is not None:
+            raise KvfsmError("this mirror already follows another vLLM block pool")
+        self._attached = pool
+        cache = pool.cache_full_blocks
+        evict = pool._maybe_evict_cached_block
+
+        @functools.wraps(cache)
+        def cache_full_blocks(request: Any, blocks: Sequence[Any], num_cached_blocks: int,
+                              num_full_blocks: int, block_size: int, kv_cache_group_id: int,
+                              block_mask: Sequence[bool] | None = None) -> None:
+            cache(request, blocks, num_cached_blocks, num_full_blocks, block_size,
+                  kv_cache_group_id, block_mask)
+            self._cached(request, blocks, num_cached_blocks, num_full_blocks,
+                         kv_cache_group_id, block_mask)
+
+        @functools.wraps(evict)
+        def maybe_evict(block: Any) -> bool:
+            evicted = bool(evict(block))
+            self._released(int(block.block_id))
+            return evicted
+
+        pool.cache_full_blocks = cache_full_blocks
+        pool._maybe_evict_cached_block = maybe_evict
+
+    def _payload_fn(self, group: GroupMap, tokens: Sequence[int]
+                    ) -> Callable[[GroupState, NDArray[np.int64]], NDArray[np.uint8]]:
+        source = self.payload
+
+        def payload(state: GroupState, index: NDArray[np.int64]) -> NDArray[np.uint8]:
+            if source is None:
+                return np.zeros((index.size, state.decl.payload_bytes), dtype=np.uint8)
+            return source(group, tokens, index)
+
+        return payload
+
+    def _cached(self, request: Any, blocks: Sequence[Any], first: int, end: int,
+                group_id: int, mask: Sequence[bool] | None) -> None:
+        if first >= end:
+            return
+        group = self.groups[group_id]
+        tokens = list(request.all_token_ids[:end * group.block_size])
+        with self._lock, self.engine.lock:
+            prompt = self.engine.prompt(tokens)
+            high, low = prompt.words(group.block_size)
+            before = self.engine.core.lookup_words(group.name, high, low)
+            try:
+                self.engine.commit(prompt, payload=self._payload_fn(group, tokens),
+                                   groups=[group.name])
+            except KvfsmError as exc:
+                # kvfsm then has less than vLLM: hits are capped shorter, never longer.
+                self.commit_failures += 1
+                LOG.warning("kvfsm mirror: commit of %d tokens to %s failed: %s",
+                            len(tokens), group.name, exc)
+                return
+            after = self.engine.core.lookup_words(group.name, high, low)
+            stray: list[int] = []
+            for i in range(first, end):
+                kid = int(after[i])
+                if kid < 0:
+                    continue
+                block = blocks[i]
+                kept = (not block.is_null and (mask is None or mask[i - first])
+                        and block.block_hash is not None)
+                if kept:
+                    self._hold(int(block.block_id), group.name, kid)
+                elif before[i] < 0 and (group.name, kid) not in self._holders:
+                    stray.append(kid)
+            if stray:
+                self.engine.core.fire(group.name, stray, Event.EVICT, masked=True)
+
+    def _hold(self, vllm_block: int, group: str, kid: int) -> None:
+        old = self._held.get(vllm_block)
+        if old == (group, kid):
+            return
+        if old is not None:
+            self._release_one(vllm_block, old)
+        self._held[vllm_block] = (group, kid)
+        self._holders.setdefault((group, kid), set()).add(vllm_block)
+
+    def _released(self, vllm_block: int) -> None:
+        with self._lock:
+            held = self._held.pop(vllm_block, None)
+            if held is not None:
+                with self.engine.lock:
+                    self._release_one(vllm_block, held)
+
+    def _release_one(self, vllm_block: int, held: tuple[str, int]) -> None:
+        holders = self._holders.get(held)
+        if holders is None:
+            return
+        holders.discard(vllm_block)
+        if holders:
+            return
+        del self._holders[held]
+        self._offload(*held)
+
+    def _offload(self, group: str, kid: int) -> None:
+        """vLLM dropped its last copy of kvfsm block ``kid``: move it a tier down (a hit to
+        restore), or evict it where there is none."""
+        state = self.engine.core.group(group)
+        if int(state.table.residency[state.states[kid]]) != int(Tier.DEVICE):
+            return  # already elsewhere (restored copy given back, or never resident)
+        below = Tier.HOST if Tier.HOST in state.pools else None
+        if below is not None and sink(self.engine, group, kid, below):
+            self.offloaded += 1
+            return
+        self.engine.core.fire(group, [kid], Event.EVICT, masked=True)
+        self.dropped += 1
+
+    # -- asking ----------------------------------------------------------------------------
+
+    def prompt_of(self, request: Any, limit: int | None = None) -> Prompt:
+        """kvfsm's prompt of ``request``'s tokens, cut so that no candidate length exceeds
+        ``limit`` (vLLM's ``max_cache_hit_length``; the last token is never a hit)."""
+        tokens = list(request.all_token_ids[:request.num_tokens])
+        if limit is not None:
+            tokens = tokens[:max(limit, 0) + 1]
+        return self.engine.prompt(tokens)
+
+    def verdict(self, request: Any, limit: int | None = None) -> Verdict:
+        """kvfsm's verdict on ``request``'s prompt (up to ``limit`` tokens reused)."""
+        return self.engine.lookup(self.prompt_of(request, limit), level=self.level)
+
+    def kvfsm_block(self, vllm_block: int) -> tuple[str, int] | None:
+        """The kvfsm block vLLM block ``vllm_block`` caches, None if it caches none."""
+        return self._held.get(vllm_block)
+
+    def close(self) -> None:
+        """Stop the engine's restore workers (tiers stay as they are)."""
+        self.engine.close()
+
+
+#: Mirrors by settings name, shared by the scheduler and the connector of one process.
+_MIRRORS: dict[str, Mirror] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def register(mirror: Mirror) -> None:
+    """Make ``mirror`` the one the scheduler and connector named like it use (a test, or a
+    deployment building its engine itself, registers before vLLM starts)."""
+    with _REGISTRY_LOCK:
+        _MIRRORS[mirror.settings.name] = mirror
+
+
+def unregister(name: str) -> Mirror | None:
+    """Forget the mirror named ``name`` (returned, not closed)."""
+    with _REGISTRY_LOCK:
+        return _MIRRORS.pop(name, None)
+
+
+def mirror_for(kv_cache_config: Any, settings: MirrorSettings) -> Mirror:
+    """The registered mirror named by ``settings``, built from them the first time."""
+    with _REGISTRY_LOCK:
+        mirror = _MIRRORS.get(settings.name)
+        if mirror is None:
+            mirror = _MIRRORS[settings.name] = Mirror(kv_cache_config, settings)
+        return mirror
+
+
+def settings_of(vllm_config: Any) -> MirrorSettings:
+    """The kvfsm settings in ``vllm_config``: ``kv_transfer_config.kv_connector_extra_config
+    ["kvfsm"]`` when a connector is configured, else ``additional_config["kvfsm"]``, else the
+    defaults."""
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    extra = getattr(transfer, "kv_connector_extra_config", None) or {}
+    if "kvfsm" in extra:
+        return MirrorSettings.from_mapping(extra["kvfsm"], "kv_connector_extra_config.kvfsm")
+    additional = getattr(vllm_config, "additional_config", None) or {}
+    if "kvfsm" in additional:
+        return MirrorSettings.from_mapping(additional["kvfsm"], "additional_config.kvfsm")
+    return MirrorSettings()

@@ -1,0 +1,77 @@
+"""vLLM's v1 schedulers with each new request's local prefix hit capped to kvfsm's verdict.
+
+Switch on with ``--scheduler-cls kvfsm.integrations.vllm.KvfsmScheduler`` (or
+``KvfsmAsyncScheduler`` with async scheduling). The override is one hook,
+``Scheduler._get_local_prefix_cache_hit``: vLLM computes its hit as usual; where kvfsm's usable
+length is shorter, vLLM's own lookup is run again with that length as its
+``max_cache_hit_length``, so the hit lands where every vLLM group has state at or below it (a
+bare cut could end where a Mamba group has no state). It can only shorten a hit; a request
+vLLM does not look up (``skip_reading_prefix_cache``) is left alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import (  # type: ignore[import-not-found,unused-ignore]
+    AsyncScheduler,
+)
+from vllm.v1.core.sched.scheduler import (  # type: ignore[import-not-found,unused-ignore]
+    Scheduler,
+)
+
+from kvfsm.integrations.vllm._mirror import Mirror, mirror_for, settings_of
+
+
+class HitCaps:
+    """Counts of what the cap did: lookups, hits cut, tokens cut."""
+
+    def __init__(self) -> None:
+        self.lookups = 0
+        self.capped = 0
+        self.tokens_cut = 0
+
+
+class KvfsmHitCap:
+    """The mixin: builds (or finds) the mirror after vLLM's ``__init__``, caps local hits."""
+
+    kvfsm: Mirror
+    kvfsm_caps: HitCaps
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        me: Any = self
+        found = getattr(me.connector, "kvfsm", None)
+        self.kvfsm = found if isinstance(found, Mirror) else mirror_for(
+            me.kv_cache_config, settings_of(me.vllm_config))
+        self.kvfsm.attach(me.kv_cache_manager)
+        self.kvfsm_caps = HitCaps()
+
+    def _get_local_prefix_cache_hit(self, request: Any, max_cache_hit_length: int | None = None
+                                    ) -> tuple[Any, int, int, bool]:
+        hit: tuple[Any, int, int, bool] = super()._get_local_prefix_cache_hit(  # type: ignore[misc]
+            request, max_cache_hit_length)
+        blocks, tokens, boundary, _diverged = hit
+        if tokens == 0:
+            return hit
+        self.kvfsm_caps.lookups += 1
+        usable = self.kvfsm.verdict(request, max_cache_hit_length).usable_tokens
+        if usable >= tokens:
+            return hit
+        me: Any = self
+        manager = me.kv_cache_manager
+        self.kvfsm_caps.capped += 1
+        if usable <= 0:
+            self.kvfsm_caps.tokens_cut += tokens
+            return manager.empty_kv_cache_blocks, 0, 0, False
+        blocks, capped, boundary = manager.get_computed_blocks(request, usable)
+        self.kvfsm_caps.tokens_cut += tokens - capped
+        return blocks, capped, boundary, False
+
+
+class KvfsmScheduler(KvfsmHitCap, Scheduler):  # type: ignore[misc,unused-ignore]
+    """vLLM's ``Scheduler`` whose local prefix hits never exceed kvfsm's usable length."""
+
+
+class KvfsmAsyncScheduler(KvfsmHitCap, AsyncScheduler):  # type: ignore[misc,unused-ignore]
+    """vLLM's ``AsyncScheduler`` whose local prefix hits never exceed kvfsm's usable length."""

@@ -1,0 +1,254 @@
+"""kvfsm as an SGLang HiCache storage backend: the per-pool rule and page identity here, and
+the backend itself through SGLang's own backend factory (``tests/sglang_scenarios.py``).
+
+The SGLang scenarios run in-process where SGLang imports, else in a subprocess with the
+interpreter ``KVFSM_PEERS_PYTHON`` names (``.ci/run`` builds that environment), and are skipped
+only where neither is available.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvfsm.integrations.sglang import (
+    StoragePool,
+    VerifiedPages,
+    namespace_digest,
+    page_pool,
+    pool_for_policy,
+    restorable_prefix,
+    servable,
+)
+from kvfsm.spec import GroupKind
+from tests import sglang_scenarios as scenarios
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS_PYTHON = "KVFSM_PEERS_PYTHON"
+#: Generous: importing SGLang takes ~7 s of the ~12 s the scenarios take on two cores.
+SCENARIO_TIMEOUT_S = 600
+
+verified_vectors = st.lists(st.booleans(), min_size=0, max_size=24)
+
+
+def _policy_statement(policy: str, trailing: int, verified: list[bool], length: int) -> bool:
+    """SGLang's documented hit policies, page by page: ``all_pages`` needs every page of
+    ``[0, length)``; ``trailing_pages`` the last ``trailing`` of them."""
+    start = 0 if policy == "all_pages" else max(0, length - max(1, trailing))
+    return all(verified[start:length])
+
+
+# -- the per-pool rule ----------------------------------------------------------------------
+
+
+@given(verified_vectors, st.sampled_from(["all_pages", "trailing_pages"]),
+       st.integers(0, 6))
+def test_servable_is_sglang_policy(verified: list[bool], policy: str, trailing: int) -> None:
+    """For every length L and either policy, kvfsm's kind rule (full, recurrent or sliding
+    window over one-page blocks) serves L exactly where SGLang's policy says the pool's pages
+    are there."""
+    pool = pool_for_policy("pool", policy, trailing)
+    ok = servable(pool, np.array(verified, dtype=np.bool_))
+    expected = [_policy_statement(policy, trailing, verified, n)
+                for n in range(1, len(verified) + 1)]
+    assert ok.tolist() == expected
+
+
+@given(st.integers(0, 16).flatmap(lambda n: st.tuples(
+    st.lists(st.booleans(), min_size=n, max_size=n),
+    st.lists(st.tuples(st.sampled_from(["all_pages", "trailing_pages"]), st.integers(0, 4),
+                       st.lists(st.booleans(), min_size=n, max_size=n)), max_size=3))))
+def test_restorable_prefix_ands_every_pool(case: tuple[list[bool], list[Any]]) -> None:
+    """A length is restorable exactly where every KV page before it verified and every pool's
+    policy holds at it; each pool's boundary is the longest length it serves within the KV
+    pages, and the answer's pages the longest restorable length."""
+    kv, pools = case
+    checked = [(pool_for_policy(f"p{i}", policy, trailing), np.array(v, dtype=np.bool_))
+               for i, (policy, trailing, v) in enumerate(pools)]
+    answer = restorable_prefix(np.array(kv, dtype=np.bool_), checked)
+    kv_ok = [all(kv[:n]) for n in range(1, len(kv) + 1)]
+    per_pool = [[kv_ok[n - 1] and _policy_statement(policy, trailing, v, n)
+                 for n in range(1, len(kv) + 1)] for policy, trailing, v in pools]
+    expected = [n for n in range(1, len(kv) + 1)
+                if kv_ok[n - 1] and all(ok[n - 1] for ok in per_pool)]
+    assert list(answer.lengths) == expected
+    assert answer.pages == (expected[-1] if expected else 0)
+    for i, ok in enumerate(per_pool):
+        longest = max((n for n in range(1, len(kv) + 1) if ok[n - 1]), default=0)
+        assert answer.boundaries.get(f"p{i}", 0) == longest
+
+
+def test_trailing_state_lengths_are_not_downward_closed() -> None:
+    # A state at 4 and 8 pages only (checkpoints): 4 and 8 restorable, nothing between.
+    state = np.zeros(8, dtype=np.bool_)
+    state[[3, 7]] = True
+    answer = restorable_prefix(np.ones(8, dtype=np.bool_),
+                               [(pool_for_policy("mamba", "trailing_pages", 1), state)])
+    assert answer.lengths == (4, 8)
+    assert dict(answer.boundaries) == {"mamba": 8, "kv": 8}
+
+
+def test_unknown_policy_and_bad_pool_are_refused() -> None:
+    with pytest.raises(ValueError, match="block_groups"):
+        pool_for_policy("c4", "block_groups", 1)
+    with pytest.raises(ValueError, match="kind compressed"):
+        StoragePool("x", GroupKind.COMPRESSED)
+    with pytest.raises(ValueError, match="8 pages verified for 3 keys"):
+        restorable_prefix(np.ones(3, dtype=np.bool_),
+                          [(pool_for_policy("m", "all_pages", 1), np.ones(8, dtype=np.bool_))])
+
+
+# -- page identity --------------------------------------------------------------------------
+
+
+def _pool(**changes: Any) -> Any:
+    fields: dict[str, Any] = {"tp_shard": "tp0of1", "layout": "layer_first", "dtype": "float16",
+                              "page_elements": 256, "itemsize": 2, "page_tokens": 4}
+    fields.update(changes)
+    return page_pool(str(fields.pop("name", "kv")), **fields)
+
+
+def test_a_page_is_named_by_model_pool_shard_layout_and_sglang_key() -> None:
+    model = namespace_digest({"model": "a", "salt": ""})
+    key = _pool().key(model, "abc")
+    assert key == _pool().key(model, "abc")
+    assert (key.token_start, key.token_end) == (0, 4)
+    assert _pool().page_bytes == 512
+    assert set(key.name) <= set("0123456789abcdef-")
+    others = [
+        _pool().key(namespace_digest({"model": "b", "salt": ""}), "abc"),
+        _pool().key(namespace_digest({"model": "a", "salt": "s"}), "abc"),
+        _pool(name="mamba").key(model, "abc"),
+        _pool(tp_shard="tp1of2").key(model, "abc"),
+        _pool(layout="page_first").key(model, "abc"),
+        _pool(dtype="bfloat16").key(model, "abc"),
+        _pool(page_elements=128).key(model, "abc"),
+        _pool(page_tokens=8).key(model, "abc"),
+        _pool(format_tag="mxfp8").key(model, "abc"),
+        _pool().key(model, "abd"),
+    ]
+    names = {key.name, *(other.name for other in others)}
+    assert len(names) == len(others) + 1
+
+
+def test_namespace_ignores_field_order_and_bad_geometry_is_refused() -> None:
+    assert namespace_digest({"a": 1, "b": 2}) == namespace_digest({"b": 2, "a": 1})
+    assert len(namespace_digest({})) == 16
+    with pytest.raises(ValueError, match="a page needs"):
+        _pool(page_elements=0)
+
+
+# -- staging of verified bytes --------------------------------------------------------------
+
+
+def test_verified_pages_keep_the_most_recent_within_capacity() -> None:
+    staged = VerifiedPages(capacity_bytes=20)
+    for name in "abc":
+        staged.add(name, np.full(8, ord(name), dtype=np.uint8))
+    assert staged.get("a") is None  # 24 bytes asked, 20 kept: the oldest went
+    page_b = staged.get("b")
+    assert page_b is not None and page_b.tolist() == [ord("b")] * 8
+    staged.add("d", np.zeros(8, dtype=np.uint8))  # "b" was used last: "c" goes
+    assert staged.get("c") is None and staged.get("b") is not None
+    staged.add("huge", np.zeros(64, dtype=np.uint8))
+    assert staged.get("huge") is None and staged.bytes_used == 16
+    staged.clear()
+    assert staged.bytes_used == 0 and staged.get("b") is None
+    with pytest.raises(ValueError, match=">= 0"):
+        VerifiedPages(-1)
+
+
+# -- the backend inside SGLang --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sglang_results() -> dict[str, Any]:
+    """Every SGLang scenario's results: in-process where SGLang imports, else through the
+    interpreter ``KVFSM_PEERS_PYTHON`` names."""
+    if importlib.util.find_spec("sglang") is not None:
+        return scenarios.run_all()
+    python = os.environ.get(PEERS_PYTHON)
+    if not python:
+        pytest.skip(f"SGLang does not import here and {PEERS_PYTHON} is not set (.ci/run sets "
+                    "it to an environment with SGLang 0.5.23)")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([python, str(ROOT / "tests" / "sglang_scenarios.py")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
+
+
+def test_sglang_factory_builds_the_backend(sglang_results: dict[str, Any]) -> None:
+    life = sglang_results["lifecycle"]
+    assert life["backend_class"] == "KvfsmStorage"
+    assert life["no_tier_error"].startswith("TierError: the kvfsm HiCache backend needs")
+
+
+def test_faults_are_never_reported_or_read(sglang_results: dict[str, Any]) -> None:
+    """Per fault on one page: kvfsm counts only the pages before it and reads none of it;
+    SGLang's stock file backend counts every file it finds."""
+    table = sglang_results["faults"]
+    lines = [f"{'fault':<9} {'stock exists':>12} {'kvfsm exists':>12}  stock get / kvfsm get"]
+    for fault, row in table.items():
+        lines.append(f"{fault:<9} {row['stock']['exists']:>12} {row['kvfsm']['exists']:>12}  "
+                     f"{row['stock']['get']} / {row['kvfsm']['get']}")
+    sys.stdout.write("\n" + "\n".join(lines) + "\n")
+    assert table["none"]["kvfsm"] == {**table["none"]["kvfsm"], "exists": scenarios.PAGES,
+                                      "get": "ok"}
+    assert table["none"]["stock"] == {"exists": scenarios.PAGES, "get": "ok"}
+    for fault in ("flipped", "torn", "missing", "foreign"):
+        assert table[fault]["kvfsm"]["exists"] == scenarios.FAULT_PAGE, fault
+        assert table[fault]["kvfsm"]["get"] == f"refused at {scenarios.FAULT_PAGE}", fault
+    # What stock SGLang does with the same files: counts them, then serves or raises.
+    for fault in ("flipped", "torn", "foreign"):
+        assert table[fault]["stock"]["exists"] == scenarios.PAGES, fault
+    assert table["flipped"]["stock"]["get"] == f"wrong bytes at {scenarios.FAULT_PAGE}"
+    assert table["foreign"]["stock"]["get"] == f"wrong bytes at {scenarios.FAULT_PAGE}"
+    assert table["torn"]["stock"]["get"].startswith("raised")
+    assert table["flipped"]["kvfsm"]["counts"]["CORRUPT"] == 1
+    assert table["torn"]["kvfsm"]["counts"]["CORRUPT"] == 1
+    assert table["foreign"]["kvfsm"]["counts"]["FOREIGN"] == 1
+
+
+def test_hybrid_restorable_lengths_need_the_state(sglang_results: dict[str, Any]) -> None:
+    """KV plus a state pool kept at pages 4 and 8: both backends answer [4, 8] clean; with the
+    state at 8 flipped kvfsm answers [4] and reads it back refused, stock still [4, 8]."""
+    hybrid = sglang_results["hybrid"]
+    for side in ("stock", "kvfsm"):
+        assert hybrid[side]["written"] == {"mamba": [True, True]}
+        assert hybrid[side]["clean"] == {"kv_hit_pages": 8, "restorable": list(
+            scenarios.CHECKPOINTS)}
+    assert hybrid["kvfsm"]["state_flipped"] == {"kv_hit_pages": 4, "restorable": [4]}
+    assert hybrid["stock"]["state_flipped"] == {"kv_hit_pages": 8, "restorable": [4, 8]}
+    assert hybrid["kvfsm"]["v2_read"] == [True, False]
+    assert hybrid["kvfsm"]["v2_first_equal"]
+
+
+def test_v1_pages_survive_a_restart_and_stay_per_model(sglang_results: dict[str, Any]) -> None:
+    life = sglang_results["lifecycle"]
+    assert life["stored"] == [True] * scenarios.PAGES
+    assert life["exists_after_restart"] == scenarios.PAGES
+    assert life["loaded"] == [True] * scenarios.PAGES and life["equal"]
+    assert life["staged_reads"] == scenarios.PAGES  # the read took the bytes the check read
+    assert life["other_model_exists"] == 0
+
+
+def test_backend_module_needs_sglang_only_when_used() -> None:
+    # The package imports without SGLang; the backend class loads on first use.
+    module = importlib.import_module("kvfsm.integrations.sglang")
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        _ = module.Nothing

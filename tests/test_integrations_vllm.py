@@ -1,0 +1,165 @@
+"""kvfsm inside vLLM's real v1 scheduler (``kvfsm.integrations.vllm``).
+
+The scenarios (``tests/vllm_scenarios.py``) drive vLLM's own scheduler, KV cache manager and
+connector factory on CPU, once per session: in this interpreter where vLLM imports, else in
+``$KVFSM_PEERS_PYTHON`` (one subprocess for all of them: importing vLLM takes seconds). Without
+either they are skipped, saying why. The declaration and settings tests need no vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kvfsm.integrations.vllm import (
+    MirrorSettings,
+    MirrorSettingsError,
+    UnsupportedSpecError,
+    declare,
+    settings_of,
+)
+from kvfsm.spec import GroupKind
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "tests" / "vllm_scenarios.py"
+#: Seconds the scenario subprocess may take (about 25 s measured on 2 busy cores).
+SCENARIO_TIMEOUT_S = 300
+PEERS = "KVFSM_PEERS_PYTHON"
+NO_FAULT_RUNS = ("full", "swa", "mamba", "mamba_async")
+FAULTS = ("corrupt", "torn", "restore_fails", "in_flight", "foreign", "mamba_state_missing")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every scenario's results, run once."""
+    out = tmp_path_factory.mktemp("vllm") / "results.json"
+    if importlib.util.find_spec("vllm") is not None:
+        sys.path.insert(0, str(ROOT))
+        from tests import vllm_scenarios
+
+        vllm_scenarios.main(str(out))
+    else:
+        python = os.environ.get(PEERS)
+        if not python:
+            pytest.skip(f"vLLM does not import here and {PEERS} names no interpreter where "
+                        "it does (see docs/integrations.md for the pinned install)")
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        done = subprocess.run([python, str(SCENARIOS), str(out)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S,
+                              check=False)
+        assert done.returncode == 0, done.stderr[-4000:]
+    data: dict[str, Any] = json.loads(out.read_text())
+    return data
+
+
+@pytest.mark.parametrize("run", NO_FAULT_RUNS)
+def test_no_fault_kvfsm_admits_exactly_what_stock_vllm_admits(results: dict[str, Any],
+                                                               run: str) -> None:
+    """With no fault, every request is admitted with the same computed tokens with and without
+    the cap (no lost reuse), every admission is usable, and the workload does hit."""
+    sides = results["nofault"][run]
+    stock, kvfsm = sides["stock"], sides["kvfsm"]
+    assert kvfsm["class"] == ("KvfsmAsyncScheduler" if run.endswith("async")
+                              else "KvfsmScheduler")
+    assert kvfsm["admitted"] == stock["admitted"]
+    assert stock["unusable"] == [] and kvfsm["unusable"] == []
+    assert kvfsm["lookups"] > 0 and kvfsm["capped"] == 0
+    assert sum(1 for n in stock["admitted"].values() if n > 0) >= 3
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_faulted_store_trusting_connector_admits_unusable_kvfsm_never(
+        results: dict[str, Any], fault: str) -> None:
+    """A fault in the offloaded copy makes a connector that trusts existence admit a prefix
+    whose pages are wrong; kvfsm's connector admits only what it verified (so fewer tokens,
+    never an unusable one), and stock vLLM (no store) admits nothing from it."""
+    row = results["faults"][fault]
+    print(f"{fault}: admitted stock {row['stock']['admitted']}, trusting "
+          f"{row['trusting']['admitted']} ({len(row['trusting']['unusable'])} unusable), "
+          f"kvfsm {row['kvfsm']['admitted']} ({len(row['kvfsm']['unusable'])} unusable)")
+    assert row["kvfsm"]["unusable"] == []
+    assert row["stock"]["unusable"] == []
+    assert len(row["trusting"]["unusable"]) == 1
+    assert 0 < row["kvfsm"]["admitted"] < row["trusting"]["admitted"]
+
+
+def test_clean_store_kvfsm_connector_reuses_everything(results: dict[str, Any]) -> None:
+    """With an undamaged store, kvfsm's connector restores and claims the whole offloaded
+    prefix (what the trusting connector claims), and it is usable."""
+    row = results["faults"]["none"]
+    assert row["kvfsm"]["admitted"] == row["trusting"]["admitted"] > 0
+    assert row["kvfsm"]["unusable"] == [] and row["trusting"]["unusable"] == []
+    assert row["kvfsm"]["claims"]["restores"] >= 1
+
+
+# -- without vLLM --------------------------------------------------------------------------
+
+def _spec(kind: str, **fields: Any) -> Any:
+    """A stand-in for a vLLM spec: a class of that name with those fields."""
+    return type(kind, (), {})() if not fields else _with(type(kind, (), {})(), fields)
+
+
+def _with(obj: Any, fields: dict[str, Any]) -> Any:
+    for name, value in fields.items():
+        setattr(obj, name, value)
+    return obj
+
+
+def _config(*specs: Any) -> Any:
+    groups = [SimpleNamespace(kv_cache_spec=s, layer_names=[f"layer{i}"])
+              for i, s in enumerate(specs)]
+    return SimpleNamespace(kv_cache_groups=groups, num_blocks=32)
+
+
+def test_declare_maps_each_vllm_group_to_its_kind() -> None:
+    """Full attention, sliding window and Mamba groups become full, sliding_window and
+    recurrent kvfsm groups with vLLM's block sizes (a Mamba state per block)."""
+    attn = dict(block_size=16, num_kv_heads=2, head_size=16, dtype="torch.float16")
+    model, maps = declare(_config(_spec("FullAttentionSpec", sliding_window=None, **attn),
+                                  _spec("SlidingWindowSpec", sliding_window=32, **attn),
+                                  _spec("MambaSpec", block_size=32, shapes=((4, 4),),
+                                        dtypes=("torch.float32",))))
+    assert [g.kind for g in maps] == [GroupKind.FULL, GroupKind.SLIDING_WINDOW,
+                                      GroupKind.RECURRENT]
+    assert [g.name for g in model.groups] == ["g0", "g1", "g2"]
+    assert model.groups[1].window == 32
+    assert model.groups[2].checkpoint_interval == 32
+    assert model.groups[0].payload_bytes == 16 * 2 * 2 * 16 * 2
+
+
+def test_declare_refuses_what_kvfsm_has_no_kind_for() -> None:
+    """An unmapped spec, a dtype without a kvfsm name and an empty config are typed errors
+    naming the group."""
+    with pytest.raises(UnsupportedSpecError, match=r"group 0 .*MLAAttentionSpec"):
+        declare(_config(_spec("MLAAttentionSpec", block_size=16)))
+    with pytest.raises(UnsupportedSpecError, match="dtype"):
+        declare(_config(_spec("FullAttentionSpec", block_size=16, num_kv_heads=1,
+                              head_size=8, dtype="torch.int8", sliding_window=None)))
+    with pytest.raises(UnsupportedSpecError, match="no KV cache groups"):
+        declare(_config())
+
+
+def test_settings_come_from_the_connector_or_additional_config() -> None:
+    """The connector's extra config wins, then ``additional_config``; unknown keys, wrong
+    types and unknown levels are refused, naming where they came from."""
+    transfer = SimpleNamespace(kv_connector_extra_config={"kvfsm": {"name": "a"}})
+    both = SimpleNamespace(kv_transfer_config=transfer,
+                           additional_config={"kvfsm": {"name": "b"}})
+    assert settings_of(both).name == "a"
+    assert settings_of(SimpleNamespace(kv_transfer_config=None,
+                                       additional_config={"kvfsm": {"name": "b"}})).name == "b"
+    assert settings_of(SimpleNamespace()) == MirrorSettings()
+    with pytest.raises(MirrorSettingsError, match="unknown kvfsm settings"):
+        MirrorSettings.from_mapping({"colour": 1}, "here")
+    with pytest.raises(MirrorSettingsError, match="host_blocks"):
+        MirrorSettings.from_mapping({"host_blocks": "8"}, "here")
+    with pytest.raises(MirrorSettingsError, match="here"):
+        MirrorSettings.from_mapping({"level": "paranoid"}, "here")
