@@ -215,19 +215,16 @@ def _and(evals: tuple[GroupEval, ...], name: str) -> NDArray[np.bool_]:
 
 def _probe(core: StateCore, evals: tuple[GroupEval, ...], at: int, tokens: int) -> Probe:
     """Per group, the blocks needed at candidate ``at`` (``tokens`` long), as found (made
-    when a lease first asks)."""
+    when a lease first asks; until then the verdict keeps only each group's ids, epochs and
+    hash words, not the lookup's other arrays)."""
+    found = tuple((e.group.name, e.spans.bounds[:, at].tolist(), e.ids, e.epochs, e.words)
+                  for e in evals)
 
     def groups() -> tuple[ProbedGroup, ...]:
         made = []
-        for e in evals:
-            bounds = e.spans.bounds
-            lo, cut, hi = int(bounds[0, at]), int(bounds[1, at]), int(bounds[2, at])
-            last_words = None
-            if hi > lo:
-                high, low = e.words
-                last_words = (int(high[hi - 1]), int(low[hi - 1]))
-            made.append(ProbedGroup(e.group.name, lo, cut, hi, e.ids[lo:hi],
-                                    e.epochs[lo:hi], last_words))
+        for name, (lo, cut, hi), ids, epochs, (high, low) in found:
+            last_words = (int(high[hi - 1]), int(low[hi - 1])) if hi > lo else None
+            made.append(ProbedGroup(name, lo, cut, hi, ids[lo:hi], epochs[lo:hi], last_words))
         return tuple(made)
 
     return Probe(weakref.ref(core), tokens, groups)
