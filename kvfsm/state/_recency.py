@@ -103,12 +103,43 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
     """Blocks ``ids`` were used at ``tick``, in batch order: each gets ``last_use`` ``tick``
     and, where its state (``states[block]``) puts it on a list, moves to that list's tail.
     ``bad[0]`` gets the index of the first id outside the blocks, and then nothing changes;
-    else -1. One pass over the ids after the range check (no gathers, masks or index lists)."""
+    else -1. One pass over the ids after the range check (no gathers, masks or index lists);
+    a batch that is one run of one list in batch order is spliced to the tail whole."""
     n = last_use.size
     bad[0] = -1
     for i in range(ids.size):
         if ids[i] < 0 or ids[i] >= n:
             bad[0] = i
+            return
+    count = ids.size
+    if count > 1:
+        # A lease touches a prompt's blocks, which usually sit as one run of one list in
+        # prompt order (touched together before): moving each to the tail in turn leaves
+        # that run at the tail, so splice it there whole (the same order, O(1) moves).
+        first = ids[0]
+        listed = list_of_state[states[first]]
+        run = listed >= 0
+        for i in range(count - 1):
+            if not run:
+                break
+            run = next_[ids[i]] == ids[i + 1] and list_of_state[states[ids[i + 1]]] == listed
+        if run:
+            for i in range(count):
+                last_use[ids[i]] = tick
+            last = ids[count - 1]
+            after = next_[last]
+            if after >= 0:  # not at the tail yet
+                before = prev[first]
+                if before >= 0:
+                    next_[before] = after
+                else:
+                    head[listed] = after
+                prev[after] = before
+                end = tail[listed]
+                next_[end] = first
+                prev[first] = end
+                next_[last] = -1
+                tail[listed] = last
             return
     for i in range(ids.size):
         block = ids[i]
@@ -206,12 +237,20 @@ def _touch_example() -> tuple[object, ...]:
 
 def _touch_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     """Sound lists, states consistent with them (state ``s`` maps to list ``s - 1``), and ids
-    with repeats, now and then one outside the blocks."""
+    with repeats, now and then one outside the blocks, or (a third of the time) a run of one
+    list in list order, from anywhere in it to anywhere after (the splice path)."""
     prev, next_, head, tail, member = _random_lists(rng)
     n = prev.size
     list_of_state = np.arange(-1, head.size, dtype=np.int8)
     states = read_only((member + 1).astype(np.uint8))
     ids = rng.integers(0, n, int(rng.integers(0, 10))).astype(np.intp)
+    if rng.random() < 1 / 3 and (member >= 0).any():
+        block = int(rng.choice(np.flatnonzero(member >= 0)))
+        run: list[int] = []
+        while block >= 0 and len(run) < int(rng.integers(1, 8)):
+            run.append(block)
+            block = int(next_[block])
+        ids = np.array(run, dtype=np.intp)
     if ids.size and rng.random() < 0.2:
         ids[int(rng.integers(0, ids.size))] = rng.choice([-1, n])
     last_use = rng.integers(0, 5, n).astype(np.uint32)
