@@ -35,6 +35,8 @@ SCENARIO_TIMEOUT_S = 300
 PEERS = "KVFSM_PEERS_PYTHON"
 NO_FAULT_RUNS = ("full", "swa", "mamba", "mamba_async")
 FAULTS = ("corrupt", "torn", "restore_fails", "in_flight", "foreign", "mamba_state_missing")
+#: Full-attention blocks of the faulted prompt (``vllm_scenarios.PROMPT_BLOCKS``).
+PROMPT_BLOCKS = 12
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +102,21 @@ def test_clean_store_kvfsm_connector_reuses_everything(results: dict[str, Any]) 
     assert row["kvfsm"]["claims"]["restores"] >= 1
 
 
+@pytest.mark.parametrize("fault", (*FAULTS, "none"))
+def test_connector_saves_the_pages_the_forward_wrote(results: dict[str, Any],
+                                                     fault: str) -> None:
+    """With no payload source, kvfsm's device copy of every block of the computed prompt is
+    the page the stand-in model wrote into the KV tensors (the connector read it out after
+    the forward); stock vLLM, with no connector, stores nothing. The clean-store row then
+    shows those bytes surviving host and disk: the KV tensors were zeroed, every block came
+    back through a restore, and every page read at the admitted length was right."""
+    row = results["faults"][fault]
+    for side in ("kvfsm", "trusting"):
+        stored = row[side]["stored"]
+        assert stored["readable"] >= PROMPT_BLOCKS and stored["differ"] == 0, (side, stored)
+    assert row["stock"]["stored"]["readable"] == 0
+
+
 # -- without vLLM --------------------------------------------------------------------------
 
 def _spec(kind: str, **fields: Any) -> Any:
@@ -133,6 +150,17 @@ def test_declare_maps_each_vllm_group_to_its_kind() -> None:
     assert model.groups[1].window == 32
     assert model.groups[2].checkpoint_interval == 32
     assert model.groups[0].payload_bytes == 16 * 2 * 2 * 16 * 2
+
+
+def test_declare_payload_is_every_layers_page() -> None:
+    """A group of several layers stores each layer's page of a block, so a save and a load
+    carry all of them (one page per layer, in the group's layer order)."""
+    spec = _spec("FullAttentionSpec", sliding_window=None, block_size=16, num_kv_heads=2,
+                 head_size=16, dtype="torch.float16")
+    group = SimpleNamespace(kv_cache_spec=spec, layer_names=["a", "b", "c"])
+    model, maps = declare(SimpleNamespace(kv_cache_groups=[group], num_blocks=8))
+    assert maps[0].layer_names == ("a", "b", "c")
+    assert model.groups[0].payload_bytes == 3 * 16 * 2 * 2 * 16 * 2
 
 
 def test_declare_refuses_what_kvfsm_has_no_kind_for() -> None:

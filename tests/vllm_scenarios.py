@@ -6,8 +6,10 @@ scenario: importing vLLM takes seconds). Nothing of vLLM is mocked: the schedule
 ``KVCacheManager`` and block pool, and the KV connector factory are vLLM's own. What stands in
 for the GPU is a model runner (:class:`Runner`) that, each step, lets the worker-side connector
 load its blocks, then "computes" the scheduled tokens by writing each page's expected bytes
-(:func:`page`, a function of the group and the token prefix) into CPU KV tensors, and returns a
-``ModelRunnerOutput``.
+(:func:`page`, a function of the group and the token prefix) into CPU KV tensors, lets the
+connector save (``wait_for_save``: kvfsm takes the pages out of those tensors), and returns a
+``ModelRunnerOutput``. Nothing hands kvfsm the expected bytes: what it stores is what the
+connector read out of the KV tensors.
 
 **Ground truth.** When a request is admitted with ``n`` computed tokens, every page the model
 reads at ``n`` (every full-attention block before ``n``; the sliding-window blocks inside the
@@ -268,10 +270,10 @@ class Runner:
         """One schedule and one stand-in forward; False when nothing was scheduled."""
         scheduler = self.scheduler
         out = scheduler.schedule()
-        if self.worker is not None and out.kv_connector_metadata is not None:
-            self.worker.bind_connector_metadata(out.kv_connector_metadata)
-            self.worker.start_load_kv(None)
-            self.worker.clear_connector_metadata()
+        worker = self.worker if out.kv_connector_metadata is not None else None
+        if worker is not None:
+            worker.bind_connector_metadata(out.kv_connector_metadata)
+            worker.start_load_kv(None)
         ids = list(out.num_scheduled_tokens)
         sampled = []
         for request_id in ids:
@@ -281,6 +283,10 @@ class Runner:
             self._write(request_id, max(start, 0), request.num_computed_tokens)
             done = request.num_computed_tokens >= request.num_tokens
             sampled.append([7] if done else [])
+        if worker is not None:
+            # After the forward, as vLLM's model runner does: the step's saves read the pages.
+            worker.wait_for_save()
+            worker.clear_connector_metadata()
         # Checked after the step's writes: a hit on blocks another request of the same batch
         # computes is served (each layer writes the batch's K/V before attending).
         for new in out.scheduled_new_reqs:
@@ -363,18 +369,27 @@ FAULTS = ("corrupt", "torn", "restore_fails", "in_flight", "foreign", "mamba_sta
 PROMPT_BLOCKS, FAULT_INDEX = 12, 6
 
 
-def _payload_source(config: str) -> Any:
-    """The mirror's payload: what the stand-in model writes (:func:`page`)."""
+def stored_pages(mirror: Any, tokens: Sequence[int]) -> dict[str, int]:
+    """kvfsm's device copies of ``tokens``' blocks against the stand-in model's pages
+    (:func:`page`): how many are readable, and how many of those differ."""
+    from kvfsm.spec import Tier
 
-    def source(group: Any, tokens: Sequence[int], index: NDArray[np.int64]) -> NDArray[np.uint8]:
-        nbytes = STATE * 4 if group.kind.value == "recurrent" else \
-            group.block_size * 2 * KV_HEADS * HEAD_SIZE * 2
-        if index.size == 0:
-            return np.zeros((0, nbytes), np.uint8)
-        return np.stack([page(group.index, tokens, int(i), nbytes, group.block_size)
-                         for i in index])
-
-    return source
+    engine = mirror.engine
+    prompt = engine.prompt(list(tokens))
+    counts = {"readable": 0, "differ": 0}
+    for group in mirror.groups:
+        state = engine.core.group(group.name)
+        high, low = prompt.words(group.block_size)
+        for index, kid in enumerate(engine.core.lookup_words(group.name, high, low)):
+            resident = kid >= 0 and int(state.table.residency[state.states[kid]]) == int(
+                Tier.DEVICE) and bool(state.table.readable[state.states[kid]])
+            if not resident:
+                continue
+            data = engine.core.read(group.name, [int(kid)])[0]
+            want = page(group.index, tokens, index, data.size, group.block_size)
+            counts["readable"] += 1
+            counts["differ"] += int(not np.array_equal(data, want))
+    return counts
 
 
 def trusting_connector() -> type:
@@ -416,7 +431,7 @@ def trusting_connector() -> type:
             from kvfsm.integrations.vllm._connector import KvfsmConnectorMetadata
 
             loads, self._loads = tuple(self._loads), []
-            return KvfsmConnectorMetadata(loads)
+            return KvfsmConnectorMetadata(loads, self.kvfsm.take_saves())
 
         def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
             import torch
@@ -485,9 +500,9 @@ def faulted(stub: Stub, config: str, fault: str, side: str, directory: str) -> d
     connector = {"stock": None, "trusting": "tests.vllm_scenarios.TrustingConnector",
                  "kvfsm": "kvfsm.integrations.vllm.KvfsmConnector"}[side]
     blocks = 64
+    # The default mirror: no source of bytes but the connector's saves.
     mirror = Mirror(stub.kv_cache_config(config, blocks),
-                    MirrorSettings.from_mapping(settings, "scenario"),
-                    payload=_payload_source(config))
+                    MirrorSettings.from_mapping(settings, "scenario"))
     integration.register(mirror)
     try:
         runner = Runner(stub, config, blocks=blocks,
@@ -498,6 +513,7 @@ def faulted(stub: Stub, config: str, fault: str, side: str, directory: str) -> d
         size = block_of(config)
         head = rng.integers(0, VOCABULARY, PROMPT_BLOCKS * size).tolist()
         runner.run([[("first", [*head, 1, 2, 3])]])
+        stored = stored_pages(mirror, [*head, 1, 2, 3])
         pool = runner.scheduler.kv_cache_manager.block_pool
         pool.evict_blocks(set(range(1, blocks)))  # vLLM reuses every block: all offloaded
         for tensor in runner.kv.values():
@@ -513,7 +529,8 @@ def faulted(stub: Stub, config: str, fault: str, side: str, directory: str) -> d
         runner.run([[("again", [*head, 4, 5, 6, 7])]])
         counts = getattr(runner.scheduler.connector, "counts", None)
         return {"admitted": runner.admitted["again"], "unusable": runner.unusable,
-                "fault": what, "claims": None if counts is None else attrs.asdict(counts)}
+                "fault": what, "claims": None if counts is None else attrs.asdict(counts),
+                "stored": stored}
     finally:
         integration.unregister(name)
         mirror.close()

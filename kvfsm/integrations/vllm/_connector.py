@@ -14,12 +14,22 @@ group has state. The blocks the claim needs are leased (pinned, epochs recorded)
 worker has copied them. Loads are synchronous (``load_kv_async`` is False): vLLM schedules the
 claimed tokens as computed and the worker copies them in ``start_load_kv`` before the forward.
 
+**Saves.** vLLM caches a block when it schedules the tokens filling it, before the forward
+writes them; with the connector bound, the mirror holds such blocks back as pending saves
+(:class:`~kvfsm.integrations.vllm.PendingSave`), :meth:`KvfsmConnector.build_connector_meta`
+ships them with the step's loads, and the worker's ``wait_for_save`` (after the step's
+forward) reads each block's pages out of the KV tensors of every layer of its group and has the
+mirror commit them with those bytes (``Engine.commit``: written, then readable). Saves are
+synchronous: nothing is pending when ``wait_for_save`` returns, so ``request_finished`` never
+delays a free.
+
 **Worker side.** ``start_load_kv`` reads the verified bytes of each claimed block from kvfsm's
 device pool (``StateCore.read`` refuses a block that is not readable) and copies them into the
-KV tensors of every layer of its group, at the vLLM block id allocated for it; a block it
-cannot read or copy is reported by ``get_block_ids_with_load_errors`` (vLLM then recomputes
-from it). KV tensors are taken as block-major, one page per block whose bytes are kvfsm's
-payload (the layout of the hand-built configs of the tests); other layouts are an error.
+KV tensors of every layer of its group (a kvfsm page is the block's page of each layer, in the
+group's layer order), at the vLLM block id allocated for it; a block it cannot read or copy is
+reported by ``get_block_ids_with_load_errors`` (vLLM then recomputes from it). KV tensors are
+taken as block-major, one page per block (the layout of the hand-built configs of the tests);
+other layouts are an error.
 
 The scheduler and worker sides share the mirror through the in-process registry, so both must
 run in one process (vLLM's in-process executor, as in the tests).
@@ -27,11 +37,13 @@ run in one process (vLLM's in-process executor, as in the tests).
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
 import attrs
 import numpy as np
+from numpy.typing import NDArray
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore[import-not-found,unused-ignore]
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -40,7 +52,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore[
 
 from kvfsm._errors import KvfsmError
 from kvfsm.gates import Lease
-from kvfsm.integrations.vllm._mirror import Mirror, mirror_for, settings_of
+from kvfsm.integrations.vllm._mirror import Mirror, PendingSave, mirror_for, settings_of
 from kvfsm.verify import Prompt, Verdict
 
 LOG = logging.getLogger(__name__)
@@ -62,10 +74,12 @@ class BlockLoad:
 
 
 class KvfsmConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc,unused-ignore]
-    """The loads of one scheduler step."""
+    """The loads of one scheduler step, and the saves its forward completes."""
 
-    def __init__(self, loads: tuple[BlockLoad, ...] = ()) -> None:
+    def __init__(self, loads: tuple[BlockLoad, ...] = (),
+                 saves: tuple[PendingSave, ...] = ()) -> None:
         self.loads = loads
+        self.saves = saves
 
 
 @attrs.define
@@ -109,6 +123,7 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         super().bind_kv_cache_manager(kv_cache_manager)
+        self.kvfsm.save_through_worker()
         self.kvfsm.attach(kv_cache_manager)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
@@ -170,7 +185,8 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
                                              int(kid), int(vllm_ids[group.index][index])))
 
     def build_connector_meta(self, scheduler_output: Any) -> KvfsmConnectorMetadata:
-        """This step's loads; leases of the previous step's loads are released (done)."""
+        """This step's loads and saves; leases of the previous step's loads are released
+        (done)."""
         for lease in self._shipped:
             lease.release()
         self._shipped = []
@@ -180,7 +196,7 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
             claim = self._claims.pop(request_id, None)
             if claim is not None:
                 self._shipped.append(claim.lease)
-        return KvfsmConnectorMetadata(loads)
+        return KvfsmConnectorMetadata(loads, self.kvfsm.take_saves())
 
     def _drop_claim(self, request_id: str) -> None:
         claim = self._claims.pop(request_id, None)
@@ -216,15 +232,15 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
             try:
                 with self.kvfsm.engine.lock:
                     data = core.read(load.group, [load.kvfsm_id])[0]
-                page = torch.from_numpy(np.ascontiguousarray(data))
-                for layer in layers:
+                pages = torch.from_numpy(np.ascontiguousarray(data)).view(len(layers), -1)
+                for layer, page in zip(layers, pages, strict=True):
                     target = self._kv_caches[layer][load.vllm_block]
                     if target.numel() * target.element_size() != page.numel():
                         raise KvfsmError(f"KV tensor of layer {layer!r}: a block holds "
                                          f"{target.numel() * target.element_size()} bytes, "
                                          f"kvfsm's page {page.numel()}")
-                    target.view(-1).view(torch.uint8).copy_(page)
-            except (KvfsmError, KeyError) as exc:
+                    target.view(-1).view(torch.uint8).copy_(page.to(target.device))
+            except (KvfsmError, KeyError, RuntimeError) as exc:
                 LOG.warning("kvfsm connector: block %d of %s not loaded: %s", load.vllm_block,
                             load.group, exc)
                 self._load_errors.add(load.vllm_block)
@@ -238,10 +254,38 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any,
                       **kwargs: Any) -> None:
-        """Nothing to save per layer: the mirror commits what vLLM caches."""
+        """Nothing per layer: a block is committed whole, with every layer's page, in
+        :meth:`wait_for_save` (kvfsm never holds a block with some layers missing)."""
 
     def wait_for_save(self) -> None:
-        """Nothing to wait for (see :meth:`save_kv_layer`)."""
+        """After the step's forward: commit each shipped save with the pages the forward
+        wrote, read out of the KV tensors; a save that cannot be read commits nothing (kvfsm
+        then has less than vLLM: hits are capped shorter, never longer)."""
+        metadata = self._get_connector_metadata()
+        if not isinstance(metadata, KvfsmConnectorMetadata):
+            return
+        for save in metadata.saves:
+            try:
+                self.kvfsm.save(save, functools.partial(self._read_pages, save.group_index))
+            except (KvfsmError, KeyError, RuntimeError) as exc:
+                self.kvfsm.commit_failures += 1
+                LOG.warning("kvfsm connector: blocks %d..%d of group %d not saved: %s",
+                            save.first, save.end, save.group_index, exc)
+
+    def _read_pages(self, group_index: int, vllm_blocks: NDArray[np.int64]
+                    ) -> NDArray[np.uint8]:
+        """The pages of ``vllm_blocks`` in every layer of vLLM group ``group_index``, one row
+        per block: its page of each layer, in the group's layer order."""
+        import torch
+
+        rows = []
+        for layer in self.kvfsm.groups[group_index].layer_names:
+            tensor = self._kv_caches[layer]
+            index = torch.from_numpy(vllm_blocks).to(tensor.device)
+            pages = tensor.index_select(0, index).contiguous()
+            rows.append(pages.view(torch.uint8).reshape(vllm_blocks.size, -1).cpu().numpy())
+        out: NDArray[np.uint8] = np.concatenate(rows, axis=1)
+        return out
 
 
 def _keyed_beyond_tokens(request: Any) -> bool:

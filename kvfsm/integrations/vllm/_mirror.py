@@ -5,7 +5,8 @@ built (the instance, not the class: other pools are untouched):
 
 * ``cache_full_blocks``: vLLM just put a request's full blocks of one KV cache group in its
   prefix-cache map. The mirror commits the same prefix to that kvfsm group and remembers which
-  kvfsm block each vLLM block is. kvfsm keeps what its kind's rule keeps; a block vLLM left out
+  kvfsm block each vLLM block is (with a connector: once its worker side has read the pages'
+  bytes, see below). kvfsm keeps what its kind's rule keeps; a block vLLM left out
   (a null or masked block: sliding-window blocks out of the window, Mamba states off a step end)
   and that this commit created is evicted again, so kvfsm never holds what vLLM's pool does not.
 * ``_maybe_evict_cached_block``: vLLM is reusing a cached block. When no other vLLM block holds
@@ -13,10 +14,18 @@ built (the instance, not the class: other pools are untouched):
   the host fills, through the engine's stored tiers), where it stays a hit the connector can
   restore; with no tier below the device it is evicted.
 
+**Where the bytes come from.** vLLM caches a block when it *schedules* the tokens that fill
+it, before the forward writes them. With the connector (:meth:`Mirror.save_through_worker`), a
+cached block is therefore not committed at once: it waits as a :class:`PendingSave`, the
+connector ships it to its worker side in the step's metadata, and after that step's forward
+(``wait_for_save``) the worker reads the pages out of vLLM's KV tensors and :meth:`Mirror.save`
+commits them with those bytes, so kvfsm's device pool (and every spill to host, disk or remote,
+checksummed) holds what the model wrote, and no block is readable before its bytes are in.
+Without a connector nothing can read the KV tensors: the mirror then commits at once with zero
+bytes, bookkeeping only (the scheduler's cap needs no bytes, and nothing loads them).
+
 A lookup (:meth:`Mirror.verdict`) then says how much of a request's prompt is usable now and
-after a restore. kvfsm's pools hold the pages' bytes: ``payload`` gives them at commit time
-(what the forward of those tokens writes; zeros by default, where only the bookkeeping is
-mirrored). kvfsm's device pool is sized above vLLM's (``MirrorSettings.device_headroom``) so
+after a restore. kvfsm's device pool is sized above vLLM's (``MirrorSettings.device_headroom``) so
 that kvfsm never gives back a block vLLM still caches.
 """
 
@@ -35,7 +44,7 @@ from numpy.typing import NDArray
 
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
-from kvfsm.integrations.vllm._model import GroupMap, UnsupportedSpecError, declare
+from kvfsm.integrations.vllm._model import UnsupportedSpecError, declare
 from kvfsm.serve._faults import sink
 from kvfsm.spec import Event, Tier
 from kvfsm.state import CoreConfig, GroupState
@@ -44,9 +53,11 @@ from kvfsm.verify import Level, Prompt, Verdict, as_level
 
 LOG = logging.getLogger(__name__)
 
-#: ``(group map, prompt token ids, block indices) -> uint8 [len(indices), payload_bytes]``:
-#: the bytes of those blocks of that group, as the model's forward writes them.
-PagePayload = Callable[[GroupMap, Sequence[int], NDArray[np.int64]], NDArray[np.uint8]]
+#: ``vLLM block ids -> uint8 [len(ids), payload_bytes]``: the pages of those blocks of one
+#: KV cache group, read out of vLLM's KV tensors (the connector's worker side).
+PageReader = Callable[[NDArray[np.int64]], NDArray[np.uint8]]
+#: vLLM's block id of a block index where vLLM holds no block (its null block).
+NO_VLLM_BLOCK = -1
 
 #: Default bytes of the disk tier a mirror opens when given a directory.
 DEFAULT_DISK_BYTES = 1 << 30
@@ -108,18 +119,41 @@ class MirrorSettings:
         return settings
 
 
+@attrs.frozen
+class PendingSave:
+    """vLLM cached blocks ``[first, end)`` of KV cache group ``group_index`` for the prompt
+    ``tokens``; kvfsm commits them once the worker has read their pages.
+
+    ``vllm_blocks[i]`` is vLLM's block at index ``i`` of the request (``NO_VLLM_BLOCK`` where
+    it holds none) and ``kept[i]`` whether vLLM keeps it cached, for every ``i < end``."""
+
+    group_index: int
+    tokens: tuple[int, ...]
+    first: int
+    end: int
+    vllm_blocks: tuple[int, ...]
+    kept: tuple[bool, ...]
+
+
 class Mirror:
     """A kvfsm engine mirroring one vLLM ``KVCacheManager``'s block pool."""
 
     def __init__(self, kv_cache_config: Any, settings: MirrorSettings | None = None, *,
-                 engine: Engine | None = None, payload: PagePayload | None = None) -> None:
+                 engine: Engine | None = None) -> None:
         self.settings = settings or MirrorSettings()
         self.model, self.groups = declare(kv_cache_config, name=f"vllm-{self.settings.name}")
         self.level: Level = as_level(self.settings.level)
         self.engine = engine or self._engine(int(kv_cache_config.num_blocks))
         if [g.name for g in self.engine.model.groups] != [g.name for g in self.groups]:
             raise KvfsmError("mirror engine's groups do not match the vLLM KV cache groups")
-        self.payload = payload
+        #: Commits wait for the worker's bytes (a connector is attached), else zero bytes.
+        self._through_worker = False
+        self._pending: list[PendingSave] = []
+        #: vLLM block id -> saves not yet committed that name it.
+        self._saving: dict[int, int] = {}
+        #: vLLM blocks released while a save naming them was pending (their pages may be
+        #: overwritten: never read for kvfsm).
+        self._lost: set[int] = set()
         #: vLLM block id -> (kvfsm group, kvfsm block id), for every block vLLM caches.
         self._held: dict[int, tuple[str, int]] = {}
         #: (kvfsm group, kvfsm block id) -> the vLLM block ids caching it.
@@ -179,30 +213,92 @@ class Mirror:
         pool.cache_full_blocks = cache_full_blocks
         pool._maybe_evict_cached_block = maybe_evict
 
-    def _payload_fn(self, group: GroupMap, tokens: Sequence[int]
-                    ) -> Callable[[GroupState, NDArray[np.int64]], NDArray[np.uint8]]:
-        source = self.payload
+    def save_through_worker(self) -> None:
+        """From now on, commit what vLLM caches only with the pages the connector's worker
+        reads out of vLLM's KV tensors (:meth:`take_saves`, :meth:`save`)."""
+        with self._lock:
+            self._through_worker = True
 
-        def payload(state: GroupState, index: NDArray[np.int64]) -> NDArray[np.uint8]:
-            if source is None:
-                return np.zeros((index.size, state.decl.payload_bytes), dtype=np.uint8)
-            return source(group, tokens, index)
+    def take_saves(self) -> tuple[PendingSave, ...]:
+        """The saves waiting since the last call (the connector ships them to its worker)."""
+        with self._lock:
+            saves, self._pending = tuple(self._pending), []
+            return saves
 
-        return payload
+    def save(self, save: PendingSave, read_pages: PageReader) -> None:
+        """Commit ``save``'s blocks with the bytes ``read_pages`` gives for their vLLM blocks
+        (called after the forward that wrote them); a block vLLM released meanwhile is not
+        read, and not kept."""
+        with self._lock:
+            lost = self._lost
+            kept = tuple(k and b not in lost for k, b in zip(save.kept, save.vllm_blocks,
+                                                               strict=True))
+            try:
+                self._commit(save.group_index, save.tokens, save.end, save.vllm_blocks, kept,
+                             read_pages)
+            finally:
+                self._forget_saving(save)
 
     def _cached(self, request: Any, blocks: Sequence[Any], first: int, end: int,
                 group_id: int, mask: Sequence[bool] | None) -> None:
         if first >= end:
             return
         group = self.groups[group_id]
-        tokens = list(request.all_token_ids[:end * group.block_size])
-        with self._lock, self.engine.lock:
-            prompt = self.engine.prompt(tokens)
+        tokens = tuple(request.all_token_ids[:end * group.block_size])
+        ids = tuple(NO_VLLM_BLOCK if blocks[i].is_null else int(blocks[i].block_id)
+                    for i in range(end))
+        # Below ``first`` vLLM cached the block earlier (a hash says so); from ``first`` on
+        # the mask says which of the new ones it keeps.
+        kept = tuple(not blocks[i].is_null and blocks[i].block_hash is not None
+                     and (mask is None or i < first or bool(mask[i - first]))
+                     for i in range(end))
+        with self._lock:
+            if self._through_worker:
+                save = PendingSave(group_id, tokens, first, end, ids, kept)
+                self._pending.append(save)
+                for block in ids:
+                    self._saving[block] = self._saving.get(block, 0) + 1
+                return
+            self._commit(group_id, tokens, end, ids, kept, None)
+
+    def _forget_saving(self, save: PendingSave) -> None:
+        for block in save.vllm_blocks:
+            left = self._saving.get(block, 0) - 1
+            if left > 0:
+                self._saving[block] = left
+            else:
+                self._saving.pop(block, None)
+                self._lost.discard(block)
+
+    def _commit(self, group_id: int, tokens: Sequence[int], end: int,
+                vllm_blocks: Sequence[int], kept: Sequence[bool],
+                read_pages: PageReader | None) -> None:
+        """Commit ``tokens`` to kvfsm group ``group_id`` with the pages ``read_pages`` gives
+        (zeros without it), hold each kept block's kvfsm block, evict what this commit made
+        that vLLM does not keep."""
+        group = self.groups[group_id]
+        ids = np.asarray(vllm_blocks, dtype=np.int64)
+        keep = np.asarray(kept, dtype=np.bool_)
+
+        def payload(state: GroupState, index: NDArray[np.int64]) -> NDArray[np.uint8]:
+            rows = np.zeros((index.size, state.decl.payload_bytes), dtype=np.uint8)
+            # Blocks vLLM does not keep are evicted right after (below): never read for them.
+            wanted = keep[index]
+            if read_pages is not None and wanted.any():
+                pages = np.asarray(read_pages(ids[index[wanted]]), dtype=np.uint8)
+                if pages.shape != (int(wanted.sum()), state.decl.payload_bytes):
+                    raise KvfsmError(f"{group.name}: the worker read pages of shape "
+                                     f"{pages.shape}; kvfsm's page is "
+                                     f"{state.decl.payload_bytes} bytes")
+                rows[wanted] = pages
+            return rows
+
+        with self.engine.lock:
+            prompt = self.engine.prompt(list(tokens))
             high, low = prompt.words(group.block_size)
             before = self.engine.core.lookup_words(group.name, high, low)
             try:
-                self.engine.commit(prompt, payload=self._payload_fn(group, tokens),
-                                   groups=[group.name])
+                self.engine.commit(prompt, payload=payload, groups=[group.name])
             except KvfsmError as exc:
                 # kvfsm then has less than vLLM: hits are capped shorter, never longer.
                 self.commit_failures += 1
@@ -211,15 +307,12 @@ class Mirror:
                 return
             after = self.engine.core.lookup_words(group.name, high, low)
             stray: list[int] = []
-            for i in range(first, end):
+            for i in range(end):
                 kid = int(after[i])
                 if kid < 0:
                     continue
-                block = blocks[i]
-                kept = (not block.is_null and (mask is None or mask[i - first])
-                        and block.block_hash is not None)
-                if kept:
-                    self._hold(int(block.block_id), group.name, kid)
+                if keep[i]:
+                    self._hold(int(ids[i]), group.name, kid)
                 elif before[i] < 0 and (group.name, kid) not in self._holders:
                     stray.append(kid)
             if stray:
@@ -236,6 +329,8 @@ class Mirror:
 
     def _released(self, vllm_block: int) -> None:
         with self._lock:
+            if vllm_block in self._saving:
+                self._lost.add(vllm_block)
             held = self._held.pop(vllm_block, None)
             if held is not None:
                 with self.engine.lock:

@@ -2,8 +2,10 @@
 cache group, of the kind that group's spec says.
 
 Duck-typed on the spec's class name and fields, so this module imports no vLLM. The payload of
-a block is one page of the group (token, K/V, head, dim for attention; the state's elements for
-Mamba): what the connector's worker side copies into vLLM's KV tensors."""
+a block is the block's page in every layer of the group, one after another in the group's layer
+order (each page: token, K/V, head, dim for attention; the state's elements for Mamba): what the
+connector's worker side reads out of vLLM's KV tensors after a forward and copies back into
+them on a load."""
 
 from __future__ import annotations
 
@@ -58,8 +60,8 @@ def _dtype(value: object, where: str) -> str:
     return name
 
 
-def _group_toml(index: int, spec: Any) -> tuple[GroupKind, str]:
-    """The kind of vLLM group ``index`` and its ``[[groups]]`` TOML."""
+def _group_toml(index: int, spec: Any, layers: int) -> tuple[GroupKind, str]:
+    """The kind of vLLM group ``index`` (of ``layers`` layers) and its ``[[groups]]`` TOML."""
     where = f"vLLM KV cache group {index} ({type(spec).__name__})"
     kind_name = type(spec).__name__
     block = int(spec.block_size)
@@ -68,8 +70,8 @@ def _group_toml(index: int, spec: Any) -> tuple[GroupKind, str]:
         kind = GroupKind.FULL if kind_name in FULL_SPECS else GroupKind.SLIDING_WINDOW
         if kind is GroupKind.FULL and getattr(spec, "sliding_window", None):
             raise UnsupportedSpecError(f"{where}: a full-attention spec with a sliding window")
-        shape = [block, 2, int(spec.num_kv_heads), int(spec.head_size)]
-        dims = '["block", "token", "kv", "head", "dim"]'
+        shape = [layers, block, 2, int(spec.num_kv_heads), int(spec.head_size)]
+        dims = '["block", "layer", "token", "kv", "head", "dim"]'
         dtype = _dtype(spec.dtype, where)
         if kind is GroupKind.SLIDING_WINDOW:
             extra = f"window = {int(spec.sliding_window)}\n"
@@ -79,8 +81,8 @@ def _group_toml(index: int, spec: Any) -> tuple[GroupKind, str]:
         if len(dtypes) != 1:
             raise UnsupportedSpecError(f"{where}: states of several dtypes {sorted(dtypes)}")
         # The states packed one after another, as one vector per checkpoint.
-        shape = [sum(math.prod(s) for s in spec.shapes)]
-        dims = '["block", "state"]'
+        shape = [layers, sum(math.prod(s) for s in spec.shapes)]
+        dims = '["block", "layer", "state"]'
         dtype = dtypes.pop()
         # vLLM's align mode keeps a state at block boundaries: one checkpoint per block.
         extra = f"checkpoint_interval = {block}\n"
@@ -104,7 +106,9 @@ def declare(kv_cache_config: Any, *, name: str = "vllm") -> tuple[ModelDecl, tup
     if not groups:
         raise UnsupportedSpecError("vLLM KV cache config has no KV cache groups")
     for index, group in enumerate(groups):
-        kind, text = _group_toml(index, group.kv_cache_spec)
+        if not group.layer_names:
+            raise UnsupportedSpecError(f"vLLM KV cache group {index} has no layers")
+        kind, text = _group_toml(index, group.kv_cache_spec, len(group.layer_names))
         parts.append(text)
         maps.append(GroupMap(index, group_name(index), kind,
                              int(group.kv_cache_spec.block_size), tuple(group.layer_names)))
