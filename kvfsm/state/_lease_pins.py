@@ -154,7 +154,7 @@ def first_moved_kernel(ids: IdArray, recorded: NDArray[np.uint32], states: NDArr
 
 def _pins_example() -> tuple[object, ...]:
     return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint32),
-            read_only(np.zeros(1, dtype=np.uint32)), np.zeros(1, dtype=np.uint16), 1)
+            read_only(np.zeros(1, dtype=np.uint32)), np.zeros(1, dtype=np.uint16))
 
 
 def _pins_inputs(rng: np.random.Generator) -> tuple[object, ...]:
@@ -164,33 +164,25 @@ def _pins_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
     recorded = epoch[ids].copy()
     recorded[rng.random(ids.size) < 0.2] += 1
-    return (ids, recorded, read_only(epoch), rng.integers(0, 3, n_blocks).astype(np.uint16),
-            int(rng.choice([1, -1])))
+    return (ids, recorded, read_only(epoch), rng.integers(0, 3, n_blocks).astype(np.uint16))
 
 
-def _move_pins_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
-                    pins: NDArray[np.uint16], delta: int) -> None:
+def _unpin_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
+                pins: NDArray[np.uint16]) -> None:
     unmoved = ids[epoch[ids] == recorded]
-    if delta > 0:
-        pins[unmoved] += np.uint16(1)
-    else:
-        held = unmoved[pins[unmoved] > 0]
-        pins[held] -= np.uint16(1)
+    held = unmoved[pins[unmoved] > 0]
+    pins[held] -= np.uint16(1)
 
 
-@kernel(example=_pins_example, twin=_move_pins_twin, inputs=_pins_inputs)
-def move_pins_kernel(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
-                     pins: NDArray[np.uint16], delta: int) -> None:
-    """One pin more (``delta`` 1) or less (-1, never below 0) on each distinct block of
-    ``ids`` still at its epoch ``recorded[i]`` (a moved block lost its pin with its content:
-    another owner's pin is never taken)."""
+@kernel(example=_pins_example, twin=_unpin_twin, inputs=_pins_inputs)
+def unpin_kernel(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
+                 pins: NDArray[np.uint16]) -> None:
+    """One pin less (never below 0) on each distinct block of ``ids`` still at its epoch
+    ``recorded[i]`` (a moved block lost its pin with its content: another owner's pin is
+    never taken)."""
     for i in range(ids.size):
         block = ids[i]
-        if epoch[block] != recorded[i]:
-            continue
-        if delta > 0:
-            pins[block] += 1
-        elif pins[block] > 0:
+        if epoch[block] == recorded[i] and pins[block] > 0:
             pins[block] -= 1
 
 
@@ -211,7 +203,7 @@ def pin_if_usable(state: GroupState, ids: IdArray, seen: NDArray[np.uint32], cut
 def unpin_unmoved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32]) -> None:
     """Give back the pins :func:`pin_if_usable` took on ``ids``, except on blocks no longer
     at ``epochs`` (their pin went with their content)."""
-    move_pins_kernel(ids, epochs, state.epoch, state._blocks.pins, -1)
+    unpin_kernel(ids, epochs, state.epoch, state._blocks.pins)
 
 
 def first_moved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32]) -> int:

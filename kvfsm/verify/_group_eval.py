@@ -58,6 +58,7 @@ from kvfsm.verify._group_pass import (
     P_TARGET_SIZE,
     P_USE_CHECKED_OK,
     group_pass,
+    usable_over,
 )
 from kvfsm.verify._index_check import IndexCheck
 from kvfsm.verify._paths import restore_paths
@@ -75,36 +76,29 @@ for _stand_in in _NO_INDEX[:6]:
     _stand_in.flags.writeable = False
 
 #: Per group: read-only views of its metadata arrays the pass reads (fixed buffers, made once
-#: per group), and the pass's parameters that never change for it.
-_ARRAYS: weakref.WeakKeyDictionary[GroupState, tuple[tuple[NDArray[Any], ...],
-                                                     NDArray[np.int64]]] = \
-    weakref.WeakKeyDictionary()
-_INDEX: weakref.WeakKeyDictionary[GroupState, tuple[NDArray[Any], ...]] = \
-    weakref.WeakKeyDictionary()
+#: per group), the pass's parameters that never change for it, and (an index) its references
+#: and the target group's arrays.
+_ARRAYS: weakref.WeakKeyDictionary[
+    GroupState, tuple[tuple[NDArray[Any], ...], NDArray[np.int64], tuple[NDArray[Any], ...]]
+] = weakref.WeakKeyDictionary()
 
 
-def _group_arrays(group: GroupState) -> tuple[tuple[NDArray[Any], ...], NDArray[np.int64]]:
+def _group_arrays(group: GroupState
+                  ) -> tuple[tuple[NDArray[Any], ...], NDArray[np.int64], tuple[NDArray[Any], ...]]:
     known = _ARRAYS.get(group)
     if known is None:
         template = np.ones(N_PARAMS, dtype=np.int64)  # sizes and flags of a non-index group
         template[P_FULL_SUB_MASK] = group.full_sub_mask
         template[P_SETTLED_FORM] = group.rule.settled_form is Form.COMPRESSED
-        if group.target is not None:
-            template[P_TARGET_SIZE] = group.target.decl.block_size
-            template[P_OWN_SIZE] = group.decl.block_size
-        known = _ARRAYS[group] = ((group.states, group.epoch, group.position, group.sub_blocks,
-                                   group.layout_id), template)
-    return known
-
-
-def _index_arrays(group: GroupState) -> tuple[NDArray[Any], ...]:
-    """The index's references and the target group's arrays the pass reads."""
-    known = _INDEX.get(group)
-    if known is None:
         target = group.target
-        assert target is not None
-        known = _INDEX[group] = (group.refs_target, group.refs_epoch, target.epoch,
-                                 target.states, target.table.hashed, target.position)
+        index: tuple[NDArray[Any], ...] = ()
+        if target is not None:
+            template[P_TARGET_SIZE] = target.decl.block_size
+            template[P_OWN_SIZE] = group.decl.block_size
+            index = (group.refs_target, group.refs_epoch, target.epoch, target.states,
+                     target.table.hashed, target.position)
+        known = _ARRAYS[group] = ((group.states, group.epoch, group.position, group.sub_blocks,
+                                   group.layout_id), template, index)
     return known
 
 
@@ -159,13 +153,6 @@ def _aligned_by_construction(pool: SlotPool, profile: DeviceProfile) -> bool:
     base alignment and its stride of the size alignment (layer 4 then has nothing to check)."""
     return data_ptr(pool.data) % profile.base_alignment == 0 and \
         pool.stride % profile.base_alignment == 0 and pool.stride % profile.size_alignment == 0
-
-
-def _prefix(bad: Bools) -> NDArray[np.int64]:
-    """``P[m]`` = number of bad blocks among the first ``m``."""
-    out = np.zeros(bad.size + 1, dtype=np.int64)
-    np.cumsum(bad, out=out[1:])
-    return out
 
 
 def alignment_guaranteed(pool: SlotPool, profile: DeviceProfile) -> bool:
@@ -264,15 +251,8 @@ def spans_for(group: GroupState, n: int, lengths: NDArray[np.int64], step: int) 
 def usable_at(spans: Spans, ok_raw: Bools, ok_cmp: Bools) -> Bools:
     """Per candidate length: every block the kind needs there is ok in its form: ``ok_cmp``
     over ``[lo, cut)``, ``ok_raw`` over ``[cut, hi)``. O(n + lengths) with prefix sums, exact
-    for kinds whose needed blocks are not a prefix."""
-    if not spans.reads_compressed and bool(ok_raw.all()):
-        return spans.base  # every raw block passes and none is needed compressed
-    raw_bad = _prefix(~ok_raw)
-    usable: Bools = spans.base & (raw_bad[spans.hi] - raw_bad[spans.cut] == 0)
-    if spans.reads_compressed:
-        cmp_bad = _prefix(~ok_cmp)
-        usable &= cmp_bad[spans.cut] - cmp_bad[spans.lo] == 0
-    return usable
+    for kinds whose needed blocks are not a prefix (the pass's NumPy twin, for one vector)."""
+    return usable_over(spans.lo, spans.cut, spans.hi, spans.base, ok_raw, ok_cmp)
 
 
 class GroupEval:
@@ -354,7 +334,7 @@ class GroupEval:
     def _pass(self, layout_ok: Bools, checked_ok: Bools | None, check_mode: int) -> None:
         group, n = self.group, self.n
         history = self._history
-        arrays, template = _group_arrays(group)
+        arrays, template, index = _group_arrays(group)
         has_index = group.target is not None and history is not None and n > 0
         params = template.copy()
         params[P_CHECK_MODE] = check_mode
@@ -366,7 +346,7 @@ class GroupEval:
         if has_index:
             assert history is not None
             params[P_ALL_SETTLED] = history.all_settled
-            index_arrays = (*_index_arrays(group), history.ids, history.settled)
+            index_arrays = (*index, history.ids, history.settled)
         else:
             index_arrays = _NO_INDEX
         self.facts = np.empty(n, dtype=np.uint8)

@@ -184,17 +184,17 @@ def _group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
         np.empty(n_lengths, dtype=np.int64), np.empty(N_SCALARS, dtype=np.int64))
 
 
-def _prefix(bad: Bools) -> NDArray[np.int64]:
+def prefix_counts(bad: Bools) -> NDArray[np.int64]:
     """``P[m]`` = number of set entries among the first ``m``."""
     out = np.zeros(bad.size + 1, dtype=np.int64)
     np.cumsum(bad, out=out[1:])
     return out
 
 
-def _usable(lo: Lengths, cut: Lengths, hi: Lengths, base: Bools, ok_raw: Bools,
-            ok_cmp: Bools) -> Bools:
+def usable_over(lo: Lengths, cut: Lengths, hi: Lengths, base: Bools, ok_raw: Bools,
+                ok_cmp: Bools) -> Bools:
     """Per length: ``base`` and every block ok in its form over ``[lo, cut)`` / ``[cut, hi)``."""
-    raw_bad, cmp_bad = _prefix(~ok_raw), _prefix(~ok_cmp)
+    raw_bad, cmp_bad = prefix_counts(~ok_raw), prefix_counts(~ok_cmp)
     usable: Bools = base & (raw_bad[hi] == raw_bad[cut]) & (cmp_bad[cut] == cmp_bad[lo])
     return usable
 
@@ -281,8 +281,8 @@ def _group_pass_twin(
     movable = sound & ~(readable & ~ok) if restore_aligned else np.zeros(n, dtype=np.bool_)
     after_raw[:] = (now_raw | (movable & ((facts & TO_RAW) != 0))) & settled_ok
     after_cmp[:] = (now_cmp | (movable & ((facts & TO_COMPRESSED) != 0))) & settled_ok
-    hit[:] = _usable(lo, cut, hi, base, found, found)
-    now[:] = _usable(lo, cut, hi, base, now_raw, now_cmp)
+    hit[:] = usable_over(lo, cut, hi, base, found, found)
+    now[:] = usable_over(lo, cut, hi, base, now_raw, now_cmp)
     asked[:] = 0
     if np.array_equal(after_raw, now_raw) and np.array_equal(after_cmp, now_cmp):
         after[:] = now
@@ -292,9 +292,9 @@ def _group_pass_twin(
         raw_restores = ~now_raw & after_raw & restores_raw[state]
         cmp_restores = ~now_cmp & after_cmp & restores_cmp[state]
         total = int(raw_restores.sum()) + int(cmp_restores.sum())
-        after[:] = _usable(lo, cut, hi, base, after_raw, after_cmp)
+        after[:] = usable_over(lo, cut, hi, base, after_raw, after_cmp)
         if total and (total > budget or capped):
-            raw_count, cmp_count = _prefix(raw_restores), _prefix(cmp_restores)
+            raw_count, cmp_count = prefix_counts(raw_restores), prefix_counts(cmp_restores)
             asked[:] = raw_count[hi] - raw_count[cut] + cmp_count[cut] - cmp_count[lo]
             scalars[ASKED_KEPT] = 1
             after &= asked <= budget
