@@ -297,6 +297,29 @@ class Engine:
         return self._stored.spill_down(group, tier, count, keep)
 
     @_locked
+    def offload(self, group: str, ids: ArrayLike, keep: ArrayLike = ()) -> NDArray[np.bool_]:
+        """Move device blocks ``ids`` of ``group`` a tier down now, as a serving engine giving
+        its own copy back wants them kept (a hit to restore later): readable ones are spilled
+        to host, room made there by moving host's least recently used blocks on to disk and
+        remote where attached, else by evicting them; a restored block that kept its stored
+        copy (``device_disk``, ``device_remote``) gives its device slot back and stays a hit on
+        that copy. Never touches a block of ``keep`` or pinned blocks; costs the blocks moved,
+        never the pool (recency lists). Returns per id whether it moved (the rest are where
+        they were: not on the device, pinned, in flight, or no tier below took them)."""
+        state = self.core.group(group)
+        batch = np.asarray(ids)
+        if batch.size and not np.issubdtype(batch.dtype, np.integer):
+            raise KvfsmError(f"{group}: block ids must be integers, got dtype {batch.dtype}")
+        flat = batch.astype(np.intp, copy=False).ravel()
+        bad = (flat < 0) | (flat >= state.n_blocks)
+        if bad.any():
+            raise KvfsmError(f"{group}: block id {int(flat[bad][0])} out of range "
+                             f"[0, {state.n_blocks})")
+        if np.unique(flat).size != flat.size:
+            raise KvfsmError(f"{group}: offload ids repeat a block")
+        return self._stored.offload(group, flat, keep)
+
+    @_locked
     def close(self) -> None:
         """Finish running I/O and stop the restore workers (the tiers stay open); leases
         still open are released (their next ``validate`` raises LeaseLost)."""

@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kvfsm._errors import KvfsmError
+from kvfsm.fsm import INVALID
 from kvfsm.restore import RestoreExecutor, RestoreTicket
 from kvfsm.spec import Event, Tier
 from kvfsm.spec._vocabulary import STORED_TIERS
@@ -207,6 +208,39 @@ class EngineTiers:
             core.fire(group, batch[began & ~done], Event.SPILL_FAIL)
             spilled[part[done]] = True
         return spilled
+
+    def offload(self, group: str, ids: IdArray, keep: ArrayLike = ()) -> NDArray[np.bool_]:
+        """See :meth:`kvfsm.Engine.offload`."""
+        core = self.core
+        state = core.group(group)
+        table = state.table
+        moved = np.zeros(ids.size, dtype=np.bool_)
+        if not ids.size:
+            return moved
+        states = state.states[ids]
+        on_device = (table.residency[states] == int(Tier.DEVICE)) & ~table.in_flight[states]
+        after_evict = table.next_state[states, int(Event.EVICT)]
+        # A restored block that kept its stored copy gives the device slot back and stays a
+        # hit on that copy (its eviction lands in a hashed state).
+        keeps_copy = on_device & (after_evict != INVALID) & \
+            table.hashed[np.where(after_evict == INVALID, 0, after_evict)]
+        if keeps_copy.any():
+            chosen = np.flatnonzero(keeps_copy)
+            moved[chosen] = core.fire(group, ids[chosen], Event.EVICT, masked=True)
+        spill = np.flatnonzero(on_device & ~keeps_copy & table.readable[states])
+        host = state.pools.get(Tier.HOST)
+        if not spill.size or host is None:
+            return moved
+        protect = np.concatenate([_kept(state.n_blocks, keep), ids]).astype(np.intp)
+        short = int(spill.size) - host.free
+        below_host = Tier.DISK in state.stored and Tier.DISK in self.tiers
+        resting = state.resting_lists.get(Tier.HOST)
+        if short > 0 and not below_host and resting is not None:
+            # Nothing below host takes its oldest: they make way (the newest stay hits).
+            oldest = state.oldest(resting, short, protect)
+            core.fire(group, oldest, Event.EVICT, masked=True)
+        moved[spill] = self.spill_from_device(group, ids[spill], protect)
+        return moved
 
     # -- restores ----------------------------------------------------------------------------
 

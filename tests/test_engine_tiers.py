@@ -779,3 +779,82 @@ def test_the_key_maker_agrees_with_the_contract(tmp_path: Path) -> None:
     ids = ids_of(eng, prompt)
     assert eng.restorer.keys.keys(GROUP, ids) == [key(eng, prompt, i) for i in range(BLOCKS)]
     assert group_hash(GROUP) == key(eng, prompt, 0).group
+
+
+# -- offload: a serving engine gives its device copy back ----------------------------------------
+
+
+def _host_only(device: int = 8, host: int = 4) -> Engine:
+    return Engine("dense", CoreConfig(device_blocks=device, host_blocks=host, backend="numpy"))
+
+
+def test_offload_moves_device_blocks_to_host_where_they_stay_hits() -> None:
+    eng = _host_only()
+    prompt = eng.prompt(text(0, blocks=4))
+    commit(eng, prompt)
+    ids = ids_of(eng, prompt)
+    assert eng.offload(GROUP, ids[:2]).tolist() == [True, True]
+    assert states(eng, prompt) == ["host", "host", "device", "device"]
+    verdict = eng.lookup(prompt)
+    assert (verdict.usable_tokens, verdict.restorable_tokens) == (0, 4 * BS)
+    sound(eng, prompt)
+
+
+def test_offload_without_a_tier_below_host_evicts_hosts_oldest_never_the_kept() -> None:
+    """Host full, nothing below it: the least recently used host blocks make way (the newest
+    offloaded stay hits); a kept host block never goes."""
+    eng = _host_only(device=8, host=4)
+    first, second = eng.prompt(text(0, blocks=4)), eng.prompt(text(1, blocks=4))
+    commit(eng, first)
+    eng.offload(GROUP, ids_of(eng, first))
+    assert states(eng, first) == ["host"] * 4
+    commit(eng, second)
+    kept = ids_of(eng, first)[3]
+    moved = eng.offload(GROUP, ids_of(eng, second)[:2], keep=[kept])
+    assert moved.tolist() == [True, True]
+    assert states(eng, first) == [None, None, "host", "host"]
+    assert states(eng, second)[:2] == ["host", "host"]
+    sound(eng, first, second)
+
+
+def test_offload_cascades_hosts_oldest_to_disk(tmp_path: Path) -> None:
+    eng, store = make(tmp_path, device=8, host=4)
+    first, second = eng.prompt(text(0, blocks=4)), eng.prompt(text(1, blocks=4))
+    commit(eng, first)
+    eng.offload(GROUP, ids_of(eng, first))
+    commit(eng, second)
+    assert eng.offload(GROUP, ids_of(eng, second)).all()
+    assert states(eng, first) == ["disk"] * 4 and states(eng, second) == ["host"] * 4
+    assert len(store) == 4
+    sound(eng, first, second)
+
+
+def test_offload_gives_a_restored_copys_device_slot_back_without_writing(tmp_path: Path) -> None:
+    eng, store = make(tmp_path)
+    prompt = eng.prompt(text(0))
+    park(eng, prompt)
+    restore(eng, prompt)
+    assert states(eng, prompt) == ["device_disk"] * BLOCKS
+    stamps = [os.stat(file_of(store, eng, prompt, i)).st_mtime_ns for i in range(BLOCKS)]
+    assert eng.offload(GROUP, ids_of(eng, prompt)).all()
+    assert states(eng, prompt) == ["disk"] * BLOCKS
+    assert [os.stat(file_of(store, eng, prompt, i)).st_mtime_ns
+            for i in range(BLOCKS)] == stamps
+    sound(eng, prompt)
+
+
+def test_offload_leaves_pinned_and_misnamed_blocks_alone() -> None:
+    eng = _host_only()
+    prompt = eng.prompt(text(0, blocks=4))
+    commit(eng, prompt)
+    ids = ids_of(eng, prompt)
+    eng.core.pin(GROUP, ids[:1])
+    assert eng.offload(GROUP, ids[:2]).tolist() == [False, True]
+    before = states(eng, prompt)
+    for bad in ([ids[2], ids[2]], [eng.core.group(GROUP).n_blocks], [-1], [1.5]):
+        with pytest.raises(KvfsmError):
+            eng.offload(GROUP, bad)
+        assert states(eng, prompt) == before
+    with pytest.raises(KvfsmError):
+        eng.offload("no-such-group", ids[:1])
+    sound(eng, prompt)

@@ -36,7 +36,8 @@ from tests import sglang_scenarios as scenarios
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = "KVFSM_PEERS_PYTHON"
-#: Generous: importing SGLang takes ~7 s of the ~12 s the scenarios take on two cores.
+#: Generous: the scenarios take ~30 s on two cores (~7 s importing SGLang, ~16 s starting and
+#: closing Mooncake clients).
 SCENARIO_TIMEOUT_S = 600
 
 verified_vectors = st.lists(st.booleans(), min_size=0, max_size=24)
@@ -245,6 +246,88 @@ def test_v1_pages_survive_a_restart_and_stay_per_model(sglang_results: dict[str,
     assert life["loaded"] == [True] * scenarios.PAGES and life["equal"]
     assert life["staged_reads"] == scenarios.PAGES  # the read took the bytes the check read
     assert life["other_model_exists"] == 0
+
+
+def test_a_bad_tier_field_is_refused_by_name(sglang_results: dict[str, Any]) -> None:
+    error = sglang_results["lifecycle"]["bad_field_error"]
+    assert error.startswith("TierError:") and "'kvfsm_mooncake_segment_bytes'" in error
+    assert "'lots'" in error
+
+
+# -- several SGLang instances sharing one store ---------------------------------------------
+
+
+def _shared(results: dict[str, Any], store: str) -> dict[str, Any]:
+    """The ``store`` (mooncake, redis) scenarios' results, or a skip saying why they did not
+    run (the client or the server is not installed where SGLang runs)."""
+    found: dict[str, Any] = results[store]
+    if "unavailable" in found:
+        if os.environ.get("CI") == "true":  # .ci/run installs both: a skip there is a bug
+            pytest.fail(f"{store} scenarios did not run under CI: {found['unavailable']}")
+        pytest.skip(f"{store} is not usable where the SGLang scenarios run: "
+                    f"{found['unavailable']}")
+    return found
+
+
+def test_mooncake_instances_share_pages(sglang_results: dict[str, Any]) -> None:
+    """Instance B, its own Mooncake client, same model and shard, finds every page instance A
+    wrote (``batch_exists`` and ``batch_exists_v2``) and reads them byte-identical, through
+    kvfsm and through SGLang's stock Mooncake backend alike: sharing loses no reuse."""
+    mooncake = _shared(sglang_results, "mooncake")
+    every = list(range(1, scenarios.PAGES + 1))
+    for side in ("stock", "kvfsm"):
+        shared = mooncake[side]["shared"]
+        assert shared["written"] == scenarios.PAGES, side
+        assert shared["exists"] == scenarios.PAGES, side
+        assert shared["exists_v2"] == {"kv_hit_pages": scenarios.PAGES, "restorable": every}
+        assert shared["get_v1"] == "ok", side
+    kvfsm = mooncake["kvfsm"]["shared"]
+    assert kvfsm["get"] == "ok"
+    # B read each page from the store once, to check it; both reads took the checked bytes.
+    assert kvfsm["reader_counts"]["OK"] == scenarios.PAGES
+
+
+def test_mooncake_other_models_pages_are_never_reported(sglang_results: dict[str, Any]) -> None:
+    """Instances of other models write pages under the names instance A then asks for. kvfsm
+    reports and serves none of them. SGLang's stock backend keeps models apart by a key prefix
+    made of the served name with "/" turned into "-": a model named "test-model-a" lands in
+    "test/model-a"'s pages, which it then reports and serves."""
+    mooncake = _shared(sglang_results, "mooncake")
+    for row in scenarios.OTHER_MODELS:
+        for side in ("stock", "kvfsm"):
+            assert mooncake[side]["other_models"][row]["written"] == scenarios.PAGES
+        assert mooncake["kvfsm"]["other_models"][row]["exists"] == 0, row
+        assert mooncake["kvfsm"]["other_models"][row]["served"] == 0, row
+    stock = mooncake["stock"]["other_models"]
+    assert (stock["other_name"]["exists"], stock["other_name"]["served"]) == (0, 0)
+    assert stock["dashed_name"]["exists"] == scenarios.PAGES
+    assert stock["dashed_name"]["served"] == scenarios.PAGES
+
+
+def test_mooncake_damaged_values_end_the_prefix(sglang_results: dict[str, Any]) -> None:
+    """A byte flipped in page 4's stored value, or the value removed, behind the backends'
+    backs: kvfsm reports the 4 pages before it and refuses it on read. The stock backend
+    stops at a removed value but reports and serves the flipped one."""
+    mooncake = _shared(sglang_results, "mooncake")
+    faults = mooncake["kvfsm"]["faults"]
+    for fault in ("flipped", "evicted"):
+        assert faults[fault] == {"exists": scenarios.FAULT_PAGE,
+                                 "get_v1": f"refused at {scenarios.FAULT_PAGE}"}, fault
+    assert faults["reader_counts"]["CORRUPT"] == 1
+    stock = mooncake["stock"]["faults"]
+    assert stock["flipped"] == {"exists": scenarios.PAGES,
+                                "get_v1": f"wrong bytes at {scenarios.FAULT_PAGE}"}
+    assert stock["evicted"] == {"exists": scenarios.FAULT_PAGE,
+                                "get_v1": f"refused at {scenarios.FAULT_PAGE}"}
+
+
+def test_redis_instances_share_pages(sglang_results: dict[str, Any]) -> None:
+    """Two kvfsm instances on one Redis server: B finds and reads A's pages whole, and stops
+    at a flipped value."""
+    redis = _shared(sglang_results, "redis")
+    assert redis == {"exists": scenarios.PAGES, "get": "ok",
+                     "flipped_exists": scenarios.FAULT_PAGE,
+                     "flipped_get_v1": f"refused at {scenarios.FAULT_PAGE}"}
 
 
 def test_backend_module_needs_sglang_only_when_used() -> None:

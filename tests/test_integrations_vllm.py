@@ -20,11 +20,15 @@ from typing import Any
 import pytest
 
 from kvfsm.integrations.vllm import (
+    Mirror,
     MirrorSettings,
     MirrorSettingsError,
     UnsupportedSpecError,
     declare,
+    mirror_for,
+    model_identity,
     settings_of,
+    unregister,
 )
 from kvfsm.spec import GroupKind
 
@@ -35,8 +39,9 @@ SCENARIO_TIMEOUT_S = 300
 PEERS = "KVFSM_PEERS_PYTHON"
 NO_FAULT_RUNS = ("full", "swa", "mamba", "mamba_async")
 FAULTS = ("corrupt", "torn", "restore_fails", "in_flight", "foreign", "mamba_state_missing")
-#: Full-attention blocks of the faulted prompt (``vllm_scenarios.PROMPT_BLOCKS``).
-PROMPT_BLOCKS = 12
+#: Full-attention blocks of the faulted prompt and the block each fault hits
+#: (``vllm_scenarios.PROMPT_BLOCKS``, ``FAULT_INDEX``).
+PROMPT_BLOCKS, FAULT_INDEX = 12, 6
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +122,44 @@ def test_connector_saves_the_pages_the_forward_wrote(results: dict[str, Any],
     assert row["stock"]["stored"]["readable"] == 0
 
 
+def _shared(results: dict[str, Any]) -> dict[str, Any]:
+    shared: dict[str, Any] = results["shared"]
+    if "skipped" in shared:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the shared-store scenarios did not run under CI: {shared['skipped']}")
+        pytest.skip(shared["skipped"])
+    return shared
+
+
+def test_a_second_engine_reuses_a_prefix_through_mooncake(results: dict[str, Any]) -> None:
+    """A prefix one vLLM engine computed and kvfsm moved down to a Mooncake Store is claimed,
+    restored and usable in a second vLLM engine of the same model (own scheduler, mirror,
+    disk and store client); stock vLLM, with no shared store, recomputes it."""
+    row = _shared(results)["same_model"]
+    assert row["kvfsm"]["pushed"] == PROMPT_BLOCKS
+    assert row["kvfsm"]["admitted"] == PROMPT_BLOCKS * 16 and row["kvfsm"]["unusable"] == []
+    assert row["kvfsm"]["claims"]["restores"] >= 1
+    assert row["stock"]["admitted"] == 0
+
+
+@pytest.mark.parametrize("case", ["other_model", "remote_corrupt", "remote_evicted"])
+def test_shared_store_faults_never_reach_a_kvfsm_engine(results: dict[str, Any],
+                                                        case: str) -> None:
+    """Another model's values for the same tokens, a flipped bit in a stored value, a value
+    the store evicted: a connector naming values by tokens alone admits the other model's
+    pages and the flipped one (unusable), kvfsm's admits only verified pages of its own
+    model, up to the damaged block."""
+    row = _shared(results)[case]
+    print(f"{case}: admitted stock {row['stock']['admitted']}, trusting "
+          f"{row['trusting']['admitted']} ({len(row['trusting']['unusable'])} unusable), "
+          f"kvfsm {row['kvfsm']['admitted']} ({len(row['kvfsm']['unusable'])} unusable)")
+    assert row["kvfsm"]["unusable"] == [] and row["stock"]["unusable"] == []
+    expected = 0 if case == "other_model" else FAULT_INDEX * 16
+    assert row["kvfsm"]["admitted"] == expected
+    if case != "remote_evicted":  # a value that is gone is not found by anyone
+        assert len(row["trusting"]["unusable"]) == 1
+
+
 # -- without vLLM --------------------------------------------------------------------------
 
 def _spec(kind: str, **fields: Any) -> Any:
@@ -191,3 +234,102 @@ def test_settings_come_from_the_connector_or_additional_config() -> None:
         MirrorSettings.from_mapping({"host_blocks": "8"}, "here")
     with pytest.raises(MirrorSettingsError, match="here"):
         MirrorSettings.from_mapping({"level": "paranoid"}, "here")
+
+
+def test_settings_refuse_a_remote_store_they_cannot_reach_through() -> None:
+    """A remote store is named by a known URL scheme and needs a disk tier above it (copies
+    move down through disk); counts are not negative and a namespace is not empty."""
+    ok = MirrorSettings.from_mapping({"disk_dir": "/tmp/x", "remote": "mooncake://h:1",
+                                      "remote_blocks": 8}, "here")
+    assert ok.remote == "mooncake://h:1"
+    with pytest.raises(MirrorSettingsError, match="must start with"):
+        MirrorSettings.from_mapping({"disk_dir": "/tmp/x", "remote": "s3://bucket"}, "here")
+    with pytest.raises(MirrorSettingsError, match="needs disk_dir"):
+        MirrorSettings.from_mapping({"remote": "redis://h:1"}, "here")
+    with pytest.raises(MirrorSettingsError, match="remote_blocks must be >= 0"):
+        MirrorSettings.from_mapping({"remote_blocks": -1}, "here")
+    with pytest.raises(MirrorSettingsError, match="namespace"):
+        MirrorSettings.from_mapping({"namespace": ""}, "here")
+
+
+def _vllm_config(model: str = "org/model", **changes: Any) -> Any:
+    fields = dict(model=model, revision=None, dtype="torch.float16", quantization=None)
+    cache = {"cache_dtype": changes.pop("cache_dtype", "auto")}
+    parallel = {"tensor_parallel_size": changes.pop("tp", 1), "pipeline_parallel_size": 1}
+    fields.update(changes)
+    return SimpleNamespace(model_config=SimpleNamespace(**fields),
+                           cache_config=SimpleNamespace(**cache),
+                           parallel_config=SimpleNamespace(**parallel))
+
+
+def test_model_identity_names_what_changes_the_kv() -> None:
+    """The same model and settings give one identity; another model, revision, dtype, KV
+    cache dtype, quantization or tensor-parallel split gives another."""
+    base = model_identity(_vllm_config())
+    assert base == model_identity(_vllm_config())
+    others = [_vllm_config("org/other"), _vllm_config(revision="v2"),
+              _vllm_config(dtype="torch.bfloat16"), _vllm_config(cache_dtype="fp8"),
+              _vllm_config(quantization="awq"), _vllm_config(tp=2)]
+    identities = {model_identity(c) for c in others}
+    assert base not in identities and len(identities) == len(others)
+
+
+def _dense_config() -> Any:
+    return _config(_spec("FullAttentionSpec", sliding_window=None, block_size=16,
+                         num_kv_heads=2, head_size=16, dtype="torch.float16"))
+
+
+def test_mirrors_share_stored_prefixes_only_within_one_model(tmp_path: Path) -> None:
+    """Two mirrors of one model (any registry names) find each other's disk copies; a mirror
+    of another model with the same KV geometry finds none of them, unless both are given one
+    namespace on purpose."""
+    from kvfsm.spec import Tier
+
+    tokens = list(range(1000, 1000 + 4 * 16 + 1))
+
+    def mirror(name: str, model: str, namespace: str | None = None) -> Mirror:
+        settings = MirrorSettings(name=name, host_blocks=8, disk_dir=str(tmp_path / "shared"),
+                                  disk_blocks=64, namespace=namespace)
+        return Mirror(_dense_config(), settings, identity=model_identity(_vllm_config(model)))
+
+    writer = mirror("w", "org/a")
+    prompt = writer.engine.prompt(tokens)
+    writer.engine.commit(prompt)
+    ids = writer.engine.core.lookup_words("g0", *prompt.words(16))
+    writer.engine.offload("g0", ids)
+    writer.engine.spill_down("g0", Tier.HOST, 4)
+    try:
+        same = mirror("r1", "org/a")
+        other = mirror("r2", "org/b")
+        assert same.engine.lookup(same.engine.prompt(tokens)).restorable_tokens == 64
+        assert other.engine.lookup(other.engine.prompt(tokens)).hit_tokens == 0
+        # One namespace on purpose: the other model's engine now finds them (so set it only
+        # for deployments known to serve the same weights).
+        writer_ns = mirror("w2", "org/a", "team")
+        p = writer_ns.engine.prompt(tokens)
+        writer_ns.engine.commit(p)
+        writer_ns.engine.offload("g0", writer_ns.engine.core.lookup_words("g0", *p.words(16)))
+        writer_ns.engine.spill_down("g0", Tier.HOST, 4)
+        reader_ns = mirror("r3", "org/b", "team")  # a disk tier indexes its files when opened
+        assert reader_ns.engine.lookup(reader_ns.engine.prompt(tokens)).hit_tokens == 64
+        for m in (same, other, writer_ns, reader_ns):
+            m.close()
+    finally:
+        writer.close()
+
+
+def test_a_registered_mirror_refuses_an_engine_of_another_model() -> None:
+    """``mirror_for`` hands the registered mirror only to an engine of the model it was built
+    for; another model is an error naming both."""
+    name = "identity-check"
+    unregister(name)
+    settings = MirrorSettings(name=name)
+    built = mirror_for(_dense_config(), settings, model_identity(_vllm_config("org/a")))
+    try:
+        assert mirror_for(_dense_config(), settings,
+                          model_identity(_vllm_config("org/a"))) is built
+        with pytest.raises(MirrorSettingsError, match="org/b"):
+            mirror_for(_dense_config(), settings, model_identity(_vllm_config("org/b")))
+    finally:
+        unregister(name)
+        built.close()

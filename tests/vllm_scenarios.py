@@ -60,11 +60,15 @@ def block_of(config: str) -> int:
     return MAMBA_BLOCK if config == "mamba" else BLOCK
 
 
-def page(group: int, tokens: Sequence[int], index: int, nbytes: int, size: int
-         ) -> NDArray[np.uint8]:
-    """The bytes the model writes for block ``index`` (of ``size`` tokens) of ``group``."""
-    seed = xxhash.xxh64_intdigest(np.asarray(tokens[:(index + 1) * size], np.int64).tobytes(),
-                                  seed=group)
+#: The stand-in models (one config dir each); their pages differ for the same tokens.
+MODELS = ("tiny-a", "tiny-b")
+
+
+def page(group: int, tokens: Sequence[int], index: int, nbytes: int, size: int,
+         model: str = MODELS[0]) -> NDArray[np.uint8]:
+    """The bytes ``model`` writes for block ``index`` (of ``size`` tokens) of ``group``."""
+    seed = xxhash.xxh64_intdigest(model.encode() + np.asarray(
+        tokens[:(index + 1) * size], np.int64).tobytes(), seed=group)
     return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
 
 
@@ -116,12 +120,16 @@ class Stub:
         self.torch = torch
         self.hashers = {size: get_request_block_hasher(size, sha256)
                         for size in (BLOCK, MAMBA_BLOCK)}
-        self.model_dir = tempfile.mkdtemp(prefix="kvfsm-vllm-")
-        Path(self.model_dir, "config.json").write_text(json.dumps({
-            "architectures": ["StubForCausalLM"], "model_type": "llama", "hidden_size": 64,
-            "num_attention_heads": 4, "num_key_value_heads": KV_HEADS, "num_hidden_layers": 2,
-            "vocab_size": VOCABULARY, "max_position_embeddings": MAX_MODEL_LEN,
-            "intermediate_size": 128}))
+        # One config dir per stand-in model: same KV geometry, another model.
+        self.model_dirs: dict[str, str] = {}
+        for model in MODELS:
+            self.model_dirs[model] = tempfile.mkdtemp(prefix=f"kvfsm-vllm-{model}-")
+            Path(self.model_dirs[model], "config.json").write_text(json.dumps({
+                "architectures": ["StubForCausalLM"], "model_type": "llama",
+                "hidden_size": 64, "num_attention_heads": 4,
+                "num_key_value_heads": KV_HEADS, "num_hidden_layers": 2,
+                "vocab_size": VOCABULARY, "max_position_embeddings": MAX_MODEL_LEN,
+                "intermediate_size": 128}))
         self.names = dict(
             CacheConfig=CacheConfig, KVTransferConfig=KVTransferConfig, ModelConfig=ModelConfig,
             SchedulerConfig=SchedulerConfig, VllmConfig=VllmConfig,
@@ -149,10 +157,16 @@ class Stub:
         return self.KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[],
                                   kv_cache_groups=groups)
 
+    def identity(self, model: str = MODELS[0]) -> str:
+        """vLLM's model identity of an engine serving ``model`` (what its mirror needs)."""
+        from kvfsm.integrations.vllm import model_identity
+
+        return model_identity(self.vllm_config("full", 8, None, None, None, model=model))
+
     def vllm_config(self, config: str, blocks: int, scheduler_cls: str | None,
                     connector: str | None, kvfsm: dict[str, Any] | None,
-                    async_scheduling: bool = False) -> Any:
-        model = self.ModelConfig(model=self.model_dir, skip_tokenizer_init=True,
+                    async_scheduling: bool = False, model: str = MODELS[0]) -> Any:
+        model_config = self.ModelConfig(model=self.model_dirs[model], skip_tokenizer_init=True,
                                  max_model_len=MAX_MODEL_LEN, dtype="float16")
         cache = self.CacheConfig(block_size=block_of(config), enable_prefix_caching=True,
                                  mamba_cache_mode="align" if config == "mamba" else "none")
@@ -167,7 +181,7 @@ class Stub:
             transfer = self.KVTransferConfig(
                 kv_connector=name, kv_connector_module_path=module, kv_role="kv_both",
                 kv_connector_extra_config={"kvfsm": kvfsm or {}})
-        return self.VllmConfig(model_config=model, cache_config=cache,
+        return self.VllmConfig(model_config=model_config, cache_config=cache,
                                scheduler_config=sched, kv_transfer_config=transfer,
                                additional_config={"kvfsm": kvfsm} if kvfsm and not connector
                                else {})
@@ -179,12 +193,14 @@ class Runner:
     def __init__(self, stub: Stub, config: str, *, blocks: int = 64,
                  scheduler_cls: str | None = None, connector: str | None = None,
                  kvfsm: dict[str, Any] | None = None, async_scheduling: bool = False,
-                 worker_connector: Callable[[Any, Any], Any] | None = None) -> None:
+                 worker_connector: Callable[[Any, Any], Any] | None = None,
+                 model: str = MODELS[0]) -> None:
         self.stub = stub
         self.config = config
+        self.model = model
         self.kv_cache_config = stub.kv_cache_config(config, blocks)
         self.vllm_config = stub.vllm_config(config, blocks, scheduler_cls, connector, kvfsm,
-                                            async_scheduling)
+                                            async_scheduling, model=model)
         cls = self.vllm_config.scheduler_config.get_scheduler_cls()
         self.block = block_of(config)
         self.scheduler = cls(vllm_config=self.vllm_config, kv_cache_config=self.kv_cache_config,
@@ -248,7 +264,7 @@ class Runner:
             for index in self._needed(group, n):
                 block = blocks[group][index] if index < len(blocks[group]) else 0
                 want = page(group, tokens, index, self.page_bytes[group],
-                            g.kv_cache_spec.block_size)
+                            g.kv_cache_spec.block_size, self.model)
                 if block == 0 or not np.array_equal(tensor[block].numpy(), want):
                     self.unusable.append(f"{request_id}@{n}: group {group} block {index}")
                     return
@@ -262,7 +278,7 @@ class Runner:
             for index in range(start // size, min(end, len(tokens)) // size):
                 if index < len(blocks[group]) and blocks[group][index] != 0:
                     data = self.stub.torch.from_numpy(
-                        page(group, tokens, index, self.page_bytes[group], size))
+                        page(group, tokens, index, self.page_bytes[group], size, self.model))
                     for layer in g.layer_names:
                         self.kv[layer][blocks[group][index]].copy_(data)
 
@@ -369,7 +385,7 @@ FAULTS = ("corrupt", "torn", "restore_fails", "in_flight", "foreign", "mamba_sta
 PROMPT_BLOCKS, FAULT_INDEX = 12, 6
 
 
-def stored_pages(mirror: Any, tokens: Sequence[int]) -> dict[str, int]:
+def stored_pages(mirror: Any, tokens: Sequence[int], model: str = MODELS[0]) -> dict[str, int]:
     """kvfsm's device copies of ``tokens``' blocks against the stand-in model's pages
     (:func:`page`): how many are readable, and how many of those differ."""
     from kvfsm.spec import Tier
@@ -386,7 +402,7 @@ def stored_pages(mirror: Any, tokens: Sequence[int]) -> dict[str, int]:
             if not resident:
                 continue
             data = engine.core.read(group.name, [int(kid)])[0]
-            want = page(group.index, tokens, index, data.size, group.block_size)
+            want = page(group.index, tokens, index, data.size, group.block_size, model)
             counts["readable"] += 1
             counts["differ"] += int(not np.array_equal(data, want))
     return counts
@@ -487,7 +503,7 @@ def faulted(stub: Stub, config: str, fault: str, side: str, directory: str) -> d
     block's offloaded copy damaged by ``fault``, then the prompt asked again with a new tail;
     ``side`` is ``stock`` (no connector), ``trusting`` or ``kvfsm``."""
     from kvfsm.integrations import vllm as integration
-    from kvfsm.integrations.vllm._mirror import Mirror, MirrorSettings
+    from kvfsm.integrations.vllm import Mirror, MirrorSettings
     from kvfsm.serve._faults import sink
     from kvfsm.spec import Tier
 
@@ -502,7 +518,7 @@ def faulted(stub: Stub, config: str, fault: str, side: str, directory: str) -> d
     blocks = 64
     # The default mirror: no source of bytes but the connector's saves.
     mirror = Mirror(stub.kv_cache_config(config, blocks),
-                    MirrorSettings.from_mapping(settings, "scenario"))
+                    MirrorSettings.from_mapping(settings, "scenario"), identity=stub.identity())
     integration.register(mirror)
     try:
         runner = Runner(stub, config, blocks=blocks,
@@ -549,6 +565,116 @@ def fault_table(stub: Stub) -> dict[str, Any]:
     return table
 
 
+# -- two vLLM engines sharing one Mooncake Store -----------------------------------------------
+
+#: Cases of the shared store: what the consumer engine finds there.
+SHARED_CASES = ("same_model", "other_model", "remote_corrupt", "remote_evicted")
+#: The namespace a connector that trusts existence names values in: tokens only, no model.
+TOKENS_ONLY = "tokens-only"
+
+
+def _remote_fault(case: str, engine: Any, prompt: Any) -> str:
+    """Damage block ``FAULT_INDEX``'s value in the store behind every engine's back."""
+    from kvfsm.serve import _faults as faults
+    from kvfsm.serve._stores import read_value, write_value
+    from kvfsm.spec import Tier
+
+    if case == "remote_evicted":
+        return faults.evict_remote_value(engine, prompt, index=FAULT_INDEX, group="g0")
+    if case == "remote_corrupt":
+        found = faults._sunk(engine, prompt, "g0", FAULT_INDEX, Tier.REMOTE, "flip")
+        if isinstance(found, str):
+            return found
+        _, key = found
+        store = engine.tiers[Tier.REMOTE]
+        value = bytearray(read_value(store, key) or b"")
+        value[-1] ^= 0x80  # the sign bit of the payload's last value
+        write_value(store, key, bytes(value))
+        return f"g0 block {FAULT_INDEX}: one payload bit of its stored value flipped"
+    return "no fault"
+
+
+def shared_case(stub: Stub, case: str, side: str, master: str, directory: str
+                ) -> dict[str, Any]:
+    """A producer vLLM engine (kvfsm connector) computes a prompt and kvfsm moves it down to
+    a Mooncake Store (device -> host -> disk -> remote); a second vLLM engine of its own
+    (own scheduler, mirror, disk and Mooncake client) then asks the prompt with a new tail.
+    ``case`` says what the store holds for it (another model's values, a damaged value);
+    ``side`` is the consumer's: ``stock`` (no connector), ``trusting`` (a connector naming
+    values by tokens alone, so both engines share one namespace) or ``kvfsm``."""
+    from kvfsm.integrations import vllm as integration
+    from kvfsm.serve._faults import sink
+    from kvfsm.spec import Tier
+
+    producer_model = MODELS[1] if case == "other_model" else MODELS[0]
+    namespace = TOKENS_ONLY if side == "trusting" else None
+    names = {role: f"shared-{case}-{side}-{role}" for role in ("producer", "consumer")}
+
+    def settings(role: str) -> dict[str, Any]:
+        return {"name": names[role], "level": "standard", "host_blocks": 4,
+                "disk_dir": str(Path(directory, names[role])), "disk_blocks": 256,
+                "remote": f"mooncake://{master}", "remote_blocks": 256,
+                "namespace": namespace, "restore_wait_s": 5.0}
+
+    connector = {"stock": None, "trusting": "tests.vllm_scenarios.TrustingConnector",
+                 "kvfsm": "kvfsm.integrations.vllm.KvfsmConnector"}[side]
+    rng = np.random.default_rng(23)
+    head = rng.integers(0, VOCABULARY, PROMPT_BLOCKS * BLOCK).tolist()
+    try:
+        producer = Runner(stub, "full", blocks=64, model=producer_model,
+                          scheduler_cls="kvfsm.integrations.vllm.KvfsmScheduler",
+                          connector="kvfsm.integrations.vllm.KvfsmConnector",
+                          kvfsm=settings("producer"))
+        producer.run([[("first", [*head, 1, 2, 3])]])
+        mirror = producer.scheduler.connector.kvfsm
+        pool = producer.scheduler.kv_cache_manager.block_pool
+        pool.evict_blocks(set(range(1, 64)))  # vLLM reuses every block: kvfsm offloads them
+        engine = mirror.engine
+        prompt = engine.prompt([*head, 1, 2, 3])
+        high, low = prompt.words(BLOCK)
+        pushed = sum(sink(engine, "g0", int(kid), Tier.REMOTE)
+                     for kid in engine.core.lookup_words("g0", high, low) if kid >= 0)
+        what = _remote_fault(case, engine, prompt)
+        consumer = Runner(stub, "full", blocks=64, model=MODELS[0], connector=connector,
+                          scheduler_cls=None if side == "stock" else
+                          "kvfsm.integrations.vllm.KvfsmScheduler",
+                          kvfsm=settings("consumer"))
+        consumer.run([[("again", [*head, 4, 5, 6, 7])]])
+        counts = getattr(consumer.scheduler.connector, "counts", None)
+        return {"admitted": consumer.admitted["again"], "unusable": consumer.unusable,
+                "pushed": pushed, "fault": what,
+                "claims": None if counts is None else attrs.asdict(counts)}
+    finally:
+        for role in ("consumer", "producer"):  # the producer's segment holds the values
+            gone = integration.unregister(names[role])
+            if gone is not None:
+                gone.close()
+
+
+def shared_store(stub: Stub) -> dict[str, Any]:
+    """Every shared-store case on every consumer side, against one Mooncake master."""
+    from kvfsm.tiers import MooncakeMaster, TierError
+
+    try:
+        import mooncake.store  # noqa: F401
+    except ImportError as exc:
+        return {"skipped": f"the Mooncake client does not import: {exc}"}
+    table: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="kvfsm-vllm-shared-") as directory:
+        master = MooncakeMaster()
+        try:
+            master.start()
+        except TierError as exc:
+            return {"skipped": str(exc)}
+        try:
+            for case in SHARED_CASES:
+                table[case] = {side: shared_case(stub, case, side, master.address, directory)
+                               for side in ("stock", "trusting", "kvfsm")}
+        finally:
+            master.stop()
+    return table
+
+
 def main(out: str) -> None:
     started = time.perf_counter()
     stub = Stub()
@@ -560,6 +686,7 @@ def main(out: str) -> None:
     results["nofault"]["mamba_async"] = no_fault(
         stub, "mamba", "kvfsm.integrations.vllm.KvfsmAsyncScheduler", async_scheduling=True)
     results["faults"] = fault_table(stub)
+    results["shared"] = shared_store(stub)
     results["total_s"] = time.perf_counter() - started
     Path(out).write_text(json.dumps(results, indent=1))
 

@@ -58,6 +58,7 @@ from kvfsm.tiers import (
     BlockKey,
     DiskTier,
     LoadStatus,
+    MooncakeMaster,
     MooncakeTier,
     RedisTier,
     StoredTier,
@@ -72,12 +73,24 @@ DISK_DIR: Final = "kvfsm_disk_dir"
 DISK_BYTES: Final = "kvfsm_disk_bytes"
 DISK_FSYNC: Final = "kvfsm_disk_fsync"
 MOONCAKE_MASTER: Final = "kvfsm_mooncake_master"
+MOONCAKE_SEGMENT_BYTES: Final = "kvfsm_mooncake_segment_bytes"
+MOONCAKE_BUFFER_BYTES: Final = "kvfsm_mooncake_buffer_bytes"
+MOONCAKE_LOCAL_HOSTNAME: Final = "kvfsm_mooncake_local_hostname"
+MOONCAKE_LEASE_S: Final = "kvfsm_mooncake_lease_s"
 REDIS_ADDRESS: Final = "kvfsm_redis"
 SALT: Final = "kvfsm_salt"
 STAGING_BYTES: Final = "kvfsm_staging_bytes"
 #: Defaults: the disk tier's size cap and the verified pages kept for the read after a check.
 DEFAULT_DISK_BYTES: Final = 64 << 30
 DEFAULT_STAGING_BYTES: Final = 256 << 20
+#: Mooncake client defaults: the memory this instance lends the store for values, its transfer
+#: buffer, the address other clients reach its segment at, and the master's read lease
+#: (``mooncake_master --default_kv_lease_ttl``, 10 s unless set).
+DEFAULT_MOONCAKE_SEGMENT_BYTES: Final = 256 << 20
+DEFAULT_MOONCAKE_BUFFER_BYTES: Final = 64 << 20
+DEFAULT_MOONCAKE_LOCAL_HOSTNAME: Final = "127.0.0.1"
+DEFAULT_MOONCAKE_LEASE_S: Final = MooncakeMaster.DEFAULT_LEASE_TTL_MS / 1000
+_LOOPBACK: Final = frozenset({"127.0.0.1", "localhost", "::1"})
 #: Pages a leading-run check reads per tier call: it stops after the first batch with a miss.
 VERIFY_BATCH_PAGES: Final = 16
 _TIER_FIELDS: Final = (DISK_DIR, MOONCAKE_MASTER, REDIS_ADDRESS)
@@ -93,11 +106,40 @@ def tier_from_config(extra: Mapping[str, Any]) -> StoredTier:
     field = named[0]
     if field == DISK_DIR:
         return DiskTier(str(extra[DISK_DIR]),
-                        capacity_bytes=int(extra.get(DISK_BYTES, DEFAULT_DISK_BYTES)),
+                        capacity_bytes=int(_positive(extra, DISK_BYTES, DEFAULT_DISK_BYTES)),
                         fsync=bool(extra.get(DISK_FSYNC, True)))
     if field == MOONCAKE_MASTER:
-        return MooncakeTier(str(extra[MOONCAKE_MASTER]))
+        master = str(extra[MOONCAKE_MASTER])
+        hostname = str(extra.get(MOONCAKE_LOCAL_HOSTNAME) or DEFAULT_MOONCAKE_LOCAL_HOSTNAME)
+        if hostname in _LOOPBACK and master.rpartition(":")[0] not in _LOOPBACK:
+            # Values land in whichever client's segment the master picks: one advertised on
+            # loopback cannot be read by an instance on another host.
+            logger.warning("kvfsm HiCache backend: Mooncake master %s is not on loopback but "
+                           "this instance's segment is advertised at %s; set %s to an address "
+                           "other hosts reach", master, hostname, MOONCAKE_LOCAL_HOSTNAME)
+        return MooncakeTier(
+            master,
+            global_segment_bytes=int(_positive(extra, MOONCAKE_SEGMENT_BYTES,
+                                               DEFAULT_MOONCAKE_SEGMENT_BYTES)),
+            local_buffer_bytes=int(_positive(extra, MOONCAKE_BUFFER_BYTES,
+                                             DEFAULT_MOONCAKE_BUFFER_BYTES)),
+            local_hostname=hostname,
+            lease_s=_positive(extra, MOONCAKE_LEASE_S, DEFAULT_MOONCAKE_LEASE_S))
     return RedisTier(str(extra[REDIS_ADDRESS]))
+
+
+def _positive(extra: Mapping[str, Any], field: str, default: float) -> float:
+    """``extra[field]`` as a positive number (``default`` when absent), or a TierError naming
+    the field."""
+    raw = extra.get(field, default)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = 0.0
+    if isinstance(raw, bool) or not value > 0:  # NaN fails the comparison too
+        raise TierError(f"--hicache-storage-backend-extra-config field {field!r} must be a "
+                        f"positive number, got {raw!r}")
+    return value
 
 
 def _name(pool_name: object) -> str:
@@ -239,7 +281,9 @@ class KvfsmStorage(HiCacheStorage):  # type: ignore[misc,unused-ignore]  # SGLan
                         dtype=np.uint64)
         with self._io:
             done[fits] = self.tier.put(keys, [pages[i] for i in fits], sums)
-        self.counts["PUT_REFUSED"] += int((~done[fits]).sum())
+        refused = int((~done[fits]).sum())
+        if refused:
+            self.counts["PUT_REFUSED"] += refused
         return done
 
     # -- the v0 interface: pages as tensors ---------------------------------------------------

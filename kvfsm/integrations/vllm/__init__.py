@@ -10,16 +10,19 @@ from typing import Any
 
 from kvfsm.integrations.vllm._mirror import (
     Mirror,
-    MirrorSettings,
-    MirrorSettingsError,
     PageReader,
     PendingSave,
     mirror_for,
     register,
-    settings_of,
     unregister,
 )
 from kvfsm.integrations.vllm._model import GroupMap, UnsupportedSpecError, declare
+from kvfsm.integrations.vllm._settings import (
+    MirrorSettings,
+    MirrorSettingsError,
+    model_identity,
+    settings_of,
+)
 
 #: Names that subclass vLLM classes, by the module defining them (imported on first use).
 _NEEDS_VLLM = {
@@ -58,6 +61,7 @@ __all__ = [
     "UnsupportedSpecError",
     "declare",
     "mirror_for",
+    "model_identity",
     "register",
     "settings_of",
     "unregister",

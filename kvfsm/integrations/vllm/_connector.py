@@ -52,7 +52,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore[
 
 from kvfsm._errors import KvfsmError
 from kvfsm.gates import Lease
-from kvfsm.integrations.vllm._mirror import Mirror, PendingSave, mirror_for, settings_of
+from kvfsm.integrations.vllm._mirror import Mirror, PendingSave, mirror_for
+from kvfsm.integrations.vllm._settings import model_identity, settings_of
 from kvfsm.verify import Prompt, Verdict
 
 LOG = logging.getLogger(__name__)
@@ -110,7 +111,8 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        self.kvfsm: Mirror = mirror_for(kv_cache_config, settings_of(vllm_config))
+        self.kvfsm: Mirror = mirror_for(kv_cache_config, settings_of(vllm_config),
+                                       model_identity(vllm_config))
         self.counts = ClaimCounts()
         self._claims: dict[str, _Claim] = {}
         self._loads: list[BlockLoad] = []

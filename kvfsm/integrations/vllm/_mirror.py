@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ from numpy.typing import NDArray
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
 from kvfsm.integrations.vllm._model import UnsupportedSpecError, declare
-from kvfsm.serve._faults import sink
+from kvfsm.integrations.vllm._settings import MirrorSettings, MirrorSettingsError, remote_tier
 from kvfsm.spec import Event, Tier
 from kvfsm.state import CoreConfig, GroupState
 from kvfsm.tiers import DiskTier, StoredTier
@@ -58,66 +58,6 @@ LOG = logging.getLogger(__name__)
 PageReader = Callable[[NDArray[np.int64]], NDArray[np.uint8]]
 #: vLLM's block id of a block index where vLLM holds no block (its null block).
 NO_VLLM_BLOCK = -1
-
-#: Default bytes of the disk tier a mirror opens when given a directory.
-DEFAULT_DISK_BYTES = 1 << 30
-
-
-class MirrorSettingsError(KvfsmError):
-    """A kvfsm setting passed through vLLM's config is missing, unknown or of the wrong type."""
-
-
-#: The types each setting accepts (bools are refused where numbers are expected).
-_SETTING_TYPES: Mapping[str, type | tuple[type, ...]] = {
-    "name": str, "level": str, "device_headroom": (int, float), "host_blocks": int,
-    "disk_dir": (str, type(None)), "disk_bytes": int, "disk_blocks": int,
-    "restore_wait_s": (int, float)}
-
-
-@attrs.frozen
-class MirrorSettings:
-    """How the mirror's engine is built (the ``kvfsm`` keys of ``kv_connector_extra_config``
-    or of ``additional_config["kvfsm"]``)."""
-
-    #: Registry name: the scheduler and the connector of one vLLM engine share the mirror.
-    name: str = "default"
-    #: Verification level of the lookups that cap hits and claims.
-    level: str = "standard"
-    #: kvfsm device slots per group, as a multiple of vLLM's blocks.
-    device_headroom: float = 2.0
-    #: Host slots per group (the first offload tier; 0: none).
-    host_blocks: int = 0
-    #: Directory of a disk tier below host (None: none) and its size cap.
-    disk_dir: str | None = None
-    disk_bytes: int = DEFAULT_DISK_BYTES
-    #: Logical blocks per group that may be known only on disk.
-    disk_blocks: int = 0
-    #: Seconds the connector waits for a restore before claiming only what already landed.
-    restore_wait_s: float = 1.0
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], where: str) -> MirrorSettings:
-        """Settings from a config mapping; unknown keys and wrong types are a
-        :class:`MirrorSettingsError` naming ``where``."""
-        fields = {field.name: field for field in attrs.fields(cls)}
-        unknown = sorted(set(values) - set(fields))
-        if unknown:
-            raise MirrorSettingsError(f"{where}: unknown kvfsm settings {unknown}; known: "
-                                      f"{sorted(fields)}")
-        for key, value in values.items():
-            expected = _SETTING_TYPES[key]
-            if not isinstance(value, expected) or isinstance(value, bool):
-                raise MirrorSettingsError(f"{where}: kvfsm setting {key}={value!r} has the "
-                                          "wrong type")
-        settings = cls(**values)
-        try:
-            as_level(settings.level)  # an unknown level fails here, not at the first request
-        except (KvfsmError, ValueError) as exc:
-            raise MirrorSettingsError(f"{where}: {exc}") from exc
-        if settings.device_headroom < 1:
-            raise MirrorSettingsError(f"{where}: device_headroom must be >= 1")
-        return settings
-
 
 @attrs.frozen
 class PendingSave:
@@ -136,13 +76,21 @@ class PendingSave:
 
 
 class Mirror:
-    """A kvfsm engine mirroring one vLLM ``KVCacheManager``'s block pool."""
+    """A kvfsm engine mirroring one vLLM ``KVCacheManager``'s block pool.
+
+    ``identity`` is vLLM's :func:`model_identity` of the engine (the cache namespace unless
+    ``settings.namespace`` is set); ``engine``, when given, replaces the one the settings
+    describe (its own ``CoreConfig.cache_salt`` is then the namespace)."""
 
     def __init__(self, kv_cache_config: Any, settings: MirrorSettings | None = None, *,
-                 engine: Engine | None = None) -> None:
+                 identity: str, engine: Engine | None = None) -> None:
         self.settings = settings or MirrorSettings()
-        self.model, self.groups = declare(kv_cache_config, name=f"vllm-{self.settings.name}")
+        self.identity = identity
+        # The registry name is not part of what the KV is: engines of one model share values.
+        self.model, self.groups = declare(kv_cache_config, name="vllm")
         self.level: Level = as_level(self.settings.level)
+        #: Stored tiers this mirror opened (closed with it).
+        self._opened: list[StoredTier] = []
         self.engine = engine or self._engine(int(kv_cache_config.num_blocks))
         if [g.name for g in self.engine.model.groups] != [g.name for g in self.groups]:
             raise KvfsmError("mirror engine's groups do not match the vLLM KV cache groups")
@@ -165,16 +113,44 @@ class Mirror:
         self.offloaded = 0
         self.dropped = 0
 
+    @property
+    def namespace(self) -> str:
+        """The cache namespace this mirror's engine hashes prompts and names values in."""
+        if self.settings.namespace is not None:
+            return f"namespace:{self.settings.namespace}"
+        return f"vllm-model:{self.identity}"
+
     def _engine(self, vllm_blocks: int) -> Engine:
         s = self.settings
         tiers: dict[Tier | str, StoredTier] = {}
-        if s.disk_dir is not None:
-            Path(s.disk_dir).mkdir(parents=True, exist_ok=True)
-            tiers[Tier.DISK] = DiskTier(s.disk_dir, capacity_bytes=s.disk_bytes, fsync=False)
-        config = CoreConfig(device_blocks=int(vllm_blocks * s.device_headroom) + 1,
-                            host_blocks=s.host_blocks,
-                            disk_blocks=s.disk_blocks if tiers else 0, backend="numpy")
-        return Engine(self.model, config, tiers=tiers)
+        try:
+            if s.disk_dir is not None:
+                Path(s.disk_dir).mkdir(parents=True, exist_ok=True)
+                tiers[Tier.DISK] = self._open(DiskTier(s.disk_dir, capacity_bytes=s.disk_bytes,
+                                                       fsync=False))
+            if s.remote is not None:
+                tiers[Tier.REMOTE] = self._open(remote_tier(s))
+            config = CoreConfig(device_blocks=int(vllm_blocks * s.device_headroom) + 1,
+                                host_blocks=s.host_blocks,
+                                disk_blocks=s.disk_blocks if Tier.DISK in tiers else 0,
+                                remote_blocks=s.remote_blocks if Tier.REMOTE in tiers else 0,
+                                cache_salt=self.namespace, backend="numpy")
+            return Engine(self.model, config, tiers=tiers)
+        except Exception:
+            self._close_tiers()
+            raise
+
+    def _open(self, tier: StoredTier) -> StoredTier:
+        self._opened.append(tier)
+        return tier
+
+    def _close_tiers(self) -> None:
+        while self._opened:
+            tier = self._opened.pop()
+            try:
+                tier.close()
+            except (KvfsmError, OSError) as exc:
+                LOG.warning("kvfsm mirror: closing %s failed: %s", type(tier).__name__, exc)
 
     # -- keeping in step ----------------------------------------------------------------------
 
@@ -348,12 +324,11 @@ class Mirror:
 
     def _offload(self, group: str, kid: int) -> None:
         """vLLM dropped its last copy of kvfsm block ``kid``: move it a tier down (a hit to
-        restore), or evict it where there is none."""
+        restore), or evict it where no tier takes it."""
         state = self.engine.core.group(group)
         if int(state.table.residency[state.states[kid]]) != int(Tier.DEVICE):
             return  # already elsewhere (restored copy given back, or never resident)
-        below = Tier.HOST if Tier.HOST in state.pools else None
-        if below is not None and sink(self.engine, group, kid, below):
+        if self.engine.offload(group, [kid])[0]:
             self.offloaded += 1
             return
         self.engine.core.fire(group, [kid], Event.EVICT, masked=True)
@@ -378,8 +353,11 @@ class Mirror:
         return self._held.get(vllm_block)
 
     def close(self) -> None:
-        """Stop the engine's restore workers (tiers stay as they are)."""
+        """Stop the engine's restore workers and close the stored tiers this mirror opened
+        (disk files stay; a Mooncake client unmounts its segment, so values it lent memory to
+        go with it)."""
         self.engine.close()
+        self._close_tiers()
 
 
 #: Mirrors by settings name, shared by the scheduler and the connector of one process.
@@ -400,24 +378,18 @@ def unregister(name: str) -> Mirror | None:
         return _MIRRORS.pop(name, None)
 
 
-def mirror_for(kv_cache_config: Any, settings: MirrorSettings) -> Mirror:
-    """The registered mirror named by ``settings``, built from them the first time."""
+def mirror_for(kv_cache_config: Any, settings: MirrorSettings, identity: str) -> Mirror:
+    """The registered mirror named by ``settings``, built from them the first time; a mirror
+    registered for another model (``identity``) is a :class:`MirrorSettingsError`: its hashes
+    and stored values are that model's."""
     with _REGISTRY_LOCK:
         mirror = _MIRRORS.get(settings.name)
         if mirror is None:
-            mirror = _MIRRORS[settings.name] = Mirror(kv_cache_config, settings)
+            mirror = _MIRRORS[settings.name] = Mirror(kv_cache_config, settings,
+                                                      identity=identity)
+        elif mirror.identity != identity:
+            raise MirrorSettingsError(
+                f"the kvfsm mirror named {settings.name!r} was built for model "
+                f"[{mirror.identity}], this vLLM engine serves [{identity}]: give each "
+                "engine its own kvfsm name")
         return mirror
-
-
-def settings_of(vllm_config: Any) -> MirrorSettings:
-    """The kvfsm settings in ``vllm_config``: ``kv_transfer_config.kv_connector_extra_config
-    ["kvfsm"]`` when a connector is configured, else ``additional_config["kvfsm"]``, else the
-    defaults."""
-    transfer = getattr(vllm_config, "kv_transfer_config", None)
-    extra = getattr(transfer, "kv_connector_extra_config", None) or {}
-    if "kvfsm" in extra:
-        return MirrorSettings.from_mapping(extra["kvfsm"], "kv_connector_extra_config.kvfsm")
-    additional = getattr(vllm_config, "additional_config", None) or {}
-    if "kvfsm" in additional:
-        return MirrorSettings.from_mapping(additional["kvfsm"], "additional_config.kvfsm")
-    return MirrorSettings()

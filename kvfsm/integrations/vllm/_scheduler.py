@@ -20,7 +20,8 @@ from vllm.v1.core.sched.scheduler import (  # type: ignore[import-not-found,unus
     Scheduler,
 )
 
-from kvfsm.integrations.vllm._mirror import Mirror, mirror_for, settings_of
+from kvfsm.integrations.vllm._mirror import Mirror, mirror_for
+from kvfsm.integrations.vllm._settings import model_identity, settings_of
 
 
 class HitCaps:
@@ -43,7 +44,7 @@ class KvfsmHitCap:
         me: Any = self
         found = getattr(me.connector, "kvfsm", None)
         self.kvfsm = found if isinstance(found, Mirror) else mirror_for(
-            me.kv_cache_config, settings_of(me.vllm_config))
+            me.kv_cache_config, settings_of(me.vllm_config), model_identity(me.vllm_config))
         self.kvfsm.attach(me.kv_cache_manager)
         self.kvfsm_caps = HitCaps()
 
