@@ -679,3 +679,29 @@ def test_describe_and_blocks_in_show_what_a_caller_needs() -> None:
     assert core.blocks_in("attn", ["invalid", "device"]).tolist() == sorted(ids.tolist())
     with pytest.raises(KvfsmError, match="no state 'nope'"):
         core.blocks_in("attn", "nope")
+
+
+def test_changes_counts_every_move_and_recorded_failure_and_nothing_else() -> None:
+    """A group's ``changes`` moves with every batch that moves its blocks and every checksum
+    failure recorded; reads, touches, pins, passes and refused fires leave it alone (a lease
+    relies on it: while it stands still, what was seen of the group's blocks still holds)."""
+    core = _core()
+    group = core.group("attn")
+    ids = _allocate(core, "attn", 3, 100)
+    after_allocate = group.changes
+    assert after_allocate > 0
+    _complete(core, "attn", ids)
+    settled = group.changes
+    assert settled == after_allocate + 2  # write_begin, write_done
+    core.read("attn", ids)
+    core.touch("attn", ids)
+    core.pin("attn", ids[:1])
+    core.record_checks("attn", ids, np.ones(3, dtype=np.bool_))
+    with pytest.raises(GuardRejected):
+        core.fire("attn", ids[:1], Event.EVICT)  # pinned: refused, nothing moves
+    assert group.changes == settled
+    core.record_checks("attn", ids[1:2], np.zeros(1, dtype=np.bool_))
+    assert group.changes == settled + 1
+    core.unpin("attn", ids[:1])
+    core.fire("attn", ids[2:], Event.EVICT)
+    assert group.changes == settled + 2

@@ -47,7 +47,7 @@ def bench_pool_sizes(
     *,
     pool_sizes: Sequence[int] = (10_000, 100_000, 1_000_000),
     tokens: int = 131_072,
-    repeat: int = 7,
+    repeat: int = 21,
     progress: ProgressFn | None = None,
 ) -> dict[str, object]:
     """Median ms of commit, lookup, spill, restore, evict and free at each pool size (blocks
@@ -68,18 +68,19 @@ def bench_pool_sizes(
                          f"group; the smallest pool holds {sizes[0]}")
     report = Progress("bench pools", progress)
     started = time.perf_counter()
-    per_size: dict[int, dict[str, float]] = {}
+    engines: dict[int, Engine] = {}
     build_s: dict[str, float] = {}
-    for size in sizes:
-        report.phase(f"{size} blocks per group: building the engine")
-        begin = time.perf_counter()
-        engine = Engine(model, CoreConfig(device_blocks=size, host_blocks=size,
-                                          backend="numpy"))
-        build_s[str(size)] = round(time.perf_counter() - begin, 3)
-        report.phase(f"{size} blocks per group: {repeat} repetitions of {tokens} tokens")
-        try:
-            per_size[size] = _measure(engine, tokens, repeat)
-        finally:
+    try:
+        for size in sizes:
+            report.phase(f"{size} blocks per group: building the engine")
+            begin = time.perf_counter()
+            engines[size] = Engine(model, CoreConfig(device_blocks=size, host_blocks=size,
+                                                     backend="numpy"))
+            build_s[str(size)] = round(time.perf_counter() - begin, 3)
+        report.phase(f"{repeat} rounds of {tokens} tokens, the pool sizes alternating")
+        per_size = _measure(engines, tokens, repeat, report)
+    finally:
+        for engine in engines.values():
             engine.close()
     out: dict[str, object] = {
         "model": model.name,
@@ -98,17 +99,30 @@ def bench_pool_sizes(
     return out
 
 
-def _measure(engine: Engine, tokens: int, repeat: int) -> dict[str, float]:
-    """Median ms per operation over ``repeat`` repetitions (after :data:`WARMUP`)."""
+def _measure(engines: Mapping[int, Engine], tokens: int, repeat: int, report: Progress
+             ) -> dict[int, dict[str, float]]:
+    """Median ms per operation and pool size over ``repeat`` rounds (after :data:`WARMUP`).
+    Each round runs one repetition on every engine, in an order that rotates from round to
+    round (the same prompt for all), so a machine busy for a while slows every pool size
+    alike and the ratios stay comparable."""
     rng = np.random.default_rng(0)
-    spent: dict[str, list[float]] = {op: [] for op in OPERATIONS}
+    sizes = list(engines)
+    spent: dict[int, dict[str, list[float]]] = {
+        size: {op: [] for op in OPERATIONS} for size in sizes}
+    tell = report.runs("rounds")
     for run in range(WARMUP + repeat):
-        prompt = engine.prompt(rng.integers(0, VOCAB, tokens + 1))
-        times = _repetition(engine, prompt)
+        text = rng.integers(0, VOCAB, tokens + 1)
+        shift = run % len(sizes)
+        for size in sizes[shift:] + sizes[:shift]:
+            engine = engines[size]
+            times = _repetition(engine, engine.prompt(text))
+            if run >= WARMUP:
+                for op, seconds in times.items():
+                    spent[size][op].append(seconds)
         if run >= WARMUP:
-            for op, seconds in times.items():
-                spent[op].append(seconds)
-    return {op: statistics.median(values) * 1e3 for op, values in spent.items()}
+            tell(run - WARMUP + 1, repeat)
+    return {size: {op: statistics.median(values) * 1e3 for op, values in ops.items()}
+            for size, ops in spent.items()}
 
 
 def _timed(times: dict[str, float], op: str, run: Callable[[], object]) -> object:

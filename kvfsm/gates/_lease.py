@@ -64,6 +64,9 @@ class _Held:
     #: Pinned as blocks alone (an index's targets are pinned as blocks of their own group in
     #: the same lease), taken from a lookup's probe; else through :meth:`StateCore.pin`.
     alone: bool = False
+    #: The group's ``changes`` once the lease held its pins: while it is unchanged no block
+    #: of the group moved, so each of ``ids`` is still at its epoch and state.
+    changes: int = -1
 
     @property
     def index(self) -> NDArray[np.int64]:
@@ -209,7 +212,10 @@ class Lease:
 def _check(state: GroupState, held: _Held) -> None:
     """LeaseLost naming the first block of ``held`` whose epoch moved or that is no longer
     readable. (Its form needs no check of its own: every row that changes a readable block's
-    form bumps its epoch.)"""
+    form bumps its epoch.) Where no block of the group has changed since the lease was
+    taken, none of them did: O(1)."""
+    if state.changes == held.changes:
+        return
     first = first_moved(state, held.ids, held.epochs)
     if first < 0:
         return
@@ -340,14 +346,15 @@ class LeaseBook:
                     self.refused(lost)
                     raise lost
                 held.append(_Held(group.group, group.ids, group.lo, group.ids, group.epochs,
-                                  alone=True))
+                                  alone=True, changes=state.changes))
         except Exception:
             for taken in held:  # the groups pinned before the refusal
                 unpin_unmoved(core.group(taken.group), taken.pinned, taken.epochs)
             raise
         for taken in held:
             if taken.pinned.size:
-                core.touch(taken.group, taken.pinned)
+                # The core's own ids, just checked: no conversion or range check again.
+                core.group(taken.group).touch(taken.pinned)
         return tuple(held)
 
     def drop(self, lease: Lease) -> None:
@@ -465,4 +472,5 @@ def _record(state: GroupState, pinned: IdArray, index: NDArray[np.int64],
     extra = state.without(extra, pinned)
     ids = np.concatenate([pinned, extra]).astype(np.intp)
     first = int(index[0]) if index.size else 0
-    return _Held(state.name, pinned, first, ids, state.epoch[ids].copy())
+    return _Held(state.name, pinned, first, ids, state.epoch[ids].copy(),
+                 changes=state.changes)

@@ -197,6 +197,11 @@ class GroupState:
         self.dependents: Dependents | None = None
         self._max_restores = max_restores_in_flight
         self._restoring = 0
+        #: Changes to this group's blocks, ever: batches that moved blocks, and checksum
+        #: failures recorded. While it stays put no block changed state, epoch or check, so
+        #: what a lookup or a lease saw of its blocks still holds without looking again (an
+        #: O(1) lease take and validate), even where something bypassed a lease's pins.
+        self.changes = 0
         #: Working arrays for set operations on ids (shared by the core's groups).
         self.scratch = Scratch(n) if scratch is None else scratch
         #: Restores in flight across the core's groups and their caps (shared by its groups).
@@ -388,6 +393,7 @@ class GroupState:
 
     def _on_moved(self, ids: IdArray, event: Event, before: NDArray[np.uint8]) -> None:
         blocks, initial = self._blocks, self.table.initial
+        self.changes += 1
         after = self.states[ids]
         restoring = self.table.restoring
         entered_restoring = int(restoring[after].sum()) - int(restoring[before].sum())
@@ -536,7 +542,10 @@ class GroupState:
         """Checksum results a lookup saw at the blocks' current epochs. A failure sticks until
         the block's epoch moves; a pass never clears a failure."""
         check = self._blocks.check
-        check[ids[~passed]] = FAILED
+        failed = ids[~passed]
+        if failed.size:
+            check[failed] = FAILED
+            self.changes += 1
         good = ids[passed]
         check[good[check[good] == UNCHECKED]] = VERIFIED
 

@@ -186,6 +186,53 @@ def unpin_kernel(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.u
             pins[block] -= 1
 
 
+def _pin_example() -> tuple[object, ...]:
+    return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint16), MAX_PINS,
+            np.empty(1, dtype=np.int64))
+
+
+def _pin_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """Distinct blocks with a few pins, now and then one at the limit."""
+    n_blocks = int(rng.integers(1, 12))
+    ids = rng.permutation(n_blocks)[: int(rng.integers(0, n_blocks + 1))].astype(np.intp)
+    limit = int(rng.integers(1, 4))
+    return (ids, rng.integers(0, limit + 1, n_blocks).astype(np.uint16), limit,
+            np.empty(1, dtype=np.int64))
+
+
+def _pin_twin(ids: IdArray, pins: NDArray[np.uint16], max_pins: int,
+              out: NDArray[np.int64]) -> None:
+    full = np.flatnonzero(pins[ids] >= max_pins)
+    out[0] = int(full[0]) if full.size else -1
+    if not full.size:
+        pins[ids] += np.uint16(1)
+
+
+@kernel(example=_pin_example, twin=_pin_twin, inputs=_pin_inputs)
+def pin_kernel(ids: IdArray, pins: NDArray[np.uint16], max_pins: int,
+               out: NDArray[np.int64]) -> None:
+    """``out[0]``: the first ``i`` whose block is pinned ``max_pins`` times, and nothing is
+    pinned; else -1 and each distinct block of ``ids`` is pinned once more."""
+    for i in range(ids.size):
+        if pins[ids[i]] >= max_pins:
+            out[0] = i
+            return
+    out[0] = -1
+    for i in range(ids.size):
+        pins[ids[i]] += 1
+
+
+def pin_unchanged(state: GroupState, ids: IdArray) -> int:
+    """Pin each of the distinct blocks ``ids`` once, as a lookup saw them usable when the
+    group has not changed since (its ``changes`` then and now are equal: every block is
+    still at the epoch, state and check the lookup saw, so only the pin limit is left to
+    check): -1. Else nothing is pinned and the answer is the first index pinned to the
+    limit."""
+    out = np.empty(1, dtype=np.int64)
+    pin_kernel(ids, state._blocks.pins, MAX_PINS, out)
+    return int(out[0])
+
+
 def pin_if_usable(state: GroupState, ids: IdArray, seen: NDArray[np.uint32], cut: int
                   ) -> tuple[int, int]:
     """Pin each of the distinct blocks ``ids`` once (never an index's targets) if every one
