@@ -133,24 +133,31 @@ def runs_kernel(values: NDArray[np.int64], step: int, firsts: NDArray[np.int64],
     found[0] = runs
 
 
-def runs(values: NDArray[Any], step: int) -> NDArray[np.int64]:
-    """``values`` as ``[first, count]`` rows: each run continues by ``step`` (1: consecutive
-    ids, 0: a repeated value)."""
-    wide = values.astype(np.int64)
+def _run_arrays(values: NDArray[Any], step: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The first values and lengths of ``values``' runs continuing by ``step``."""
+    wide = values.astype(np.int64, copy=False)  # ids are int64 already: no copy
     firsts, counts = np.empty(wide.size, np.int64), np.empty(wide.size, np.int64)
     found = np.empty(1, dtype=np.int64)
     runs_kernel(wide, step, firsts, counts, found)
     count = int(found[0])
-    return np.stack([firsts[:count], counts[:count]], axis=1)
+    return firsts[:count], counts[:count]
+
+
+def runs(values: NDArray[Any], step: int) -> NDArray[np.int64]:
+    """``values`` as ``[first, count]`` rows: each run continues by ``step`` (1: consecutive
+    ids, 0: a repeated value)."""
+    firsts, counts = _run_arrays(values, step)
+    return np.stack([firsts, counts], axis=1)
 
 
 def _put_runs(line: dict[str, Any], key: str, values: NDArray[Any], *, step: int) -> None:
     """``line[key]`` as a list, or ``line[key + "_runs"]`` as ``[first, count]`` pairs when
     fewer numbers spell it."""
     if values.size > 2:
-        rows = runs(values, step)
-        if 2 * rows.shape[0] < values.size:
-            line[f"{key}_runs"] = rows.tolist()
+        firsts, counts = _run_arrays(values, step)
+        if 2 * firsts.size < values.size:
+            line[f"{key}_runs"] = [list(pair) for pair in zip(firsts.tolist(), counts.tolist(),
+                                                              strict=True)]
             return
     line[key] = values.tolist()
 
