@@ -154,6 +154,25 @@ def test_a_block_that_moved_since_the_lookup_refuses_the_lease() -> None:
     eng.lease(eng.lookup(prompt), prompt).release()
 
 
+def test_changes_elsewhere_in_the_group_do_not_refuse_the_lease() -> None:
+    """Another prompt's blocks of the same groups committed and evicted between the lookup
+    and the lease: the lease checks its own blocks again, finds them as the lookup saw them,
+    and is granted; validate then passes with the same changes around it."""
+    eng = _engine("deepseek_v4_like")
+    other_tokens = tokens(100, seed=7)
+    prompt, other = eng.prompt(TEXT), eng.prompt(other_tokens)
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    before = {name: state.changes for name, state in eng.core.groups.items()}
+    eng.commit(other)
+    assert all(eng.core.group(name).changes > seen for name, seen in before.items())
+    with eng.lease(verdict, prompt) as lease:
+        eng.core.fire("index", [block_id(eng, "index", other_tokens, 1)], Event.EVICT)
+        lease.validate()
+        assert lease.tokens == verdict.usable_tokens == 320
+    assert _pins(eng) == {"history": 0, "swa": 0, "index": 0}
+
+
 def test_a_probe_of_another_prompt_or_engine_is_not_used() -> None:
     """A verdict leased with a prompt of another prefix, or by another engine, is probed
     afresh: never the first prompt's (or engine's) blocks."""

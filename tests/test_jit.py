@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 
 # Imported for their kernels: each registers itself in _KERNELS.
 import kvfsm.state._hashtable
-import kvfsm.verify._block_facts
-import kvfsm.verify._index_check
+import kvfsm.verify._group_pass
 from kvfsm._jit import _KERNELS, Kernel, warm_up
 from kvfsm._jit import settings as jit
 from kvfsm.verify import Level
@@ -35,8 +34,7 @@ needs_numba = pytest.mark.skipif(not jit.available, reason="numba is not install
 #: Every kernel of the lookup path; each must give random inputs for the differential test.
 LOOKUP_KERNELS = {
     kvfsm.state._hashtable.probe_kernel,
-    kvfsm.verify._block_facts.block_facts_kernel,
-    kvfsm.verify._index_check.refs_fit_kernel,
+    kvfsm.verify._group_pass.group_pass,
 }
 
 

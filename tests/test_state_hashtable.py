@@ -127,6 +127,9 @@ class TableMachine(RuleBasedStateMachine):
         found = self.table.lookup(*words(keys))
         assert found.dtype == np.intp
         assert found.tolist() == [self.model.get(key_of(*k), -1) for k in keys]
+        into = np.full(len(keys), -7, dtype=np.intp)
+        self.table.lookup_into(*words(keys), into)
+        assert into.tolist() == found.tolist()
 
     @invariant()
     def equals_the_dict(self) -> None:

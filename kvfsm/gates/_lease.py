@@ -38,6 +38,7 @@ from kvfsm.state._lease_pins import (
     WRONG_FORM,
     first_moved,
     pin_if_usable,
+    pin_unchanged,
     unpin_unmoved,
 )
 from kvfsm.verify import ProbedGroup, Prompt, Verdict
@@ -336,8 +337,12 @@ class LeaseBook:
         try:
             for group in probe.groups:
                 state = core.group(group.group)
-                first, why = pin_if_usable(state, group.ids, group.epochs,
-                                           group.cut - group.lo)
+                if group.changes == state.changes:
+                    # Nothing changed since the lookup: every block is as it saw it (usable).
+                    first, why = pin_unchanged(state, group.ids), PINNED_FULL
+                else:
+                    first, why = pin_if_usable(state, group.ids, group.epochs,
+                                               group.cut - group.lo)
                 if first >= 0 and why == PINNED_FULL:
                     raise StateError(f"{state.name}: more than {MAX_PINS} pins on one block "
                                      f"(block {int(group.ids[first])}); nothing was pinned")

@@ -277,6 +277,11 @@ class BlockHashTable:
         probe_kernel(self.slots, self.block_high, self.block_low, hi, lo, found, True)
         return found
 
+    def lookup_into(self, high: U64Array, low: U64Array, out: IdArray) -> None:
+        """:meth:`lookup` into ``out`` for callers whose keys are already uint64 arrays of
+        ``out``'s length (a lookup's hot path: no conversion, no allocation)."""
+        probe_kernel(self.slots, self.block_high, self.block_low, high, low, out, True)
+
     def insert_first(self, high: ArrayLike, low: ArrayLike, blocks: ArrayLike) -> None:
         """Map each key to its block unless the key is mapped already (``dict.setdefault``);
         among equal keys in one batch the first occurrence wins. Each key must be its block's

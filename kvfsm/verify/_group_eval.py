@@ -18,7 +18,8 @@ from numpy.typing import NDArray
 from kvfsm._reasons import Reason
 from kvfsm.fsm import FORM_COMPRESSED as COMPRESSED
 from kvfsm.fsm import FORM_RAW as RAW
-from kvfsm.kinds import Needed
+from kvfsm.fsm import CompiledTable
+from kvfsm.kinds import KindRule, Needed
 from kvfsm.memory import SlotPool
 from kvfsm.memory._backend import data_ptr
 from kvfsm.spec import Form, Layout, Tier
@@ -38,114 +39,117 @@ from kvfsm.verify._group_pass import (
     LARGEST_AFTER,
     LARGEST_HIT,
     LARGEST_NOW,
+    N_FLAGS,
     N_PARAMS,
     N_PER_BLOCK,
-    N_PER_LENGTH,
     N_SCALARS,
     NEEDS_CHECKSUMS,
     NOW,
     NOW_CMP,
     NOW_RAW,
     P_ALIGNED,
-    P_ALL_SETTLED,
-    P_BUDGET,
-    P_CAPPED,
-    P_CHECK_MODE,
     P_FULL_SUB_MASK,
-    P_HAS_INDEX,
     P_OWN_SIZE,
     P_SETTLED_FORM,
     P_TARGET_SIZE,
-    P_USE_CHECKED_OK,
     group_pass,
     usable_over,
 )
 from kvfsm.verify._index_check import IndexCheck
-from kvfsm.verify._paths import restore_paths
+from kvfsm.verify._paths import RestorePaths, restore_paths
 from kvfsm.verify._types import DeviceProfile, Level
 
 Bools = NDArray[np.bool_]
 
 # Stand-ins for a group without an index (the pass reads none of them; read-only like the
-# core's arrays, so the call compiles to the same version).
-_NO_INDEX = (np.full((1, 1), -1, dtype=np.int32), np.zeros((1, 1), dtype=np.uint32),
-             np.zeros(1, dtype=np.uint32), np.zeros(1, dtype=np.uint8),
-             np.ones(1, dtype=np.bool_), np.full(1, -1, dtype=np.int32),
-             np.full(1, -1, dtype=np.intp), np.zeros(1, dtype=np.bool_))
-for _stand_in in _NO_INDEX[:6]:
+# core's arrays, so the call compiles to the same version): its references and targets, then
+# the prompt's history ids and settled mask.
+_NO_TARGETS = (np.full((1, 1), -1, dtype=np.int32), np.zeros((1, 1), dtype=np.uint32),
+               np.zeros(1, dtype=np.uint32), np.zeros(1, dtype=np.uint8),
+               np.ones(1, dtype=np.bool_), np.full(1, -1, dtype=np.int32))
+for _stand_in in _NO_TARGETS:
     _stand_in.flags.writeable = False
-
-#: Per group: read-only views of its metadata arrays the pass reads (fixed buffers, made once
-#: per group), the pass's parameters that never change for it, and (an index) its references
-#: and the target group's arrays.
-_ARRAYS: weakref.WeakKeyDictionary[
-    GroupState, tuple[tuple[NDArray[Any], ...], NDArray[np.int64], tuple[NDArray[Any], ...]]
-] = weakref.WeakKeyDictionary()
+_NO_HISTORY = (np.full(1, -1, dtype=np.intp), np.zeros(1, dtype=np.bool_))
+#: ``checked_ok`` when the pass is not asked to read it (it then reads none of it).
+_NO_CHECKED = np.ones(0, dtype=np.bool_)
+#: Statics kept per group: one per reading layout and device profile a caller uses.
+_MAX_STATICS = 64
 
 
-def _group_arrays(group: GroupState
-                  ) -> tuple[tuple[NDArray[Any], ...], NDArray[np.int64], tuple[NDArray[Any], ...]]:
-    known = _ARRAYS.get(group)
-    if known is None:
-        template = np.ones(N_PARAMS, dtype=np.int64)  # sizes and flags of a non-index group
-        template[P_FULL_SUB_MASK] = group.full_sub_mask
-        template[P_SETTLED_FORM] = group.rule.settled_form is Form.COMPRESSED
+class Statics:
+    """What every lookup of one group under one reading layout and device profile passes to
+    the group pass unchanged: the group's metadata arrays (fixed buffers the core writes in
+    place), the per-layout and per-state facts, the index's references and its target group's
+    arrays, and the parameters that never change. Made once; :func:`statics_for` makes a new
+    one when something it was made from is replaced (the table, a new recorded layout)."""
+
+    __slots__ = ("aligned", "arrays", "layout_ok", "made_from", "paths", "pool",
+                 "restore_aligned", "table")
+
+    paths: RestorePaths
+
+    def __init__(self, group: GroupState, reads: Layout, profile: DeviceProfile,
+                 made_from: tuple[Layout, DeviceProfile, CompiledTable, RestorePaths, int,
+                                  CompiledTable | None]) -> None:
+        self.made_from = made_from
+        self.table = group.hash_map
+        self.paths = paths = made_from[3]
+        self.pool = pool = group.pools[Tier.DEVICE]
+        #: Per layout id of the group: the reading kernel's layout accepts it.
+        self.layout_ok = layout_ok = np.array([layout == reads for layout in group.layouts],
+                                              dtype=np.bool_)
+        layout_ok.setflags(write=False)
+        #: Restored blocks land aligned for the profile / every device slot already meets it.
+        self.restore_aligned = alignment_guaranteed(pool, profile)
+        self.aligned = _aligned_by_construction(pool, profile)
+        params = np.ones(N_PARAMS, dtype=np.int64)  # sizes of a non-index group
+        params[P_FULL_SUB_MASK] = group.full_sub_mask
+        params[P_SETTLED_FORM] = group.rule.settled_form is Form.COMPRESSED
+        params[P_ALIGNED] = self.restore_aligned
         target = group.target
-        index: tuple[NDArray[Any], ...] = ()
+        targets: tuple[NDArray[Any], ...] = _NO_TARGETS
         if target is not None:
-            template[P_TARGET_SIZE] = target.decl.block_size
-            template[P_OWN_SIZE] = group.decl.block_size
-            index = (group.refs_target, group.refs_epoch, target.epoch, target.states,
-                     target.table.hashed, target.position)
-        known = _ARRAYS[group] = ((group.states, group.epoch, group.position, group.sub_blocks,
-                                   group.layout_id), template, index)
-    return known
+            params[P_TARGET_SIZE] = target.decl.block_size
+            params[P_OWN_SIZE] = group.decl.block_size
+            targets = (group.refs_target, group.refs_epoch, target.epoch, target.states,
+                       target.table.hashed, target.position)
+        params.setflags(write=False)
+        #: The pass's arguments after the prompt's ids, up to the prompt's history.
+        self.arrays = (group.states, group.epoch, group.position, group.sub_blocks,
+                       group.layout_id, layout_ok, paths.code, group.check, *targets,
+                       paths.restores_by_form, params)
 
 
-#: All-True masks by length, shared read-only (the pass reads ``checked_ok`` only when asked).
-_TRUE: dict[int, Bools] = {}
+#: Per group (weakly): its statics by the ids of the reading layout and device profile.
+_STATICS: weakref.WeakKeyDictionary[GroupState, dict[tuple[int, int], Statics]] = \
+    weakref.WeakKeyDictionary()
 
 
-def _all_true(n: int) -> Bools:
-    mask = _TRUE.get(n)
-    if mask is None:
-        if len(_TRUE) > 64:
-            _TRUE.clear()
-        mask = _TRUE[n] = np.ones(n, dtype=np.bool_)
-    return mask
-
-
-#: What a lookup needs of a group, a reading layout and a device profile that does not change
-#: between lookups: per group (weakly), by the ids of the layout and profile (kept with the
-#: answer, so a reused id is never mistaken).
-_STATICS: weakref.WeakKeyDictionary[
-    GroupState, dict[tuple[int, int], tuple[object, object, int, tuple[Bools, bool, bool]]]
-] = weakref.WeakKeyDictionary()
-
-
-def _statics(group: GroupState, reads: Layout, profile: DeviceProfile
-             ) -> tuple[Bools, bool, bool]:
-    """Per layout id of ``group``, whether the reading kernel's layout ``reads`` accepts it;
-    whether restored blocks land aligned for ``profile``; whether every device slot already
-    meets it. Cached: recomputed only when the group records a new layout."""
-    known_here = _STATICS.get(group)
+def statics_for(group: GroupState, reads: Layout, profile: DeviceProfile,
+                known_here: dict[tuple[int, int], Statics] | None = None) -> Statics:
+    """The group's :class:`Statics` for the layout ``reads`` and ``profile`` (cached in
+    ``known_here``, the group's own cache when None). Identity checks only: made again when
+    the group's table, its target's table or the restore paths derived from them are
+    replaced, or the group records a new layout."""
     if known_here is None:
-        known_here = _STATICS[group] = {}
+        known_here = _STATICS.get(group)
+        if known_here is None:
+            known_here = _STATICS[group] = {}
     key = (id(reads), id(profile))
     known = known_here.get(key)
-    layouts = group.layouts
-    if known is not None and known[0] is reads and known[1] is profile and \
-            known[2] == len(layouts):
-        return known[3]
-    if len(known_here) >= _MAX_SPANS:
+    table, target = group.table, group.target
+    paths = restore_paths(table)
+    target_table = None if target is None else target.table
+    if known is not None:
+        was = known.made_from
+        if was[0] is reads and was[1] is profile and was[2] is table and was[3] is paths \
+                and was[4] == len(group.layouts) and was[5] is target_table:
+            return known
+    if len(known_here) >= _MAX_STATICS:
         known_here.clear()
-    pool = group.pools[Tier.DEVICE]
-    layout_ok = np.array([layout == reads for layout in layouts], dtype=np.bool_)
-    layout_ok.setflags(write=False)
-    answer = (layout_ok, alignment_guaranteed(pool, profile),
-              _aligned_by_construction(pool, profile))
-    known_here[key] = (reads, profile, len(layouts), answer)
-    return answer
+    known = known_here[key] = Statics(
+        group, reads, profile, (reads, profile, table, paths, len(group.layouts), target_table))
+    return known
 
 
 def _aligned_by_construction(pool: SlotPool, profile: DeviceProfile) -> bool:
@@ -259,7 +263,28 @@ class GroupEval:
     """Facts about the prompt's blocks of one group, and its usable vectors (one
     :func:`~kvfsm.verify._group_pass.group_pass` call; a second only where the device checks
     must be computed here: data checksums at FULL level or of blocks never checked at their
-    epoch, or alignment the pools do not guarantee)."""
+    epoch, or alignment the pools do not guarantee). The per-block and per-length rows are
+    views made when read: a lookup reads few of them."""
+
+    #: Per block: its fact bits (:mod:`kvfsm.verify._block_facts`).
+    facts: NDArray[np.uint8]
+    #: Each block's epoch as this lookup saw it (0 where missing).
+    epochs: NDArray[np.uint32]
+    #: The pass's per-block rows, then its per-length rows (``group_pass``'s ``flags``).
+    _flags: Bools
+    #: The pass's scalars, then the restores asked per candidate length.
+    _longs: NDArray[np.int64]
+    _has_index: bool
+    # Absent unless this lookup computed them (class defaults: most lookups never do).
+    #: Layer 4 per block, where the pools do not guarantee alignment.
+    align_ok: Bools | None = None
+    #: Layer 1 per block, where this lookup computed data checksums.
+    checksum_ok: Bools | None = None
+    #: The checksums this lookup computed: block ids and whether each passed (None: none).
+    checked: tuple[NDArray[np.intp], Bools] | None = None
+    #: Per candidate length: restores the plan for it begins (kept only where the core-wide
+    #: restore budget has caps and the plan restores something; else None).
+    restores_asked: NDArray[np.int64] | None = None
 
     def __init__(
         self,
@@ -275,98 +300,153 @@ class GroupEval:
         history: GroupEval | None = None,
         checksums: bool = True,
         spans: Spans | None = None,
+        statics: Statics | None = None,
     ) -> None:
         self.group = group
         self.decl = decl = group.decl
-        self.rule = group.rule
         self.lengths = lengths
         # Every complete block of the prompt: candidates use the first lengths[-1] // size, the
         # rest tells how far this group's chain reaches.
-        self.n = n = int(high.size)
+        self.n = n = high.size
         #: The prompt's hash words of this group's blocks.
         self.words = (high, low)
-        self.ids = group.hash_map.lookup(high[:n], low[:n]) if n else \
-            np.zeros(0, dtype=np.intp)
-        self.paths = restore_paths(group.table)
-        self.spans = spans if spans is not None else Spans(self.rule.needed(decl, lengths), n)
+        if statics is None:
+            statics = statics_for(group, kernel_layout or decl.layout, profile)
+        self._statics = statics
+        self.ids = ids = np.empty(n, dtype=np.intp)
+        statics.table.lookup_into(high, low, ids)
+        self.spans = spans if spans is not None else \
+            Spans(group.rule.needed(decl, lengths), n)
         self._history = history
-        pool = group.pools[Tier.DEVICE]
-        layout_ok, self.restore_aligned, aligned = _statics(group, kernel_layout or decl.layout,
-                                                            profile)
-        self.align_ok: Bools | None = None
-        self.checksum_ok: Bools | None = None
-        #: The checksums this lookup computed: block ids and whether each passed.
-        self.checked: tuple[NDArray[np.intp], Bools] = (np.zeros(0, dtype=np.intp),
-                                                       np.zeros(0, dtype=np.bool_))
         # Layers 2 (recorded layout vs the kernel's; the group's declared layout when the
         # caller names none), 1, 3 and 4, and what each block's state allows, in one pass.
-        check_alignment = not (level is Level.FAST and self.restore_aligned) and not aligned
+        check_alignment = not statics.aligned and \
+            not (level is Level.FAST and statics.restore_aligned)
         computes_checksums = checksums and level is Level.FULL
         #: Data checks read from the core's records (a block seen failing stays failed).
         self._recorded_checks = checksums
-        self._pass(layout_ok, None, CHECKS_RECORDED if checksums else CHECKS_IGNORED)
-        if check_alignment or computes_checksums or self._scalars[NEEDS_CHECKSUMS]:
+        scalars = self._pass(None, CHECKS_RECORDED if checksums else CHECKS_IGNORED)
+        if check_alignment or computes_checksums or scalars[NEEDS_CHECKSUMS]:
             # Device checks computed here over the readable blocks' slots, then the pass again
             # with their answers.
             readable = (self.facts & READABLE) != 0
             if readable.any():
-                readable_ids = self.ids[readable]
+                readable_ids = ids[readable]
                 slots = group.slot[Tier.DEVICE][readable_ids]
                 if check_alignment:
-                    self.align_ok = _aligned(pool, profile, slots, readable)
+                    self.align_ok = _aligned(statics.pool, profile, slots, readable)
                 if checksums:
-                    self.checksum_ok, made, passed = _checksums(group, pool, level, slots,
-                                                                readable_ids, readable)
-                    self.checked = (made, passed)
+                    self.checksum_ok, made, passed = _checksums(group, statics.pool, level,
+                                                                slots, readable_ids, readable)
+                    if made.size:
+                        self.checked = (made, passed)
             checked_ok = _both(self.align_ok, self.checksum_ok)
             self._recorded_checks = False
-            self._pass(layout_ok, checked_ok, CHECKS_IGNORED)
-        self.chain_tokens = int(self._scalars[CHAIN_BLOCKS]) * decl.block_size
-        #: Per candidate length: restores the plan for it begins (kept only where the core-wide
-        #: restore budget has caps and the plan restores something; else None).
-        self.restores_asked: NDArray[np.int64] | None = \
-            self._asked if self._scalars[ASKED_KEPT] else None
-        #: Last candidate index where the hit / usable now / usable after the plan holds.
-        self.largest_hit = int(self._scalars[LARGEST_HIT])
-        self.largest_now = int(self._scalars[LARGEST_NOW])
-        self.largest_after = int(self._scalars[LARGEST_AFTER])
+            scalars = self._pass(checked_ok, CHECKS_IGNORED)
+        self.chain_tokens: int = scalars[CHAIN_BLOCKS] * decl.block_size
+        if scalars[ASKED_KEPT]:
+            self.restores_asked = self._longs[N_SCALARS:]
+        #: Last candidate index where the hit / usable now / usable after the plan holds, by
+        #: per-length row (HIT, NOW, AFTER).
+        self.largest: tuple[int, int, int] = (scalars[LARGEST_HIT], scalars[LARGEST_NOW],
+                                              scalars[LARGEST_AFTER])
+        self.all_settled = bool(scalars[ALL_SETTLED])
 
-    def _pass(self, layout_ok: Bools, checked_ok: Bools | None, check_mode: int) -> None:
-        group, n = self.group, self.n
+    @property
+    def rule(self) -> KindRule:
+        """The rule of the group's kind."""
+        return self.group.rule
+
+    @property
+    def paths(self) -> RestorePaths:
+        """The restore paths of the group's table (as this lookup used them)."""
+        return self._statics.paths
+
+    @property
+    def restore_aligned(self) -> bool:
+        """Restored blocks land aligned for the device profile."""
+        return self._statics.restore_aligned
+
+    @property
+    def largest_hit(self) -> int:
+        """Last candidate index where the hit holds (0 when none)."""
+        return self.largest[HIT]
+
+    @property
+    def largest_now(self) -> int:
+        """Last candidate index usable now (0 when none)."""
+        return self.largest[NOW]
+
+    @property
+    def largest_after(self) -> int:
+        """Last candidate index usable after the plan (0 when none)."""
+        return self.largest[AFTER]
+
+    def _pass(self, checked_ok: Bools | None, check_mode: int) -> list[int]:
+        """One group pass into fresh arrays; returns its scalars."""
+        group, n, statics = self.group, self.n, self._statics
         history = self._history
-        arrays, template, index = _group_arrays(group)
-        has_index = group.target is not None and history is not None and n > 0
-        params = template.copy()
-        params[P_CHECK_MODE] = check_mode
-        params[P_USE_CHECKED_OK] = checked_ok is not None
-        params[P_ALIGNED] = self.restore_aligned
-        params[P_HAS_INDEX] = has_index
-        params[P_BUDGET] = group.restore_budget()
-        params[P_CAPPED] = group.budget.capped
-        if has_index:
-            assert history is not None
-            params[P_ALL_SETTLED] = history.all_settled
-            index_arrays = (*index, history.ids, history.settled)
+        self._has_index = has_index = history is not None and n > 0 and group.target is not None
+        if history is not None and has_index:
+            history_ids, history_settled = history.ids, history.settled
+            all_settled = history.all_settled
         else:
-            index_arrays = _NO_INDEX
-        self.facts = np.empty(n, dtype=np.uint8)
-        #: Each block's epoch as this lookup saw it (0 where missing).
-        self.epochs = np.empty(n, dtype=np.uint32)
-        self._per_block = per_block = np.empty((N_PER_BLOCK, n), dtype=np.bool_)
+            (history_ids, history_settled), all_settled = _NO_HISTORY, True
         count = self.lengths.size
-        self._per_length = per_length = np.empty((N_PER_LENGTH, count), dtype=np.bool_)
-        self._asked = np.empty(count, dtype=np.int64)
-        self._scalars = np.empty(N_SCALARS, dtype=np.int64)
-        spans, paths = self.spans, self.paths
-        group_pass(
-            self.ids, *arrays, layout_ok, paths.code, group.check,
-            checked_ok if checked_ok is not None else _all_true(n), *index_arrays,
-            spans.bounds, spans.base, paths.restores_by_form, params,
-            self.facts, self.epochs, per_block, per_length, self._asked, self._scalars)
-        self.now_raw, self.now_cmp = per_block[NOW_RAW], per_block[NOW_CMP]
-        self.after_raw, self.after_cmp = per_block[AFTER_RAW], per_block[AFTER_CMP]
-        self.hit, self.now, self.after = per_length[HIT], per_length[NOW], per_length[AFTER]
-        self._has_index = has_index
+        self.facts = facts = np.empty(n, dtype=np.uint8)
+        self.epochs = epochs = np.empty(n, dtype=np.uint32)
+        self._flags = flags = np.empty((N_FLAGS, max(n, count)), dtype=np.bool_)
+        self._longs = longs = np.empty(N_SCALARS + count, dtype=np.int64)
+        spans = self.spans
+        group_pass(self.ids, *statics.arrays, history_ids, history_settled,
+                   _NO_CHECKED if checked_ok is None else checked_ok, spans.bounds, spans.base,
+                   check_mode, checked_ok is not None, has_index, all_settled,
+                   group.restore_budget(), group.budget.capped, facts, epochs, flags, longs)
+        scalars: list[int] = longs[:N_SCALARS].tolist()
+        return scalars
+
+    @property
+    def now_raw(self) -> Bools:
+        """Per block: usable now, read raw."""
+        return self._flags[NOW_RAW, : self.n]
+
+    @property
+    def now_cmp(self) -> Bools:
+        """Per block: usable now, read compressed."""
+        return self._flags[NOW_CMP, : self.n]
+
+    @property
+    def after_raw(self) -> Bools:
+        """Per block: usable raw after the plan."""
+        return self._flags[AFTER_RAW, : self.n]
+
+    @property
+    def after_cmp(self) -> Bools:
+        """Per block: usable compressed after the plan."""
+        return self._flags[AFTER_CMP, : self.n]
+
+    @property
+    def hit(self) -> Bools:
+        """Per candidate length: every block the kind needs there is found by hash."""
+        return self.row(HIT)
+
+    @property
+    def now(self) -> Bools:
+        """Per candidate length: usable now."""
+        return self.row(NOW)
+
+    @property
+    def after(self) -> Bools:
+        """Per candidate length: usable after the plan."""
+        return self.row(AFTER)
+
+    def row(self, row: int) -> Bools:
+        """Per-length row ``row`` (HIT, NOW, AFTER)."""
+        return self._flags[N_PER_BLOCK + row, : self.lengths.size]
+
+    def holds(self, row: int, at: int) -> bool:
+        """Per-length row ``row`` (HIT, NOW, AFTER) at candidate index ``at``."""
+        return bool(self._flags[N_PER_BLOCK + row, at])
 
     @property
     def found(self) -> Bools:
@@ -380,12 +460,7 @@ class GroupEval:
         if not self._has_index or self._history is None:
             return None
         safe = np.where(self.ids >= 0, self.ids, 0)
-        return IndexCheck(self.group, safe, self._history.ids, fit=self._per_block[FIT])
-
-    @property
-    def all_settled(self) -> bool:
-        """Every block of the prompt is usable now in the form its kind settles in."""
-        return bool(self._scalars[ALL_SETTLED])
+        return IndexCheck(self.group, safe, self._flags[FIT, : self.n])
 
     @property
     def settled(self) -> Bools:

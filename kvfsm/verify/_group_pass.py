@@ -57,7 +57,7 @@ _FAILED: Final = 2
 #: An unused index reference.
 _NO_TARGET: Final = -1
 
-# Indices of the ``scalars`` output.
+# Indices of the ``longs`` output: these scalars, then ``asked`` (one per candidate length).
 #: Blocks from the prompt's start that the hash chain finds, before the first miss.
 CHAIN_BLOCKS: Final = 0
 #: 1 when a readable block was never checked at its epoch (CHECKS_RECORDED mode only).
@@ -74,33 +74,25 @@ LARGEST_AFTER: Final = 6
 ALL_SETTLED: Final = 7
 N_SCALARS: Final = 8
 
-# Indices of the ``params`` input (integers; flags are 0 or 1).
-#: The sub-block mask of a whole block, and the CHECKS_* mode.
+# Indices of the ``params`` input: what never changes for a group (integers; flags 0 or 1).
+#: The sub-block mask of a whole block.
 P_FULL_SUB_MASK: Final = 0
-P_CHECK_MODE: Final = 1
-#: ``checked_ok`` holds the caller's alignment and checksum answers (else the mode decides).
-P_USE_CHECKED_OK: Final = 2
 #: The device pool's construction guarantees alignment (restored blocks land aligned).
-P_ALIGNED: Final = 3
+P_ALIGNED: Final = 1
 #: Block sizes of the index's target group and of this group (an index only).
-P_TARGET_SIZE: Final = 4
-P_OWN_SIZE: Final = 5
-#: The group is a sparse index with the prompt's history evaluated before it.
-P_HAS_INDEX: Final = 6
-#: Every history block of the prompt is settled (no plan step will move an index target).
-P_ALL_SETTLED: Final = 7
-#: Restores the admission gate lets begin now, and whether the core-wide budget has caps.
-P_BUDGET: Final = 8
-P_CAPPED: Final = 9
+P_TARGET_SIZE: Final = 2
+P_OWN_SIZE: Final = 3
 #: The form this group's kind settles in: 1 compressed, 0 raw (for ALL_SETTLED).
-P_SETTLED_FORM: Final = 10
-N_PARAMS: Final = 11
+P_SETTLED_FORM: Final = 4
+N_PARAMS: Final = 5
 
-# Rows of ``per_block`` (one column per prompt block) and of ``per_length``.
+# Rows of ``flags``: first the per-block rows (one column per prompt block), then the
+# per-length rows (one column per candidate length), each row as long as the longer of the two.
 NOW_RAW, NOW_CMP, AFTER_RAW, AFTER_CMP, FIT, SETTLED_OK = range(6)
 N_PER_BLOCK: Final = 6
 HIT, NOW, AFTER = range(3)
 N_PER_LENGTH: Final = 3
+N_FLAGS: Final = N_PER_BLOCK + N_PER_LENGTH
 
 
 def _group_pass_example() -> tuple[object, ...]:
@@ -112,15 +104,15 @@ def _group_pass_example() -> tuple[object, ...]:
     return (
         np.full(1, -1, dtype=np.intp), one_u8, one_u32, one_i32,
         read_only(np.zeros(1, np.uint16)), one_u8, read_only(np.ones(1, dtype=np.bool_)),
-        np.zeros(1, np.uint8), one_u8, read_only(np.ones(1, dtype=np.bool_)),
+        np.zeros(1, np.uint8), one_u8,
         read_only(np.full((1, 1), -1, dtype=np.int32)), read_only(np.zeros((1, 1), np.uint32)),
         one_u32, one_u8, read_only(np.ones(1, dtype=np.bool_)), one_i32,
-        np.full(1, -1, np.intp), np.zeros(1, dtype=np.bool_),
+        read_only(np.zeros((2, 1), dtype=np.bool_)), read_only(np.ones(N_PARAMS, np.int64)),
+        np.full(1, -1, np.intp), np.zeros(1, dtype=np.bool_), np.ones(1, dtype=np.bool_),
         read_only(np.zeros((3, 1), np.int64)), read_only(np.ones(1, dtype=np.bool_)),
-        read_only(np.zeros((2, 1), dtype=np.bool_)), np.ones(N_PARAMS, np.int64),
-        np.empty(1, np.uint8), np.empty(1, np.uint32), np.empty((N_PER_BLOCK, 1), np.bool_),
-        np.empty((N_PER_LENGTH, 1), np.bool_), np.empty(1, np.int64),
-        np.empty(N_SCALARS, np.int64))
+        CHECKS_RECORDED, False, False, True, 0, False,
+        np.empty(1, np.uint8), np.empty(1, np.uint32), np.empty((N_FLAGS, 1), np.bool_),
+        np.empty(N_SCALARS + 1, np.int64))
 
 
 def _group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
@@ -132,6 +124,8 @@ def _group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     n_blocks, n_states, n_layouts = (int(rng.integers(1, high)) for high in (13, 6, 4))
     n, n_lengths = int(rng.integers(0, 11)), int(rng.integers(1, 8))
     ids = rng.integers(-1, n_blocks, n).astype(np.intp)
+    if rng.random() < 0.3:
+        ids = np.sort(ids)  # runs of one block: neighbouring rows with the same references
     position = rng.integers(-1, 9, n_blocks).astype(np.int32)
     for i, block in enumerate(ids.tolist()):
         if block >= 0 and rng.random() < 0.7:
@@ -148,6 +142,10 @@ def _group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     refs_epoch = target_epoch[np.clip(refs_target, 0, n_targets - 1)]
     refs_epoch[refs_target == _NO_TARGET] = 0
     refs_epoch[rng.random((n_blocks, top_k)) < 0.1] ^= 1
+    # Blocks holding another's references (neighbouring index rows usually do).
+    copied = rng.random(n_blocks) < 0.4
+    source = rng.integers(0, n_blocks, int(copied.sum()))
+    refs_target[copied], refs_epoch[copied] = refs_target[source], refs_epoch[source]
     history_ids = rng.permutation(max(n_targets, n_history))[:n_history].astype(np.intp)
     history_ids[(history_ids >= n_targets) | (rng.random(n_history) < 0.15)] = -1
     target_position = np.full(n_targets, -1, dtype=np.int32)
@@ -155,33 +153,32 @@ def _group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     target_position[history_ids[held]] = held
     wrong = rng.random(n_targets) < 0.15
     target_position[wrong] = rng.integers(-1, n_history + 2, int(wrong.sum()))
-    history_settled = rng.random(n_history) < 0.8
+    history_settled = rng.random(n_history) < rng.choice([0.5, 0.9])
     hi = rng.integers(0, n + 1, n_lengths)
     cut = np.minimum(rng.integers(0, n + 1, n_lengths), hi)
     lo = np.minimum(rng.integers(0, n + 1, n_lengths), cut)
     restores = np.stack([rng.random(n_states) < 0.5, rng.random(n_states) < 0.5])
     params = np.zeros(N_PARAMS, dtype=np.int64)
-    params[P_FULL_SUB_MASK], params[P_CHECK_MODE] = full_sub_mask, int(rng.integers(0, 2))
-    params[P_USE_CHECKED_OK], params[P_ALIGNED] = rng.random() < 0.3, rng.random() < 0.8
+    params[P_FULL_SUB_MASK], params[P_ALIGNED] = full_sub_mask, rng.random() < 0.8
     params[P_TARGET_SIZE], params[P_OWN_SIZE] = rng.choice([16, 64]), rng.choice([16, 64])
-    params[P_HAS_INDEX], params[P_ALL_SETTLED] = has_index, history_settled.all()
-    params[P_BUDGET], params[P_CAPPED] = rng.integers(0, 6), rng.random() < 0.5
     params[P_SETTLED_FORM] = rng.random() < 0.5
     return (
         ids, read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)),
         read_only(rng.integers(0, 5, n_blocks).astype(np.uint32)), read_only(position),
         read_only(sub_blocks), read_only(rng.integers(0, n_layouts, n_blocks).astype(np.uint8)),
         read_only(layout_ok), rng.integers(0, 16, n_states).astype(np.uint8),
-        read_only(rng.integers(0, 3, n_blocks).astype(np.uint8)), rng.random(n) < 0.8,
+        read_only(rng.integers(0, 3, n_blocks).astype(np.uint8)),
         read_only(refs_target), read_only(refs_epoch), read_only(target_epoch),
         read_only(rng.integers(0, n_states, n_targets).astype(np.uint8)),
-        read_only(rng.random(n_states) < 0.8), read_only(target_position), history_ids,
-        history_settled, read_only(np.stack([lo, cut, hi]).astype(np.int64)),
-        read_only(rng.random(n_lengths) < 0.9),
-        read_only(restores), params,
+        read_only(rng.random(n_states) < 0.8), read_only(target_position), read_only(restores),
+        read_only(params), history_ids, history_settled, rng.random(n) < 0.8,
+        read_only(np.stack([lo, cut, hi]).astype(np.int64)),
+        read_only(rng.random(n_lengths) < 0.9), int(rng.integers(0, 2)),
+        bool(rng.random() < 0.3), has_index, bool(history_settled.all()),
+        int(rng.integers(0, 6)), bool(rng.random() < 0.5),
         np.empty(n, dtype=np.uint8), np.empty(n, dtype=np.uint32),
-        np.empty((N_PER_BLOCK, n), dtype=np.bool_), np.empty((N_PER_LENGTH, n_lengths), np.bool_),
-        np.empty(n_lengths, dtype=np.int64), np.empty(N_SCALARS, dtype=np.int64))
+        np.empty((N_FLAGS, max(n, n_lengths)), dtype=np.bool_),
+        np.empty(N_SCALARS + n_lengths, dtype=np.int64))
 
 
 def prefix_counts(bad: Bools) -> NDArray[np.int64]:
@@ -207,26 +204,27 @@ def _last(vector: Bools) -> int:
 def _group_pass_twin(
     ids: IdArray, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
     position: NDArray[np.int32], sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8],
-    layout_ok: Bools, code: NDArray[np.uint8], check: NDArray[np.uint8], checked_ok: Bools,
+    layout_ok: Bools, code: NDArray[np.uint8], check: NDArray[np.uint8],
     refs_target: NDArray[np.int32], refs_epoch: NDArray[np.uint32],
     target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8], hashed: Bools,
-    target_position: NDArray[np.int32], history_ids: IdArray, history_settled: Bools,
-    spans: NDArray[np.int64], base: Bools, restores: Bools, params: NDArray[np.int64],
-    facts: NDArray[np.uint8], epochs: NDArray[np.uint32], per_block: Bools,
-    per_length: Bools, asked: NDArray[np.int64], scalars: NDArray[np.int64],
+    target_position: NDArray[np.int32], restores: Bools, params: NDArray[np.int64],
+    history_ids: IdArray, history_settled: Bools, checked_ok: Bools,
+    spans: NDArray[np.int64], base: Bools, check_mode: int, use_checked_ok: bool,
+    has_index: bool, history_all_settled: bool, budget: int, capped: bool,
+    facts: NDArray[np.uint8], epochs: NDArray[np.uint32], flags: Bools,
+    longs: NDArray[np.int64],
 ) -> None:
     """:func:`group_pass` as array operations (the reference)."""
-    full_sub_mask, check_mode = params[P_FULL_SUB_MASK], params[P_CHECK_MODE]
-    use_checked_ok, restore_aligned = params[P_USE_CHECKED_OK] != 0, params[P_ALIGNED] != 0
+    n, count = ids.size, spans.shape[1]
+    scalars, asked = longs[:N_SCALARS], longs[N_SCALARS:]
+    per_block, per_length = flags[:N_PER_BLOCK, :n], flags[N_PER_BLOCK:, :count]
+    full_sub_mask, restore_aligned = params[P_FULL_SUB_MASK], params[P_ALIGNED] != 0
     target_size, own_size = params[P_TARGET_SIZE], params[P_OWN_SIZE]
-    has_index, history_all_settled = params[P_HAS_INDEX] != 0, params[P_ALL_SETTLED] != 0
-    budget, capped = params[P_BUDGET], params[P_CAPPED] != 0
     lo, cut, hi = spans[0], spans[1], spans[2]
     restores_raw, restores_cmp = restores[0], restores[1]
     now_raw, now_cmp, after_raw = per_block[NOW_RAW], per_block[NOW_CMP], per_block[AFTER_RAW]
     after_cmp, fit, settled_ok = per_block[AFTER_CMP], per_block[FIT], per_block[SETTLED_OK]
     hit, now, after = per_length[HIT], per_length[NOW], per_length[AFTER]
-    n = ids.size
     found = ids >= 0
     safe = np.where(found, ids, 0)
     facts[:] = code[states[safe]] << CODE_SHIFT
@@ -308,28 +306,38 @@ def _group_pass_twin(
 def group_pass(
     ids: IdArray, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
     position: NDArray[np.int32], sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8],
-    layout_ok: Bools, code: NDArray[np.uint8], check: NDArray[np.uint8], checked_ok: Bools,
+    layout_ok: Bools, code: NDArray[np.uint8], check: NDArray[np.uint8],
     refs_target: NDArray[np.int32], refs_epoch: NDArray[np.uint32],
     target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8], hashed: Bools,
-    target_position: NDArray[np.int32], history_ids: IdArray, history_settled: Bools,
-    spans: NDArray[np.int64], base: Bools, restores: Bools, params: NDArray[np.int64],
-    facts: NDArray[np.uint8], epochs: NDArray[np.uint32], per_block: Bools,
-    per_length: Bools, asked: NDArray[np.int64], scalars: NDArray[np.int64],
+    target_position: NDArray[np.int32], restores: Bools, params: NDArray[np.int64],
+    history_ids: IdArray, history_settled: Bools, checked_ok: Bools,
+    spans: NDArray[np.int64], base: Bools, check_mode: int, use_checked_ok: bool,
+    has_index: bool, history_all_settled: bool, budget: int, capped: bool,
+    facts: NDArray[np.uint8], epochs: NDArray[np.uint32], flags: Bools,
+    longs: NDArray[np.int64],
 ) -> None:
     """Everything one group contributes to a verdict, in one pass over the prompt's blocks
     and one over the candidate lengths (see the module docstring; ``settled_ok[i]``: every
-    target of index row ``i`` already sits settled in this prompt's history)."""
-    full_sub_mask, check_mode = params[P_FULL_SUB_MASK], params[P_CHECK_MODE]
-    use_checked_ok, restore_aligned = params[P_USE_CHECKED_OK] != 0, params[P_ALIGNED] != 0
+    target of index row ``i`` already sits settled in this prompt's history).
+
+    What changes between lookups comes as scalars: ``check_mode`` (CHECKS_*);
+    ``use_checked_ok``, ``checked_ok`` holds the caller's alignment and checksum answers (else
+    the mode decides); ``has_index``, the group is a sparse index with the prompt's history
+    (``history_ids``, ``history_settled``) evaluated before it; ``history_all_settled``, every
+    history block of the prompt is settled (no plan step will move an index target);
+    ``budget`` and ``capped``, the restores the admission gate lets begin now and whether the
+    core-wide budget has caps."""
+    n, count = ids.size, spans.shape[1]
+    scalars, asked = longs[:N_SCALARS], longs[N_SCALARS:]
+    full_sub_mask, restore_aligned = params[P_FULL_SUB_MASK], params[P_ALIGNED] != 0
     target_size, own_size = params[P_TARGET_SIZE], params[P_OWN_SIZE]
-    has_index, history_all_settled = params[P_HAS_INDEX] != 0, params[P_ALL_SETTLED] != 0
-    budget, capped = params[P_BUDGET], params[P_CAPPED] != 0
     lo, cut, hi = spans[0], spans[1], spans[2]
     restores_raw, restores_cmp = restores[0], restores[1]
-    now_raw, now_cmp, after_raw = per_block[NOW_RAW], per_block[NOW_CMP], per_block[AFTER_RAW]
-    after_cmp, fit, settled_ok = per_block[AFTER_CMP], per_block[FIT], per_block[SETTLED_OK]
-    hit, now, after = per_length[HIT], per_length[NOW], per_length[AFTER]
-    n = ids.size
+    # Whole rows (as long as the longer of n and count): the loops read the first n or count.
+    now_raw, now_cmp, after_raw = flags[NOW_RAW], flags[NOW_CMP], flags[AFTER_RAW]
+    after_cmp, fit, settled_ok = flags[AFTER_CMP], flags[FIT], flags[SETTLED_OK]
+    hit, now = flags[N_PER_BLOCK + HIT], flags[N_PER_BLOCK + NOW]
+    after = flags[N_PER_BLOCK + AFTER]
     n_targets, n_history = target_epoch.size, history_ids.size
     for i in range(N_SCALARS):
         scalars[i] = 0
@@ -352,6 +360,9 @@ def group_pass(
             else:
                 epoch_at[at] = target_epoch[held]
                 first_row_at[at] = ((at + 1) * target_size + own_size - 1) // own_size - 1
+    # The block of the previous row when it was found and every reference of it passed (an
+    # index's neighbouring rows often hold the same references; -1: none).
+    fit_block = -1
     for i in range(n):
         block = ids[i]
         row_fit, row_settled = True, True
@@ -371,7 +382,18 @@ def group_pass(
                 block_facts |= WHOLE
             if layout_ok[layout_id[block]]:
                 block_facts |= LAYOUT
-            if has_index:
+            same = has_index and fit_block >= 0
+            if same and block != fit_block:
+                for j in range(refs_target.shape[1]):
+                    if refs_target[block, j] != refs_target[fit_block, j] or \
+                            refs_epoch[block, j] != refs_epoch[fit_block, j]:
+                        same = False
+                        break
+            if same:
+                # The previous row's references, which all passed: their targets' checks are
+                # the same, and a target allowed from a row is allowed from every later one.
+                row_settled = settled_ok[i - 1]
+            elif has_index:
                 for j in range(refs_target.shape[1]):
                     target = refs_target[block, j]
                     ref_epoch = refs_epoch[block, j]
@@ -416,6 +438,7 @@ def group_pass(
             changes = True
         now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
         fit[i], settled_ok[i] = row_fit, row_settled
+        fit_block = block if row_fit and block >= 0 else -1
         raw_bad[i + 1] = raw_bad[i] + (not is_raw)
         cmp_bad[i + 1] = cmp_bad[i] + (not is_cmp)
         missing[i + 1] = missing[i] + (block < 0)
@@ -427,7 +450,7 @@ def group_pass(
             break
     scalars[ALL_SETTLED] = all_settled
     largest_hit = largest_now = 0
-    for k in range(lo.size):
+    for k in range(count):
         start, middle, end = lo[k], cut[k], hi[k]
         served = base[k]
         hit_here = served and missing[end] == missing[start]
@@ -465,7 +488,7 @@ def group_pass(
         total = raw_asked[n] + cmp_asked[n]
         keep_asked = total > 0 and (total > budget or capped)
         scalars[ASKED_KEPT] = keep_asked
-        for k in range(lo.size):
+        for k in range(count):
             start, middle, end = lo[k], cut[k], hi[k]
             after[k] = base[k] and raw_after_bad[end] == raw_after_bad[middle] and \
                 cmp_after_bad[middle] == cmp_after_bad[start]
@@ -475,6 +498,6 @@ def group_pass(
                 if asked[k] > budget:
                     after[k] = False
         scalars[LARGEST_AFTER] = 0
-        for k in range(lo.size):
+        for k in range(count):
             if after[k]:
                 scalars[LARGEST_AFTER] = k

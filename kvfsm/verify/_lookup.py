@@ -16,8 +16,9 @@ from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
 from kvfsm.spec import Form, Layout, Tier
-from kvfsm.state import GroupState, StateCore
-from kvfsm.verify._group_eval import GroupEval, spans_for
+from kvfsm.state import StateCore
+from kvfsm.verify._group_eval import GroupEval, Statics, spans_for, statics_for
+from kvfsm.verify._group_pass import AFTER, HIT, NOW
 from kvfsm.verify._prompt import Prompt
 from kvfsm.verify._types import (
     Checks,
@@ -37,12 +38,13 @@ from kvfsm.verify._types import (
 MAX_LISTED = 16
 
 _DEFAULT_PROFILE = DeviceProfile()
-_LAYOUTS: weakref.WeakKeyDictionary[
-    StateCore, tuple[tuple[GroupState, ...], tuple[int, ...], int]] = weakref.WeakKeyDictionary()
+_LAYOUTS: weakref.WeakKeyDictionary[StateCore, _Layout] = weakref.WeakKeyDictionary()
 #: Candidate lengths by (count, step), shared read-only: most prompts of a serving load have
 #: a few hundred distinct lengths.
 _CANDIDATES: dict[tuple[int, int], NDArray[np.int64]] = {}
 _MAX_CACHED = 4096
+#: Per-group figures by (declaration id, hit, usable, restorable, stop): shared values.
+_GROUP_VERDICTS: dict[tuple[int, int, int, int, Reason | None], GroupVerdict] = {}
 
 
 def _candidates(count: int, step: int) -> NDArray[np.int64]:
@@ -103,35 +105,36 @@ def lookup(
     path alone); every other check still runs.
     """
     level = as_level(level)
-    check_kernel_layouts(core, kernel_layouts)
-    order, block_sizes, step = _layout_of(core)
-    prompt.check_made_for(core.seed, block_sizes, "engine")
+    if kernel_layouts:
+        check_kernel_layouts(core, kernel_layouts)
+    layout = _layout_of(core)
+    prompt.check_made_for(core.seed, layout.block_sizes, "engine")
     profile = profile or _DEFAULT_PROFILE
     last = max(prompt.n_tokens - 1, 0)  # the last prompt token is always computed
-    lengths = _candidates(last // step + 1, step)
-    layouts = kernel_layouts or {}
+    step = layout.step
+    count = last // step + 1
+    lengths = _candidates(count, step)
     evals: dict[str, GroupEval] = {}
     # Groups whose blocks point into another group come after it (the index check reads the
     # prompt's blocks of the target group).
-    for group in order:
+    for group, known_here in zip(layout.order, layout.statics, strict=True):
         decl = group.decl
         high, low = prompt.words(decl.block_size)
         target = decl.target_group
-        evals[group.name] = GroupEval(
-            core, group, high, low, lengths, level=level,
-            kernel_layout=layouts.get(group.name), profile=profile,
-            history=evals.get(target) if target else None, checksums=checksums,
-            spans=spans_for(group, int(high.size), lengths, step))
+        reads = (kernel_layouts.get(decl.name) if kernel_layouts else None) or decl.layout
+        evals[decl.name] = GroupEval(
+            core, group, high, low, lengths, level=level, kernel_layout=reads,
+            profile=profile, history=evals.get(target) if target else None, checksums=checksums,
+            spans=spans_for(group, high.size, lengths, step),
+            statics=statics_for(group, reads, profile, known_here))
     every = tuple(evals.values())
-    usable_at = _common_last(every, "now")
-    admitted = _admitted(core, evals)
-    restorable_at = _common_last(every, "after") if admitted is True else \
-        _largest(_and(every, "after") & admitted)
-    hit_at = _common_last(every, "hit")
+    hit_at, usable_at, after_at = _common_lasts(every)
+    admitted = _admitted(core, every)
+    restorable_at = after_at if admitted is True else _largest(_and(every, AFTER) & admitted)
     reasons: list[Shortfall] = []
     if drop_last_block and (usable_at > 0 or restorable_at > 0):
         # Speculative decoding recomputes the last reusable block, now and after a plan alike.
-        now, after = _and(every, "now"), _and(every, "after") & admitted
+        now, after = _and(every, NOW), _and(every, AFTER) & admitted
         if usable_at > 0:
             usable_at = _largest(now, below=usable_at)
         if restorable_at > 0:
@@ -139,14 +142,13 @@ def lookup(
         reasons.append(Shortfall(Reason.SPEC_DECODE_DROP, "*",
                                  detail="speculative decoding recomputes the last block"))
     restorable_at = max(restorable_at, usable_at)
-    usable, restorable = int(lengths[usable_at]), int(lengths[restorable_at])
-    hit = int(lengths[hit_at])
-    final = int(lengths[-1])
+    # Candidate index i is i * step tokens.
+    usable, restorable, hit = usable_at * step, restorable_at * step, hit_at * step
+    final = (count - 1) * step
     # What each group's hash chain covers on its own, in tokens (prefix kinds only).
-    prefix = [e for e in every if e.rule.prefix_hit]
-    if prefix and step > min(e.decl.block_size for e in prefix):
-        covered = min(min(e.chain_tokens for e in prefix), last)
-        finest = min(e.decl.block_size for e in prefix)
+    if layout.boundary:
+        covered = min(min(every[i].chain_tokens for i in layout.prefix_at), last)
+        finest = layout.finest_prefix
         if covered // finest * finest > hit:
             reasons.append(Shortfall(Reason.BLOCK_BOUNDARY, "*", detail=(
                 f"the groups' chains reach {covered} tokens together, but usable lengths are "
@@ -161,10 +163,9 @@ def lookup(
                 if shortfall not in listed:
                     listed.add(shortfall)
                     reasons.append(shortfall)
-    groups = tuple(_group_verdict(e, lengths) for e in every)
+    groups = tuple([_group_verdict(e, step, count) for e in every])
     plan = _plan(evals, restorable) if restorable > usable else ()
-    checks = tuple(Checks(name, e.checked[0], e.checked[1])
-                   for name, e in evals.items() if e.checked[0].size)
+    checks = tuple([Checks(e.decl.name, *e.checked) for e in every if e.checked is not None])
     return Verdict(
         prompt_tokens=prompt.n_tokens, hit_tokens=hit, usable_tokens=usable,
         restorable_tokens=restorable, recompute_from=usable, level=level,
@@ -180,65 +181,97 @@ def _prompt_end(hit: int) -> Shortfall:
         "logits"))
 
 
-def _layout_of(core: StateCore) -> tuple[tuple[GroupState, ...], tuple[int, ...], int]:
-    """The core's groups in lookup order (a group whose blocks point into another after it)
-    the block sizes a prompt must keep and their LCM (cached per core: all are fixed at its
-    making)."""
+class _Layout:
+    """What every lookup of one core reads of its model (fixed at the core's making): the
+    groups in lookup order (a group whose blocks point into another after it), each group's
+    statics cache, the block sizes a prompt must keep and their LCM, and which groups' hash
+    chains are prefixes (for the block-boundary reason)."""
+
+    __slots__ = ("block_sizes", "boundary", "finest_prefix", "order", "prefix_at", "statics",
+                 "step")
+
+    def __init__(self, core: StateCore) -> None:
+        self.order = tuple(sorted(core.groups.values(), key=lambda g: g.rule.has_targets))
+        self.statics: tuple[dict[tuple[int, int], Statics], ...] = tuple(
+            {} for _ in self.order)
+        self.block_sizes = tuple(sorted({g.block_size for g in core.model.groups}))
+        self.step = core.model.lcm_block_size
+        self.prefix_at = tuple(i for i, g in enumerate(self.order) if g.rule.prefix_hit)
+        self.finest_prefix = min((self.order[i].decl.block_size for i in self.prefix_at),
+                                 default=0)
+        #: A prefix group's chain may reach past the last candidate length it covers.
+        self.boundary = bool(self.prefix_at) and self.step > self.finest_prefix
+
+
+def _layout_of(core: StateCore) -> _Layout:
+    """The core's :class:`_Layout` (cached per core)."""
     known = _LAYOUTS.get(core)
     if known is None:
-        order = tuple(sorted(core.groups.values(), key=lambda g: g.rule.has_targets))
-        sizes = tuple(sorted({g.block_size for g in core.model.groups}))
-        known = _LAYOUTS[core] = (order, sizes, core.model.lcm_block_size)
+        known = _LAYOUTS[core] = _Layout(core)
     return known
 
 
-def _common_last(evals: tuple[GroupEval, ...], name: str) -> int:
-    """The last candidate index where every group's vector ``name`` holds (0 when none). No
-    group's holds past its own last, so where all hold at the least of those, that is it;
-    else the vectors (not prefixes: windows, snapshots) are ANDed."""
-    if len(evals) == 1:
-        return int(getattr(evals[0], f"largest_{name}"))
-    at: int = min(getattr(e, f"largest_{name}") for e in evals)
+def _common_lasts(evals: tuple[GroupEval, ...]) -> tuple[int, int, int]:
+    """Per per-length row (HIT, NOW, AFTER): the last candidate index where every group's
+    row holds (0 when none). No group's holds past its own last, so where all hold at the
+    least of those, that is it; else the rows (not prefixes: windows, snapshots) are ANDed."""
+    first = evals[0].largest
     for e in evals:
-        if not getattr(e, name)[at]:
-            return _largest(_and(evals, name))
-    return at
+        if e.largest != first:
+            break
+    else:
+        return first  # each holds at its own last (or all are 0): the common case
+    lasts = []
+    for row in (HIT, NOW, AFTER):
+        each = [e.largest[row] for e in evals]
+        at = min(each)
+        # A group holds at its own last (when above 0): only the others are read.
+        if at and any(last != at and not e.holds(row, at)
+                      for last, e in zip(each, evals, strict=True)):
+            at = _largest(_and(evals, row))
+        lasts.append(at)
+    return lasts[HIT], lasts[NOW], lasts[AFTER]
 
 
-def _and(evals: tuple[GroupEval, ...], name: str) -> NDArray[np.bool_]:
-    """The groups' vectors ``name`` ANDed (a fresh array)."""
-    out: NDArray[np.bool_] = getattr(evals[0], name).copy()
+def _and(evals: tuple[GroupEval, ...], row: int) -> NDArray[np.bool_]:
+    """The groups' per-length rows ``row`` ANDed (a fresh array)."""
+    out: NDArray[np.bool_] = evals[0].row(row).copy()
     for e in evals[1:]:
-        out &= getattr(e, name)
+        out &= e.row(row)
     return out
 
 
 def _probe(core: StateCore, evals: tuple[GroupEval, ...], at: int, tokens: int) -> Probe:
     """Per group, the blocks needed at candidate ``at`` (``tokens`` long), as found (made
-    when a lease first asks; until then the verdict keeps only each group's ids, epochs and
-    hash words, not the lookup's other arrays)."""
-    found = tuple((e.group.name, e.spans.bounds[:, at].tolist(), e.ids, e.epochs, e.words)
+    when a lease first asks; until then the verdict keeps only each group's ids, epochs, hash
+    words and needed spans, not the lookup's other arrays)."""
+    # Each group's change count now: a lease finding it unchanged needs no second look.
+    found = tuple((e.group.name, e.spans, e.ids, e.epochs, e.words, e.group.changes)
                   for e in evals)
 
     def groups() -> tuple[ProbedGroup, ...]:
         made = []
-        for name, (lo, cut, hi), ids, epochs, (high, low) in found:
+        for name, spans, ids, epochs, (high, low), changes in found:
+            lo, cut, hi = spans.bounds[:, at].tolist()
             last_words = (int(high[hi - 1]), int(low[hi - 1])) if hi > lo else None
-            made.append(ProbedGroup(name, lo, cut, hi, ids[lo:hi], epochs[lo:hi], last_words))
+            made.append(ProbedGroup(name, lo, cut, hi, ids[lo:hi], epochs[lo:hi], last_words,
+                                    changes))
         return tuple(made)
 
     return Probe(weakref.ref(core), tokens, groups)
 
 
-def _admitted(core: StateCore, evals: dict[str, GroupEval]) -> NDArray[np.bool_] | bool:
+def _admitted(core: StateCore, evals: tuple[GroupEval, ...]) -> NDArray[np.bool_] | bool:
     """Per candidate length: the restores every group's plan begins there fit, together, the
     core-wide room in operations and bytes (each group checked its own share alone), so the
     verdict never offers a plan the admission gate would refuse. True where nothing is capped
     or at most one group restores."""
-    asking = [(e.restores_asked, e.decl.payload_bytes) for e in evals.values()
-              if e.restores_asked is not None]
     budget = core.restore_budget
-    if len(asking) < 2 or not budget.capped:
+    if not budget.capped:
+        return True
+    asking = [(e.restores_asked, e.decl.payload_bytes) for e in evals
+              if e.restores_asked is not None]
+    if len(asking) < 2:
         return True
     ops_room, bytes_room = budget.ops_room(), budget.bytes_room()
     fits = np.ones(asking[0][0].size, dtype=np.bool_)
@@ -249,13 +282,14 @@ def _admitted(core: StateCore, evals: dict[str, GroupEval]) -> NDArray[np.bool_]
     return fits
 
 
-def _group_verdict(e: GroupEval, lengths: np.ndarray) -> GroupVerdict:
-    usable = int(lengths[e.largest_now])
-    restorable = max(int(lengths[e.largest_after]), usable)
-    hit = int(lengths[e.largest_hit])
+def _group_verdict(e: GroupEval, step: int, count: int) -> GroupVerdict:
+    """The group's own figures over ``count`` candidate lengths ``step`` apart."""
+    usable = e.largest_now * step
+    restorable = max(e.largest_after * step, usable)
+    hit = e.largest_hit * step
     stop: Reason | None = None
-    if not e.now[-1] and usable < int(lengths[-1]):
-        probe = int(lengths[min(e.largest_now + 1, lengths.size - 1)])
+    if usable < (count - 1) * step and not e.holds(NOW, count - 1):
+        probe = min(e.largest_now + 1, count - 1) * step
         if not e.servable(probe):
             stop = e.rule.unservable
         else:
@@ -264,8 +298,18 @@ def _group_verdict(e: GroupEval, lengths: np.ndarray) -> GroupVerdict:
                 stop = e.reason(int(index[0]), bool(compressed[0]))
         if stop is None:
             stop = e.rule.unservable or Reason.NOT_CACHED
-    return GroupVerdict(e.group.name, e.decl.kind, e.decl.block_size, hit, usable, restorable,
-                        stop)
+    decl = e.decl
+    key = (id(decl), hit, usable, restorable, stop)
+    known = _GROUP_VERDICTS.get(key)
+    # A value: shared between verdicts. The id is checked against what the value holds (an
+    # id may be reused once its declaration is gone).
+    if known is None or known.name != decl.name or known.kind is not decl.kind or \
+            known.block_size != decl.block_size:
+        if len(_GROUP_VERDICTS) >= _MAX_CACHED:
+            _GROUP_VERDICTS.clear()
+        known = _GROUP_VERDICTS[key] = GroupVerdict(decl.name, decl.kind, decl.block_size, hit,
+                                                    usable, restorable, stop)
+    return known
 
 
 def _shortfalls(evals: dict[str, GroupEval], length: int, usable: int) -> list[Shortfall]:

@@ -96,6 +96,9 @@ class ProbedGroup:
     ids: NDArray[np.intp]
     epochs: NDArray[np.uint32]
     last_words: tuple[int, int] | None
+    #: The group's ``changes`` when the lookup read it (-1: not known). Equal to the group's
+    #: count at a lease's take, every block is as the lookup saw it.
+    changes: int = -1
 
 
 class Probe:
