@@ -11,7 +11,7 @@ host to disk rather than being dropped while the tiers below have room.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -246,10 +246,13 @@ class EngineTiers:
 
     def restore(self, verdict: Verdict, prompt: Prompt | None) -> RestoreTicket:
         """See :meth:`kvfsm.Engine.restore`."""
-        keep: dict[str, Iterable[int]] = {}
+        keep: dict[str, NDArray[np.intp]] = {}
         if prompt is not None:
-            for group in self.core.groups.values():
+            # Room is made only in the groups the plan restores into: their blocks of the
+            # prompt are kept (an array: costs the prompt's blocks once, never the pool).
+            for name in {step.group for step in verdict.plan}:
+                group = self.core.group(name)
                 high, low = prompt.words(group.decl.block_size)
-                ids = self.core.lookup_words(group.name, high, low)
-                keep[group.name] = ids[ids >= 0].tolist()
+                ids = self.core.lookup_words(name, high, low)
+                keep[name] = ids[ids >= 0]
         return self.restorer.submit(verdict.plan, keep=keep)

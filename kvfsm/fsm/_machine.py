@@ -86,6 +86,9 @@ class Machine:
         self.name = name or table.name
         self._on_moved = on_moved
         self._states = np.full(capacity, table.initial, dtype=np.uint8)
+        # One read-only view for every reader (made once: callers ask on hot paths).
+        self._states_view = self._states.view()
+        self._states_view.setflags(write=False)
         self._guards, self._effects = self._bind(table, guards or {}, effects or {}, permissive)
         rows = table.lifecycle.rows
         # Per row: the bound guards and effects, in declared order.
@@ -138,9 +141,7 @@ class Machine:
     @property
     def states(self) -> NDArray[np.uint8]:
         """A read-only view of every object's state id."""
-        view = self._states.view()
-        view.setflags(write=False)
-        return view
+        return self._states_view
 
     def state_of(self, obj: int) -> str:
         """The state name of object ``obj``."""

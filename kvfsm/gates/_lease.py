@@ -320,11 +320,12 @@ class LeaseBook:
         core = self.core
         if probe is None or probe.core() is not core or probe.tokens != verdict.usable_tokens:
             return None
-        probed = {group.group: group for group in probe.groups}
+        groups = probe.groups
+        probed = {group.group: group for group in groups}
         if probed.keys() != core.groups.keys():
             return None
-        for group in probe.groups:
-            state = core.group(group.group)
+        states = [core.groups[group.group] for group in groups]
+        for group, state in zip(groups, states, strict=True):
             if group.last_words is not None:
                 high, low = prompt.words(state.decl.block_size)
                 if group.hi > high.size or \
@@ -335,8 +336,7 @@ class LeaseBook:
                 return None
         held: list[_Held] = []
         try:
-            for group in probe.groups:
-                state = core.group(group.group)
+            for group, state in zip(groups, states, strict=True):
                 if group.changes == state.changes:
                     # Nothing changed since the lookup: every block is as it saw it (usable).
                     first, why = pin_unchanged(state, group.ids), PINNED_FULL
@@ -353,13 +353,13 @@ class LeaseBook:
                 held.append(_Held(group.group, group.ids, group.lo, group.ids, group.epochs,
                                   alone=True, changes=state.changes))
         except Exception:
-            for taken in held:  # the groups pinned before the refusal
-                unpin_unmoved(core.group(taken.group), taken.pinned, taken.epochs)
+            for taken, state in zip(held, states, strict=False):  # pinned before the refusal
+                unpin_unmoved(state, taken.pinned, taken.epochs)
             raise
-        for taken in held:
+        for taken, state in zip(held, states, strict=True):
             if taken.pinned.size:
                 # The core's own ids, just checked: no conversion or range check again.
-                core.group(taken.group).touch(taken.pinned)
+                state.touch(taken.pinned)
         return tuple(held)
 
     def drop(self, lease: Lease) -> None:

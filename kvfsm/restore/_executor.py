@@ -182,7 +182,8 @@ class RestoreExecutor:
 
     # -- restores --------------------------------------------------------------------------
 
-    def submit(self, plan: Sequence[RestoreStep], keep: Mapping[str, Iterable[int]] | None = None
+    def submit(self, plan: Sequence[RestoreStep],
+               keep: Mapping[str, Iterable[int] | NDArray[np.intp]] | None = None
                ) -> RestoreTicket:
         """Start every step of ``plan`` (``Verdict.plan``): fire up to ``restore_begin`` now,
         host copies complete at once, stored copies load on workers. ``keep``: per group,
@@ -195,8 +196,8 @@ class RestoreExecutor:
         with self._lock:
             return self._submit(plan, keep)
 
-    def _submit(self, plan: Sequence[RestoreStep], keep: Mapping[str, Iterable[int]] | None
-                ) -> RestoreTicket:
+    def _submit(self, plan: Sequence[RestoreStep],
+                keep: Mapping[str, Iterable[int] | NDArray[np.intp]] | None) -> RestoreTicket:
         core = self.core
         running: dict[tuple[str, int], _Load] = {
             (load.group, block): load for load in self._open if not load.settled
@@ -206,7 +207,9 @@ class RestoreExecutor:
             for name in sorted({step.group for step in plan}):
                 wanted = sum(Event.RESTORE_BEGIN in step.path for step in plan
                              if step.group == name)
-                own = np.fromiter((keep or {}).get(name, ()), dtype=np.intp)
+                given = (keep or {}).get(name, ())
+                own = np.asarray(given, dtype=np.intp) if isinstance(given, np.ndarray) \
+                    else np.fromiter(given, dtype=np.intp)
                 self._make_room(name, wanted - core.group(name).pools[Tier.DEVICE].free, own)
         batches: dict[tuple[str, tuple[Event, ...]], list[RestoreStep]] = {}
         for step in plan:

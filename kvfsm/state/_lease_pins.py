@@ -212,14 +212,16 @@ def _pin_twin(ids: IdArray, pins: NDArray[np.uint16], max_pins: int,
 def pin_kernel(ids: IdArray, pins: NDArray[np.uint16], max_pins: int,
                out: NDArray[np.int64]) -> None:
     """``out[0]``: the first ``i`` whose block is pinned ``max_pins`` times, and nothing is
-    pinned; else -1 and each distinct block of ``ids`` is pinned once more."""
+    pinned; else -1 and each distinct block of ``ids`` is pinned once more. One pass: the
+    pins taken before a full block are given back (a refusal is rare)."""
     for i in range(ids.size):
         if pins[ids[i]] >= max_pins:
+            for j in range(i):
+                pins[ids[j]] -= 1
             out[0] = i
             return
-    out[0] = -1
-    for i in range(ids.size):
         pins[ids[i]] += 1
+    out[0] = -1
 
 
 def pin_unchanged(state: GroupState, ids: IdArray) -> int:

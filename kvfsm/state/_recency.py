@@ -103,26 +103,32 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
     """Blocks ``ids`` were used at ``tick``, in batch order: each gets ``last_use`` ``tick``
     and, where its state (``states[block]``) puts it on a list, moves to that list's tail.
     ``bad[0]`` gets the index of the first id outside the blocks, and then nothing changes;
-    else -1. One pass over the ids after the range check (no gathers, masks or index lists);
-    a batch that is one run of one list in batch order is spliced to the tail whole."""
+    else -1. Two passes over the ids at most (the range and run check, then the moves; no
+    gathers, masks or index lists); a batch that is one run of one list in batch order is
+    spliced to the tail whole."""
     n = last_use.size
     bad[0] = -1
-    for i in range(ids.size):
-        if ids[i] < 0 or ids[i] >= n:
+    count = ids.size
+    # One pass checks the range and whether the batch is one run of one list in batch order:
+    # a lease touches a prompt's blocks, which usually sit so (touched together before), and
+    # moving each to the tail in turn leaves that run at the tail, so it is spliced there
+    # whole (the same order, O(1) moves).
+    run = count > 1
+    listed = -1
+    for i in range(count):
+        block = ids[i]
+        if block < 0 or block >= n:
             bad[0] = i
             return
-    count = ids.size
+        if not run:
+            continue
+        if i == 0:
+            listed = list_of_state[states[block]]
+            run = listed >= 0
+        else:
+            run = next_[ids[i - 1]] == block and list_of_state[states[block]] == listed
     if count > 1:
-        # A lease touches a prompt's blocks, which usually sit as one run of one list in
-        # prompt order (touched together before): moving each to the tail in turn leaves
-        # that run at the tail, so splice it there whole (the same order, O(1) moves).
         first = ids[0]
-        listed = list_of_state[states[first]]
-        run = listed >= 0
-        for i in range(count - 1):
-            if not run:
-                break
-            run = next_[ids[i]] == ids[i + 1] and list_of_state[states[ids[i + 1]]] == listed
         if run:
             for i in range(count):
                 last_use[ids[i]] = tick
