@@ -495,8 +495,8 @@ def test_leases_outlive_many_readers_and_count_exactly() -> None:
 
 
 #: Every public Engine method that touches the core.
-LOCKED = ["lookup", "commit", "give_back", "lease", "leases_open", "discover", "spill_down",
-          "restore", "close"]
+LOCKED = ["lookup", "commit", "give_back", "offload", "lease", "leases_open", "discover",
+          "spill_down", "restore", "close"]
 
 
 def _call(eng: Engine, method: str) -> Callable[[], object]:
@@ -505,6 +505,7 @@ def _call(eng: Engine, method: str) -> Callable[[], object]:
         "lookup": lambda: eng.lookup(prompt),
         "commit": lambda: eng.commit(prompt),
         "give_back": lambda: eng.give_back("attn", 1),
+        "offload": lambda: eng.offload("attn", [block_id(eng, "attn", TEXT, 0)]),
         "lease": lambda: eng.lease(eng.lookup(prompt), prompt).release(),
         "leases_open": lambda: eng.leases_open,
         "discover": lambda: eng.discover(prompt),
