@@ -306,18 +306,7 @@ class Engine:
         that copy. Never touches a block of ``keep`` or pinned blocks; costs the blocks moved,
         never the pool (recency lists). Returns per id whether it moved (the rest are where
         they were: not on the device, pinned, in flight, or no tier below took them)."""
-        state = self.core.group(group)
-        batch = np.asarray(ids)
-        if batch.size and not np.issubdtype(batch.dtype, np.integer):
-            raise KvfsmError(f"{group}: block ids must be integers, got dtype {batch.dtype}")
-        flat = batch.astype(np.intp, copy=False).ravel()
-        bad = (flat < 0) | (flat >= state.n_blocks)
-        if bad.any():
-            raise KvfsmError(f"{group}: block id {int(flat[bad][0])} out of range "
-                             f"[0, {state.n_blocks})")
-        if np.unique(flat).size != flat.size:
-            raise KvfsmError(f"{group}: offload ids repeat a block")
-        return self._stored.offload(group, flat, keep)
+        return self._stored.offload(group, self.core.block_ids(group, ids), keep)
 
     @_locked
     def close(self) -> None:

@@ -237,6 +237,11 @@ class StateCore:
             raise KvfsmError(f"{self.model.name}: no group {name!r}; "
                              f"groups: {sorted(self.groups)}") from None
 
+    def block_ids(self, group: str, ids: ArrayLike, *, unique: bool = True) -> IdArray:
+        """``ids`` as a flat intp array of ``group``'s blocks, or a KvfsmError naming the
+        group where they are not integers, lie outside the group or (``unique``) repeat."""
+        return self._ids(self.group(group), ids, unique=unique)
+
     def _ids(self, group: GroupState, ids: ArrayLike, *, unique: bool = True) -> IdArray:
         raw = np.asarray(ids)
         if raw.size and not np.issubdtype(raw.dtype, np.integer):
