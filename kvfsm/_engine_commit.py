@@ -84,7 +84,7 @@ class Committer:
         known = self.core.lookup_words(group.name, high[index], low[index])
         cached = known >= 0
         held = np.where(cached, known, 0)
-        failed = cached & (group.check[held] == FAILED) & (group.pins[held] == 0)
+        failed = cached & (group.check[held] == FAILED) & group.unpinned(held)
         fresh = index[~cached | failed]
         content = np.asarray(payload(group, fresh), dtype=np.uint8)
         if content.size != fresh.size * decl.payload_bytes:
@@ -117,7 +117,7 @@ class Committer:
             core.fire(group.name, plan.replaced, Event.INVALIDATE)
             # Those left holding their slot with no reader give it back now (pinned ones wait).
             waiting = plan.replaced[group.reclaimable_mask(plan.replaced)
-                                    & (group.pins[plan.replaced] == 0)]
+                                    & group.unpinned(plan.replaced)]
             core.fire(group.name, waiting, Event.FREE)
         self.give_back(group.name, plan.fresh.size - group.pools[Tier.DEVICE].free, plan.kept)
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import attrs
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvfsm import (
     CoreConfig,
@@ -25,6 +27,7 @@ from kvfsm import (
 )
 from kvfsm.spec import Event, Tier
 from kvfsm.state import MAX_PINS, StateError
+from kvfsm.verify import Prompt
 from tests.verify_models import SWA, block_id, engine, group, history_by_hand, model, tokens
 
 #: A prompt of 321 tokens: 320 can be reused (the last one is always computed).
@@ -489,6 +492,113 @@ def test_leases_outlive_many_readers_and_count_exactly() -> None:
         lease.validate()
         lease.release()
     assert eng.leases_open == 0 and _pins(eng) == {"attn": 0}
+
+
+# -- long runs: pinned by whole chunks ------------------------------------------------------------
+
+#: Blocks of the dense model's pool in the long-run tests: room for several long prompts.
+RUN_POOL = 1024
+
+
+def _run_engine() -> Engine:
+    return Engine(shipped_models()["dense"],
+                  CoreConfig(device_blocks=RUN_POOL, host_blocks=0, backend="numpy"))
+
+
+def _long_prompt(eng: Engine, blocks: int, seed: int) -> tuple[Prompt, np.ndarray]:
+    """A committed prompt of ``blocks`` whole blocks of 16 tokens (plus the last token, always
+    computed) and its block ids in prompt order."""
+    prompt = eng.prompt(tokens(blocks * 16 + 1, seed=seed))
+    eng.commit(prompt)
+    high, low = prompt.words(16)
+    ids = eng.core.lookup_words("attn", high, low).astype(np.intp)
+    assert (ids >= 0).all()
+    return prompt, ids
+
+
+def test_a_long_run_is_pinned_by_whole_chunks_and_given_back_exactly() -> None:
+    """A lease over 200 consecutive ids pins the whole chunks inside them once each and only
+    the ids at the ends one by one; every leased block counts one pin (and no other block
+    any), none can be evicted or handed out for eviction, and the release leaves no pin."""
+    eng = _run_engine()
+    eng.commit(eng.prompt(tokens(5 * 16 + 1, seed=1)))  # the run starts mid-chunk
+    prompt, ids = _long_prompt(eng, 200, seed=2)
+    group = eng.core.group("attn")
+    assert (np.diff(ids) == 1).all()
+    with eng.lease(eng.lookup(prompt), prompt) as lease:
+        lease.validate()
+        held = group.pins
+        assert (held[ids] == 1).all() and int(held.sum()) == ids.size
+        assert int(group.chunk_pins.sum()) > 0
+        assert int(group.block_pins.sum()) < ids.size  # the ends only
+        middle = ids[ids.size // 2: ids.size // 2 + 1]
+        assert group.block_pins[middle][0] == 0  # held by its chunk alone
+        with pytest.raises(GuardRejected, match="no_pins"):
+            eng.core.fire("attn", middle, Event.EVICT)
+        candidates = eng.core.eviction_candidates("attn", RUN_POOL)
+        assert not np.isin(candidates, ids).any() and candidates.size > 0
+    assert int(group.pins.sum()) == 0 and int(group.chunk_pins.sum()) == 0
+    eng.core.fire("attn", middle, Event.EVICT)
+    eng.core.assert_invariants()
+
+
+def test_a_chunk_pinned_to_the_limit_refuses_the_lease_and_pins_nothing() -> None:
+    eng = _run_engine()
+    prompt, ids = _long_prompt(eng, 200, seed=3)
+    group = eng.core.group("attn")
+    verdict = eng.lookup(prompt)
+    chunk = int(ids[100]) >> 6
+    group._blocks.chunk_pins[chunk] = MAX_PINS
+    with pytest.raises(StateError, match="pins"):
+        eng.lease(verdict, prompt)
+    group._blocks.chunk_pins[chunk] = 0
+    assert int(group.pins.sum()) == 0 and eng.leases_open == 0
+    with eng.lease(verdict, prompt):
+        assert int(group.pins.sum()) == ids.size
+
+
+def test_a_moved_end_block_keeps_its_new_owners_pin_when_the_lease_goes() -> None:
+    """The release of a run gives back its chunks' pins, and the pin of an end block only
+    if that block is still at the epoch the lease saw: one that moved behind the lease's back
+    lost the lease's pin with its content, and what it holds now is another reader's."""
+    eng = _run_engine()
+    eng.commit(eng.prompt(tokens(5 * 16 + 1, seed=4)))
+    prompt, ids = _long_prompt(eng, 200, seed=5)
+    group = eng.core.group("attn")
+    lease = eng.lease(eng.lookup(prompt), prompt)
+    end = ids[:1]
+    assert group.block_pins[end][0] == 1
+    group._blocks.epoch[end] += 1  # what only a bypass of the pin could do
+    lease.release()
+    assert group.block_pins[end][0] == 1 and int(group.chunk_pins.sum()) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.booleans()), min_size=1, max_size=30),
+       st.lists(st.integers(1, 150), min_size=4, max_size=4))
+def test_lease_pins_count_exactly_the_open_leases_over_each_block(
+        steps: list[tuple[int, bool]], lengths: list[int]) -> None:
+    """Whatever mix of long and short prompts is leased and released, in any order, each
+    block holds exactly as many pins as open leases cover it (runs by whole chunks, short or
+    broken runs block by block), and none once every lease is gone."""
+    eng = _run_engine()
+    prompts = [_long_prompt(eng, length, seed=10 + i) for i, length in enumerate(lengths)]
+    group = eng.core.group("attn")
+    open_leases: list[tuple[Lease, np.ndarray]] = []
+    for which, take in steps:
+        if take or not open_leases:
+            prompt, ids = prompts[which]
+            open_leases.append((eng.lease(eng.lookup(prompt), prompt), ids))
+        else:
+            lease, _ = open_leases.pop(which % len(open_leases))
+            lease.release()
+        expected = np.zeros(group.n_blocks, dtype=np.int64)
+        for _, ids in open_leases:
+            expected[ids] += 1
+        assert (group.pins == expected).all()
+    for lease, _ in open_leases:
+        lease.release()
+    assert int(group.pins.sum()) == 0 and int(group.chunk_pins.sum()) == 0
 
 
 # -- the engine's lock ---------------------------------------------------------------------------

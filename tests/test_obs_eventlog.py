@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, Engine, EventLog, GuardRejected, KvfsmError, shipped_models
 from kvfsm.obs import FLUSH_EVERY, replay, table_digest
+from kvfsm.obs._eventlog import _put_runs, _read_line
 from kvfsm.spec import Event, Tier
 from kvfsm.state import StateCore
 from kvfsm.tiers import HEADER_BYTES, DiskTier
@@ -289,3 +290,28 @@ def test_a_failing_write_never_fails_a_move_and_is_raised_by_flush() -> None:
         log.close()  # the buffered header and lines cannot be written either
     assert log.closed
     written(c, 1)  # detached: moves go on
+
+
+def _general_read(seq: int, group: str, ids: NDArray[np.intp],
+                  epochs: NDArray[np.uint32]) -> dict[str, Any]:
+    line: dict[str, Any] = {"seq": seq, "type": "read", "group": group}
+    _put_runs(line, "ids", ids, step=1)
+    _put_runs(line, "epochs", epochs, step=0)
+    return line
+
+
+@pytest.mark.parametrize(("ids", "epochs"), [
+    (np.arange(5, 8197), np.full(8192, 3)),  # a lease's usual read: one run of each
+    (np.arange(5, 8197), np.r_[np.full(8191, 3), 4]),  # one block at another epoch
+    (np.r_[np.arange(5, 100), np.arange(200, 300)], np.full(195, 1)),  # two runs of ids
+    (np.array([9, 4]), np.array([1, 1])),  # too short for runs to be shorter
+    (np.array([4, 5, 6]), np.array([2, 2, 2])),
+])
+def test_a_read_line_is_what_the_general_formatter_writes(ids: NDArray[Any],
+                                                          epochs: NDArray[Any]) -> None:
+    """A read of consecutive ids at one epoch is formatted without building the line as a
+    dict (the path every lease validation takes); whichever path formats a read, the line
+    parses to what the general formatter makes of it."""
+    ids, epochs = ids.astype(np.intp), epochs.astype(np.uint32)
+    line = _read_line(7, json.dumps("index"), ids, epochs, np.empty(2, dtype=np.int64))
+    assert json.loads(line) == _general_read(7, "index", ids, epochs)

@@ -639,8 +639,9 @@ def test_an_index_pin_that_would_wrap_its_target_changes_nothing() -> None:
 def test_metadata_is_read_only_outside_the_core() -> None:
     core = _core()
     group = core.group("attn")
-    for view in (group.epoch, group.pins, group.position, group.check, group.sub_blocks,
-                 group.slot[Tier.DEVICE], group.free_ids, group.states):
+    for view in (group.epoch, group.pins, group.block_pins, group.chunk_pins, group.position,
+                 group.check, group.sub_blocks, group.slot[Tier.DEVICE], group.free_ids,
+                 group.states):
         with pytest.raises(ValueError, match="read-only"):
             view[0] = 1
 

@@ -23,6 +23,8 @@ N_BLOCKS = 8
 N_STATES = 4
 #: States 0..2 map to lists 0, 1, none; state 3 to list 1 as well.
 LIST_OF_STATE = np.array([0, 1, NO_LIST, 1], dtype=np.int8)
+#: No chunk of ids pinned (walks over ``N_BLOCKS`` blocks, chunks of two).
+NO_CHUNK_PINS = np.zeros(N_BLOCKS // 2 + 1, dtype=np.uint16)
 
 DENSE = shipped_models()["dense"]
 
@@ -81,7 +83,7 @@ def test_lists_follow_the_states_oldest_first(
     pins[sorted(pinned)] = 1
     for listed, order in model.items():
         expected = [block for block in order if block not in pinned][:count]
-        assert recency.oldest(listed, count, pins).tolist() == expected
+        assert recency.oldest(listed, count, pins, NO_CHUNK_PINS, 1).tolist() == expected
 
 
 def test_a_touch_with_an_id_outside_the_blocks_changes_nothing(jit_backend: str) -> None:
@@ -99,8 +101,8 @@ def test_a_touch_with_an_id_outside_the_blocks_changes_nothing(jit_backend: str)
         after = (recency.prev, recency.next, recency.head, recency.tail, last_use)
         assert all((a == b).all() for a, b in zip(before, after, strict=True))
     assert recency.touch(np.array([1, 6, 1], dtype=np.intp), states, last_use, 99) == -1
-    assert recency.oldest(1, N_BLOCKS, np.zeros(N_BLOCKS, dtype=np.uint16)).tolist() == [
-        2, 4, 6, 1]
+    assert recency.oldest(1, N_BLOCKS, np.zeros(N_BLOCKS, dtype=np.uint16), NO_CHUNK_PINS,
+                          1).tolist() == [2, 4, 6, 1]
 
 
 def test_core_touch_refuses_bad_ids_and_keeps_its_clock(jit_backend: str) -> None:
@@ -129,8 +131,24 @@ def test_oldest_skips_excluded_blocks_and_grows_its_buffer(jit_backend: str) -> 
     recency.moved(ids, np.full(n, 2, dtype=np.uint8), np.ones(n, dtype=np.uint8))
     excluded = np.zeros(n, dtype=np.bool_)
     excluded[::3] = True
-    got = recency.oldest(1, n, np.zeros(n, dtype=np.uint16), excluded)
+    got = recency.oldest(1, n, np.zeros(n, dtype=np.uint16), np.zeros(n, dtype=np.uint16), 0,
+                         excluded)
     assert got.tolist() == [i for i in range(n) if i % 3]
+
+
+def test_oldest_skips_the_blocks_of_pinned_chunks(jit_backend: str) -> None:
+    """A pin on a chunk of ``1 << shift`` ids holds every block in it: the walk skips them
+    all, as it skips a block pinned alone."""
+    n, shift = 16, 2
+    recency = Recency(n, LIST_OF_STATE)
+    ids = np.arange(n, dtype=np.intp)
+    recency.moved(ids, np.full(n, 2, dtype=np.uint8), np.ones(n, dtype=np.uint8))
+    pins = np.zeros(n, dtype=np.uint16)
+    pins[1] = 1
+    chunk_pins = np.zeros((n >> shift) + 1, dtype=np.uint16)
+    chunk_pins[2] = 1  # blocks 8 to 11
+    got = recency.oldest(1, n, pins, chunk_pins, shift)
+    assert got.tolist() == [0, 2, 3, 4, 5, 6, 7, 12, 13, 14, 15]
 
 
 def _filled(device: int, blocks: int) -> tuple[StateCore, np.ndarray]:
@@ -180,6 +198,6 @@ def test_the_lists_are_what_give_backs_read() -> None:
     group = core.group("attn")
     assert group.in_list(ids[:1], EVICT_LIST).all()
     assert group.reclaimable_mask(ids[[4, 1]]).all()
-    assert group.recency.oldest(RECLAIM_LIST, 9, group.pins).tolist() == ids[[4, 1]].tolist()
+    assert group.oldest(RECLAIM_LIST, 9).tolist() == ids[[4, 1]].tolist()
     assert core.eviction_candidates("attn", 6).tolist() == ids[[4, 1, 2, 3, 5, 0]].tolist()
     assert core.check_invariants() == []

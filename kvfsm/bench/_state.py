@@ -61,7 +61,9 @@ def logical_arrays(group: GroupState) -> dict[str, NDArray[np.generic]]:
         "state": group.states,
         "epoch": group.epoch,
         "position": group.position,
-        "pins": group.pins,
+        "pins": group.block_pins,
+        # One counter per chunk of 1 << PIN_CHUNK_SHIFT blocks (leases' runs): 1/32 byte.
+        "chunk_pins": group.chunk_pins,
         "last_use": group.last_use,
         "check": group.check,
         "layout_id": group.layout_id,

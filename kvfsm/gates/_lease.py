@@ -21,9 +21,8 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, NamedTuple
 
-import attrs
 import numpy as np
 from numpy.typing import NDArray
 
@@ -50,12 +49,13 @@ IdArray = NDArray[np.intp]
 DEFAULT_LEASE_TTL_S: Final = 10.0
 
 
-@attrs.frozen(eq=False)
-class _Held:
+class _Held(NamedTuple):
     """What one lease holds in one group: the blocks it pinned itself and every block whose
-    epoch it checks (those, plus index targets pinned through their index)."""
+    epoch it checks (those, plus index targets pinned through their index). A named tuple:
+    a lease makes one per group on every take, and an attrs value costs several times more
+    to make."""
 
-    group: str
+    state: GroupState
     #: Blocks pinned directly, in prompt order; the first is the prompt's block ``first``.
     pinned: IdArray
     first: int
@@ -68,9 +68,16 @@ class _Held:
     #: The group's ``changes`` once the lease held its pins: while it is unchanged no block
     #: of the group moved, so each of ``ids`` is still at its epoch and state.
     changes: int = -1
+    #: ``pinned`` is one run of consecutive ids, pinned by whole chunks but for its ends
+    #: (:func:`~kvfsm.state._lease_pins.pin_unchanged`); given back the same way.
+    run: bool = False
 
     @property
-    def index(self) -> NDArray[np.int64]:
+    def group(self) -> str:
+        return self.state.name
+
+    @property
+    def indices(self) -> NDArray[np.int64]:
         return np.arange(self.first, self.first + self.pinned.size, dtype=np.int64)
 
 
@@ -105,7 +112,7 @@ class Lease:
     def indices(self, group: str) -> NDArray[np.int64]:
         """The prompt block indices of :meth:`blocks` of ``group`` (block ``i`` covers tokens
         ``[i * block_size, (i + 1) * block_size)``)."""
-        return self._held_of(group).index.copy()
+        return self._held_of(group).indices.copy()
 
     def epochs(self, group: str) -> NDArray[np.uint32]:
         """The epochs recorded for :meth:`blocks` of ``group``."""
@@ -163,9 +170,8 @@ class Lease:
                             "again")
         if self._released:
             raise LeaseLost("the lease was released")
-        core = self._book.core
         for held in self._held:
-            _check(core.group(held.group), held)
+            _check(held.state, held)
 
     def release(self) -> None:
         """Give back the lease's pins (idempotent; safe from any thread)."""
@@ -180,10 +186,10 @@ class Lease:
             return
         self._released = True
         for held in self._held:
-            state = core.group(held.group)
+            state = held.state
             count = held.pinned.size
             if held.alone:
-                unpin_unmoved(state, held.pinned, held.epochs[:count])
+                unpin_unmoved(state, held.pinned, held.epochs[:count], held.run)
                 continue
             still = state.epoch[held.pinned] == held.epochs[:count]
             try:
@@ -337,9 +343,10 @@ class LeaseBook:
         held: list[_Held] = []
         try:
             for group, state in zip(groups, states, strict=True):
+                run = False
                 if group.changes == state.changes:
                     # Nothing changed since the lookup: every block is as it saw it (usable).
-                    first, why = pin_unchanged(state, group.ids), PINNED_FULL
+                    (first, run), why = pin_unchanged(state, group.ids), PINNED_FULL
                 else:
                     first, why = pin_if_usable(state, group.ids, group.epochs,
                                                group.cut - group.lo)
@@ -350,11 +357,11 @@ class LeaseBook:
                     lost = _unusable(state, group, first, why)
                     self.refused(lost)
                     raise lost
-                held.append(_Held(group.group, group.ids, group.lo, group.ids, group.epochs,
-                                  alone=True, changes=state.changes))
+                held.append(_Held(state, group.ids, group.lo, group.ids, group.epochs,
+                                  alone=True, changes=state.changes, run=run))
         except Exception:
             for taken, state in zip(held, states, strict=False):  # pinned before the refusal
-                unpin_unmoved(state, taken.pinned, taken.epochs)
+                unpin_unmoved(state, taken.pinned, taken.epochs, taken.run)
             raise
         for taken, state in zip(held, states, strict=True):
             if taken.pinned.size:
@@ -477,5 +484,5 @@ def _record(state: GroupState, pinned: IdArray, index: NDArray[np.int64],
     extra = state.without(extra, pinned)
     ids = np.concatenate([pinned, extra]).astype(np.intp)
     first = int(index[0]) if index.size else 0
-    return _Held(state.name, pinned, first, ids, state.epoch[ids].copy(),
+    return _Held(state, pinned, first, ids, state.epoch[ids].copy(),
                  changes=state.changes)

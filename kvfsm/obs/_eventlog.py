@@ -121,16 +121,86 @@ def _runs_twin(values: NDArray[np.int64], step: int, firsts: NDArray[np.int64],
 def runs_kernel(values: NDArray[np.int64], step: int, firsts: NDArray[np.int64],
                 counts: NDArray[np.int64], found: NDArray[np.int64]) -> None:
     """``found[0]`` runs of ``values``, each continuing by ``step``: the first value of run
-    ``r`` in ``firsts[r]``, its length in ``counts[r]`` (one pass)."""
+    ``r`` in ``firsts[r]``, its length in ``counts[r]``. A lease's read is usually one run:
+    a branch-free pass (which vectorizes) says so first; else one pass writes each run as it
+    ends."""
+    size = values.size
+    if size == 0:
+        found[0] = 0
+        return
+    start = values[0]
+    off = 0
+    for i in range(size):
+        off |= values[i] - (start + i * step)
+    if off == 0:
+        firsts[0], counts[0], found[0] = start, size, 1
+        return
     runs = 0
-    for i in range(values.size):
-        if runs > 0 and values[i] == values[i - 1] + step:
-            counts[runs - 1] += 1
-        else:
-            firsts[runs] = values[i]
-            counts[runs] = 1
+    begin = 0
+    for i in range(1, size):
+        if values[i] != values[i - 1] + step:
+            firsts[runs] = values[begin]
+            counts[runs] = i - begin
             runs += 1
-    found[0] = runs
+            begin = i
+    firsts[runs] = values[begin]
+    counts[runs] = size - begin
+    found[0] = runs + 1
+
+
+def _one_run_example() -> tuple[object, ...]:
+    return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint32), np.empty(2, np.int64))
+
+
+def _one_run_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """Reads of a few blocks: mostly consecutive ids at one epoch, now and then a gap, a
+    repeat or a second epoch."""
+    size = int(rng.integers(0, 10))
+    ids = int(rng.integers(0, 50)) + np.arange(size)
+    epochs = np.full(size, int(rng.integers(0, 4)), dtype=np.uint32)
+    if size and rng.random() < 0.4:
+        ids[int(rng.integers(0, size))] += int(rng.integers(-2, 3))
+    if size and rng.random() < 0.4:
+        epochs[int(rng.integers(0, size))] += np.uint32(1)
+    return ids.astype(np.intp), epochs, np.empty(2, np.int64)
+
+
+def _one_run_twin(ids: NDArray[np.intp], epochs: NDArray[np.uint32],
+                  out: NDArray[np.int64]) -> None:
+    out[0] = bool((ids == ids[0] + np.arange(ids.size)).all()) if ids.size else True
+    out[1] = bool((epochs == epochs[0]).all()) if epochs.size else True
+
+
+@kernel(example=_one_run_example, twin=_one_run_twin, inputs=_one_run_inputs)
+def one_run_kernel(ids: NDArray[np.intp], epochs: NDArray[np.uint32],
+                   out: NDArray[np.int64]) -> None:
+    """``out[0]``: ``ids`` are consecutive; ``out[1]``: ``epochs`` are all one value (a
+    lease's usual read, written as one run of each). Branch-free passes, which vectorize."""
+    off = 0
+    for i in range(ids.size):
+        off |= ids[i] - (ids[0] + i)
+    differ = 0
+    for i in range(epochs.size):
+        differ |= epochs[i] ^ epochs[0]
+    out[0], out[1] = off == 0, differ == 0
+
+
+def _read_line(seq: int, group_json: str, ids: NDArray[np.intp],
+               epochs: NDArray[np.uint32], answer: NDArray[np.int64]) -> str:
+    """The line of a read: ids and epochs each as a list, or as ``[first, count]`` runs
+    when fewer numbers spell it (a lease's read of consecutive ids at one epoch is written
+    without building either list)."""
+    if ids.size > 2 and ids.size == epochs.size:
+        one_run_kernel(ids, epochs, answer)
+        if answer[0] and answer[1]:
+            count = ids.size
+            return (f'{{"seq":{seq},"type":"{READ}","group":{group_json},'
+                    f'"ids_runs":[[{int(ids[0])},{count}]],'
+                    f'"epochs_runs":[[{int(epochs[0])},{count}]]}}')
+    line: dict[str, Any] = {"seq": seq, "type": READ, "group": json.loads(group_json)}
+    _put_runs(line, "ids", ids, step=1)
+    _put_runs(line, "epochs", epochs, step=0)
+    return json.dumps(line, separators=_COMPACT)
 
 
 def _run_arrays(values: NDArray[Any], step: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -181,6 +251,8 @@ class EventLog:
         self._file: TextIO | None = self.path.open("w", encoding="utf-8")
         self._core: StateCore | None = None
         self._names: dict[str, NDArray[np.object_]] = {}
+        #: Each group's name as JSON (a read line is formatted around it).
+        self._group_json: dict[str, str] = {}
         self._buffer: list[_Record] = []
         self._lock = threading.Lock()
         self._error: OSError | None = None
@@ -203,6 +275,7 @@ class EventLog:
                              f"({self._core.model.name}); use one log per core")
         self._names = {name: np.array(state.table.lifecycle.state_names, dtype=object)
                        for name, state in core.groups.items()}
+        self._group_json = {name: json.dumps(name) for name in core.groups}
         # Buffered with the records: it reaches the file with the first flush.
         self._file.write(json.dumps(header(core), separators=_COMPACT) + "\n")
         core.add_observer(self)
@@ -238,22 +311,20 @@ class EventLog:
             return
         first = self.records - len(self._buffer)
         lines = []
+        answer = np.empty(2, dtype=np.int64)
         for seq, (kind, group, event, ids, before, after, epochs) in enumerate(
                 self._buffer, first):
-            line: dict[str, Any] = {"seq": seq, "type": kind, "group": group}
             if event is not None and before is not None and after is not None:
                 names = self._names[group]
-                line["event"] = event.spec_name
-                line["ids"] = ids.tolist()
-                line["from"] = names[before].tolist()
-                line["to"] = names[after].tolist()
-                line["epochs"] = epochs.tolist()
+                lines.append(json.dumps(
+                    {"seq": seq, "type": kind, "group": group, "event": event.spec_name,
+                     "ids": ids.tolist(), "from": names[before].tolist(),
+                     "to": names[after].tolist(), "epochs": epochs.tolist()},
+                    separators=_COMPACT))
             else:
                 # A read is usually a lease's blocks: long runs of consecutive ids at one
                 # epoch, written as runs when that is shorter.
-                _put_runs(line, "ids", ids, step=1)
-                _put_runs(line, "epochs", epochs, step=0)
-            lines.append(json.dumps(line, separators=_COMPACT))
+                lines.append(_read_line(seq, self._group_json[group], ids, epochs, answer))
         self._buffer.clear()
         self._file.write("\n".join(lines) + "\n")
         self._file.flush()

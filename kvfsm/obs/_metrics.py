@@ -10,7 +10,6 @@ histograms) and the serving demo's exposition (``kvfsm_lookups``, ``kvfsm_hit_to
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -23,7 +22,7 @@ from kvfsm.spec import Event, GroupKind, Tier
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from kvfsm.verify import Verdict
+    from kvfsm.verify import Level, Reason, Verdict
 
 #: Upper bounds (seconds) of the restore latency histogram: a host copy takes well under a
 #: millisecond, a remote fetch of a long prefix seconds.
@@ -121,21 +120,34 @@ class EngineMetrics:
         self.admission_wait = metric(histogram, "admission_wait_seconds",
                                      "Time requests waited for restore admission.",
                                      buckets=ADMISSION_WAIT_SECONDS_BUCKETS)
-        # Labelled children by key: a transition batch costs one dict lookup and one inc.
+        # Labelled children by key: a transition batch or a lookup costs a dict lookup and
+        # an inc per labelled figure (``labels()`` costs several times more).
         self._moves: dict[tuple[str, Event], Any] = {}
+        self._lookups: dict[Level, Any] = {}
+        self._shortfalls: dict[tuple[Reason, str], Any] = {}
         self._lock = threading.Lock()
 
     # -- what the engine and its data path report ---------------------------------------------
 
     def observe_lookup(self, verdict: Verdict) -> None:
         """One lookup's verdict: its tokens and its shortfalls by reason and group."""
-        self.lookups.labels(verdict.level.value).inc()
+        level = verdict.level
+        child = self._lookups.get(level)
+        if child is None:
+            with self._lock:
+                child = self._lookups.setdefault(level, self.lookups.labels(level.value))
+        child.inc()
         self.prompt_tokens.inc(verdict.prompt_tokens)
         self.hit_tokens.inc(verdict.hit_tokens)
         self.usable_tokens.inc(verdict.usable_tokens)
-        counts = Counter((s.reason.value, s.group) for s in verdict.reasons)
-        for (reason, group), count in counts.items():
-            self.shortfalls.labels(reason, group).inc(count)
+        for shortfall in verdict.reasons:
+            key = (shortfall.reason, shortfall.group)
+            child = self._shortfalls.get(key)
+            if child is None:
+                with self._lock:
+                    child = self._shortfalls.setdefault(
+                        key, self.shortfalls.labels(shortfall.reason.value, shortfall.group))
+            child.inc()
 
     def observe_restore(self, group: str, kind: GroupKind | str, tier: Tier | str,
                         outcome: str, count: int, seconds: float) -> None:

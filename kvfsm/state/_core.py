@@ -543,13 +543,14 @@ class StateCore:
     def unpin(self, group: str, ids: ArrayLike) -> None:
         state = self.group(group)
         batch = self._ids(state, ids)
-        if (state.pins[batch] == 0).any():
-            raise StateError(f"{group}: unpin of unpinned blocks "
-                             f"{batch[state.pins[batch] == 0][:8].tolist()}")
+        # Only pins taken block by block are given back here (a lease's chunk pins are its own).
+        unheld = state.block_pins[batch] == 0
+        if unheld.any():
+            raise StateError(f"{group}: unpin of unpinned blocks {batch[unheld][:8].tolist()}")
         targets = self._index_targets(state, batch)
         if state.target is not None and targets.size:
             touched, held = state.target.repeats(targets)
-            short = touched[state.target.pins[touched] < held]
+            short = touched[state.target.block_pins[touched] < held]
             if short.size:
                 # Someone unpinned a target this index still holds: refuse, never wrap.
                 raise StateError(f"{group}: unpinning index blocks would release pins on "
@@ -613,7 +614,8 @@ class StateCore:
         return BlockInfo(
             group=group, block=index, state=state.machine.state_of(index),
             position=int(state.position[index]), epoch=int(state.epoch[index]),
-            pins=int(state.pins[index]), layout=state.layouts[int(state.layout_id[index])],
+            pins=int(state.pin_counts(np.array([index], dtype=np.intp))[0]),
+            layout=state.layouts[int(state.layout_id[index])],
             verified=None if check == UNCHECKED else check == VERIFIED,
             slots={tier: int(slots[index]) for tier, slots in state.slot.items()
                    if slots[index] >= 0},

@@ -142,7 +142,7 @@ class _Runner:
         elif op == "write":
             core.write(name, [block], np.full((1, group.decl.payload_bytes), block + 1, np.uint8))
         elif op == "pin":
-            if group.pins[block] >= 1:
+            if group.block_pins[block] >= 1:
                 raise KvfsmError("explorer: one pin per block bounds the search")
             core.pin(name, [block])
         elif op == "unpin":

@@ -38,8 +38,12 @@ NO_TARGET: Final = -1
 UNCHECKED: Final = 0
 VERIFIED: Final = 1
 FAILED: Final = 2
-#: Most readers that may pin one block at once (``pins`` is uint16).
+#: Most pins one counter holds (a block's own, or its chunk's: each is uint16).
 MAX_PINS: Final = int(np.iinfo(np.uint16).max)
+#: Block ids per pin chunk, as a shift (64): a lease over a run of consecutive ids pins the
+#: whole chunks inside the run once each and only the ids at its two ends one by one, so
+#: taking and giving back 8 192 blocks moves some 250 counters, not 8 192.
+PIN_CHUNK_SHIFT: Final = 6
 #: The recency lists of a group (see :func:`recency_classes`): blocks whose device slot waits
 #: only to be freed (``invalid``), and readable device blocks that may be evicted; the blocks
 #: resting in a lower tier have one list per tier after these.
@@ -118,6 +122,9 @@ class _Blocks:
         self.epoch = np.zeros(n, dtype=np.uint32)
         self.position = np.full(n, -1, dtype=np.int32)
         self.pins = np.zeros(n, dtype=np.uint16)
+        #: Pins held on whole chunks of ``1 << PIN_CHUNK_SHIFT`` consecutive ids (leases
+        #: only): a block's pins are its own plus its chunk's.
+        self.chunk_pins = np.zeros(-(-n >> PIN_CHUNK_SHIFT), dtype=np.uint16)
         self.last_use = np.zeros(n, dtype=np.uint32)
         #: UNCHECKED / VERIFIED / FAILED at the block's current epoch (every bump resets it).
         self.check = np.zeros(n, dtype=np.uint8)
@@ -172,7 +179,11 @@ class GroupState:
         self._blocks = blocks = _Blocks(n, list(self.pools), top_k)
         self.epoch = _read_only(blocks.epoch)
         self.position = _read_only(blocks.position)
-        self.pins = _read_only(blocks.pins)
+        #: Pins taken block by block (:meth:`StateCore.pin`, a lease's ends); see
+        #: :attr:`pins` for what each block holds in all.
+        self.block_pins = _read_only(blocks.pins)
+        #: Pins on whole chunks of ``1 << PIN_CHUNK_SHIFT`` consecutive ids (leases).
+        self.chunk_pins = _read_only(blocks.chunk_pins)
         self.last_use = _read_only(blocks.last_use)
         self.check = _read_only(blocks.check)
         self.layout_id = _read_only(blocks.layout_id)
@@ -228,6 +239,30 @@ class GroupState:
         return self.machine.states
 
     @property
+    def pins(self) -> NDArray[np.uint32]:
+        """Per block: the readers holding it (its own pins plus its chunk's), a fresh array
+        over the whole group, for inspection; :meth:`pin_counts` costs only the ids asked."""
+        blocks = self._blocks
+        chunks = np.repeat(blocks.chunk_pins, 1 << PIN_CHUNK_SHIFT)[: self.n_blocks]
+        held: NDArray[np.uint32] = blocks.pins.astype(np.uint32) + chunks
+        held.setflags(write=False)  # a reading, like the other per-block views
+        return held
+
+    def pin_counts(self, ids: IdArray) -> NDArray[np.uint32]:
+        """The readers holding each of ``ids`` (its own pins plus its chunk's)."""
+        blocks = self._blocks
+        held: NDArray[np.uint32] = blocks.pins[ids].astype(np.uint32) + \
+            blocks.chunk_pins[ids >> PIN_CHUNK_SHIFT]
+        return held
+
+    def unpinned(self, ids: IdArray) -> NDArray[np.bool_]:
+        """Per id: no reader holds the block (neither a pin of its own nor its chunk's)."""
+        blocks = self._blocks
+        free: NDArray[np.bool_] = (blocks.pins[ids] == 0) & \
+            (blocks.chunk_pins[ids >> PIN_CHUNK_SHIFT] == 0)
+        return free
+
+    @property
     def free_top(self) -> int:
         return self._blocks.free_top
 
@@ -255,7 +290,7 @@ class GroupState:
     def _guards(self) -> dict[str, GuardFn]:
         return {
             "has_room": self._has_room,
-            "no_pins": lambda ids, call: self._blocks.pins[ids] == 0,
+            "no_pins": lambda ids, call: self.unpinned(ids),
             "admission_open": self._admission_open,
             "all_sub_blocks_present": lambda ids, call:
                 self._blocks.sub_blocks[ids] == self.full_sub_mask,
@@ -520,11 +555,13 @@ class GroupState:
         """Up to ``count`` unpinned blocks of recency list ``list_id``, least recently used
         first, none of ``exclude``: costs the blocks returned and those skipped."""
         if exclude is None or not exclude.size:
-            return self.recency.oldest(list_id, count, self._blocks.pins)
+            return self.recency.oldest(list_id, count, self._blocks.pins,
+                                       self._blocks.chunk_pins, PIN_CHUNK_SHIFT)
         marks = self.scratch.marks()
         marks[exclude] = True
         try:
-            return self.recency.oldest(list_id, count, self._blocks.pins, marks)
+            return self.recency.oldest(list_id, count, self._blocks.pins,
+                                       self._blocks.chunk_pins, PIN_CHUNK_SHIFT, marks)
         finally:
             marks[exclude] = False
 

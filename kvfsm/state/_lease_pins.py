@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 from kvfsm._jit import kernel, read_only
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
-from kvfsm.state._group import FAILED, MAX_PINS, GroupState
+from kvfsm.state._group import FAILED, MAX_PINS, PIN_CHUNK_SHIFT, GroupState
 
 IdArray = NDArray[np.intp]
 
@@ -152,23 +152,52 @@ def first_moved_kernel(ids: IdArray, recorded: NDArray[np.uint32], states: NDArr
             return
 
 
+def _run_ids(rng: np.random.Generator, n_blocks: int, shift: int) -> IdArray:
+    """Distinct ids, often one run of consecutive ids spanning whole chunks of ``1 << shift``
+    ids (a lease's usual blocks), else a random set."""
+    if rng.random() < 0.6:
+        first = int(rng.integers(0, n_blocks))
+        return np.arange(first, int(rng.integers(first, n_blocks + 1)), dtype=np.intp)
+    return rng.permutation(n_blocks)[: int(rng.integers(0, n_blocks + 1))].astype(np.intp)
+
+
+def chunk_bounds(first: int, count: int, shift: int) -> tuple[int, int]:
+    """The whole chunks (of ``1 << shift`` ids) inside the ids ``[first, first + count)``,
+    as ``[lo_chunk, hi_chunk)`` (empty when ``hi_chunk <= lo_chunk``)."""
+    return (first + (1 << shift) - 1) >> shift, (first + count) >> shift
+
+
 def _pins_example() -> tuple[object, ...]:
     return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint32),
-            read_only(np.zeros(1, dtype=np.uint32)), np.zeros(1, dtype=np.uint16))
+            read_only(np.zeros(1, dtype=np.uint32)), np.zeros(1, dtype=np.uint16),
+            np.zeros(1, dtype=np.uint16), PIN_CHUNK_SHIFT, False)
 
 
 def _pins_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """Distinct blocks with pins to give (some at 0), some moved off their recorded epoch."""
-    n_blocks = int(rng.integers(1, 12))
-    ids = rng.permutation(n_blocks)[: int(rng.integers(0, n_blocks + 1))].astype(np.intp)
+    """Distinct blocks with pins to give (some at 0), some moved off their recorded epoch;
+    where they are one run over whole chunks, given back as :func:`pin_run_kernel` took
+    them (its ends one by one, its chunks whole)."""
+    n_blocks, shift = int(rng.integers(1, 24)), int(rng.integers(1, 3))
+    ids = _run_ids(rng, n_blocks, shift)
     epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
     recorded = epoch[ids].copy()
     recorded[rng.random(ids.size) < 0.2] += 1
-    return (ids, recorded, read_only(epoch), rng.integers(0, 3, n_blocks).astype(np.uint16))
+    lo_chunk, hi_chunk = chunk_bounds(int(ids[0]), ids.size, shift) if ids.size else (0, 0)
+    run = bool(ids.size) and bool((np.diff(ids) == 1).all()) and hi_chunk > lo_chunk
+    return (ids, recorded, read_only(epoch), rng.integers(0, 3, n_blocks).astype(np.uint16),
+            rng.integers(0, 3, (n_blocks >> shift) + 1).astype(np.uint16), shift, run)
 
 
 def _unpin_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
-                pins: NDArray[np.uint16]) -> None:
+                pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16], shift: int,
+                run: bool) -> None:
+    if run:
+        lo_chunk, hi_chunk = chunk_bounds(int(ids[0]), ids.size, shift)
+        chunks = np.arange(lo_chunk, hi_chunk)
+        chunks = chunks[chunk_pins[chunks] > 0]
+        chunk_pins[chunks] -= np.uint16(1)
+        ends = (ids < lo_chunk << shift) | (ids >= hi_chunk << shift)
+        ids, recorded = ids[ends], recorded[ends]
     unmoved = ids[epoch[ids] == recorded]
     held = unmoved[pins[unmoved] > 0]
     pins[held] -= np.uint16(1)
@@ -176,63 +205,138 @@ def _unpin_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.ui
 
 @kernel(example=_pins_example, twin=_unpin_twin, inputs=_pins_inputs)
 def unpin_kernel(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
-                 pins: NDArray[np.uint16]) -> None:
-    """One pin less (never below 0) on each distinct block of ``ids`` still at its epoch
-    ``recorded[i]`` (a moved block lost its pin with its content: another owner's pin is
-    never taken)."""
-    for i in range(ids.size):
+                 pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16], shift: int,
+                 run: bool) -> None:
+    """Give back what :func:`pin_run_kernel` pinned on the distinct blocks ``ids`` (``run``:
+    its answer, pinned as one run): one pin less on each whole chunk of a run, and on each
+    other block still at its epoch ``recorded[i]`` (a moved block lost its pin with its
+    content: another owner's pin is never taken); never below 0."""
+    count = ids.size
+    # Blocks pinned one by one: the first ``head`` and those from ``tail`` on (all of them
+    # unless a run's whole chunks were pinned instead).
+    head, tail = count, count
+    if run:
+        first = ids[0]
+        lo_chunk = (first + (1 << shift) - 1) >> shift
+        hi_chunk = (first + count) >> shift
+        for chunk in range(lo_chunk, hi_chunk):
+            if chunk_pins[chunk] > 0:
+                chunk_pins[chunk] -= 1
+        head, tail = (lo_chunk << shift) - first, (hi_chunk << shift) - first
+    for i in range(head):
+        block = ids[i]
+        if epoch[block] == recorded[i] and pins[block] > 0:
+            pins[block] -= 1
+    for i in range(tail, count):
         block = ids[i]
         if epoch[block] == recorded[i] and pins[block] > 0:
             pins[block] -= 1
 
 
 def _pin_example() -> tuple[object, ...]:
-    return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint16), MAX_PINS,
-            np.empty(1, dtype=np.int64))
+    return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint16),
+            np.zeros(1, dtype=np.uint16), PIN_CHUNK_SHIFT, MAX_PINS, np.empty(2, dtype=np.int64))
 
 
 def _pin_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """Distinct blocks with a few pins, now and then one at the limit."""
-    n_blocks = int(rng.integers(1, 12))
-    ids = rng.permutation(n_blocks)[: int(rng.integers(0, n_blocks + 1))].astype(np.intp)
+    """Distinct blocks (often one run over whole chunks) with a few pins of their own and on
+    their chunks, now and then one at the limit."""
+    n_blocks, shift = int(rng.integers(1, 24)), int(rng.integers(1, 3))
     limit = int(rng.integers(1, 4))
-    return (ids, rng.integers(0, limit + 1, n_blocks).astype(np.uint16), limit,
-            np.empty(1, dtype=np.int64))
+    return (_run_ids(rng, n_blocks, shift),
+            rng.integers(0, limit + 1, n_blocks).astype(np.uint16),
+            rng.integers(0, limit + 1, (n_blocks >> shift) + 1).astype(np.uint16), shift, limit,
+            np.empty(2, dtype=np.int64))
 
 
-def _pin_twin(ids: IdArray, pins: NDArray[np.uint16], max_pins: int,
-              out: NDArray[np.int64]) -> None:
+def _pin_twin(ids: IdArray, pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16],
+              shift: int, max_pins: int, out: NDArray[np.int64]) -> None:
+    count = ids.size
+    run = count > 0 and bool((ids == ids[0] + np.arange(count)).all())
+    lo_chunk, hi_chunk = chunk_bounds(int(ids[0]), count, shift) if count else (0, 0)
+    if run and hi_chunk > lo_chunk:
+        ends = (ids < lo_chunk << shift) | (ids >= hi_chunk << shift)
+        chunks = np.arange(lo_chunk, hi_chunk)
+        # The first block of the run (in prompt order) held to the limit, by itself or by
+        # its chunk.
+        full = ~ends & (chunk_pins[ids >> shift] >= max_pins) | ends & (pins[ids] >= max_pins)
+        at = np.flatnonzero(full)
+        out[0], out[1] = (int(at[0]), 0) if at.size else (-1, 1)
+        if not at.size:
+            chunk_pins[chunks] += np.uint16(1)
+            pins[ids[ends]] += np.uint16(1)
+        return
     full = np.flatnonzero(pins[ids] >= max_pins)
-    out[0] = int(full[0]) if full.size else -1
+    out[0], out[1] = (int(full[0]), 0) if full.size else (-1, 0)
     if not full.size:
         pins[ids] += np.uint16(1)
 
 
 @kernel(example=_pin_example, twin=_pin_twin, inputs=_pin_inputs)
-def pin_kernel(ids: IdArray, pins: NDArray[np.uint16], max_pins: int,
-               out: NDArray[np.int64]) -> None:
-    """``out[0]``: the first ``i`` whose block is pinned ``max_pins`` times, and nothing is
-    pinned; else -1 and each distinct block of ``ids`` is pinned once more. One pass: the
-    pins taken before a full block are given back (a refusal is rare)."""
-    for i in range(ids.size):
+def pin_run_kernel(ids: IdArray, pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16],
+                   shift: int, max_pins: int, out: NDArray[np.int64]) -> None:
+    """Pin each distinct block of ``ids`` once more. Where ``ids`` are one run of consecutive
+    ids spanning at least one whole chunk of ``1 << shift`` ids, the whole chunks are pinned
+    once each in ``chunk_pins`` and only the ids at the two ends in ``pins`` (``out[1] = 1``;
+    a lease gives them back with ``run`` set); else every block in ``pins`` (``out[1] = 0``).
+    ``out[0]``: -1, or the first ``i`` whose block (or its chunk) is pinned ``max_pins``
+    times, and then nothing is pinned."""
+    count = ids.size
+    out[0], out[1] = -1, 0
+    if count == 0:
+        return
+    first = ids[0]
+    # No early exit: a branch-free pass vectorizes (the usual answer is "one run").
+    off = 0
+    for i in range(count):
+        off |= ids[i] - (first + i)
+    run = off == 0
+    lo_chunk = (first + (1 << shift) - 1) >> shift
+    hi_chunk = (first + count) >> shift
+    if run and hi_chunk > lo_chunk:
+        head_end, tail_start, end = lo_chunk << shift, hi_chunk << shift, first + count
+        # Limits first, in prompt order: nothing moves on a refusal.
+        for block in range(first, head_end):
+            if pins[block] >= max_pins:
+                out[0] = block - first
+                return
+        for chunk in range(lo_chunk, hi_chunk):
+            if chunk_pins[chunk] >= max_pins:
+                out[0] = (chunk << shift) - first
+                return
+        for block in range(tail_start, end):
+            if pins[block] >= max_pins:
+                out[0] = block - first
+                return
+        for block in range(first, head_end):
+            pins[block] += 1
+        for chunk in range(lo_chunk, hi_chunk):
+            chunk_pins[chunk] += 1
+        for block in range(tail_start, end):
+            pins[block] += 1
+        out[1] = 1
+        return
+    # One pass: the pins taken before a full block are given back (a refusal is rare).
+    for i in range(count):
         if pins[ids[i]] >= max_pins:
             for j in range(i):
                 pins[ids[j]] -= 1
             out[0] = i
             return
         pins[ids[i]] += 1
-    out[0] = -1
 
 
-def pin_unchanged(state: GroupState, ids: IdArray) -> int:
+def pin_unchanged(state: GroupState, ids: IdArray) -> tuple[int, bool]:
     """Pin each of the distinct blocks ``ids`` once, as a lookup saw them usable when the
     group has not changed since (its ``changes`` then and now are equal: every block is
     still at the epoch, state and check the lookup saw, so only the pin limit is left to
-    check): -1. Else nothing is pinned and the answer is the first index pinned to the
-    limit."""
-    out = np.empty(1, dtype=np.int64)
-    pin_kernel(ids, state._blocks.pins, MAX_PINS, out)
-    return int(out[0])
+    check): ``(-1, run)``, ``run`` telling :func:`unpin_unmoved` how they were pinned (as one
+    run of ids over whole chunks). Else nothing is pinned and the answer is the first index
+    pinned to the limit."""
+    out = np.empty(2, dtype=np.int64)
+    blocks = state._blocks
+    pin_run_kernel(ids, blocks.pins, blocks.chunk_pins, PIN_CHUNK_SHIFT, MAX_PINS, out)
+    return int(out[0]), bool(out[1])
 
 
 def pin_if_usable(state: GroupState, ids: IdArray, seen: NDArray[np.uint32], cut: int
@@ -249,10 +353,14 @@ def pin_if_usable(state: GroupState, ids: IdArray, seen: NDArray[np.uint32], cut
     return int(out[0]), int(out[1])
 
 
-def unpin_unmoved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32]) -> None:
-    """Give back the pins :func:`pin_if_usable` took on ``ids``, except on blocks no longer
-    at ``epochs`` (their pin went with their content)."""
-    unpin_kernel(ids, epochs, state.epoch, state._blocks.pins)
+def unpin_unmoved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
+                  run: bool = False) -> None:
+    """Give back the pins :func:`pin_if_usable` or :func:`pin_unchanged` took on ``ids``
+    (``run``: the latter's answer), except on blocks pinned one by one that are no longer at
+    ``epochs`` (their pin went with their content)."""
+    blocks = state._blocks
+    unpin_kernel(ids, epochs, state.epoch, blocks.pins, blocks.chunk_pins, PIN_CHUNK_SHIFT,
+                 run)
 
 
 def first_moved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32]) -> int:

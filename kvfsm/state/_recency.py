@@ -77,10 +77,12 @@ def _relink_loop(prev: NDArray[np.int32], next_: NDArray[np.int32], head: NDArra
 
 
 def _walk_loop(next_: NDArray[np.int32], start: int, pins: NDArray[np.uint16],
-               excluded: NDArray[np.bool_], out: IdArray, counts: NDArray[np.int64]) -> None:
-    """From ``start`` along ``next_``: write up to ``out.size`` blocks with no pin and not
-    ``excluded`` (an empty ``excluded`` excludes none) into ``out``; ``counts[0]`` gets how
-    many, ``counts[1]`` how many blocks were walked (kept or skipped)."""
+               chunk_pins: NDArray[np.uint16], shift: int, excluded: NDArray[np.bool_],
+               out: IdArray, counts: NDArray[np.int64]) -> None:
+    """From ``start`` along ``next_``: write up to ``out.size`` blocks with no pin (of their
+    own, or on the chunk of ``1 << shift`` ids holding them) and not ``excluded`` (an empty
+    ``excluded`` excludes none) into ``out``; ``counts[0]`` gets how many, ``counts[1]`` how
+    many blocks were walked (kept or skipped)."""
     found = 0
     walked = 0
     block = start
@@ -88,7 +90,8 @@ def _walk_loop(next_: NDArray[np.int32], start: int, pins: NDArray[np.uint16],
     limit = next_.size
     while block >= 0 and found < out.size and walked <= limit:
         walked += 1
-        if pins[block] == 0 and not (check and excluded[block]):
+        if pins[block] == 0 and chunk_pins[block >> shift] == 0 and \
+                not (check and excluded[block]):
             out[found] = block
             found += 1
         block = next_[block]
@@ -109,29 +112,51 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
     n = last_use.size
     bad[0] = -1
     count = ids.size
-    # One pass checks the range and whether the batch is one run of one list in batch order:
-    # a lease touches a prompt's blocks, which usually sit so (touched together before), and
-    # moving each to the tail in turn leaves that run at the tail, so it is spliced there
-    # whole (the same order, O(1) moves).
+    # Whether the batch is one run of one list in batch order: a lease touches a prompt's
+    # blocks, which usually sit so (touched together before), and moving each to the tail in
+    # turn leaves that run at the tail, so it is spliced there whole (the same order, O(1)
+    # moves). Blocks linked to each other share a list, so only the first's is looked up.
     run = count > 1
     listed = -1
-    for i in range(count):
-        block = ids[i]
-        if block < 0 or block >= n:
-            bad[0] = i
-            return
-        if not run:
-            continue
-        if i == 0:
-            listed = list_of_state[states[block]]
-            run = listed >= 0
-        else:
-            run = next_[ids[i - 1]] == block and list_of_state[states[block]] == listed
+    checked = False
+    if run:
+        # Consecutive ids in range (a lease's usual batch): branch-free passes, which
+        # vectorize, over the ids and their links.
+        first = ids[0]
+        off = 0
+        for i in range(count):
+            off |= ids[i] - (first + i)
+        if off == 0 and first >= 0 and first + count <= n:
+            checked = True
+            listed = list_of_state[states[first]]
+            # Over a slice: indices from 0 need no negative-index check, so the loop vectorizes.
+            links = next_[first:first + count - 1]
+            linked = 0
+            for i in range(links.size):
+                linked |= links[i] - (first + i + 1)
+            run = listed >= 0 and linked == 0
+    if not checked:
+        # One pass checks the range and the run.
+        for i in range(count):
+            block = ids[i]
+            if block < 0 or block >= n:
+                bad[0] = i
+                return
+            if not run:
+                continue
+            if i == 0:
+                listed = list_of_state[states[block]]
+                run = listed >= 0
+            else:
+                run = next_[ids[i - 1]] == block
     if count > 1:
         first = ids[0]
         if run:
-            for i in range(count):
-                last_use[ids[i]] = tick
+            if checked:
+                last_use[first:first + count] = tick
+            else:
+                for i in range(count):
+                    last_use[ids[i]] = tick
             last = ids[count - 1]
             after = next_[last]
             if after >= 0:  # not at the tail yet
@@ -220,17 +245,20 @@ def _relink_inputs(rng: np.random.Generator) -> tuple[object, ...]:
 
 def _walk_example() -> tuple[object, ...]:
     return (np.full(2, -1, dtype=np.int32), 0, np.zeros(2, dtype=np.uint16),
-            np.zeros(0, dtype=np.bool_), np.zeros(1, dtype=np.intp), np.zeros(2, dtype=np.int64))
+            np.zeros(1, dtype=np.uint16), 6, np.zeros(0, dtype=np.bool_),
+            np.zeros(1, dtype=np.intp), np.zeros(2, dtype=np.int64))
 
 
 def _walk_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     _, next_, head, _, _ = _random_lists(rng)
     n = next_.size
     pins = (rng.random(n) < 0.3).astype(np.uint16)
+    shift = int(rng.integers(0, 3))
+    chunk_pins = (rng.random((n >> shift) + 1) < 0.2).astype(np.uint16)
     excluded = rng.random(n if rng.random() < 0.5 else 0) < 0.3
     out = np.zeros(int(rng.integers(0, n + 1)), dtype=np.intp)
-    return (next_, int(head[int(rng.integers(0, head.size))]), pins, excluded, out,
-            np.zeros(2, dtype=np.int64))
+    return (next_, int(head[int(rng.integers(0, head.size))]), pins, chunk_pins, shift,
+            excluded, out, np.zeros(2, dtype=np.int64))
 
 
 def _touch_example() -> tuple[object, ...]:
@@ -333,9 +361,12 @@ class Recency:
         return int(self._bad[0])
 
     def oldest(self, list_id: int, count: int, pins: NDArray[np.uint16],
+               chunk_pins: NDArray[np.uint16], shift: int,
                excluded: NDArray[np.bool_] | None = None) -> IdArray:
-        """Up to ``count`` blocks of list ``list_id``, oldest first, skipping pinned ones and
-        those ``excluded`` marks. Costs the blocks returned and skipped: the answer is walked
+        """Up to ``count`` blocks of list ``list_id``, oldest first, skipping pinned ones (a
+        pin of their own in ``pins``, or one on their chunk of ``1 << shift`` ids in
+        ``chunk_pins``) and those ``excluded`` marks. Costs the blocks returned and skipped:
+        the answer is walked
         into a buffer grown geometrically (a walk that fills it is walked again, twice as
         far), never one sized for ``count``."""
         self.last_walked = 0
@@ -345,7 +376,7 @@ class Recency:
         start = int(self.head[list_id])
         while True:
             out = self._found[: min(count, self._found.size)]
-            walk_kernel(self.next, start, pins, skip, out, self._counts)
+            walk_kernel(self.next, start, pins, chunk_pins, shift, skip, out, self._counts)
             self.last_walked += int(self._counts[1])
             found = int(self._counts[0])
             if found < out.size or out.size == count:
