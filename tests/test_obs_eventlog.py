@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, Engine, EventLog, GuardRejected, KvfsmError, shipped_models
 from kvfsm.obs import FLUSH_EVERY, replay, table_digest
-from kvfsm.obs._eventlog import _put_runs, _read_line
+from kvfsm.obs._eventlog import _put_runs, _read_line, _run_read_line
 from kvfsm.spec import Event, Tier
 from kvfsm.state import StateCore
 from kvfsm.tiers import HEADER_BYTES, DiskTier
@@ -315,3 +315,33 @@ def test_a_read_line_is_what_the_general_formatter_writes(ids: NDArray[Any],
     ids, epochs = ids.astype(np.intp), epochs.astype(np.uint32)
     line = _read_line(7, json.dumps("index"), ids, epochs, np.empty(2, dtype=np.int64))
     assert json.loads(line) == _general_read(7, "index", ids, epochs)
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 500])
+def test_a_read_told_as_one_run_is_written_as_the_arrays_would_be(count: int) -> None:
+    """An observer told ``read_run`` (a lease that found its ids consecutive at one epoch)
+    writes the very line the arrays would have made."""
+    ids = np.arange(40, 40 + count, dtype=np.intp)
+    epochs = np.full(count, 6, dtype=np.uint32)
+    line = _run_read_line(3, json.dumps("swa"), 40, count, 6)
+    assert json.loads(line) == _general_read(3, "swa", ids, epochs)
+
+
+def test_a_leased_read_is_logged_as_runs_and_replays(tmp_path: Path) -> None:
+    """A lease over a committed prompt reports its reads as runs (``read_run``): the log
+    holds one read line per group, each a run of ids at one epoch, and replays clean."""
+    path = tmp_path / "events.jsonl"
+    with EventLog(path) as log:
+        eng = Engine(shipped_models()["dense"], CoreConfig(device_blocks=256, host_blocks=0,
+                                                           backend="numpy"), event_log=log)
+        prompt = eng.prompt(np.arange(161))
+        eng.commit(prompt)
+        with eng.lease(eng.lookup(prompt), prompt) as lease:
+            lease.validate()
+        eng.close()
+    reads = [json.loads(line) for line in path.read_text().splitlines()[1:]
+             if json.loads(line)["type"] == "read"]
+    assert [(r["group"], r["ids_runs"], len(r["epochs_runs"])) for r in reads] == [
+        ("attn", [[int(lease.blocks("attn")[0]), 10]], 1)]
+    result = replay(path)
+    assert result.accepted and result.reads == 1

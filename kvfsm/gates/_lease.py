@@ -71,6 +71,9 @@ class _Held(NamedTuple):
     #: ``pinned`` is one run of consecutive ids, pinned by whole chunks but for its ends
     #: (:func:`~kvfsm.state._lease_pins.pin_unchanged`); given back the same way.
     run: bool = False
+    #: ``ids`` are consecutive and all at one epoch (the event log writes the read as runs
+    #: without scanning them).
+    one_run: bool = False
 
     @property
     def group(self) -> str:
@@ -158,7 +161,8 @@ class Lease:
             core = self._book.core
             if core.observed:
                 for held in self._held:
-                    core.record_leased_read(held.group, held.ids, held.epochs)
+                    core.record_leased_read(held.group, held.ids, held.epochs,
+                                            one_run=held.one_run)
 
     def _validate(self) -> None:
         if not self._released and self._book.clock() >= self.expires_at:
@@ -343,10 +347,11 @@ class LeaseBook:
         held: list[_Held] = []
         try:
             for group, state in zip(groups, states, strict=True):
-                run = False
+                run = one_run = False
                 if group.changes == state.changes:
                     # Nothing changed since the lookup: every block is as it saw it (usable).
-                    (first, run), why = pin_unchanged(state, group.ids), PINNED_FULL
+                    (first, run, one_run), why = \
+                        pin_unchanged(state, group.ids, group.epochs), PINNED_FULL
                 else:
                     first, why = pin_if_usable(state, group.ids, group.epochs,
                                                group.cut - group.lo)
@@ -358,7 +363,8 @@ class LeaseBook:
                     self.refused(lost)
                     raise lost
                 held.append(_Held(state, group.ids, group.lo, group.ids, group.epochs,
-                                  alone=True, changes=state.changes, run=run))
+                                  alone=True, changes=state.changes, run=run,
+                                  one_run=one_run))
         except Exception:
             for taken, state in zip(held, states, strict=False):  # pinned before the refusal
                 unpin_unmoved(state, taken.pinned, taken.epochs, taken.run)

@@ -185,18 +185,36 @@ def one_run_kernel(ids: NDArray[np.intp], epochs: NDArray[np.uint32],
     out[0], out[1] = off == 0, differ == 0
 
 
-def _read_line(seq: int, group_json: str, ids: NDArray[np.intp],
-               epochs: NDArray[np.uint32], answer: NDArray[np.int64]) -> str:
-    """The line of a read: ids and epochs each as a list, or as ``[first, count]`` runs
-    when fewer numbers spell it (a lease's read of consecutive ids at one epoch is written
-    without building either list)."""
+def _run_read_line(seq: int, group_json: str, first: int, count: int, epoch: int) -> str:
+    """The line of a read of ``count`` consecutive ids from ``first``, all at ``epoch``, as
+    the general formatter writes it (runs where they are shorter) without building it."""
+    if count > 2:
+        return (f'{{"seq":{seq},"type":"{READ}","group":{group_json},'
+                f'"ids_runs":[[{first},{count}]],"epochs_runs":[[{epoch},{count}]]}}')
+    ids = ",".join(str(first + i) for i in range(count))
+    epochs = ",".join([str(epoch)] * count)
+    return (f'{{"seq":{seq},"type":"{READ}","group":{group_json},"ids":[{ids}],'
+            f'"epochs":[{epochs}]}}')
+
+
+def _one_run_line(seq: int, group_json: str, ids: NDArray[np.intp],
+                  epochs: NDArray[np.uint32], answer: NDArray[np.int64]) -> str | None:
+    """The line of a read of consecutive ids at one epoch (a lease's usual read), written
+    as one run of each without building either list; None for any other read."""
     if ids.size > 2 and ids.size == epochs.size:
         one_run_kernel(ids, epochs, answer)
         if answer[0] and answer[1]:
-            count = ids.size
-            return (f'{{"seq":{seq},"type":"{READ}","group":{group_json},'
-                    f'"ids_runs":[[{int(ids[0])},{count}]],'
-                    f'"epochs_runs":[[{int(epochs[0])},{count}]]}}')
+            return _run_read_line(seq, group_json, int(ids[0]), ids.size, int(epochs[0]))
+    return None
+
+
+def _read_line(seq: int, group_json: str, ids: NDArray[np.intp],
+               epochs: NDArray[np.uint32], answer: NDArray[np.int64]) -> str:
+    """The line of a read: ids and epochs each as a list, or as ``[first, count]`` runs
+    when fewer numbers spell it."""
+    line_of_run = _one_run_line(seq, group_json, ids, epochs, answer)
+    if line_of_run is not None:
+        return line_of_run
     line: dict[str, Any] = {"seq": seq, "type": READ, "group": json.loads(group_json)}
     _put_runs(line, "ids", ids, step=1)
     _put_runs(line, "epochs", epochs, step=0)
@@ -253,7 +271,10 @@ class EventLog:
         self._names: dict[str, NDArray[np.object_]] = {}
         #: Each group's name as JSON (a read line is formatted around it).
         self._group_json: dict[str, str] = {}
-        self._buffer: list[_Record] = []
+        #: Records not written yet: a tuple of arrays, or a line already formatted.
+        self._buffer: list[_Record | str] = []
+        #: The answer array of the run check (used under the lock).
+        self._answer = np.empty(2, dtype=np.int64)
         self._lock = threading.Lock()
         self._error: OSError | None = None
         #: Lines after the header recorded so far (written or buffered).
@@ -286,22 +307,39 @@ class EventLog:
     def moved(self, group: str, event: Event, ids: NDArray[np.intp],
               before: NDArray[np.uint8], after: NDArray[np.uint8],
               epochs: NDArray[np.uint32]) -> None:
-        self._record((MOVE, group, event, ids, before, after, epochs))
+        with self._lock:
+            if self._file is not None and self._error is None:
+                self._append((MOVE, group, event, ids, before, after, epochs))
 
     def read(self, group: str, ids: NDArray[np.intp], epochs: NDArray[np.uint32]) -> None:
-        self._record((READ, group, None, ids, None, None, epochs))
-
-    def _record(self, record: _Record) -> None:
         with self._lock:
             if self._file is None or self._error is not None:
                 return
-            self._buffer.append(record)
-            self.records += 1
-            if len(self._buffer) >= self.flush_every:
-                try:
-                    self._write()
-                except OSError as exc:  # raised from flush()/close(), never into a fire
-                    self._error = exc
+            # A read of one run at one epoch (a lease validated) is formatted now, while its
+            # arrays are in cache, and buffered as its line: the buffer then keeps no lease's
+            # arrays alive until the next write. Any other read keeps its arrays until then.
+            line = _one_run_line(self.records, self._group_json[group], ids, epochs,
+                                 self._answer)
+            self._append(line if line is not None else
+                         (READ, group, None, ids, None, None, epochs))
+
+    def read_run(self, group: str, first: int, count: int, epoch: int) -> None:
+        """A read of ``count`` consecutive ids from ``first``, all at ``epoch`` (what a lease
+        that found them so reports): formatted now, with no array to look at."""
+        with self._lock:
+            if self._file is not None and self._error is None:
+                self._append(_run_read_line(self.records, self._group_json[group], first,
+                                            count, epoch))
+
+    def _append(self, record: _Record | str) -> None:
+        """Buffer one record (the lock is held), writing the buffer once it is full."""
+        self._buffer.append(record)
+        self.records += 1
+        if len(self._buffer) >= self.flush_every:
+            try:
+                self._write()
+            except OSError as exc:  # raised from flush()/close(), never into a fire
+                self._error = exc
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -311,9 +349,11 @@ class EventLog:
             return
         first = self.records - len(self._buffer)
         lines = []
-        answer = np.empty(2, dtype=np.int64)
-        for seq, (kind, group, event, ids, before, after, epochs) in enumerate(
-                self._buffer, first):
+        for seq, record in enumerate(self._buffer, first):
+            if isinstance(record, str):
+                lines.append(record)  # formatted when recorded
+                continue
+            kind, group, event, ids, before, after, epochs = record
             if event is not None and before is not None and after is not None:
                 names = self._names[group]
                 lines.append(json.dumps(
@@ -324,7 +364,8 @@ class EventLog:
             else:
                 # A read is usually a lease's blocks: long runs of consecutive ids at one
                 # epoch, written as runs when that is shorter.
-                lines.append(_read_line(seq, self._group_json[group], ids, epochs, answer))
+                lines.append(_read_line(seq, self._group_json[group], ids, epochs,
+                                        self._answer))
         self._buffer.clear()
         self._file.write("\n".join(lines) + "\n")
         self._file.flush()

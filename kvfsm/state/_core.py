@@ -379,13 +379,21 @@ class StateCore:
             for observer in self._observers:
                 observer.read(group, read, epochs)
 
-    def record_leased_read(self, group: str, ids: IdArray, epochs: NDArray[np.uint32]) -> None:
+    def record_leased_read(self, group: str, ids: IdArray, epochs: NDArray[np.uint32], *,
+                           one_run: bool = False) -> None:
         """:meth:`record_read` of blocks a lease just validated at ``epochs``: the ids are the
         core's own and their epochs known, so nothing is checked or gathered again. The
-        arrays are handed to observers as they are (a lease never changes them)."""
+        arrays are handed to observers as they are (a lease never changes them). Where the
+        caller knows the ids are consecutive at one epoch (``one_run``), an observer with a
+        ``read_run(group, first, count, epoch)`` method is told that instead, with no array
+        to scan."""
         if self._observers and ids.size:
             for observer in self._observers:
-                observer.read(group, ids, epochs)
+                read_run = getattr(observer, "read_run", None) if one_run else None
+                if read_run is not None:
+                    read_run(group, int(ids[0]), ids.size, int(epochs[0]))
+                else:
+                    observer.read(group, ids, epochs)
 
     def _dependents_of(self, group: str) -> Callable[[IdArray], None]:
         def invalidate(ids: IdArray) -> None:

@@ -234,8 +234,9 @@ def unpin_kernel(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.u
 
 
 def _pin_example() -> tuple[object, ...]:
-    return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint16),
-            np.zeros(1, dtype=np.uint16), PIN_CHUNK_SHIFT, MAX_PINS, np.empty(2, dtype=np.int64))
+    return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint32),
+            np.zeros(1, dtype=np.uint16), np.zeros(1, dtype=np.uint16), PIN_CHUNK_SHIFT,
+            MAX_PINS, np.empty(3, dtype=np.int64))
 
 
 def _pin_inputs(rng: np.random.Generator) -> tuple[object, ...]:
@@ -243,16 +244,21 @@ def _pin_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     their chunks, now and then one at the limit."""
     n_blocks, shift = int(rng.integers(1, 24)), int(rng.integers(1, 3))
     limit = int(rng.integers(1, 4))
-    return (_run_ids(rng, n_blocks, shift),
-            rng.integers(0, limit + 1, n_blocks).astype(np.uint16),
+    ids = _run_ids(rng, n_blocks, shift)
+    seen = np.full(ids.size, int(rng.integers(0, 3)), dtype=np.uint32)
+    if ids.size and rng.random() < 0.3:
+        seen[int(rng.integers(0, ids.size))] += np.uint32(1)
+    return (ids, seen, rng.integers(0, limit + 1, n_blocks).astype(np.uint16),
             rng.integers(0, limit + 1, (n_blocks >> shift) + 1).astype(np.uint16), shift, limit,
-            np.empty(2, dtype=np.int64))
+            np.empty(3, dtype=np.int64))
 
 
-def _pin_twin(ids: IdArray, pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16],
-              shift: int, max_pins: int, out: NDArray[np.int64]) -> None:
+def _pin_twin(ids: IdArray, seen: NDArray[np.uint32], pins: NDArray[np.uint16],
+              chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
+              out: NDArray[np.int64]) -> None:
     count = ids.size
     run = count > 0 and bool((ids == ids[0] + np.arange(count)).all())
+    out[2] = run and bool((seen == seen[0]).all())
     lo_chunk, hi_chunk = chunk_bounds(int(ids[0]), count, shift) if count else (0, 0)
     if run and hi_chunk > lo_chunk:
         ends = (ids < lo_chunk << shift) | (ids >= hi_chunk << shift)
@@ -273,24 +279,30 @@ def _pin_twin(ids: IdArray, pins: NDArray[np.uint16], chunk_pins: NDArray[np.uin
 
 
 @kernel(example=_pin_example, twin=_pin_twin, inputs=_pin_inputs)
-def pin_run_kernel(ids: IdArray, pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16],
-                   shift: int, max_pins: int, out: NDArray[np.int64]) -> None:
+def pin_run_kernel(ids: IdArray, seen: NDArray[np.uint32], pins: NDArray[np.uint16],
+                   chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
+                   out: NDArray[np.int64]) -> None:
     """Pin each distinct block of ``ids`` once more. Where ``ids`` are one run of consecutive
     ids spanning at least one whole chunk of ``1 << shift`` ids, the whole chunks are pinned
     once each in ``chunk_pins`` and only the ids at the two ends in ``pins`` (``out[1] = 1``;
     a lease gives them back with ``run`` set); else every block in ``pins`` (``out[1] = 0``).
     ``out[0]``: -1, or the first ``i`` whose block (or its chunk) is pinned ``max_pins``
-    times, and then nothing is pinned."""
+    times, and then nothing is pinned. ``out[2]``: the ids are consecutive and their epochs
+    ``seen`` all one value (a read the event log writes as one run of each)."""
     count = ids.size
-    out[0], out[1] = -1, 0
+    out[0], out[1], out[2] = -1, 0, 0
     if count == 0:
         return
     first = ids[0]
-    # No early exit: a branch-free pass vectorizes (the usual answer is "one run").
+    # No early exit: branch-free passes vectorize (the usual answer is "one run").
     off = 0
     for i in range(count):
         off |= ids[i] - (first + i)
+    differ = 0
+    for i in range(seen.size):
+        differ |= seen[i] ^ seen[0]
     run = off == 0
+    out[2] = run and differ == 0
     lo_chunk = (first + (1 << shift) - 1) >> shift
     hi_chunk = (first + count) >> shift
     if run and hi_chunk > lo_chunk:
@@ -326,17 +338,19 @@ def pin_run_kernel(ids: IdArray, pins: NDArray[np.uint16], chunk_pins: NDArray[n
         pins[ids[i]] += 1
 
 
-def pin_unchanged(state: GroupState, ids: IdArray) -> tuple[int, bool]:
-    """Pin each of the distinct blocks ``ids`` once, as a lookup saw them usable when the
-    group has not changed since (its ``changes`` then and now are equal: every block is
-    still at the epoch, state and check the lookup saw, so only the pin limit is left to
-    check): ``(-1, run)``, ``run`` telling :func:`unpin_unmoved` how they were pinned (as one
-    run of ids over whole chunks). Else nothing is pinned and the answer is the first index
-    pinned to the limit."""
-    out = np.empty(2, dtype=np.int64)
+def pin_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32]
+                  ) -> tuple[int, bool, bool]:
+    """Pin each of the distinct blocks ``ids`` (seen at epochs ``seen``) once, as a lookup
+    saw them usable when the group has not changed since (its ``changes`` then and now are
+    equal: every block is still at the epoch, state and check the lookup saw, so only the
+    pin limit is left to check): ``(-1, run, one_run)``, ``run`` telling
+    :func:`unpin_unmoved` how they were pinned (as one run of ids over whole chunks),
+    ``one_run`` that the ids are consecutive at one epoch. Else nothing is pinned and the
+    first answer is the first index pinned to the limit."""
+    out = np.empty(3, dtype=np.int64)
     blocks = state._blocks
-    pin_run_kernel(ids, blocks.pins, blocks.chunk_pins, PIN_CHUNK_SHIFT, MAX_PINS, out)
-    return int(out[0]), bool(out[1])
+    pin_run_kernel(ids, seen, blocks.pins, blocks.chunk_pins, PIN_CHUNK_SHIFT, MAX_PINS, out)
+    return int(out[0]), bool(out[1]), bool(out[2])
 
 
 def pin_if_usable(state: GroupState, ids: IdArray, seen: NDArray[np.uint32], cut: int
