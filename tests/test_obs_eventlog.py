@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, Engine, EventLog, GuardRejected, KvfsmError, shipped_models
 from kvfsm.obs import FLUSH_EVERY, replay, table_digest
-from kvfsm.obs._eventlog import _put_runs, _read_line, _run_read_line
+from kvfsm.obs._eventlog import _one_run_line, _put_runs, _read_line, _run_read_line
 from kvfsm.spec import Event, Tier
 from kvfsm.state import StateCore
 from kvfsm.tiers import HEADER_BYTES, DiskTier
@@ -313,7 +313,8 @@ def test_a_read_line_is_what_the_general_formatter_writes(ids: NDArray[Any],
     dict (the path every lease validation takes); whichever path formats a read, the line
     parses to what the general formatter makes of it."""
     ids, epochs = ids.astype(np.intp), epochs.astype(np.uint32)
-    line = _read_line(7, json.dumps("index"), ids, epochs, np.empty(2, dtype=np.int64))
+    line = _one_run_line(7, json.dumps("index"), ids, epochs, np.empty(2, dtype=np.int64)) \
+        or _read_line(7, "index", ids, epochs)
     assert json.loads(line) == _general_read(7, "index", ids, epochs)
 
 

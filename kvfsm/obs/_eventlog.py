@@ -208,14 +208,10 @@ def _one_run_line(seq: int, group_json: str, ids: NDArray[np.intp],
     return None
 
 
-def _read_line(seq: int, group_json: str, ids: NDArray[np.intp],
-               epochs: NDArray[np.uint32], answer: NDArray[np.int64]) -> str:
-    """The line of a read: ids and epochs each as a list, or as ``[first, count]`` runs
+def _read_line(seq: int, group: str, ids: NDArray[np.intp], epochs: NDArray[np.uint32]) -> str:
+    """The line of any read: ids and epochs each as a list, or as ``[first, count]`` runs
     when fewer numbers spell it."""
-    line_of_run = _one_run_line(seq, group_json, ids, epochs, answer)
-    if line_of_run is not None:
-        return line_of_run
-    line: dict[str, Any] = {"seq": seq, "type": READ, "group": json.loads(group_json)}
+    line: dict[str, Any] = {"seq": seq, "type": READ, "group": group}
     _put_runs(line, "ids", ids, step=1)
     _put_runs(line, "epochs", epochs, step=0)
     return json.dumps(line, separators=_COMPACT)
@@ -364,8 +360,8 @@ class EventLog:
             else:
                 # A read is usually a lease's blocks: long runs of consecutive ids at one
                 # epoch, written as runs when that is shorter.
-                lines.append(_read_line(seq, self._group_json[group], ids, epochs,
-                                        self._answer))
+                # (not one run at one epoch: :meth:`read` formatted those at once)
+                lines.append(_read_line(seq, group, ids, epochs))
         self._buffer.clear()
         self._file.write("\n".join(lines) + "\n")
         self._file.flush()
