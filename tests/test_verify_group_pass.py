@@ -9,9 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvfsm import Engine
 from kvfsm._jit import settings as jit
 from kvfsm.spec import Event, Layout
-from kvfsm.verify import DeviceProfile, Level
+from kvfsm.state import CoreConfig
+from kvfsm.state._hashtable import BlockHashTable
+from kvfsm.verify import DeviceProfile, Level, lookup
 from kvfsm.verify._block_facts import (
     CODE_SHIFT,
     FOUND,
@@ -25,14 +28,12 @@ from kvfsm.verify._group_eval import GroupEval
 from kvfsm.verify._group_pass import (
     CHECKS_IGNORED,
     FIT,
-    N_FLAGS,
-    N_PARAMS,
-    N_SCALARS,
-    P_FULL_SUB_MASK,
-    P_OWN_SIZE,
-    P_TARGET_SIZE,
     SETTLED_OK,
     group_pass,
+    history_of,
+    out_offsets,
+    out_views,
+    pack_consts,
 )
 from kvfsm.verify._paths import restore_paths
 from tests.verify_models import DENSE, engine, tokens
@@ -44,25 +45,29 @@ _READ_RAW = 1
 def _rows_of(refs: list[list[int]], ids: list[int], history_settled: list[bool]
              ) -> tuple[Any, ...]:
     """Arguments of one index group over four history blocks (one per position, at epoch 0,
-    alive): its blocks' references ``refs`` (by block id), the prompt rows ``ids`` and which
-    history positions are settled. Target and index blocks are the same size, so history
-    position ``p`` may be pointed at from row ``p`` on."""
+    alive): its blocks' references ``refs`` (by block id), the prompt rows finding blocks
+    ``ids`` (each block's words mapped in a hash table) and which history positions are
+    settled. Target and index blocks are the same size, so history position ``p`` may be
+    pointed at from row ``p`` on."""
     n_blocks, n = len(refs), len(ids)
-    params = np.zeros(N_PARAMS, dtype=np.int64)
-    params[P_FULL_SUB_MASK], params[P_TARGET_SIZE], params[P_OWN_SIZE] = 1, 16, 16
+    table = BlockHashTable(n_blocks)
+    table.block_high[:] = np.arange(n_blocks, dtype=np.uint64) + np.uint64(1 << 40)
+    table.block_low[:] = np.arange(n_blocks, dtype=np.uint64) * np.uint64(7919)
+    table.insert_first(table.block_high, table.block_low, np.arange(n_blocks))
+    consts = pack_consts(1, False, 16, 16, False, np.ones(1, np.bool_),
+                         np.full(1, _READ_RAW, np.uint8), np.zeros((2, 1), np.bool_),
+                         np.ones(1, np.bool_))
     return (
-        np.array(ids, dtype=np.intp), np.zeros(n_blocks, np.uint8), np.zeros(n_blocks, np.uint32),
+        table.block_high[ids], table.block_low[ids], table.slots, table.block_high,
+        table.block_low, np.zeros(n_blocks, np.uint8), np.zeros(n_blocks, np.uint32),
         np.array([ids.index(b) if b in ids else -1 for b in range(n_blocks)], np.int32),
-        np.ones(n_blocks, np.uint16), np.zeros(n_blocks, np.uint8), np.ones(1, np.bool_),
-        np.full(1, _READ_RAW, np.uint8), np.zeros(n_blocks, np.uint8),
+        np.ones(n_blocks, np.uint16), np.zeros(n_blocks, np.uint8), np.zeros(n_blocks, np.uint8),
         np.array(refs, dtype=np.int32), np.zeros((n_blocks, len(refs[0])), np.uint32),
-        np.zeros(4, np.uint32), np.zeros(4, np.uint8), np.ones(1, np.bool_),
-        np.arange(4, dtype=np.int32), np.zeros((2, 1), np.bool_), params,
-        np.arange(4, dtype=np.intp), np.array(history_settled, dtype=np.bool_),
-        np.ones(0, np.bool_), np.array([[0], [0], [n]], dtype=np.int64), np.ones(1, np.bool_),
+        np.zeros(4, np.uint32), np.zeros(4, np.uint8), np.arange(4, dtype=np.int32), consts,
+        history_of(np.arange(4, dtype=np.intp), np.array(history_settled, dtype=np.bool_), 1),
+        4, np.ones(0, np.bool_), np.array([[0], [0], [n], [1]], dtype=np.int64),
         CHECKS_IGNORED, False, True, all(history_settled), 0, False,
-        np.empty(n, np.uint8), np.empty(n, np.uint32), np.empty((N_FLAGS, n), np.bool_),
-        np.empty(N_SCALARS + 1, np.int64))
+        np.empty(out_offsets(n, 1)[3], np.int64))
 
 
 @pytest.mark.parametrize("compiled", [False, True])
@@ -77,7 +82,8 @@ def test_repeated_references_get_the_answers_of_a_full_check(compiled: bool) -> 
     args = _rows_of(refs, [0, 1, 1, 1, 0, 2], [True, False, True, True])
     with jit.using(compiled):
         group_pass(*args)
-    flags = args[-2]
+    _, _, found, _, _, flags = out_views(args[-1], 6, 1)
+    assert found.tolist() == [0, 1, 1, 1, 0, 2]
     assert flags[FIT].tolist() == [False, True, True, True, True, True]
     assert flags[SETTLED_OK].tolist() == [False] * 5 + [True]
 
@@ -117,3 +123,70 @@ def test_each_fact_of_a_real_group() -> None:
     assert int(written[0]) >> CODE_SHIFT == int(code[group.states[ids[0]]])
     other = Layout(dim_order=("block", "dim", "token"), alignment=256, padding=0)
     assert (facts(other) & LAYOUT == 0).all()
+
+
+@pytest.mark.usefixtures("jit_backend")
+def test_the_pass_finds_the_ids_the_hash_table_finds() -> None:
+    """The pass probes the group's table itself: for found keys, a key with one word changed
+    (same fingerprint), one with another fingerprint and an absent one, its ids are the
+    table's own answers, and the spans given for another block count are not trusted."""
+    eng = engine(DENSE)
+    prompt = eng.prompt(tokens(161))
+    eng.commit(prompt)
+    core = eng.core
+    group = core.group("attn")
+    high, low = (words.copy() for words in prompt.words(16))
+    low[2] ^= np.uint64(1)  # the fingerprint comes from the high word: unchanged
+    high[4] ^= np.uint64(1 << 63)
+    high[7], low[7] = np.uint64(12345), np.uint64(678)
+    lengths = np.array([0, 64, 160], dtype=np.int64)
+    evaluation = GroupEval(core, group, high, low, lengths, level=Level.FULL, kernel_layout=None,
+                           profile=DeviceProfile(), checksums=False)
+    expected = core.lookup_words("attn", high, low)
+    assert evaluation.ids.tolist() == expected.tolist()
+    assert [i for i, block in enumerate(evaluation.ids.tolist()) if block < 0] == [2, 4, 7]
+    shorter = GroupEval(core, group, high[:4], low[:4], lengths, level=Level.FULL,
+                        kernel_layout=None, profile=DeviceProfile(), checksums=False,
+                        spans=evaluation.spans)
+    assert shorter.ids.tolist() == expected[:4].tolist()
+    assert shorter.now.tolist() == [True, False, False]
+
+
+def test_a_verdict_keeps_its_own_arrays_after_later_lookups() -> None:
+    """Each lookup writes fresh arrays: a verdict's probed ids and epochs stay as that lookup
+    saw them after the blocks move and the prompt is looked up again."""
+    eng = engine(DENSE)
+    prompt = eng.prompt(tokens(161))
+    eng.commit(prompt)
+    first = eng.lookup(prompt)
+    assert first.probe is not None
+    probed = first.probe.groups[0]
+    ids, epochs = probed.ids.copy(), probed.epochs.copy()
+    eng.core.fire("attn", [int(ids[0])], Event.SPILL_BEGIN)
+    eng.core.fire("attn", [int(ids[0])], Event.SPILL_DONE)
+    second = eng.lookup(prompt)
+    assert second.usable_tokens < first.usable_tokens
+    assert second.probe is not None
+    later = second.probe.groups[0]
+    assert probed.ids.tolist() == ids.tolist() and probed.epochs.tolist() == epochs.tolist()
+    assert not np.shares_memory(probed.ids, later.ids)
+
+
+@pytest.mark.usefixtures("jit_backend")
+@pytest.mark.parametrize(("cap", "restorable"), [(0, 16), (2, 80), (3, 112), (4, 160)])
+def test_a_plan_over_the_groups_restore_cap_stops_where_the_cap_does(
+        cap: int, restorable: int) -> None:
+    """Blocks 1, 3, 5 and 7 of ten spilled, no core-wide caps: the plan may begin at most
+    ``cap`` restores, so it reaches as far as the blocks before the next spilled one (the
+    pass learns the group's budget only when its plan restores more than nothing)."""
+    eng = Engine(DENSE, CoreConfig(device_blocks=64, host_blocks=16, backend="numpy",
+                                   max_restores_in_flight=cap))
+    text = tokens(161)
+    prompt = eng.prompt(text)
+    eng.commit(prompt)
+    ids = eng.core.lookup_words("attn", *prompt.words(16))[[1, 3, 5, 7]]
+    eng.core.fire("attn", ids, Event.SPILL_BEGIN)
+    eng.core.fire("attn", ids, Event.SPILL_DONE)
+    verdict = lookup(eng.core, prompt, checksums=False)
+    assert (verdict.usable_tokens, verdict.restorable_tokens) == (16, restorable)
+    assert len(verdict.plan) == min(cap, 4)

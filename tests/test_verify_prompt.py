@@ -251,6 +251,19 @@ def test_check_made_for_refuses_a_missing_block_size_naming_it() -> None:
     assert issubclass(ForeignPromptError, KvfsmError)
 
 
+def test_check_made_for_a_tuple_found_kept_before_still_refuses_another() -> None:
+    """An engine's per-group sizes (unsorted, repeated) are accepted on every call, and a
+    tuple the prompt lacks a size of is refused after them as before."""
+    prompt = Prompt(SEED, [4, 16], [1, 2, 3])
+    per_group = (16, 4, 16)
+    for _ in range(2):
+        prompt.check_made_for(SEED, per_group, "engine")
+    with pytest.raises(ForeignPromptError, match=r"needs \[64\]"):
+        prompt.check_made_for(SEED, (16, 64), "engine")
+    with pytest.raises(ForeignPromptError, match="another model"):
+        prompt.check_made_for(OTHER_SEED, per_group, "engine")
+
+
 def test_words_at_a_size_not_kept_is_a_foreign_prompt_error_naming_the_size() -> None:
     prompt = Prompt(SEED, [16], list(range(32)))
     with pytest.raises(ForeignPromptError, match=r"block size 8 \(it keeps \[16\]\)"):
@@ -352,6 +365,20 @@ def test_words_are_kept_not_rebuilt() -> None:
     prompt.extend(range(64, 2000))
     assert np.array_equal(high, before)
     assert np.array_equal(prompt.words(16)[0][:4], before)
+
+
+@pytest.mark.parametrize("steps", [[15, 1, 16, 3, 13], [1] * 40, [70]])
+def test_words_after_each_extend_cover_every_complete_block(steps: list[int]) -> None:
+    """The words handed out are made once per extend: after each (completing a block or not)
+    they are those of a prompt made at once from the same tokens."""
+    prompt, so_far = _prompt([]), []
+    for step in steps:
+        prompt.words(16)  # asked before the extend: must not be handed out again after it
+        tokens = list(range(len(so_far), len(so_far) + step))
+        prompt.extend(tokens)
+        so_far += tokens
+        assert _same_words(prompt, _prompt(so_far), 16)
+        assert prompt.words(16)[0].size == len(so_far) // 16
 
 
 # --- the hash function ---------------------------------------------------------------------------

@@ -103,6 +103,8 @@ class PrefixHashes:
         self._n_blocks = 0
         self._high = np.zeros(_INITIAL_BLOCKS, dtype=np.uint64)
         self._low = np.zeros(_INITIAL_BLOCKS, dtype=np.uint64)
+        # words() of the blocks so far, made once per extend (a lookup asks on every call).
+        self._words: tuple[NDArray[np.uint64], NDArray[np.uint64]] | None = None
         # The incomplete last block's tokens: _pending[:_n_pending].
         self._pending = np.zeros(block_size, dtype=np.int64)
         self._n_pending = 0
@@ -157,6 +159,7 @@ class PrefixHashes:
                                       high, low)
             self._parent_words[0], self._parent_words[1] = high[-1], low[-1]
         self._n_blocks = end
+        self._words = None
 
     def _sha256_blocks(self, tokens: NDArray[np.int64], high: NDArray[np.uint64],
                        low: NDArray[np.uint64]) -> None:
@@ -186,7 +189,10 @@ class PrefixHashes:
         """``(high, low)`` uint64 arrays, one entry per complete block, in O(1): views of the
         chain's storage that later extends leave as they are (not to be written: they stay
         writable only because the lookup kernels are compiled for writable arrays)."""
-        return self._high[: self._n_blocks], self._low[: self._n_blocks]
+        words = self._words
+        if words is None:
+            words = self._words = (self._high[: self._n_blocks], self._low[: self._n_blocks])
+        return words
 
     def keys(self) -> list[int]:
         """128-bit keys, one per complete block, as the hash map stores them."""

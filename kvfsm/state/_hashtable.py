@@ -56,10 +56,10 @@ READ_AHEAD: Final = 256
 #: Bits of a slot above its block id: the fingerprint (the key's high word's top bits).
 _BLOCK_BITS: Final = 32
 #: The fingerprint and block halves of a slot word.
-_FINGERPRINT: Final = np.uint64(((1 << 64) - 1) ^ ((1 << _BLOCK_BITS) - 1))
-_BLOCK: Final = np.uint64((1 << _BLOCK_BITS) - 1)
+SLOT_FINGERPRINT: Final = np.uint64(((1 << 64) - 1) ^ ((1 << _BLOCK_BITS) - 1))
+SLOT_BLOCK: Final = np.uint64((1 << _BLOCK_BITS) - 1)
 #: A slot word whose block half reads EMPTY / TOMBSTONE as int32.
-_EMPTY_SLOT: Final = np.uint64(EMPTY & ((1 << _BLOCK_BITS) - 1))
+EMPTY_SLOT: Final = np.uint64(EMPTY & ((1 << _BLOCK_BITS) - 1))
 #: Index of the block half among a slot's two int32 halves in memory (for the ``value`` view).
 _BLOCK_HALF: Final = 0 if sys.byteorder == "little" else 1
 _WORD = (1 << 64) - 1
@@ -77,17 +77,17 @@ def _capacity_for(entries: int) -> int:
 
 def slot_words(high: U64Array, blocks: NDArray[np.integer]) -> U64Array:
     """The slot word of each entry: its key's fingerprint (``high``'s top bits) and block id."""
-    words: U64Array = (high & _FINGERPRINT) | blocks.astype(np.uint64)
+    words: U64Array = (high & SLOT_FINGERPRINT) | blocks.astype(np.uint64)
     return words
 
 
-def _probe_example() -> tuple[object, ...]:
+def probe_example() -> tuple[object, ...]:
     keys = np.zeros(8, dtype=np.uint64)
-    return (np.full(8, _EMPTY_SLOT, dtype=np.uint64), keys, keys.copy(), keys[:1], keys[:1],
+    return (np.full(8, EMPTY_SLOT, dtype=np.uint64), keys, keys.copy(), keys[:1], keys[:1],
             np.empty(1, dtype=np.intp), True)
 
 
-def _probe_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+def probe_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     """A valid table (no key twice, none past an empty slot of its chain: keys inserted at the
     first empty slot, some then removed to tombstones; now and then no empty slot at all) over
     blocks whose words share fingerprints, words and home slots, now and then a slot naming a
@@ -100,7 +100,7 @@ def _probe_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     highs = np.array([0, 1, 1 << 63, (1 << 63) | 1], dtype=np.uint64)
     block_high = rng.choice(highs, n_blocks).astype(np.uint64)
     block_low = rng.integers(0, 4 * capacity, n_blocks).astype(np.uint64)
-    slots = np.full(capacity, _EMPTY_SLOT, dtype=np.uint64)
+    slots = np.full(capacity, EMPTY_SLOT, dtype=np.uint64)
     stored: set[tuple[int, int]] = set()
     full = rng.random() < 0.1
     wanted = capacity if full else int(rng.integers(0, capacity // 2 + 1))
@@ -113,14 +113,14 @@ def _probe_inputs(rng: np.random.Generator) -> tuple[object, ...]:
             continue  # a block with the same content as a mapped one: not mapped
         stored.add(key)
         pos = key[1] & mask
-        while (slots[pos] & _BLOCK) != _EMPTY_SLOT:
+        while (slots[pos] & SLOT_BLOCK) != EMPTY_SLOT:
             pos = (pos + 1) & mask
         slots[pos] = slot_words(block_high[block : block + 1], np.array([block]))[0]
-    live = (slots & _BLOCK) < np.uint64(n_blocks)
+    live = (slots & SLOT_BLOCK) < np.uint64(n_blocks)
     stray = live & (rng.random(capacity) < 0.05)
-    slots[stray] = (slots[stray] & _FINGERPRINT) | np.uint64(n_blocks)  # beyond the words
+    slots[stray] = (slots[stray] & SLOT_FINGERPRINT) | np.uint64(n_blocks)  # beyond the words
     tomb = live & ~stray & (rng.random(capacity) < 0.3)
-    slots[tomb] = (slots[tomb] & _FINGERPRINT) | np.uint64(TOMBSTONE & ((1 << 32) - 1))
+    slots[tomb] = (slots[tomb] & SLOT_FINGERPRINT) | np.uint64(TOMBSTONE & ((1 << 32) - 1))
     n = int(rng.integers(0, 2 * capacity))
     pick = rng.integers(0, n_blocks, n)
     high, low = block_high[pick], block_low[pick]
@@ -130,7 +130,7 @@ def _probe_inputs(rng: np.random.Generator) -> tuple[object, ...]:
             np.full(n, -7, dtype=np.intp), bool(rng.integers(0, 2)))
 
 
-def _probe_twin(slots: U64Array, block_high: U64Array, block_low: U64Array, high: U64Array,
+def probe_twin(slots: U64Array, block_high: U64Array, block_low: U64Array, high: U64Array,
                 low: U64Array, out: IdArray, want_block: bool) -> None:
     """:func:`probe_kernel` as vectorized probe rounds: one round is a few array operations
     over the keys still pending."""
@@ -139,13 +139,13 @@ def _probe_twin(slots: U64Array, block_high: U64Array, block_low: U64Array, high
     # gather of slots, one of each word array, compares over every key, no index lists).
     pos = (low & np.uint64(capacity - 1)).astype(np.intp)
     word = slots[pos]
-    block = (word & _BLOCK).astype(np.intp)
+    block = (word & SLOT_BLOCK).astype(np.intp)
     live = block < n_blocks  # EMPTY and TOMBSTONE read as 2**32 - 1 and 2**32 - 2
     at = np.where(live, block, 0)
-    hit = (live & ((word & _FINGERPRINT) == (high & _FINGERPRINT))
+    hit = (live & ((word & SLOT_FINGERPRINT) == (high & SLOT_FINGERPRINT))
            & (block_low[at] == low) & (block_high[at] == high))
     found: IdArray = np.where(hit, pos, -1)
-    pending = np.flatnonzero(~hit & ((word & _BLOCK) != _EMPTY_SLOT))
+    pending = np.flatnonzero(~hit & ((word & SLOT_BLOCK) != EMPTY_SLOT))
     pos, hi, lo = pos[pending] + 1, high[pending], low[pending]
     # Later rounds: WINDOW contiguous slots per key still pending. Flat positions of the
     # few set entries stand in for reductions along the short axis, which are slow.
@@ -155,9 +155,9 @@ def _probe_twin(slots: U64Array, block_high: U64Array, block_low: U64Array, high
         probed += WINDOW
         window = (pos[:, None] + _WINDOW_OFFSETS) & wrap
         words = slots[window]
-        blocks = (words & _BLOCK).astype(np.intp)
+        blocks = (words & SLOT_BLOCK).astype(np.intp)
         flat = np.flatnonzero((blocks < n_blocks)
-                              & ((words & _FINGERPRINT) == (hi[:, None] & _FINGERPRINT)))
+                              & ((words & SLOT_FINGERPRINT) == (hi[:, None] & SLOT_FINGERPRINT)))
         rows, cols = flat // WINDOW, flat % WINDOW
         candidate = blocks[rows, cols]
         keep = (block_low[candidate] == lo[rows]) & (block_high[candidate] == hi[rows])
@@ -165,23 +165,24 @@ def _probe_twin(slots: U64Array, block_high: U64Array, block_low: U64Array, high
         # Keys are stored once, so at most one slot of a window holds a pending key.
         found[pending[rows]] = window[rows, cols]
         go = np.ones(pending.size, dtype=np.bool_)
-        go[np.flatnonzero((words & _BLOCK) == _EMPTY_SLOT) // WINDOW] = False
+        go[np.flatnonzero((words & SLOT_BLOCK) == EMPTY_SLOT) // WINDOW] = False
         go[rows] = False
         pending, pos, hi, lo = pending[go], pos[go] + WINDOW, hi[go], lo[go]
     if want_block:
-        out[:] = np.where(found >= 0, (slots[np.maximum(found, 0)] & _BLOCK).astype(np.intp), -1)
+        held = (slots[np.maximum(found, 0)] & SLOT_BLOCK).astype(np.intp)
+        out[:] = np.where(found >= 0, held, -1)
     else:
         out[:] = found
 
 
-@kernel(example=_probe_example, twin=_probe_twin, inputs=_probe_inputs)
+@kernel(example=probe_example, twin=probe_twin, inputs=probe_inputs)
 def probe_kernel(slots: U64Array, block_high: U64Array, block_low: U64Array, high: U64Array,
                  low: U64Array, out: IdArray, want_block: bool) -> None:
     """Per key, linear probing from its home until its entry or an empty slot: ``out`` gets
     the slot (``want_block`` false) or the block id (true), -1 when absent. A slot is the
     key's only if its fingerprint matches and its block's words (``block_high``,
     ``block_low``) equal the key; a block id beyond those words never matches. Compiled
-    (the twin, :func:`_probe_twin`, probes in vectorized rounds). A chain never runs
+    (the twin, :func:`probe_twin`, probes in vectorized rounds). A chain never runs
     past the capacity, so a table left without empty slots (corrupt) still ends the probe. The
     home slots of :data:`READ_AHEAD` keys are read first, then each chain walked from there."""
     mask = np.uint64(slots.size - 1)
@@ -196,15 +197,15 @@ def probe_kernel(slots: U64Array, block_high: U64Array, block_low: U64Array, hig
             home_words[i - start] = slots[low[i] & mask]
         for i in range(start, stop):
             hi, lo = high[i], low[i]
-            fingerprint = hi & _FINGERPRINT
+            fingerprint = hi & SLOT_FINGERPRINT
             pos = lo & mask
             word = home_words[i - start]
             out[i] = -1
             for _ in range(slots.size):
-                block = word & _BLOCK
-                if block == _EMPTY_SLOT:
+                block = word & SLOT_BLOCK
+                if block == EMPTY_SLOT:
                     break
-                if (block < n_blocks and (word & _FINGERPRINT) == fingerprint
+                if (block < n_blocks and (word & SLOT_FINGERPRINT) == fingerprint
                         and block_low[block] == lo and block_high[block] == hi):
                     out[i] = block if want_block else pos
                     break
@@ -246,7 +247,7 @@ class BlockHashTable:
         self.capacity = _capacity_for(n_blocks)
         self._mask = np.uint64(self.capacity - 1)
         #: One word per slot: fingerprint above block id (see the module docstring).
-        self.slots = np.full(self.capacity, _EMPTY_SLOT, dtype=np.uint64)
+        self.slots = np.full(self.capacity, EMPTY_SLOT, dtype=np.uint64)
         #: The block id of each slot (int32, EMPTY / TOMBSTONE): a view of the slots' low halves.
         self.value: NDArray[np.int32] = self.slots.view(np.int32)[_BLOCK_HALF::2]
         self.n_live = 0
@@ -386,7 +387,7 @@ class BlockHashTable:
         """Drop every tombstone by inserting the live entries again."""
         live = np.flatnonzero(self.value >= 0)
         ids = self.value[live].copy()
-        self.slots.fill(_EMPTY_SLOT)
+        self.slots.fill(EMPTY_SLOT)
         self.n_live = self.n_tombstones = 0
         if live.size:
             self._place(self.block_high[ids], self.block_low[ids], ids)
@@ -446,7 +447,7 @@ class BlockHashTable:
         if (counts > 1).any():
             out.append(f"blocks {np.flatnonzero(counts > 1)[:8].tolist()} are mapped twice")
         held = self.slots[(value >= 0) & (value < self.n_blocks)]
-        stale = blocks[(held & _FINGERPRINT) != (high & _FINGERPRINT)]
+        stale = blocks[(held & SLOT_FINGERPRINT) != (high & SLOT_FINGERPRINT)]
         if stale.size:
             out.append(f"slots of blocks {stale[:8].tolist()} hold another key's fingerprint "
                        "(a block's words changed while it was mapped?)")

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm._jit import settings as jit_settings
 from kvfsm._reasons import Reason
 from kvfsm.fsm import FORM_COMPRESSED as COMPRESSED
 from kvfsm.fsm import FORM_RAW as RAW
@@ -31,6 +32,7 @@ from kvfsm.verify._group_pass import (
     AFTER_RAW,
     ALL_SETTLED,
     ASKED_KEPT,
+    BUDGET_UNKNOWN,
     CHAIN_BLOCKS,
     CHECKS_IGNORED,
     CHECKS_RECORDED,
@@ -39,39 +41,44 @@ from kvfsm.verify._group_pass import (
     LARGEST_AFTER,
     LARGEST_HIT,
     LARGEST_NOW,
-    N_FLAGS,
-    N_PARAMS,
     N_PER_BLOCK,
     N_SCALARS,
     NEEDS_CHECKSUMS,
     NOW,
     NOW_CMP,
     NOW_RAW,
-    P_ALIGNED,
-    P_FULL_SUB_MASK,
-    P_OWN_SIZE,
-    P_SETTLED_FORM,
-    P_TARGET_SIZE,
+    PLAN_CHANGES,
+    RESTORES_TOTAL,
     group_pass,
+    out_offsets,
+    pack_consts,
     usable_over,
 )
 from kvfsm.verify._index_check import IndexCheck
 from kvfsm.verify._paths import RestorePaths, restore_paths
-from kvfsm.verify._types import DeviceProfile, Level
+from kvfsm.verify._types import DeviceProfile, GroupVerdict, Level
 
 Bools = NDArray[np.bool_]
 
 # Stand-ins for a group without an index (the pass reads none of them; read-only like the
-# core's arrays, so the call compiles to the same version): its references and targets, then
-# the prompt's history ids and settled mask.
+# core's arrays, so the call compiles to the same version): its references and its target
+# group's epochs, states and positions.
 _NO_TARGETS = (np.full((1, 1), -1, dtype=np.int32), np.zeros((1, 1), dtype=np.uint32),
                np.zeros(1, dtype=np.uint32), np.zeros(1, dtype=np.uint8),
-               np.ones(1, dtype=np.bool_), np.full(1, -1, dtype=np.int32))
+               np.full(1, -1, dtype=np.int32))
 for _stand_in in _NO_TARGETS:
     _stand_in.flags.writeable = False
-_NO_HISTORY = (np.full(1, -1, dtype=np.intp), np.zeros(1, dtype=np.bool_))
+#: The target states' "hashed" table of a group without an index (never read).
+_NO_HASHED = np.ones(1, dtype=np.bool_)
+#: The ``history`` of a group without an index (a pass output of no blocks; never read).
+_NO_HISTORY = np.zeros(N_SCALARS + 1, dtype=np.int64)
 #: ``checked_ok`` when the pass is not asked to read it (it then reads none of it).
 _NO_CHECKED = np.ones(0, dtype=np.bool_)
+#: The pass's scalars in the order :class:`GroupEval` unpacks them (all at once: cheaper than
+#: indexing each on every lookup).
+_SCALAR_ORDER = (CHAIN_BLOCKS, NEEDS_CHECKSUMS, PLAN_CHANGES, ASKED_KEPT, LARGEST_HIT,
+                 LARGEST_NOW, LARGEST_AFTER, ALL_SETTLED, RESTORES_TOTAL)
+assert tuple(range(N_SCALARS)) == _SCALAR_ORDER, "GroupEval unpacks the scalars in this order"
 #: Statics kept per group: one per reading layout and device profile a caller uses.
 _MAX_STATICS = 64
 
@@ -84,7 +91,7 @@ class Statics:
     one when something it was made from is replaced (the table, a new recorded layout)."""
 
     __slots__ = ("aligned", "arrays", "layout_ok", "made_from", "paths", "pool",
-                 "restore_aligned", "table")
+                 "restore_aligned", "settled_compressed", "table", "verdicts")
 
     paths: RestorePaths
 
@@ -102,22 +109,30 @@ class Statics:
         #: Restored blocks land aligned for the profile / every device slot already meets it.
         self.restore_aligned = alignment_guaranteed(pool, profile)
         self.aligned = _aligned_by_construction(pool, profile)
-        params = np.ones(N_PARAMS, dtype=np.int64)  # sizes of a non-index group
-        params[P_FULL_SUB_MASK] = group.full_sub_mask
-        params[P_SETTLED_FORM] = group.rule.settled_form is Form.COMPRESSED
-        params[P_ALIGNED] = self.restore_aligned
         target = group.target
         targets: tuple[NDArray[Any], ...] = _NO_TARGETS
+        hashed, sizes = _NO_HASHED, (1, 1)  # sizes of a non-index group
+        target_settled_compressed = False
         if target is not None:
-            params[P_TARGET_SIZE] = target.decl.block_size
-            params[P_OWN_SIZE] = group.decl.block_size
+            sizes = (target.decl.block_size, group.decl.block_size)
             targets = (group.refs_target, group.refs_epoch, target.epoch, target.states,
-                       target.table.hashed, target.position)
-        params.setflags(write=False)
-        #: The pass's arguments after the prompt's ids, up to the prompt's history.
-        self.arrays = (group.states, group.epoch, group.position, group.sub_blocks,
-                       group.layout_id, layout_ok, paths.code, group.check, *targets,
-                       paths.restores_by_form, params)
+                       target.position)
+            hashed = target.table.hashed
+            target_settled_compressed = target.rule.settled_form is Form.COMPRESSED
+        #: The group's kind settles in the compressed form (else raw).
+        self.settled_compressed = group.rule.settled_form is Form.COMPRESSED
+        consts = pack_consts(group.full_sub_mask, self.restore_aligned, *sizes,
+                             self.settled_compressed, layout_ok, paths.code,
+                             paths.restores_by_form, hashed, target_settled_compressed)
+        #: The group's figures (GroupVerdict) by (hit, usable, restorable, stop), shared
+        #: between verdicts: values.
+        self.verdicts: dict[tuple[int, int, int, Reason | None], GroupVerdict] = {}
+        table = self.table
+        #: The pass's arguments after the prompt's words, up to the prompt's history: the hash
+        #: table, the group's metadata, its index references and their targets, the consts.
+        self.arrays = (table.slots, table.block_high, table.block_low, group.states,
+                       group.epoch, group.position, group.sub_blocks, group.layout_id,
+                       group.check, *targets, consts)
 
 
 #: Per group (weakly): its statics by the ids of the reading layout and device profile.
@@ -216,6 +231,8 @@ class Spans:
     prompt has, with what every "usable at L" evaluation of the group shares computed once."""
 
     def __init__(self, need: Needed, n: int) -> None:
+        #: The prompt's blocks the spans are clipped to.
+        self.n = n
         self.hi = np.minimum(need.hi, n)
         self.cut = np.minimum(need.cut, self.hi)
         self.lo = np.minimum(need.lo, self.cut)
@@ -225,9 +242,14 @@ class Spans:
         self.base: Bools = inside if need.servable is None else inside & need.servable
         self.base.setflags(write=False)
         self.reads_compressed = bool((self.lo < self.cut).any())
+        #: ``lo``, ``cut``, ``hi`` and ``base`` (0 or 1) as one read-only ``[4, lengths]``
+        #: array: the pass's ``spans`` (rows SPAN_*).
+        self.rows = np.stack([self.lo, self.cut, self.hi, self.base]).astype(np.int64)
+        self.rows.setflags(write=False)
         #: ``lo``, ``cut`` and ``hi`` as one read-only ``[3, lengths]`` array.
-        self.bounds = np.stack([self.lo, self.cut, self.hi]).astype(np.int64)
-        self.bounds.setflags(write=False)
+        self.bounds = self.rows[:3]
+        #: The size of the group pass's output over these spans (out_offsets).
+        self.out_size = out_offsets(n, self.lo.size)[3]
 
 
 #: Spans by (group declaration, prompt blocks, candidate count, step), shared: a kind's rule
@@ -261,19 +283,16 @@ def usable_at(spans: Spans, ok_raw: Bools, ok_cmp: Bools) -> Bools:
 
 class GroupEval:
     """Facts about the prompt's blocks of one group, and its usable vectors (one
-    :func:`~kvfsm.verify._group_pass.group_pass` call; a second only where the device checks
-    must be computed here: data checksums at FULL level or of blocks never checked at their
-    epoch, or alignment the pools do not guarantee). The per-block and per-length rows are
-    views made when read: a lookup reads few of them."""
+    :func:`~kvfsm.verify._group_pass.group_pass` call, which probes the hash table too; a
+    second only where the device checks must be computed here: data checksums at FULL level
+    or of blocks never checked at their epoch, or alignment the pools do not guarantee).
+    Everything the pass wrote lies in one array; its per-block and per-length parts are views
+    made when first read: a lookup reads few of them."""
 
-    #: Per block: its fact bits (:mod:`kvfsm.verify._block_facts`).
-    facts: NDArray[np.uint8]
-    #: Each block's epoch as this lookup saw it (0 where missing).
-    epochs: NDArray[np.uint32]
-    #: The pass's per-block rows, then its per-length rows (``group_pass``'s ``flags``).
-    _flags: Bools
-    #: The pass's scalars, then the restores asked per candidate length.
-    _longs: NDArray[np.int64]
+    #: Everything the last pass wrote (:func:`~kvfsm.verify._group_pass.out_offsets`).
+    _out: NDArray[np.int64]
+    #: Its byte part (facts, then the flag rows) as a view, made on first read (None until).
+    _raw: NDArray[np.uint8] | None
     _has_index: bool
     # Absent unless this lookup computed them (class defaults: most lookups never do).
     #: Layer 4 per block, where the pools do not guarantee alignment.
@@ -301,6 +320,7 @@ class GroupEval:
         checksums: bool = True,
         spans: Spans | None = None,
         statics: Statics | None = None,
+        capped: bool | None = None,
     ) -> None:
         self.group = group
         self.decl = decl = group.decl
@@ -313,22 +333,26 @@ class GroupEval:
         if statics is None:
             statics = statics_for(group, kernel_layout or decl.layout, profile)
         self._statics = statics
-        self.ids = ids = np.empty(n, dtype=np.intp)
-        statics.table.lookup_into(high, low, ids)
-        self.spans = spans if spans is not None else \
-            Spans(group.rule.needed(decl, lengths), n)
+        if spans is None or spans.n != n or spans.lo.size != lengths.size:
+            spans = Spans(group.rule.needed(decl, lengths), n)
+        self.spans = spans
         self._history = history
-        # Layers 2 (recorded layout vs the kernel's; the group's declared layout when the
-        # caller names none), 1, 3 and 4, and what each block's state allows, in one pass.
-        check_alignment = not statics.aligned and \
-            not (level is Level.FAST and statics.restore_aligned)
-        computes_checksums = checksums and level is Level.FULL
+        self._capped = capped = group.budget.capped if capped is None else capped
+        # The admission budget is asked of the group only where the plan restores something
+        # (see BUDGET_UNKNOWN), or where caps make every plan's restores count.
+        self._budget = group.restore_budget() if capped else BUDGET_UNKNOWN
         #: Data checks read from the core's records (a block seen failing stays failed).
         self._recorded_checks = checksums
         scalars = self._pass(None, CHECKS_RECORDED if checksums else CHECKS_IGNORED)
-        if check_alignment or computes_checksums or scalars[NEEDS_CHECKSUMS]:
+        # Layers 2 (recorded layout vs the kernel's; the group's declared layout when the
+        # caller names none), 1, 3 and 4, and what each block's state allows, in one pass;
+        # a second where device checks must be computed here.
+        check_alignment = not statics.aligned and \
+            not (level is Level.FAST and statics.restore_aligned)
+        if check_alignment or scalars[NEEDS_CHECKSUMS] or (checksums and level is Level.FULL):
             # Device checks computed here over the readable blocks' slots, then the pass again
             # with their answers.
+            ids = self.ids
             readable = (self.facts & READABLE) != 0
             if readable.any():
                 readable_ids = ids[readable]
@@ -343,19 +367,26 @@ class GroupEval:
             checked_ok = _both(self.align_ok, self.checksum_ok)
             self._recorded_checks = False
             scalars = self._pass(checked_ok, CHECKS_IGNORED)
-        self.chain_tokens: int = scalars[CHAIN_BLOCKS] * decl.block_size
-        if scalars[ASKED_KEPT]:
-            self.restores_asked = self._longs[N_SCALARS:]
+        # The scalars in their order (_SCALAR_ORDER), unpacked at once.
+        chain, _, _, asked_kept, largest_hit, largest_now, largest_after, all_settled, _ = \
+            scalars
+        self.chain_tokens: int = chain * decl.block_size
+        if asked_kept:
+            self.restores_asked = self._out[N_SCALARS : N_SCALARS + lengths.size]
         #: Last candidate index where the hit / usable now / usable after the plan holds, by
         #: per-length row (HIT, NOW, AFTER).
-        self.largest: tuple[int, int, int] = (scalars[LARGEST_HIT], scalars[LARGEST_NOW],
-                                              scalars[LARGEST_AFTER])
-        self.all_settled = bool(scalars[ALL_SETTLED])
+        self.largest: tuple[int, int, int] = (largest_hit, largest_now, largest_after)
+        self.all_settled = all_settled != 0
 
     @property
     def rule(self) -> KindRule:
         """The rule of the group's kind."""
         return self.group.rule
+
+    @property
+    def verdicts(self) -> dict[tuple[int, int, int, Reason | None], GroupVerdict]:
+        """The group's figures by (hit, usable, restorable, stop), shared between verdicts."""
+        return self._statics.verdicts
 
     @property
     def paths(self) -> RestorePaths:
@@ -383,47 +414,94 @@ class GroupEval:
         return self.largest[AFTER]
 
     def _pass(self, checked_ok: Bools | None, check_mode: int) -> list[int]:
-        """One group pass into fresh arrays; returns its scalars."""
-        group, n, statics = self.group, self.n, self._statics
-        history = self._history
+        """One group pass (the probe included) into a fresh array; returns its scalars."""
+        group, n, history = self.group, self.n, self._history
         self._has_index = has_index = history is not None and n > 0 and group.target is not None
         if history is not None and has_index:
-            history_ids, history_settled = history.ids, history.settled
-            all_settled = history.all_settled
+            # The history's own output: the pass reads its ids and settled row there, laid
+            # out for the history's lengths (which must be these: the pass reads by them).
+            if history.lengths.size != self.lengths.size:
+                raise ValueError(f"group {group.name!r}: its history was evaluated over "
+                                 f"{history.lengths.size} lengths, not {self.lengths.size}")
+            history_out, n_history, all_settled = history._out, history.n, history.all_settled
         else:
-            (history_ids, history_settled), all_settled = _NO_HISTORY, True
-        count = self.lengths.size
-        self.facts = facts = np.empty(n, dtype=np.uint8)
-        self.epochs = epochs = np.empty(n, dtype=np.uint32)
-        self._flags = flags = np.empty((N_FLAGS, max(n, count)), dtype=np.bool_)
-        self._longs = longs = np.empty(N_SCALARS + count, dtype=np.int64)
+            history_out, n_history, all_settled = _NO_HISTORY, 0, True
         spans = self.spans
-        group_pass(self.ids, *statics.arrays, history_ids, history_settled,
-                   _NO_CHECKED if checked_ok is None else checked_ok, spans.bounds, spans.base,
-                   check_mode, checked_ok is not None, has_index, all_settled,
-                   group.restore_budget(), group.budget.capped, facts, epochs, flags, longs)
-        scalars: list[int] = longs[:N_SCALARS].tolist()
+        # Sized by the spans (made for these n blocks and lengths): the kernel writes by them.
+        self._out = out = np.empty(spans.out_size, dtype=np.int64)
+        self._raw = None
+        high, low = self.words
+        # The kernel's version chosen here, not in Kernel.__call__: one frame and one repacking
+        # of its ~30 arguments fewer on every lookup.
+        run = group_pass.compiled if jit_settings.enabled else group_pass.twin
+        run(high, low, *self._statics.arrays, history_out, n_history,
+            _NO_CHECKED if checked_ok is None else checked_ok, spans.rows, check_mode,
+            checked_ok is not None, has_index, all_settled, self._budget, self._capped, out)
+        scalars: list[int] = out[:N_SCALARS].tolist()
+        total = scalars[RESTORES_TOTAL]
+        if total and self._budget == BUDGET_UNKNOWN:
+            # The plan restores something: its total against the budget (asked once).
+            self._budget = group.restore_budget()
+            if total > self._budget:
+                return self._pass(checked_ok, check_mode)  # again, filtered by the budget
         return scalars
+
+    # -- the pass's output, as views made when read (out_offsets' layout) -------------------
+
+    def _bytes(self) -> NDArray[np.uint8]:
+        """The byte part of the output: a fact byte per block, then the flag rows."""
+        raw = self._raw
+        if raw is None:
+            n = self.n
+            at = N_SCALARS + self.lengths.size + n + (n + 1) // 2
+            raw = self._raw = self._out[at:].view(np.uint8)
+        return raw
+
+    def _flag_row(self, row: int, length: int) -> Bools:
+        """Flag row ``row`` (of N_FLAGS), its first ``length`` entries."""
+        n = self.n
+        start = n + row * max(n, self.lengths.size)
+        flags: Bools = self._bytes()[start : start + length].view(np.bool_)
+        return flags
+
+    @property
+    def ids(self) -> NDArray[np.intp]:
+        """Per block: its id in the group, -1 where its hash is not in the map."""
+        at = N_SCALARS + self.lengths.size
+        return self._out[at : at + self.n].view(np.intp)
+
+    @property
+    def epochs(self) -> NDArray[np.uint32]:
+        """Each block's epoch as this lookup saw it (0 where missing)."""
+        n = self.n
+        at = N_SCALARS + self.lengths.size + n
+        epochs: NDArray[np.uint32] = self._out[at : at + (n + 1) // 2].view(np.uint32)[:n]
+        return epochs
+
+    @property
+    def facts(self) -> NDArray[np.uint8]:
+        """Per block: its fact bits (:mod:`kvfsm.verify._block_facts`)."""
+        return self._bytes()[: self.n]
 
     @property
     def now_raw(self) -> Bools:
         """Per block: usable now, read raw."""
-        return self._flags[NOW_RAW, : self.n]
+        return self._flag_row(NOW_RAW, self.n)
 
     @property
     def now_cmp(self) -> Bools:
         """Per block: usable now, read compressed."""
-        return self._flags[NOW_CMP, : self.n]
+        return self._flag_row(NOW_CMP, self.n)
 
     @property
     def after_raw(self) -> Bools:
         """Per block: usable raw after the plan."""
-        return self._flags[AFTER_RAW, : self.n]
+        return self._flag_row(AFTER_RAW, self.n)
 
     @property
     def after_cmp(self) -> Bools:
         """Per block: usable compressed after the plan."""
-        return self._flags[AFTER_CMP, : self.n]
+        return self._flag_row(AFTER_CMP, self.n)
 
     @property
     def hit(self) -> Bools:
@@ -442,11 +520,12 @@ class GroupEval:
 
     def row(self, row: int) -> Bools:
         """Per-length row ``row`` (HIT, NOW, AFTER)."""
-        return self._flags[N_PER_BLOCK + row, : self.lengths.size]
+        return self._flag_row(N_PER_BLOCK + row, self.lengths.size)
 
     def holds(self, row: int, at: int) -> bool:
         """Per-length row ``row`` (HIT, NOW, AFTER) at candidate index ``at``."""
-        return bool(self._flags[N_PER_BLOCK + row, at])
+        n = self.n
+        return bool(self._bytes()[n + (N_PER_BLOCK + row) * max(n, self.lengths.size) + at])
 
     @property
     def found(self) -> Bools:
@@ -460,14 +539,12 @@ class GroupEval:
         if not self._has_index or self._history is None:
             return None
         safe = np.where(self.ids >= 0, self.ids, 0)
-        return IndexCheck(self.group, safe, self._flags[FIT, : self.n])
+        return IndexCheck(self.group, safe, self._flag_row(FIT, self.n))
 
     @property
     def settled(self) -> Bools:
         """Per block: usable now in the form its kind settles in (no plan step will touch it)."""
-        settled: Bools = self.now_cmp if self.rule.settled_form is Form.COMPRESSED \
-            else self.now_raw
-        return settled
+        return self._flag_row(NOW_CMP if self._statics.settled_compressed else NOW_RAW, self.n)
 
     # -- reasons ---------------------------------------------------------------------------
 

@@ -2,12 +2,16 @@
 "usable at L" now and after the plan, and the restores the plan asks for.
 
 :func:`group_pass` is a compiled kernel (:mod:`kvfsm._jit`) over plain arrays: the prompt's
-block ids in this group (from the hash probe), the group's metadata, its index references and
-the prompt's history (for a sparse index), the kind's needed spans per candidate length, and
-the admission budget. It writes every per-block and per-length array the verdict reads, plus a
-few scalars. Its NumPy twin computes the same arrays with array operations and is the
-reference: a differential test runs both on random inputs. One call per group replaces the
-thirty-odd NumPy calls per group a lookup used to make, which dominated short prompts.
+hash words in this group and the group's hash table (it probes for the block ids itself: one
+call per group, not two), the group's metadata, its index references and the prompt's history
+(for a sparse index), the kind's needed spans per candidate length, and the admission budget.
+It writes every per-block and per-length array the verdict reads, plus a few scalars, into
+one output array (:func:`out_offsets`: one allocation per call). Its NumPy twin computes the
+same arrays with array operations and is the reference: a differential test runs both on
+random inputs. One call per group replaces the thirty-odd NumPy calls per group a lookup used
+to make, which dominated short prompts; its arguments are few because numba unboxes each one
+on every call (about 80 ns an array): what never changes for a group is packed once
+(:func:`pack_consts`), what changes per lookup comes as scalars.
 
 The layers (see ``docs/verdict.md``): a block is *sound* when found by hash, recorded at this
 position, whole, under the layout the kernel reads, and (an index) every reference current and
@@ -20,12 +24,20 @@ its form there.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._jit import kernel, read_only
+from kvfsm.state._hashtable import (
+    EMPTY_SLOT,
+    READ_AHEAD,
+    SLOT_BLOCK,
+    SLOT_FINGERPRINT,
+    probe_inputs,
+    probe_twin,
+)
 from kvfsm.verify._block_facts import (
     CODE_SHIFT,
     FOUND,
@@ -42,6 +54,7 @@ from kvfsm.verify._block_facts import (
 
 Bools = NDArray[np.bool_]
 IdArray = NDArray[np.intp]
+Words = NDArray[np.uint64]
 Lengths = NDArray[np.int64]
 
 #: ``check_mode``: data checksums are not looked at (``checksums=False``).
@@ -72,9 +85,18 @@ LARGEST_NOW: Final = 5
 LARGEST_AFTER: Final = 6
 #: 1 when every block of the prompt is usable now in the form ``P_SETTLED_FORM`` names.
 ALL_SETTLED: Final = 7
-N_SCALARS: Final = 8
+#: Restores the plan asks for over the whole prompt (0 where it changes nothing).
+RESTORES_TOTAL: Final = 8
+N_SCALARS: Final = 9
 
-# Indices of the ``params`` input: what never changes for a group (integers; flags 0 or 1).
+#: ``budget`` not looked up: the pass filters nothing by it (keeping the restores asked only
+#: where the budget has caps); the caller compares RESTORES_TOTAL with its budget and passes
+#: the budget where the total exceeds it (so a lookup whose plan changes nothing, or fits,
+#: never asks the group for it).
+BUDGET_UNKNOWN: Final = -1
+
+# Indices of the ``consts`` input: what never changes for a group (integers; flags 0 or 1),
+# then the small per-layout and per-state tables, each found at the offset its entry names.
 #: The sub-block mask of a whole block.
 P_FULL_SUB_MASK: Final = 0
 #: The device pool's construction guarantees alignment (restored blocks land aligned).
@@ -84,9 +106,24 @@ P_TARGET_SIZE: Final = 2
 P_OWN_SIZE: Final = 3
 #: The form this group's kind settles in: 1 compressed, 0 raw (for ALL_SETTLED).
 P_SETTLED_FORM: Final = 4
-N_PARAMS: Final = 5
+#: Offsets of the tables: per layout id, the reading kernel accepts it; per state, its
+#: restore-path code, whether a raw / compressed restore begins from it; per state of the
+#: index's target group, whether its blocks are hashed (alive).
+P_LAYOUT_OK_AT: Final = 5
+P_CODE_AT: Final = 6
+P_RESTORES_RAW_AT: Final = 7
+P_RESTORES_CMP_AT: Final = 8
+P_HASHED_AT: Final = 9
+#: The flag row (NOW_RAW or NOW_CMP) of the index's target group that says "settled".
+P_HISTORY_SETTLED_ROW: Final = 10
+N_PARAMS: Final = 11
 
-# Rows of ``flags``: first the per-block rows (one column per prompt block), then the
+# Rows of ``spans``: each candidate length's needed blocks ``[lo, cut)`` compressed and
+# ``[cut, hi)`` raw, and 1 where the kind can serve the length with every needed block inside.
+SPAN_LO, SPAN_CUT, SPAN_HI, SPAN_BASE = range(4)
+N_SPAN_ROWS: Final = 4
+
+# Rows of the flags: first the per-block rows (one column per prompt block), then the
 # per-length rows (one column per candidate length), each row as long as the longer of the two.
 NOW_RAW, NOW_CMP, AFTER_RAW, AFTER_CMP, FIT, SETTLED_OK = range(6)
 N_PER_BLOCK: Final = 6
@@ -95,37 +132,110 @@ N_PER_LENGTH: Final = 3
 N_FLAGS: Final = N_PER_BLOCK + N_PER_LENGTH
 
 
+def pack_consts(full_sub_mask: int, aligned: bool, target_size: int, own_size: int,
+                settled_compressed: bool, layout_ok: Bools, code: NDArray[np.uint8],
+                restores: Bools, hashed: Bools, target_settled_compressed: bool = False
+                ) -> NDArray[np.int64]:
+    """The pass's ``consts``: the parameters, then the tables (``restores``: per form, raw
+    then compressed, per state), as one read-only int64 array (one argument, not six).
+    ``target_settled_compressed``: the index's target group settles compressed."""
+    tables = (layout_ok, code, restores[0], restores[1], hashed)
+    offsets = N_PARAMS + np.cumsum([0] + [table.size for table in tables[:-1]])
+    consts = np.concatenate([
+        np.array([full_sub_mask, aligned, target_size, own_size, settled_compressed],
+                 dtype=np.int64), offsets.astype(np.int64),
+        np.array([NOW_CMP if target_settled_compressed else NOW_RAW], dtype=np.int64),
+        *(table.astype(np.int64) for table in tables)])
+    consts.setflags(write=False)
+    return consts
+
+
+def _consts_tables(consts: NDArray[np.int64]) -> tuple[NDArray[np.int64], ...]:
+    """The tables of ``consts``: layout_ok, code, restores raw, restores compressed, hashed."""
+    bounds = [*consts[P_LAYOUT_OK_AT : P_HASHED_AT + 1].tolist(), consts.size]
+    return tuple(consts[bounds[k] : bounds[k + 1]] for k in range(len(bounds) - 1))
+
+
+def out_offsets(n: int, count: int) -> tuple[int, int, int, int]:
+    """Where the parts of the pass's one output ``out`` (int64) lie for ``n`` blocks and
+    ``count`` candidate lengths, in words: the scalars (at 0), the restores asked per length
+    (at N_SCALARS), then the block ids, the epochs (uint32, two a word), the bytes (a fact
+    byte per block, then the N_FLAGS rows of ``max(n, count)`` bools), and the total size."""
+    ids_at = N_SCALARS + count
+    epochs_at = ids_at + n
+    bytes_at = epochs_at + (n + 1) // 2
+    return ids_at, epochs_at, bytes_at, bytes_at + (n + N_FLAGS * max(n, count) + 7) // 8
+
+
+def out_views(out: NDArray[np.int64], n: int, count: int
+              ) -> tuple[NDArray[np.int64], NDArray[np.int64], IdArray, NDArray[np.uint32],
+                         NDArray[np.uint8], Bools]:
+    """The parts of ``out`` (see :func:`out_offsets`) as views: scalars, asked, ids, epochs,
+    facts, and the flags as ``[N_FLAGS, max(n, count)]``."""
+    ids_at, epochs_at, bytes_at, _ = out_offsets(n, count)
+    raw = out[bytes_at:].view(np.uint8)
+    width = max(n, count)
+    return (out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at].view(np.intp),
+            out[epochs_at:bytes_at].view(np.uint32)[:n], raw[:n],
+            raw[n : n + N_FLAGS * width].view(np.bool_).reshape(N_FLAGS, width))
+
+
+def _history_views(history: NDArray[np.int64], n_history: int, count: int,
+                   consts: NDArray[np.int64]) -> tuple[IdArray, Bools]:
+    """The index's target group's block ids and settled row, from its pass output."""
+    _, _, ids, _, _, flags = out_views(history, n_history, count)
+    return ids, flags[consts[P_HISTORY_SETTLED_ROW], :n_history]
+
+
+def history_of(ids: IdArray, settled: Bools, count: int, settled_row: int = NOW_RAW
+               ) -> NDArray[np.int64]:
+    """A pass output holding ``ids`` and the settled row ``settled`` (at ``settled_row``)
+    of a target group over ``count`` candidate lengths, everything else zero: the
+    ``history`` argument for hand-made index inputs."""
+    out = np.zeros(out_offsets(ids.size, count)[3], dtype=np.int64)
+    _, _, held, _, _, flags = out_views(out, ids.size, count)
+    held[:] = ids
+    flags[settled_row, : ids.size] = settled
+    return out
+
+
 def _group_pass_example() -> tuple[object, ...]:
-    """Arguments of exactly the call site's types: metadata, tables and references are
-    read-only views of the core's arrays; spans and restore facts are cached read-only;
-    everything else of the prompt is a fresh array."""
+    """Arguments of exactly the call site's types: the prompt's words and the hash table's
+    arrays are writable; metadata, tables and references are read-only views of the core's
+    arrays; consts and spans are cached read-only; the history and ``checked_ok`` are fresh
+    arrays (views of another group's output or stand-ins); the output is a fresh array."""
     one_u8, one_i32 = read_only(np.zeros(1, dtype=np.uint8)), read_only(np.zeros(1, np.int32))
     one_u32 = read_only(np.zeros(1, np.uint32))
+    words = np.zeros(1, dtype=np.uint64)
+    consts = pack_consts(1, True, 1, 1, False, np.ones(1, np.bool_), np.zeros(1, np.uint8),
+                         np.zeros((2, 1), np.bool_), np.ones(1, np.bool_))
     return (
-        np.full(1, -1, dtype=np.intp), one_u8, one_u32, one_i32,
-        read_only(np.zeros(1, np.uint16)), one_u8, read_only(np.ones(1, dtype=np.bool_)),
-        np.zeros(1, np.uint8), one_u8,
-        read_only(np.full((1, 1), -1, dtype=np.int32)), read_only(np.zeros((1, 1), np.uint32)),
-        one_u32, one_u8, read_only(np.ones(1, dtype=np.bool_)), one_i32,
-        read_only(np.zeros((2, 1), dtype=np.bool_)), read_only(np.ones(N_PARAMS, np.int64)),
-        np.full(1, -1, np.intp), np.zeros(1, dtype=np.bool_), np.ones(1, dtype=np.bool_),
-        read_only(np.zeros((3, 1), np.int64)), read_only(np.ones(1, dtype=np.bool_)),
-        CHECKS_RECORDED, False, False, True, 0, False,
-        np.empty(1, np.uint8), np.empty(1, np.uint32), np.empty((N_FLAGS, 1), np.bool_),
-        np.empty(N_SCALARS + 1, np.int64))
+        words, words.copy(), np.full(8, EMPTY_SLOT, dtype=np.uint64), words.copy(),
+        words.copy(), one_u8, one_u32, one_i32, read_only(np.zeros(1, np.uint16)), one_u8,
+        one_u8, read_only(np.full((1, 1), -1, dtype=np.int32)),
+        read_only(np.zeros((1, 1), np.uint32)), one_u32, one_u8, one_i32, consts,
+        np.zeros(out_offsets(0, 1)[3], np.int64), 0, np.ones(1, dtype=np.bool_),
+        read_only(np.zeros((N_SPAN_ROWS, 1), np.int64)),
+        CHECKS_RECORDED, False, False, True, 0, False, np.empty(out_offsets(1, 1)[3], np.int64))
 
 
 def _group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """A small group drawn freely: prompt ids with misses, metadata that matches its position,
-    layout and sub-blocks or not, random per-state codes and checks, an index (sometimes) whose
-    references into a small target group are right, stale, out of order or out of range, a
-    history partly settled, random spans per length (some lengths unservable), and a budget
-    from none to plenty."""
-    n_blocks, n_states, n_layouts = (int(rng.integers(1, high)) for high in (13, 6, 4))
-    n, n_lengths = int(rng.integers(0, 11)), int(rng.integers(1, 8))
-    ids = rng.integers(-1, n_blocks, n).astype(np.intp)
+    """A small group drawn freely: a hash table and prompt words as the probe's differential
+    test draws them (shared fingerprints, tombstones, stray slots, keys equal in one word,
+    misses), now and then reordered so neighbouring rows find the same block; metadata that
+    matches its position, layout and sub-blocks or not, random per-state codes and checks,
+    an index (sometimes) whose references into a small target group are right, stale, out of
+    order or out of range, a history partly settled, random spans per length (some lengths
+    unservable), and a budget from none to plenty."""
+    slots, block_high, block_low, high, low = cast(tuple[Words, ...], probe_inputs(rng)[:5])
+    n_blocks, n = block_high.size, high.size
+    ids = np.empty(n, dtype=np.intp)
+    probe_twin(slots, block_high, block_low, high, low, ids, True)
     if rng.random() < 0.3:
-        ids = np.sort(ids)  # runs of one block: neighbouring rows with the same references
+        order = np.argsort(ids, kind="stable")  # runs of one block: rows of equal references
+        high, low, ids = high[order], low[order], ids[order]
+    n_states, n_layouts = (int(rng.integers(1, top)) for top in (6, 4))
+    n_lengths = int(rng.integers(1, 8))
     position = rng.integers(-1, 9, n_blocks).astype(np.int32)
     for i, block in enumerate(ids.tolist()):
         if block >= 0 and rng.random() < 0.7:
@@ -135,7 +245,7 @@ def _group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
                           rng.integers(0, 4, n_blocks)).astype(np.uint16)
     layout_ok = rng.random(n_layouts) < 0.7
     has_index = bool(rng.random() < 0.5)
-    n_targets, top_k, n_history = (int(rng.integers(1, high)) for high in (9, 4, 9))
+    n_targets, top_k, n_history = (int(rng.integers(1, top)) for top in (9, 4, 9))
     refs_target = rng.integers(-3, n_targets + 2, (n_blocks, top_k)).astype(np.int32)
     refs_target[rng.random((n_blocks, top_k)) < 0.3] = _NO_TARGET
     target_epoch = rng.integers(0, 2, n_targets).astype(np.uint32)
@@ -157,28 +267,34 @@ def _group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     hi = rng.integers(0, n + 1, n_lengths)
     cut = np.minimum(rng.integers(0, n + 1, n_lengths), hi)
     lo = np.minimum(rng.integers(0, n + 1, n_lengths), cut)
-    restores = np.stack([rng.random(n_states) < 0.5, rng.random(n_states) < 0.5])
-    params = np.zeros(N_PARAMS, dtype=np.int64)
-    params[P_FULL_SUB_MASK], params[P_ALIGNED] = full_sub_mask, rng.random() < 0.8
-    params[P_TARGET_SIZE], params[P_OWN_SIZE] = rng.choice([16, 64]), rng.choice([16, 64])
-    params[P_SETTLED_FORM] = rng.random() < 0.5
+    base = rng.random(n_lengths) < 0.9
+    target_settled_compressed = bool(rng.random() < 0.5)
+    consts = pack_consts(
+        full_sub_mask, bool(rng.random() < 0.8), int(rng.choice([16, 64])),
+        int(rng.choice([16, 64])), bool(rng.random() < 0.5), layout_ok,
+        rng.integers(0, 16, n_states).astype(np.uint8),
+        np.stack([rng.random(n_states) < 0.5, rng.random(n_states) < 0.5]),
+        rng.random(n_states) < 0.8, target_settled_compressed)
+    # The target group's pass output: its ids and settled row; other rows hold noise.
+    history = history_of(history_ids, history_settled, n_lengths,
+                         NOW_CMP if target_settled_compressed else NOW_RAW)
+    _, _, _, _, _, history_flags = out_views(history, n_history, n_lengths)
+    other = NOW_RAW if target_settled_compressed else NOW_CMP
+    history_flags[other, :n_history] = rng.random(n_history) < 0.5
     return (
-        ids, read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)),
+        high, low, slots, block_high, block_low,
+        read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)),
         read_only(rng.integers(0, 5, n_blocks).astype(np.uint32)), read_only(position),
         read_only(sub_blocks), read_only(rng.integers(0, n_layouts, n_blocks).astype(np.uint8)),
-        read_only(layout_ok), rng.integers(0, 16, n_states).astype(np.uint8),
         read_only(rng.integers(0, 3, n_blocks).astype(np.uint8)),
         read_only(refs_target), read_only(refs_epoch), read_only(target_epoch),
         read_only(rng.integers(0, n_states, n_targets).astype(np.uint8)),
-        read_only(rng.random(n_states) < 0.8), read_only(target_position), read_only(restores),
-        read_only(params), history_ids, history_settled, rng.random(n) < 0.8,
-        read_only(np.stack([lo, cut, hi]).astype(np.int64)),
-        read_only(rng.random(n_lengths) < 0.9), int(rng.integers(0, 2)),
-        bool(rng.random() < 0.3), has_index, bool(history_settled.all()),
-        int(rng.integers(0, 6)), bool(rng.random() < 0.5),
-        np.empty(n, dtype=np.uint8), np.empty(n, dtype=np.uint32),
-        np.empty((N_FLAGS, max(n, n_lengths)), dtype=np.bool_),
-        np.empty(N_SCALARS + n_lengths, dtype=np.int64))
+        read_only(target_position), consts, history, n_history,
+        rng.random(n) < 0.8, read_only(np.stack([lo, cut, hi, base]).astype(np.int64)),
+        int(rng.integers(0, 2)), bool(rng.random() < 0.3), has_index,
+        bool(history_settled.all()), int(rng.integers(BUDGET_UNKNOWN, 6)),
+        bool(rng.random() < 0.5),
+        np.empty(out_offsets(n, n_lengths)[3], dtype=np.int64))
 
 
 def prefix_counts(bad: Bools) -> NDArray[np.int64]:
@@ -202,32 +318,35 @@ def _last(vector: Bools) -> int:
 
 
 def _group_pass_twin(
-    ids: IdArray, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
-    position: NDArray[np.int32], sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8],
-    layout_ok: Bools, code: NDArray[np.uint8], check: NDArray[np.uint8],
+    high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
+    states: NDArray[np.uint8], epoch: NDArray[np.uint32], position: NDArray[np.int32],
+    sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8], check: NDArray[np.uint8],
     refs_target: NDArray[np.int32], refs_epoch: NDArray[np.uint32],
-    target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8], hashed: Bools,
-    target_position: NDArray[np.int32], restores: Bools, params: NDArray[np.int64],
-    history_ids: IdArray, history_settled: Bools, checked_ok: Bools,
-    spans: NDArray[np.int64], base: Bools, check_mode: int, use_checked_ok: bool,
-    has_index: bool, history_all_settled: bool, budget: int, capped: bool,
-    facts: NDArray[np.uint8], epochs: NDArray[np.uint32], flags: Bools,
-    longs: NDArray[np.int64],
+    target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
+    target_position: NDArray[np.int32], consts: NDArray[np.int64],
+    history: NDArray[np.int64], n_history: int, checked_ok: Bools, spans: NDArray[np.int64],
+    check_mode: int,
+    use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
+    capped: bool, out: NDArray[np.int64],
 ) -> None:
     """:func:`group_pass` as array operations (the reference)."""
-    n, count = ids.size, spans.shape[1]
-    scalars, asked = longs[:N_SCALARS], longs[N_SCALARS:]
+    n, count = high.size, spans.shape[1]
+    scalars, asked, ids, epochs, facts, flags = out_views(out, n, count)
+    probe_twin(slots, block_high, block_low, high, low, ids, True)
     per_block, per_length = flags[:N_PER_BLOCK, :n], flags[N_PER_BLOCK:, :count]
-    full_sub_mask, restore_aligned = params[P_FULL_SUB_MASK], params[P_ALIGNED] != 0
-    target_size, own_size = params[P_TARGET_SIZE], params[P_OWN_SIZE]
-    lo, cut, hi = spans[0], spans[1], spans[2]
-    restores_raw, restores_cmp = restores[0], restores[1]
+    full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
+    target_size, own_size = consts[P_TARGET_SIZE], consts[P_OWN_SIZE]
+    layout_ok, code, restores_raw, restores_cmp, hashed = _consts_tables(consts)
+    layout_ok, restores_raw, restores_cmp = (table != 0 for table in (
+        layout_ok, restores_raw, restores_cmp))
+    hashed = hashed != 0
+    lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE] != 0
     now_raw, now_cmp, after_raw = per_block[NOW_RAW], per_block[NOW_CMP], per_block[AFTER_RAW]
     after_cmp, fit, settled_ok = per_block[AFTER_CMP], per_block[FIT], per_block[SETTLED_OK]
     hit, now, after = per_length[HIT], per_length[NOW], per_length[AFTER]
     found = ids >= 0
     safe = np.where(found, ids, 0)
-    facts[:] = code[states[safe]] << CODE_SHIFT
+    facts[:] = code[states[safe]].astype(np.uint8) << CODE_SHIFT
     facts |= FOUND
     facts[position[safe] == np.arange(n)] |= PLACED
     facts[sub_blocks[safe] == full_sub_mask] |= WHOLE
@@ -251,9 +370,10 @@ def _group_pass_twin(
     fit[:] = True
     settled_ok[:] = True
     if has_index and n:
+        history_ids, history_settled = _history_views(history, n_history, count, consts)
         refs = refs_target[safe]
-        epochs = refs_epoch[safe]
-        n_targets, n_history = target_epoch.size, history_ids.size
+        ref_epochs = refs_epoch[safe]
+        n_targets = target_epoch.size
         used = refs != _NO_TARGET
         in_range = (refs >= 0) & (refs < n_targets)
         held = np.where(in_range, refs, 0)
@@ -264,8 +384,8 @@ def _group_pass_twin(
         alive = hashed[target_states[held]]
         first_row = ((at.astype(np.int64) + 1) * target_size + own_size - 1) // own_size - 1
         rows = np.arange(n)[:, None]
-        good = ours & alive & (target_epoch[held] == epochs) & (first_row <= rows)
-        bad = np.where(used, ~good, epochs != 0)
+        good = ours & alive & (target_epoch[held] == ref_epochs) & (first_row <= rows)
+        bad = np.where(used, ~good, ref_epochs != 0)
         fit[:] = ~bad.any(axis=1)
         if not history_all_settled:
             settled = ours & (history_settled[at] if n_history else np.zeros_like(placed))
@@ -291,62 +411,123 @@ def _group_pass_twin(
         cmp_restores = ~now_cmp & after_cmp & restores_cmp[state]
         total = int(raw_restores.sum()) + int(cmp_restores.sum())
         after[:] = usable_over(lo, cut, hi, base, after_raw, after_cmp)
-        if total and (total > budget or capped):
+        scalars[RESTORES_TOTAL] = total
+        known = budget != BUDGET_UNKNOWN
+        if total and (capped or (known and total > budget)):
             raw_count, cmp_count = prefix_counts(raw_restores), prefix_counts(cmp_restores)
             asked[:] = raw_count[hi] - raw_count[cut] + cmp_count[cut] - cmp_count[lo]
             scalars[ASKED_KEPT] = 1
-            after &= asked <= budget
+            if known:
+                after &= asked <= budget
     scalars[LARGEST_HIT], scalars[LARGEST_NOW] = _last(hit), _last(now)
     scalars[LARGEST_AFTER] = _last(after)
-    settled = now_cmp if params[P_SETTLED_FORM] else now_raw
+    settled = now_cmp if consts[P_SETTLED_FORM] else now_raw
     scalars[ALL_SETTLED] = int(bool(settled.all()))
 
 
 @kernel(example=_group_pass_example, twin=_group_pass_twin, inputs=_group_pass_inputs)
 def group_pass(
-    ids: IdArray, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
-    position: NDArray[np.int32], sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8],
-    layout_ok: Bools, code: NDArray[np.uint8], check: NDArray[np.uint8],
+    high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
+    states: NDArray[np.uint8], epoch: NDArray[np.uint32], position: NDArray[np.int32],
+    sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8], check: NDArray[np.uint8],
     refs_target: NDArray[np.int32], refs_epoch: NDArray[np.uint32],
-    target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8], hashed: Bools,
-    target_position: NDArray[np.int32], restores: Bools, params: NDArray[np.int64],
-    history_ids: IdArray, history_settled: Bools, checked_ok: Bools,
-    spans: NDArray[np.int64], base: Bools, check_mode: int, use_checked_ok: bool,
-    has_index: bool, history_all_settled: bool, budget: int, capped: bool,
-    facts: NDArray[np.uint8], epochs: NDArray[np.uint32], flags: Bools,
-    longs: NDArray[np.int64],
+    target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
+    target_position: NDArray[np.int32], consts: NDArray[np.int64],
+    history: NDArray[np.int64], n_history: int, checked_ok: Bools, spans: NDArray[np.int64],
+    check_mode: int,
+    use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
+    capped: bool, out: NDArray[np.int64],
 ) -> None:
     """Everything one group contributes to a verdict, in one pass over the prompt's blocks
     and one over the candidate lengths (see the module docstring; ``settled_ok[i]``: every
     target of index row ``i`` already sits settled in this prompt's history).
 
-    What changes between lookups comes as scalars: ``check_mode`` (CHECKS_*);
-    ``use_checked_ok``, ``checked_ok`` holds the caller's alignment and checksum answers (else
-    the mode decides); ``has_index``, the group is a sparse index with the prompt's history
-    (``history_ids``, ``history_settled``) evaluated before it; ``history_all_settled``, every
-    history block of the prompt is settled (no plan step will move an index target);
-    ``budget`` and ``capped``, the restores the admission gate lets begin now and whether the
-    core-wide budget has caps."""
-    n, count = ids.size, spans.shape[1]
-    scalars, asked = longs[:N_SCALARS], longs[N_SCALARS:]
-    full_sub_mask, restore_aligned = params[P_FULL_SUB_MASK], params[P_ALIGNED] != 0
-    target_size, own_size = params[P_TARGET_SIZE], params[P_OWN_SIZE]
-    lo, cut, hi = spans[0], spans[1], spans[2]
-    restores_raw, restores_cmp = restores[0], restores[1]
+    The prompt's block ids come from probing the group's hash table (``slots``,
+    ``block_high``, ``block_low``; :func:`~kvfsm.state._hashtable.probe_kernel`'s walk, in
+    the same call) with the prompt's words ``high``, ``low``. The group's fixed parameters and
+    small tables come packed in ``consts`` (:func:`pack_consts`), the kind's spans per
+    candidate length in ``spans`` (rows SPAN_*). What changes between lookups comes as
+    scalars: ``check_mode`` (CHECKS_*); ``use_checked_ok``, ``checked_ok`` holds the
+    caller's alignment and checksum answers (else the mode decides); ``has_index``, the group
+    is a sparse index with the prompt's history (its target group's pass output
+    ``history``, of ``n_history`` blocks) evaluated before it; ``history_all_settled``,
+    every history block of the prompt is settled (no plan step will move an index target);
+    ``budget`` and ``capped``, the restores the admission gate lets begin now (or
+    BUDGET_UNKNOWN) and whether the core-wide budget has caps. Everything
+    it writes goes to ``out``, laid out as :func:`out_offsets` says (one allocation a call)."""
+    n, count = high.size, spans.shape[1]
+    # The parts of ``out`` (out_offsets; the same arithmetic, inline for the compiler).
+    width = max(n, count)
+    ids_at = N_SCALARS + count
+    epochs_at = ids_at + n
+    bytes_at = epochs_at + (n + 1) // 2
+    scalars, asked, ids = out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at]
+    epochs = out[epochs_at:bytes_at].view(np.uint32)
+    raw_bytes = out[bytes_at:].view(np.uint8)
+    facts = raw_bytes[:n]
+    rows = raw_bytes[n : n + N_FLAGS * width].view(np.bool_)
     # Whole rows (as long as the longer of n and count): the loops read the first n or count.
-    now_raw, now_cmp, after_raw = flags[NOW_RAW], flags[NOW_CMP], flags[AFTER_RAW]
-    after_cmp, fit, settled_ok = flags[AFTER_CMP], flags[FIT], flags[SETTLED_OK]
-    hit, now = flags[N_PER_BLOCK + HIT], flags[N_PER_BLOCK + NOW]
-    after = flags[N_PER_BLOCK + AFTER]
-    n_targets, n_history = target_epoch.size, history_ids.size
+    now_raw, now_cmp = rows[NOW_RAW * width : (NOW_RAW + 1) * width], \
+        rows[NOW_CMP * width : (NOW_CMP + 1) * width]
+    after_raw, after_cmp = rows[AFTER_RAW * width : (AFTER_RAW + 1) * width], \
+        rows[AFTER_CMP * width : (AFTER_CMP + 1) * width]
+    fit, settled_ok = rows[FIT * width : (FIT + 1) * width], \
+        rows[SETTLED_OK * width : (SETTLED_OK + 1) * width]
+    hit = rows[(N_PER_BLOCK + HIT) * width : (N_PER_BLOCK + HIT + 1) * width]
+    now = rows[(N_PER_BLOCK + NOW) * width : (N_PER_BLOCK + NOW + 1) * width]
+    after = rows[(N_PER_BLOCK + AFTER) * width : (N_PER_BLOCK + AFTER + 1) * width]
+    full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
+    target_size, own_size = consts[P_TARGET_SIZE], consts[P_OWN_SIZE]
+    layout_ok_at, code_at, hashed_at = consts[P_LAYOUT_OK_AT], consts[P_CODE_AT], \
+        consts[P_HASHED_AT]
+    restores_raw_at, restores_cmp_at = consts[P_RESTORES_RAW_AT], consts[P_RESTORES_CMP_AT]
+    lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
+    # The probe: per key, linear probing from its home until its entry or an empty slot (the
+    # home slots of READ_AHEAD keys read first: independent loads the CPU overlaps).
+    mask = np.uint64(slots.size - 1)
+    n_blocks = np.uint64(block_high.size)
+    home_words = np.empty(min(READ_AHEAD, n), dtype=np.uint64)
+    for start in range(0, n, READ_AHEAD):
+        stop = min(start + READ_AHEAD, n)
+        for i in range(start, stop):
+            home_words[i - start] = slots[low[i] & mask]
+        for i in range(start, stop):
+            key_high, key_low = high[i], low[i]
+            fingerprint = key_high & SLOT_FINGERPRINT
+            pos = key_low & mask
+            word = home_words[i - start]
+            ids[i] = -1
+            for _ in range(slots.size):
+                slot_block = word & SLOT_BLOCK
+                if slot_block == EMPTY_SLOT:
+                    break
+                if (slot_block < n_blocks and (word & SLOT_FINGERPRINT) == fingerprint
+                        and block_low[slot_block] == key_low
+                        and block_high[slot_block] == key_high):
+                    ids[i] = slot_block
+                    break
+                pos = (pos + np.uint64(1)) & mask
+                word = slots[pos]
+    # The index's target group (its pass output ``history``, over the same lengths): its
+    # block ids and its settled row.
+    n_targets = target_epoch.size
+    if not has_index:
+        n_history = 0
+    history_width = max(n_history, count)
+    history_ids = history[N_SCALARS + count : N_SCALARS + count + n_history]
+    history_bytes = history[N_SCALARS + count + n_history + (n_history + 1) // 2 :].view(
+        np.uint8)
+    history_row = n_history + consts[P_HISTORY_SETTLED_ROW] * history_width
+    history_settled = history_bytes[history_row : history_row + n_history].view(np.bool_)
     for i in range(N_SCALARS):
         scalars[i] = 0
     scalars[CHAIN_BLOCKS] = n
     changes = False
     # Prefix counts (int32: a prompt has far fewer blocks): bad raw / compressed / missing.
-    raw_bad = np.zeros(n + 1, dtype=np.int32)
-    cmp_bad = np.zeros(n + 1, dtype=np.int32)
-    missing = np.zeros(n + 1, dtype=np.int32)
+    # One allocation for the three (each entry past the first is written before it is read).
+    counts = np.empty((3, n + 1), dtype=np.int32)
+    raw_bad, cmp_bad, missing = counts[0], counts[1], counts[2]
+    raw_bad[0] = cmp_bad[0] = missing[0] = 0
     # Per position of the prompt's history (small: the prompt's blocks): the epoch of the
     # block there, and the first index row allowed to point at it (the first whose block ends
     # at or after it; never when it is dead), so a reference costs two small lookups.
@@ -355,7 +536,7 @@ def group_pass(
     if has_index:
         for at in range(n_history):
             held = history_ids[at]
-            if held < 0 or not hashed[target_states[held]]:
+            if held < 0 or not consts[hashed_at + target_states[held]]:
                 first_row_at[at] = n  # no row of this prompt
             else:
                 epoch_at[at] = target_epoch[held]
@@ -363,24 +544,26 @@ def group_pass(
     # The block of the previous row when it was found and every reference of it passed (an
     # index's neighbouring rows often hold the same references; -1: none).
     fit_block = -1
+    raw_count = cmp_count = missing_count = 0
+    chain_blocks, needs_checksums = n, False
     for i in range(n):
         block = ids[i]
         row_fit, row_settled = True, True
         if block < 0:
             block_facts = 0
             epochs[i] = 0
-            if scalars[CHAIN_BLOCKS] == n:
-                scalars[CHAIN_BLOCKS] = i
+            if chain_blocks == n:
+                chain_blocks = i
             row_fit = not has_index
         else:
             state = states[block]
             epochs[i] = epoch[block]
-            block_facts = FOUND | (code[state] << CODE_SHIFT)
+            block_facts = FOUND | (consts[code_at + state] << CODE_SHIFT)
             if position[block] == i:
                 block_facts |= PLACED
             if sub_blocks[block] == full_sub_mask:
                 block_facts |= WHOLE
-            if layout_ok[layout_id[block]]:
+            if consts[layout_ok_at + layout_id[block]]:
                 block_facts |= LAYOUT
             same = has_index and fit_block >= 0
             if same and block != fit_block:
@@ -425,7 +608,7 @@ def group_pass(
         elif check_mode == CHECKS_RECORDED and readable:
             ok = check[block] != _FAILED
             if check[block] == _UNCHECKED:
-                scalars[NEEDS_CHECKSUMS] = 1
+                needs_checksums = True
         else:
             ok = True
         good = sound and ok
@@ -439,10 +622,15 @@ def group_pass(
         now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
         fit[i], settled_ok[i] = row_fit, row_settled
         fit_block = block if row_fit and block >= 0 else -1
-        raw_bad[i + 1] = raw_bad[i] + (not is_raw)
-        cmp_bad[i + 1] = cmp_bad[i] + (not is_cmp)
-        missing[i + 1] = missing[i] + (block < 0)
-    settled_form = params[P_SETTLED_FORM] != 0
+        # Running counts kept in locals: the arrays are stored to, never read back here.
+        raw_count += not is_raw
+        cmp_count += not is_cmp
+        missing_count += block < 0
+        raw_bad[i + 1] = raw_count
+        cmp_bad[i + 1] = cmp_count
+        missing[i + 1] = missing_count
+    scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
+    settled_form = consts[P_SETTLED_FORM] != 0
     all_settled = True
     for i in range(n):
         if not (now_cmp[i] if settled_form else now_raw[i]):
@@ -452,7 +640,7 @@ def group_pass(
     largest_hit = largest_now = 0
     for k in range(count):
         start, middle, end = lo[k], cut[k], hi[k]
-        served = base[k]
+        served = base[k] != 0
         hit_here = served and missing[end] == missing[start]
         now_here = served and raw_bad[end] == raw_bad[middle] and \
             cmp_bad[middle] == cmp_bad[start]
@@ -480,22 +668,24 @@ def group_pass(
             raw_after_bad[i + 1] = raw_after_bad[i] + (not to_raw)
             cmp_after_bad[i + 1] = cmp_after_bad[i] + (not to_cmp)
             restoring_raw = to_raw and not now_raw[i] and block >= 0 and \
-                restores_raw[states[block]]
+                consts[restores_raw_at + states[block]] != 0
             restoring_cmp = to_cmp and not now_cmp[i] and block >= 0 and \
-                restores_cmp[states[block]]
+                consts[restores_cmp_at + states[block]] != 0
             raw_asked[i + 1] = raw_asked[i] + restoring_raw
             cmp_asked[i + 1] = cmp_asked[i] + restoring_cmp
         total = raw_asked[n] + cmp_asked[n]
-        keep_asked = total > 0 and (total > budget or capped)
+        scalars[RESTORES_TOTAL] = total
+        known = budget != BUDGET_UNKNOWN
+        keep_asked = total > 0 and (capped or (known and total > budget))
         scalars[ASKED_KEPT] = keep_asked
         for k in range(count):
             start, middle, end = lo[k], cut[k], hi[k]
-            after[k] = base[k] and raw_after_bad[end] == raw_after_bad[middle] and \
+            after[k] = base[k] != 0 and raw_after_bad[end] == raw_after_bad[middle] and \
                 cmp_after_bad[middle] == cmp_after_bad[start]
             if keep_asked:
                 asked[k] = raw_asked[end] - raw_asked[middle] + cmp_asked[middle] - \
                     cmp_asked[start]
-                if asked[k] > budget:
+                if known and asked[k] > budget:
                     after[k] = False
         scalars[LARGEST_AFTER] = 0
         for k in range(count):

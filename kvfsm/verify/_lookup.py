@@ -17,8 +17,8 @@ from numpy.typing import NDArray
 from kvfsm._errors import KvfsmError
 from kvfsm.spec import Form, Layout, Tier
 from kvfsm.state import StateCore
-from kvfsm.verify._group_eval import GroupEval, Statics, spans_for, statics_for
-from kvfsm.verify._group_pass import AFTER, HIT, NOW
+from kvfsm.verify._group_eval import GroupEval, Spans, Statics, spans_for, statics_for
+from kvfsm.verify._group_pass import AFTER, HIT, NOW, out_offsets
 from kvfsm.verify._prompt import Prompt
 from kvfsm.verify._types import (
     Checks,
@@ -43,8 +43,6 @@ _LAYOUTS: weakref.WeakKeyDictionary[StateCore, _Layout] = weakref.WeakKeyDiction
 #: a few hundred distinct lengths.
 _CANDIDATES: dict[tuple[int, int], NDArray[np.int64]] = {}
 _MAX_CACHED = 4096
-#: Per-group figures by (declaration id, hit, usable, restorable, stop): shared values.
-_GROUP_VERDICTS: dict[tuple[int, int, int, int, Reason | None], GroupVerdict] = {}
 
 
 def _candidates(count: int, step: int) -> NDArray[np.int64]:
@@ -104,32 +102,34 @@ def lookup(
     ``checksums=False`` leaves out the data checksums of layer 1 (for measuring the metadata
     path alone); every other check still runs.
     """
-    level = as_level(level)
+    if level.__class__ is not Level:
+        level = as_level(level)
     if kernel_layouts:
         check_kernel_layouts(core, kernel_layouts)
     layout = _layout_of(core)
     prompt.check_made_for(core.seed, layout.block_sizes, "engine")
     profile = profile or _DEFAULT_PROFILE
-    last = max(prompt.n_tokens - 1, 0)  # the last prompt token is always computed
+    n_tokens = prompt.n_tokens
+    last = n_tokens - 1 if n_tokens > 1 else 0  # the last prompt token is always computed
     step = layout.step
     count = last // step + 1
-    lengths = _candidates(count, step)
+    lengths, every_spans = layout.spans_at(n_tokens, count)
+    capped = core.restore_budget.capped
     evals: dict[str, GroupEval] = {}
     # Groups whose blocks point into another group come after it (the index check reads the
     # prompt's blocks of the target group).
-    for group, known_here in zip(layout.order, layout.statics, strict=True):
-        decl = group.decl
+    for (group, decl, target, known_here), spans in zip(layout.groups, every_spans,
+                                                         strict=True):
         high, low = prompt.words(decl.block_size)
-        target = decl.target_group
         reads = (kernel_layouts.get(decl.name) if kernel_layouts else None) or decl.layout
         evals[decl.name] = GroupEval(
             core, group, high, low, lengths, level=level, kernel_layout=reads,
             profile=profile, history=evals.get(target) if target else None, checksums=checksums,
-            spans=spans_for(group, high.size, lengths, step),
-            statics=statics_for(group, reads, profile, known_here))
+            spans=spans if spans.n == high.size else spans_for(group, high.size, lengths, step),
+            statics=statics_for(group, reads, profile, known_here), capped=capped)
     every = tuple(evals.values())
     hit_at, usable_at, after_at = _common_lasts(every)
-    admitted = _admitted(core, every)
+    admitted = _admitted(core, every) if capped else True
     restorable_at = after_at if admitted is True else _largest(_and(every, AFTER) & admitted)
     reasons: list[Shortfall] = []
     if drop_last_block and (usable_at > 0 or restorable_at > 0):
@@ -147,7 +147,7 @@ def lookup(
     final = (count - 1) * step
     # What each group's hash chain covers on its own, in tokens (prefix kinds only).
     if layout.boundary:
-        covered = min(min(every[i].chain_tokens for i in layout.prefix_at), last)
+        covered = min(min([every[i].chain_tokens for i in layout.prefix_at]), last)
         finest = layout.finest_prefix
         if covered // finest * finest > hit:
             reasons.append(Shortfall(Reason.BLOCK_BOUNDARY, "*", detail=(
@@ -166,11 +166,9 @@ def lookup(
     groups = tuple([_group_verdict(e, step, count) for e in every])
     plan = _plan(evals, restorable) if restorable > usable else ()
     checks = tuple([Checks(e.decl.name, *e.checked) for e in every if e.checked is not None])
-    return Verdict(
-        prompt_tokens=prompt.n_tokens, hit_tokens=hit, usable_tokens=usable,
-        restorable_tokens=restorable, recompute_from=usable, level=level,
-        groups=groups, reasons=tuple(reasons), plan=plan, checks=checks,
-        probe=_probe(core, every, usable_at, usable))
+    # Positional: the fields in declaration order (cheaper than keywords on every lookup).
+    return Verdict(n_tokens, hit, usable, restorable, usable, level, groups, tuple(reasons),
+                   plan, checks, _probe(layout.core, every, usable_at, usable))
 
 
 @functools.lru_cache(maxsize=_MAX_CACHED)
@@ -183,17 +181,20 @@ def _prompt_end(hit: int) -> Shortfall:
 
 class _Layout:
     """What every lookup of one core reads of its model (fixed at the core's making): the
-    groups in lookup order (a group whose blocks point into another after it), each group's
-    statics cache, the block sizes a prompt must keep and their LCM, and which groups' hash
-    chains are prefixes (for the block-boundary reason)."""
+    groups in lookup order (a group whose blocks point into another after it), each with its
+    declaration, the name of the group it points into (None: none) and its statics cache,
+    the block sizes a prompt must keep and their LCM, which groups' hash chains are prefixes
+    (for the block-boundary reason), and a weak reference to the core (for probes)."""
 
-    __slots__ = ("block_sizes", "boundary", "finest_prefix", "order", "prefix_at", "statics",
-                 "step")
+    __slots__ = ("_spans", "block_sizes", "boundary", "core", "finest_prefix", "groups",
+                 "order", "prefix_at", "step")
 
     def __init__(self, core: StateCore) -> None:
+        self.core = weakref.ref(core)
         self.order = tuple(sorted(core.groups.values(), key=lambda g: g.rule.has_targets))
-        self.statics: tuple[dict[tuple[int, int], Statics], ...] = tuple(
-            {} for _ in self.order)
+        statics: tuple[dict[tuple[int, int], Statics], ...] = tuple({} for _ in self.order)
+        self.groups = tuple((group, group.decl, group.decl.target_group or None, known_here)
+                            for group, known_here in zip(self.order, statics, strict=True))
         self.block_sizes = tuple(sorted({g.block_size for g in core.model.groups}))
         self.step = core.model.lcm_block_size
         self.prefix_at = tuple(i for i, g in enumerate(self.order) if g.rule.prefix_hit)
@@ -201,13 +202,39 @@ class _Layout:
                                  default=0)
         #: A prefix group's chain may reach past the last candidate length it covers.
         self.boundary = bool(self.prefix_at) and self.step > self.finest_prefix
+        #: By prompt length in tokens: the candidate lengths and each group's spans over them
+        #: (a serving load repeats prompt lengths; one look-up instead of one per group).
+        self._spans: dict[int, tuple[NDArray[np.int64], tuple[Spans, ...]]] = {}
+
+    def spans_at(self, n_tokens: int, count: int) -> tuple[NDArray[np.int64], tuple[Spans, ...]]:
+        """The ``count`` candidate lengths of a prompt of ``n_tokens`` and each group's spans
+        over them, for the blocks such a prompt has (cached)."""
+        known = self._spans.get(n_tokens)
+        if known is None:
+            if len(self._spans) >= _MAX_CACHED:
+                self._spans.clear()
+            lengths = _candidates(count, self.step)
+            known = self._spans[n_tokens] = (lengths, tuple(
+                spans_for(group, n_tokens // decl.block_size, lengths, self.step)
+                for group, decl, _, _ in self.groups))
+        return known
+
+
+#: The layout last asked for, with a weak reference to its core: most processes serve one
+#: engine, whose lookups then skip the weak dictionary.
+_LAST_LAYOUT: tuple[weakref.ref[StateCore], _Layout] | None = None
 
 
 def _layout_of(core: StateCore) -> _Layout:
     """The core's :class:`_Layout` (cached per core)."""
+    global _LAST_LAYOUT
+    last = _LAST_LAYOUT
+    if last is not None and last[0]() is core:
+        return last[1]
     known = _LAYOUTS.get(core)
     if known is None:
         known = _LAYOUTS[core] = _Layout(core)
+    _LAST_LAYOUT = (known.core, known)
     return known
 
 
@@ -241,24 +268,28 @@ def _and(evals: tuple[GroupEval, ...], row: int) -> NDArray[np.bool_]:
     return out
 
 
-def _probe(core: StateCore, evals: tuple[GroupEval, ...], at: int, tokens: int) -> Probe:
+def _probe(core: weakref.ref[StateCore], evals: tuple[GroupEval, ...], at: int,
+           tokens: int) -> Probe:
     """Per group, the blocks needed at candidate ``at`` (``tokens`` long), as found (made
-    when a lease first asks; until then the verdict keeps only each group's ids, epochs, hash
-    words and needed spans, not the lookup's other arrays)."""
+    when a lease first asks; until then the verdict keeps only each group's pass output, with
+    its ids and epochs, its hash words and needed spans, not the lookup's other arrays)."""
     # Each group's change count now: a lease finding it unchanged needs no second look.
-    found = tuple((e.group.name, e.spans, e.ids, e.epochs, e.words, e.group.changes)
-                  for e in evals)
+    found = [(e.decl.name, e.spans, e._out, e.n, e.words, e.group.changes) for e in evals]
+    count = evals[0].lengths.size
 
     def groups() -> tuple[ProbedGroup, ...]:
         made = []
-        for name, spans, ids, epochs, (high, low), changes in found:
+        for name, spans, out, n, (high, low), changes in found:
             lo, cut, hi = spans.bounds[:, at].tolist()
+            ids_at, epochs_at, bytes_at, _ = out_offsets(n, count)
+            ids = out[ids_at : ids_at + n].view(np.intp)
+            epochs = out[epochs_at:bytes_at].view(np.uint32)
             last_words = (int(high[hi - 1]), int(low[hi - 1])) if hi > lo else None
             made.append(ProbedGroup(name, lo, cut, hi, ids[lo:hi], epochs[lo:hi], last_words,
                                     changes))
         return tuple(made)
 
-    return Probe(weakref.ref(core), tokens, groups)
+    return Probe(core, tokens, groups)
 
 
 def _admitted(core: StateCore, evals: tuple[GroupEval, ...]) -> NDArray[np.bool_] | bool:
@@ -284,12 +315,12 @@ def _admitted(core: StateCore, evals: tuple[GroupEval, ...]) -> NDArray[np.bool_
 
 def _group_verdict(e: GroupEval, step: int, count: int) -> GroupVerdict:
     """The group's own figures over ``count`` candidate lengths ``step`` apart."""
-    usable = e.largest_now * step
-    restorable = max(e.largest_after * step, usable)
-    hit = e.largest_hit * step
+    largest_hit, largest_now, largest_after = e.largest
+    usable, hit = largest_now * step, largest_hit * step
+    restorable = largest_after * step if largest_after > largest_now else usable
     stop: Reason | None = None
-    if usable < (count - 1) * step and not e.holds(NOW, count - 1):
-        probe = min(e.largest_now + 1, count - 1) * step
+    if largest_now < count - 1 and not e.holds(NOW, count - 1):
+        probe = min(largest_now + 1, count - 1) * step
         if not e.servable(probe):
             stop = e.rule.unservable
         else:
@@ -298,17 +329,17 @@ def _group_verdict(e: GroupEval, step: int, count: int) -> GroupVerdict:
                 stop = e.reason(int(index[0]), bool(compressed[0]))
         if stop is None:
             stop = e.rule.unservable or Reason.NOT_CACHED
-    decl = e.decl
-    key = (id(decl), hit, usable, restorable, stop)
-    known = _GROUP_VERDICTS.get(key)
-    # A value: shared between verdicts. The id is checked against what the value holds (an
-    # id may be reused once its declaration is gone).
-    if known is None or known.name != decl.name or known.kind is not decl.kind or \
-            known.block_size != decl.block_size:
-        if len(_GROUP_VERDICTS) >= _MAX_CACHED:
-            _GROUP_VERDICTS.clear()
-        known = _GROUP_VERDICTS[key] = GroupVerdict(decl.name, decl.kind, decl.block_size, hit,
-                                                    usable, restorable, stop)
+    # A value: shared between the group's verdicts (kept with its statics, which are the
+    # group's own: no other declaration can hit them).
+    known_here = e.verdicts
+    key = (hit, usable, restorable, stop)
+    known = known_here.get(key)
+    if known is None:
+        if len(known_here) >= _MAX_CACHED:
+            known_here.clear()
+        decl = e.decl
+        known = known_here[key] = GroupVerdict(decl.name, decl.kind, decl.block_size, hit,
+                                               usable, restorable, stop)
     return known
 
 

@@ -29,6 +29,8 @@ class Prompt:
         self._seed = bytes(seed)
         self._hash_function = check_hash_function(hash_function)
         self._block_sizes = tuple(sorted(set(block_sizes)))
+        #: The last tuple of block sizes found kept (check_made_for), by identity.
+        self._sizes_kept: tuple[int, ...] | None = None
         self._hashes = {size: PrefixHashes(self._seed, size, hash_function)
                         for size in self._block_sizes}
         # Tokens so far live in _buffer[:_n_tokens]; the buffer doubles when full, so appending
@@ -92,7 +94,7 @@ class Prompt:
         """Raise :class:`ForeignPromptError` unless this prompt was made with ``seed`` (and
         ``hash_function``, where given) and keeps every one of ``block_sizes`` (``owner`` names
         the maker to use instead)."""
-        if bytes(seed) != self._seed:
+        if seed is not self._seed and bytes(seed) != self._seed:
             raise ForeignPromptError(
                 "prompt was made for another model, layout version, cache_salt or hash "
                 f"function; make it with {owner}.prompt(...)")
@@ -100,21 +102,26 @@ class Prompt:
             raise ForeignPromptError(
                 f"prompt was hashed with {self._hash_function} but {owner} uses "
                 f"{hash_function}; make it with {owner}.prompt(...)")
-        if block_sizes == self._block_sizes:
-            return  # the engine's own sizes, as it made the prompt: nothing to compare
+        if block_sizes == self._block_sizes or block_sizes is self._sizes_kept:
+            return  # the engine's own sizes, or a tuple found kept before: nothing to compare
         missing = sorted(set(block_sizes) - set(self._block_sizes))
         if missing:
             raise ForeignPromptError(
                 f"prompt keeps block sizes {list(self._block_sizes)} but {owner} also needs "
                 f"{missing}; make it with {owner}.prompt(...)")
+        if isinstance(block_sizes, tuple):
+            # Immutable: the same tuple asked again (an engine's per-group sizes, on every
+            # lookup) needs no second comparison.
+            self._sizes_kept = block_sizes
 
     def words(self, block_size: int) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
         """``(high, low)`` hash words of every complete block at ``block_size``."""
-        if block_size not in self._hashes:
+        hashes = self._hashes.get(block_size)
+        if hashes is None:
             raise ForeignPromptError(
                 f"prompt keeps no hashes at block size {block_size} (it keeps "
                 f"{list(self._block_sizes)}); make it with the engine's prompt(...)")
-        return self._hashes[block_size].words()
+        return hashes.words()
 
     def __repr__(self) -> str:
         return (f"Prompt(n_tokens={self._n_tokens}, block_sizes={self._block_sizes}, "
