@@ -280,13 +280,13 @@ def _probe(core: weakref.ref[StateCore], evals: tuple[GroupEval, ...], at: int,
     def groups() -> tuple[ProbedGroup, ...]:
         made = []
         for name, spans, out, n, (high, low), changes in found:
-            lo, cut, hi = spans.bounds[:, at].tolist()
+            bounds = spans.bounds
+            lo, cut, hi = bounds.item(0, at), bounds.item(1, at), bounds.item(2, at)
             ids_at, epochs_at, bytes_at, _ = out_offsets(n, count)
-            ids = out[ids_at : ids_at + n].view(np.intp)
-            epochs = out[epochs_at:bytes_at].view(np.uint32)
-            last_words = (int(high[hi - 1]), int(low[hi - 1])) if hi > lo else None
-            made.append(ProbedGroup(name, lo, cut, hi, ids[lo:hi], epochs[lo:hi], last_words,
-                                    changes))
+            ids = out[ids_at + lo : ids_at + hi].view(np.intp)
+            epochs = out[epochs_at:bytes_at].view(np.uint32)[lo:hi]
+            last_words = (high.item(hi - 1), low.item(hi - 1)) if hi > lo else None
+            made.append(ProbedGroup(name, lo, cut, hi, ids, epochs, last_words, changes))
         return tuple(made)
 
     return Probe(core, tokens, groups)
