@@ -5,7 +5,9 @@ of that lifecycle's compiled table, the capacity of each tier and the block coun
 blocks not free at epoch 0 when the log was attached). Then one line per batch that moved and
 one per reported read, each with a sequence number. On the hot path a batch costs one tuple of
 the arrays the core hands over, appended to a list; lines are formatted and written every
-``flush_every`` batches and on :meth:`EventLog.flush`, :meth:`EventLog.close` or context exit.
+``flush_every`` records and on :meth:`EventLog.flush`, :meth:`EventLog.close` or context exit.
+A read of consecutive ids at one epoch (a lease's, usually) is formatted as it is recorded,
+one short line, so the buffer never keeps a lease's arrays alive.
 """
 
 from __future__ import annotations
