@@ -47,6 +47,8 @@ IdArray = NDArray[np.intp]
 #: Seconds a lease holds its pins unless released first: far longer than one kernel launch
 #: reads, short enough that a reader that died stops holding blocks soon.
 DEFAULT_LEASE_TTL_S: Final = 10.0
+#: The next expiry when no lease is open.
+_NEVER: Final = float("inf")
 
 
 class _Held(NamedTuple):
@@ -253,7 +255,7 @@ class LeaseBook:
         #: Told of every refusal (a lease not granted, a validate that failed): metrics.
         self.on_refusal: Callable[[LeaseLost], None] | None = None
         #: The earliest expiry among open leases (reap does nothing before it).
-        self._next_expiry = float("inf")
+        self._next_expiry = _NEVER
 
     def refused(self, lost: LeaseLost) -> None:
         if self.on_refusal is not None:
@@ -384,6 +386,8 @@ class LeaseBook:
     def reap(self) -> int:
         """Release every expired lease's pins; returns how many. O(1) before the earliest
         expiry, so the engine calls it on every call."""
+        if self._next_expiry == _NEVER:
+            return 0  # no lease open: nothing to reap (a stale read only defers a reap)
         with self.lock:
             now = self.clock()
             if now < self._next_expiry:
@@ -393,7 +397,7 @@ class LeaseBook:
                 lease.mark_expired()
                 self.drop(lease)
             self._next_expiry = min((lease.expires_at for lease in self._open.values()),
-                                    default=float("inf"))
+                                    default=_NEVER)
             return len(expired)
 
     def release_all(self) -> int:
@@ -402,7 +406,7 @@ class LeaseBook:
             open_leases = list(self._open.values())
             for lease in open_leases:
                 self.drop(lease)
-            self._next_expiry = float("inf")
+            self._next_expiry = _NEVER
             return len(open_leases)
 
 
