@@ -500,9 +500,10 @@ def test_leases_outlive_many_readers_and_count_exactly() -> None:
 RUN_POOL = 1024
 
 
-def _run_engine() -> Engine:
+def _run_engine(chunk: int = 64) -> Engine:
     return Engine(shipped_models()["dense"],
-                  CoreConfig(device_blocks=RUN_POOL, host_blocks=0, backend="numpy"))
+                  CoreConfig(device_blocks=RUN_POOL, host_blocks=0, backend="numpy",
+                             pin_chunk_blocks=chunk))
 
 
 def _long_prompt(eng: Engine, blocks: int, seed: int) -> tuple[Prompt, np.ndarray]:
@@ -575,13 +576,14 @@ def test_a_moved_end_block_keeps_its_new_owners_pin_when_the_lease_goes() -> Non
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.booleans()), min_size=1, max_size=30),
-       st.lists(st.integers(1, 150), min_size=4, max_size=4))
+       st.lists(st.integers(1, 150), min_size=4, max_size=4), st.sampled_from([1, 4, 64]))
 def test_lease_pins_count_exactly_the_open_leases_over_each_block(
-        steps: list[tuple[int, bool]], lengths: list[int]) -> None:
-    """Whatever mix of long and short prompts is leased and released, in any order, each
-    block holds exactly as many pins as open leases cover it (runs by whole chunks, short or
-    broken runs block by block), and none once every lease is gone."""
-    eng = _run_engine()
+        steps: list[tuple[int, bool]], lengths: list[int], chunk: int) -> None:
+    """Whatever mix of long and short prompts is leased and released, in any order, and
+    whatever the chunk size, each block holds exactly as many pins as open leases cover it
+    (runs by whole chunks, short or broken runs block by block), and none once every lease
+    is gone."""
+    eng = _run_engine(chunk)
     prompts = [_long_prompt(eng, length, seed=10 + i) for i, length in enumerate(lengths)]
     group = eng.core.group("attn")
     open_leases: list[tuple[Lease, np.ndarray]] = []

@@ -109,10 +109,11 @@ def _fast_switching() -> Iterator[None]:
 
 
 def _engine(model: str) -> Engine:
-    # Small pools: readers' prompts do not all fit, so every mutator has work.
+    # Small pools: readers' prompts do not all fit, so every mutator has work. Pin chunks of
+    # 4 ids: leases of runs pin by chunks here too, against every mutator.
     return Engine(shipped_models()[model], CoreConfig(
         device_blocks=64, host_blocks=16, per_group={"history": {"device": 10, "host": 6}}
-        if model == "deepseek_v4_like" else {}, backend="numpy"))
+        if model == "deepseek_v4_like" else {}, backend="numpy", pin_chunk_blocks=4))
 
 
 class Race:
@@ -437,9 +438,10 @@ def test_validate_catches_the_change_when_pins_are_bypassed(model: str) -> None:
         with race.eng.lease(race.eng.lookup(prompt), prompt) as lease:
             with race.eng.lock:
                 for name in lease.groups:
-                    if lease.blocks(name).size:  # the pins of the blocks alone, bypassed
-                        race.eng.core.group(name).add_pins(lease.blocks(name), -1,
-                                                           distinct=True)
+                    # The pins of the blocks alone, their own and their chunks', bypassed.
+                    state, ids = race.eng.core.group(name), lease.blocks(name)
+                    state._blocks.pins[ids] = 0
+                    state._blocks.chunk_pins[ids >> state.pin_shift] = 0
             race.checked.set()
             assert race.mutated.wait(JOIN_S)
             try:

@@ -548,6 +548,10 @@ def test_a_group_without_device_slots_is_refused() -> None:
         ({"backend": "tpu"}, "backend must be one of"),
         ({"per_group": {"swa": {"device": -2}}}, "must be an int >= 0"),
         ({"per_group": {"swa": {"nvme": 2}}}, "unknown tier 'nvme'"),
+        ({"pin_chunk_blocks": 0}, "pin_chunk_blocks must be >= 1"),
+        ({"pin_chunk_blocks": 48}, "pin_chunk_blocks must be a power of two"),
+        ({"pin_chunk_blocks": 1 << 17}, "pin_chunk_blocks must be a power of two up to"),
+        ({"pin_chunk_blocks": 4.0}, "pin_chunk_blocks must be an int"),
     ],
 )
 def test_config_values_are_validated(fields: dict[str, object], message: str) -> None:

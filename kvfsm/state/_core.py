@@ -33,6 +33,7 @@ from kvfsm.state._group import (
     EVICT_LIST,
     FAILED,
     NO_TARGET,
+    PIN_CHUNK_SHIFT,
     RECLAIM_LIST,
     UNCHECKED,
     VERIFIED,
@@ -73,6 +74,18 @@ def _optional_count(instance: object, attribute: attrs.Attribute[int | None],
     """attrs validator: None (no cap) or an ``int`` >= 0."""
     if value is not None:
         _count(0)(instance, attribute, value)  # type: ignore[arg-type]
+
+
+#: The largest ``CoreConfig.pin_chunk_blocks`` (a chunk's pins are one uint16 counter; past
+#: this a lease's run rarely holds a whole chunk).
+MAX_PIN_CHUNK: Final = 1 << 16
+
+
+def _check_pin_chunk(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    _count(1)(instance, attribute, value)
+    if value & (value - 1) or value > MAX_PIN_CHUNK:
+        raise KvfsmError(f"CoreConfig.pin_chunk_blocks must be a power of two up to "
+                         f"{MAX_PIN_CHUNK}, got {value}")
 
 
 def _check_per_group(instance: object,
@@ -120,6 +133,11 @@ class CoreConfig:
     #: The block hash (``kvfsm.state.HASH_FUNCTIONS``): "xxh3_128" (fast) or "sha256"
     #: (collision resistant); part of the seed, so engines hashing differently share no block.
     hash_function: str = attrs.field(default=XXH3_128, validator=_check_hash_function)
+    #: Consecutive block ids per lease pin chunk (a power of two): a lease over a run of ids
+    #: pins the whole chunks inside it once each, its two ends block by block. Small values
+    #: let tests with small pools exercise chunk pins.
+    pin_chunk_blocks: int = attrs.field(default=1 << PIN_CHUNK_SHIFT,
+                                        validator=_check_pin_chunk)
 
     def slots(self, group: str) -> dict[Tier, int]:
         sizes = {Tier.DEVICE: self.device_blocks, Tier.HOST: self.host_blocks,
@@ -222,6 +240,7 @@ class StateCore:
                 budget=self.restore_budget,
                 scratch=self._scratch,
                 clock=self.clock,
+                pin_shift=self.config.pin_chunk_blocks.bit_length() - 1,
             )
         for state in groups.values():
             if state.decl.target_group is not None:

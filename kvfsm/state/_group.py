@@ -40,9 +40,10 @@ VERIFIED: Final = 1
 FAILED: Final = 2
 #: Most pins one counter holds (a block's own, or its chunk's: each is uint16).
 MAX_PINS: Final = int(np.iinfo(np.uint16).max)
-#: Block ids per pin chunk, as a shift (64): a lease over a run of consecutive ids pins the
-#: whole chunks inside the run once each and only the ids at its two ends one by one, so
-#: taking and giving back 8 192 blocks moves some 250 counters, not 8 192.
+#: Block ids per pin chunk by default, as a shift (64; ``CoreConfig.pin_chunk_blocks``): a
+#: lease over a run of consecutive ids pins the whole chunks inside the run once each and only
+#: the ids at its two ends one by one, so taking and giving back 8 192 blocks moves some 250
+#: counters, not 8 192.
 PIN_CHUNK_SHIFT: Final = 6
 #: The recency lists of a group (see :func:`recency_classes`): blocks whose device slot waits
 #: only to be freed (``invalid``), and readable device blocks that may be evicted; the blocks
@@ -117,14 +118,14 @@ def _read_only(array: NDArray[Any]) -> NDArray[Any]:
 class _Blocks:
     """The writable per-block arrays of one group (private to :class:`GroupState`)."""
 
-    def __init__(self, n: int, tiers: list[Tier], top_k: int) -> None:
+    def __init__(self, n: int, tiers: list[Tier], top_k: int, pin_shift: int) -> None:
         # ``tiers``: the pooled tiers this group has a pool in.
         self.epoch = np.zeros(n, dtype=np.uint32)
         self.position = np.full(n, -1, dtype=np.int32)
         self.pins = np.zeros(n, dtype=np.uint16)
-        #: Pins held on whole chunks of ``1 << PIN_CHUNK_SHIFT`` consecutive ids (leases
-        #: only): a block's pins are its own plus its chunk's.
-        self.chunk_pins = np.zeros(-(-n >> PIN_CHUNK_SHIFT), dtype=np.uint16)
+        #: Pins held on whole chunks of ``1 << pin_shift`` consecutive ids (leases only): a
+        #: block's pins are its own plus its chunk's.
+        self.chunk_pins = np.zeros(-(-n >> pin_shift), dtype=np.uint16)
         self.last_use = np.zeros(n, dtype=np.uint32)
         #: UNCHECKED / VERIFIED / FAILED at the block's current epoch (every bump resets it).
         self.check = np.zeros(n, dtype=np.uint8)
@@ -162,6 +163,7 @@ class GroupState:
         budget: RestoreBudget | None = None,
         scratch: Scratch | None = None,
         clock: Clock | None = None,
+        pin_shift: int = PIN_CHUNK_SHIFT,
     ) -> None:
         self.decl = decl
         self.table = table
@@ -176,13 +178,15 @@ class GroupState:
         n = sum(pool.capacity for pool in self.pools.values()) + sum(self.stored.values())
         self.n_blocks = n
         top_k = self.rule.index_width(decl)
-        self._blocks = blocks = _Blocks(n, list(self.pools), top_k)
+        #: Block ids per pin chunk, as a shift (see :data:`PIN_CHUNK_SHIFT`).
+        self.pin_shift = pin_shift
+        self._blocks = blocks = _Blocks(n, list(self.pools), top_k, pin_shift)
         self.epoch = _read_only(blocks.epoch)
         self.position = _read_only(blocks.position)
         #: Pins taken block by block (:meth:`StateCore.pin`, a lease's ends); see
         #: :attr:`pins` for what each block holds in all.
         self.block_pins = _read_only(blocks.pins)
-        #: Pins on whole chunks of ``1 << PIN_CHUNK_SHIFT`` consecutive ids (leases).
+        #: Pins on whole chunks of ``1 << pin_shift`` consecutive ids (leases).
         self.chunk_pins = _read_only(blocks.chunk_pins)
         self.last_use = _read_only(blocks.last_use)
         self.check = _read_only(blocks.check)
@@ -243,7 +247,7 @@ class GroupState:
         """Per block: the readers holding it (its own pins plus its chunk's), a fresh array
         over the whole group, for inspection; :meth:`pin_counts` costs only the ids asked."""
         blocks = self._blocks
-        chunks = np.repeat(blocks.chunk_pins, 1 << PIN_CHUNK_SHIFT)[: self.n_blocks]
+        chunks = np.repeat(blocks.chunk_pins, 1 << self.pin_shift)[: self.n_blocks]
         held: NDArray[np.uint32] = blocks.pins.astype(np.uint32) + chunks
         held.setflags(write=False)  # a reading, like the other per-block views
         return held
@@ -252,14 +256,14 @@ class GroupState:
         """The readers holding each of ``ids`` (its own pins plus its chunk's)."""
         blocks = self._blocks
         held: NDArray[np.uint32] = blocks.pins[ids].astype(np.uint32) + \
-            blocks.chunk_pins[ids >> PIN_CHUNK_SHIFT]
+            blocks.chunk_pins[ids >> self.pin_shift]
         return held
 
     def unpinned(self, ids: IdArray) -> NDArray[np.bool_]:
         """Per id: no reader holds the block (neither a pin of its own nor its chunk's)."""
         blocks = self._blocks
         free: NDArray[np.bool_] = (blocks.pins[ids] == 0) & \
-            (blocks.chunk_pins[ids >> PIN_CHUNK_SHIFT] == 0)
+            (blocks.chunk_pins[ids >> self.pin_shift] == 0)
         return free
 
     @property
@@ -556,12 +560,12 @@ class GroupState:
         first, none of ``exclude``: costs the blocks returned and those skipped."""
         if exclude is None or not exclude.size:
             return self.recency.oldest(list_id, count, self._blocks.pins,
-                                       self._blocks.chunk_pins, PIN_CHUNK_SHIFT)
+                                       self._blocks.chunk_pins, self.pin_shift)
         marks = self.scratch.marks()
         marks[exclude] = True
         try:
             return self.recency.oldest(list_id, count, self._blocks.pins,
-                                       self._blocks.chunk_pins, PIN_CHUNK_SHIFT, marks)
+                                       self._blocks.chunk_pins, self.pin_shift, marks)
         finally:
             marks[exclude] = False
 

@@ -349,7 +349,7 @@ def pin_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32]
     first answer is the first index pinned to the limit."""
     out = np.empty(3, dtype=np.int64)
     blocks = state._blocks
-    pin_run_kernel(ids, seen, blocks.pins, blocks.chunk_pins, PIN_CHUNK_SHIFT, MAX_PINS, out)
+    pin_run_kernel(ids, seen, blocks.pins, blocks.chunk_pins, state.pin_shift, MAX_PINS, out)
     return int(out[0]), bool(out[1]), bool(out[2])
 
 
@@ -373,7 +373,7 @@ def unpin_unmoved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
     (``run``: the latter's answer), except on blocks pinned one by one that are no longer at
     ``epochs`` (their pin went with their content)."""
     blocks = state._blocks
-    unpin_kernel(ids, epochs, state.epoch, blocks.pins, blocks.chunk_pins, PIN_CHUNK_SHIFT,
+    unpin_kernel(ids, epochs, state.epoch, blocks.pins, blocks.chunk_pins, state.pin_shift,
                  run)
 
 
