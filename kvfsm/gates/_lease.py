@@ -368,13 +368,13 @@ class LeaseBook:
                                   alone=True, changes=state.changes, run=run,
                                   one_run=one_run))
         except Exception:
-            for taken, state in zip(held, states, strict=False):  # pinned before the refusal
-                unpin_unmoved(state, taken.pinned, taken.epochs, taken.run)
+            for taken in held:  # pinned before the refusal
+                unpin_unmoved(taken.state, taken.pinned, taken.epochs, taken.run)
             raise
-        for taken, state in zip(held, states, strict=True):
+        for taken in held:
             if taken.pinned.size:
                 # The core's own ids, just checked: no conversion or range check again.
-                state.touch(taken.pinned)
+                taken.state.touch(taken.pinned)
         return tuple(held)
 
     def drop(self, lease: Lease) -> None:

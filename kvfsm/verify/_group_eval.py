@@ -248,8 +248,10 @@ class Spans:
         self.rows.setflags(write=False)
         #: ``lo``, ``cut`` and ``hi`` as one read-only ``[3, lengths]`` array.
         self.bounds = self.rows[:3]
-        #: The size of the group pass's output over these spans (out_offsets).
-        self.out_size = out_offsets(n, self.lo.size)[3]
+        #: Where the group pass's output over these spans puts the block ids, the epochs and
+        #: the bytes, and its size (out_offsets).
+        self.out_at = out_offsets(n, self.lo.size)
+        self.out_size = self.out_at[3]
 
 
 #: Spans by (group declaration, prompt blocks, candidate count, step), shared: a kind's rule
@@ -452,9 +454,7 @@ class GroupEval:
         """The byte part of the output: a fact byte per block, then the flag rows."""
         raw = self._raw
         if raw is None:
-            n = self.n
-            at = N_SCALARS + self.lengths.size + n + (n + 1) // 2
-            raw = self._raw = self._out[at:].view(np.uint8)
+            raw = self._raw = self._out[self.spans.out_at[2]:].view(np.uint8)
         return raw
 
     def _flag_row(self, row: int, length: int) -> Bools:
@@ -467,15 +467,14 @@ class GroupEval:
     @property
     def ids(self) -> NDArray[np.intp]:
         """Per block: its id in the group, -1 where its hash is not in the map."""
-        at = N_SCALARS + self.lengths.size
-        return self._out[at : at + self.n].view(np.intp)
+        ids_at, epochs_at, _, _ = self.spans.out_at
+        return self._out[ids_at:epochs_at].view(np.intp)
 
     @property
     def epochs(self) -> NDArray[np.uint32]:
         """Each block's epoch as this lookup saw it (0 where missing)."""
-        n = self.n
-        at = N_SCALARS + self.lengths.size + n
-        epochs: NDArray[np.uint32] = self._out[at : at + (n + 1) // 2].view(np.uint32)[:n]
+        _, epochs_at, bytes_at, _ = self.spans.out_at
+        epochs: NDArray[np.uint32] = self._out[epochs_at:bytes_at].view(np.uint32)[: self.n]
         return epochs
 
     @property

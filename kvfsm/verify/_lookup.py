@@ -18,7 +18,7 @@ from kvfsm._errors import KvfsmError
 from kvfsm.spec import Form, Layout, Tier
 from kvfsm.state import StateCore
 from kvfsm.verify._group_eval import GroupEval, Spans, Statics, spans_for, statics_for
-from kvfsm.verify._group_pass import AFTER, HIT, NOW, out_offsets
+from kvfsm.verify._group_pass import AFTER, HIT, NOW
 from kvfsm.verify._prompt import Prompt
 from kvfsm.verify._types import (
     Checks,
@@ -274,15 +274,14 @@ def _probe(core: weakref.ref[StateCore], evals: tuple[GroupEval, ...], at: int,
     when a lease first asks; until then the verdict keeps only each group's pass output, with
     its ids and epochs, its hash words and needed spans, not the lookup's other arrays)."""
     # Each group's change count now: a lease finding it unchanged needs no second look.
-    found = [(e.decl.name, e.spans, e._out, e.n, e.words, e.group.changes) for e in evals]
-    count = evals[0].lengths.size
+    found = [(e.decl.name, e.spans, e._out, e.words, e.group.changes) for e in evals]
 
     def groups() -> tuple[ProbedGroup, ...]:
         made = []
-        for name, spans, out, n, (high, low), changes in found:
+        for name, spans, out, (high, low), changes in found:
             bounds = spans.bounds
             lo, cut, hi = bounds.item(0, at), bounds.item(1, at), bounds.item(2, at)
-            ids_at, epochs_at, bytes_at, _ = out_offsets(n, count)
+            ids_at, epochs_at, bytes_at, _ = spans.out_at
             ids = out[ids_at + lo : ids_at + hi].view(np.intp)
             epochs = out[epochs_at:bytes_at].view(np.uint32)[lo:hi]
             last_words = (high.item(hi - 1), low.item(hi - 1)) if hi > lo else None
