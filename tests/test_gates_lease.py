@@ -196,6 +196,28 @@ def test_a_probe_of_another_prompt_or_engine_is_not_used() -> None:
     assert _pins(eng) == {"attn": 0} and _pins(twin) == {"attn": 0}
 
 
+def test_a_lease_on_the_lookups_own_prompt_grown_since_holds_the_blocks_it_saw() -> None:
+    """The prompt a lookup saw, grown by more tokens before the lease, is the same prefix:
+    the lease holds exactly the blocks of the verdict's usable tokens, as a lease with a
+    fresh prompt of the same tokens does, and as one of another prefix does not."""
+    eng = _engine("deepseek_v4_like")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    prompt.extend(tokens(64, seed=3))
+    with eng.lease(verdict, prompt) as grown:
+        held = {name: grown.blocks(name).tolist() for name in grown.groups}
+        assert grown.tokens == verdict.usable_tokens == 320
+    with eng.lease(verdict, eng.prompt(TEXT)) as fresh:
+        assert {name: fresh.blocks(name).tolist() for name in fresh.groups} == held
+    assert held["history"] == _ids(eng, "history", range(5))
+    assert _pins(eng) == {"history": 0, "swa": 0, "index": 0}
+    other = eng.prompt(tokens(321, seed=9))
+    with pytest.raises(LeaseLost, match="no longer cached"):
+        eng.lease(verdict, other)
+    assert _pins(eng) == {"history": 0, "swa": 0, "index": 0}
+
+
 def test_index_targets_outside_the_window_are_held_and_checked() -> None:
     """An index pointing into a sliding window: its targets before the window are not read
     as window blocks, but the index reads them, so they are pinned through it, and their

@@ -320,7 +320,7 @@ def test_a_read_line_is_what_the_general_formatter_writes(ids: NDArray[Any],
 
 @pytest.mark.parametrize("count", [1, 2, 3, 500])
 def test_a_read_told_as_one_run_is_written_as_the_arrays_would_be(count: int) -> None:
-    """An observer told ``read_run`` (a lease that found its ids consecutive at one epoch)
+    """An observer told ``read_runs`` (a lease that found its ids consecutive at one epoch)
     writes the very line the arrays would have made."""
     ids = np.arange(40, 40 + count, dtype=np.intp)
     epochs = np.full(count, 6, dtype=np.uint32)
@@ -328,8 +328,40 @@ def test_a_read_told_as_one_run_is_written_as_the_arrays_would_be(count: int) ->
     assert json.loads(line) == _general_read(3, "swa", ids, epochs)
 
 
+class RunRecorder(Recorder):
+    """A recorder that also takes reads told as runs (``read_runs``), call by call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.run_calls: list[list[tuple[str, int, int, int]]] = []
+
+    def read_runs(self, runs: list[tuple[str, int, int, int]]) -> None:
+        self.run_calls.append(list(runs))
+
+
+def test_a_validated_lease_tells_each_observer_its_reads_in_the_form_it_takes() -> None:
+    """A validated lease over several groups tells an observer that takes runs all of its
+    runs in one call, and one that takes only arrays each group's ids and epochs: the same
+    reads either way."""
+    eng = Engine(shipped_models()["deepseek_v4_like"],
+                 CoreConfig(device_blocks=256, host_blocks=0, backend="numpy"))
+    plain, runs = Recorder(), RunRecorder()
+    eng.core.add_observer(plain)
+    eng.core.add_observer(runs)
+    prompt = eng.prompt(np.arange(1025))
+    eng.commit(prompt)
+    with eng.lease(eng.lookup(prompt), prompt) as lease:
+        lease.validate()
+    held = {group: (lease.blocks(group).tolist(), lease.epochs(group).tolist())
+            for group in lease.groups}
+    assert {group: (ids, epochs) for group, ids, epochs in plain.reads} == held
+    assert runs.reads == [] and len(runs.run_calls) == 1
+    assert {group: (list(range(first, first + count)), [epoch] * count)
+            for group, first, count, epoch in runs.run_calls[0]} == held
+
+
 def test_a_leased_read_is_logged_as_runs_and_replays(tmp_path: Path) -> None:
-    """A lease over a committed prompt reports its reads as runs (``read_run``): the log
+    """A lease over a committed prompt reports its reads as runs (``read_runs``): the log
     holds one read line per group, each a run of ids at one epoch, and replays clean."""
     path = tmp_path / "events.jsonl"
     with EventLog(path) as log:

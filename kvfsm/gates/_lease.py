@@ -162,9 +162,8 @@ class Lease:
             # The read about to happen, for the event log (replay checks its epochs).
             core = self._book.core
             if core.observed:
-                for held in self._held:
-                    core.record_leased_read(held.group, held.ids, held.epochs,
-                                            one_run=held.one_run)
+                core.record_leased_reads([(held.state.name, held.ids, held.epochs, held.one_run)
+                                          for held in self._held])
 
     def _validate(self) -> None:
         if not self._released and self._book.clock() >= self.expires_at:
@@ -256,6 +255,8 @@ class LeaseBook:
         self.on_refusal: Callable[[LeaseLost], None] | None = None
         #: The earliest expiry among open leases (reap does nothing before it).
         self._next_expiry = _NEVER
+        #: The pin pass's answer (used under the lock).
+        self._answer = np.empty(3, dtype=np.int64)
 
     def refused(self, lost: LeaseLost) -> None:
         if self.on_refusal is not None:
@@ -333,27 +334,37 @@ class LeaseBook:
         if probe is None or probe.core() is not core or probe.tokens != verdict.usable_tokens:
             return None
         groups = probe.groups
-        probed = {group.group: group for group in groups}
-        if probed.keys() != core.groups.keys():
+        by_name = core.groups
+        if len(groups) != len(by_name):
             return None
-        states = [core.groups[group.group] for group in groups]
+        states = [by_name.get(group.group) for group in groups]
+        # The lookup's own prompt (a prompt only grows): its blocks are the ones probed.
+        same_prompt = probe.prompt is prompt
+        probed: dict[str, ProbedGroup] | None = None
         for group, state in zip(groups, states, strict=True):
-            if group.last_words is not None:
+            if state is None:
+                return None
+            if not same_prompt and group.last_words is not None:
                 high, low = prompt.words(state.decl.block_size)
                 if group.hi > high.size or \
                         (int(high[group.hi - 1]), int(low[group.hi - 1])) != group.last_words:
                     return None  # another prompt: its own blocks, probed afresh
-            if state.target is not None and group.hi > group.lo and \
-                    not _targets_held(state, group, probed[state.target.name]):
-                return None
+            if state.target is not None and group.hi > group.lo:
+                if probed is None:
+                    probed = {each.group: each for each in groups}
+                target = probed.get(state.target.name)
+                if target is None or not _targets_held(state, group, target):
+                    return None
         held: list[_Held] = []
+        answer = self._answer
         try:
             for group, state in zip(groups, states, strict=True):
+                assert state is not None
                 run = one_run = False
                 if group.changes == state.changes:
                     # Nothing changed since the lookup: every block is as it saw it (usable).
-                    (first, run, one_run), why = \
-                        pin_unchanged(state, group.ids, group.epochs), PINNED_FULL
+                    first, run, one_run = pin_unchanged(state, group.ids, group.epochs, answer)
+                    why = PINNED_FULL
                 else:
                     first, why = pin_if_usable(state, group.ids, group.epochs,
                                                group.cut - group.lo)
@@ -364,9 +375,9 @@ class LeaseBook:
                     lost = _unusable(state, group, first, why)
                     self.refused(lost)
                     raise lost
-                held.append(_Held(state, group.ids, group.lo, group.ids, group.epochs,
-                                  alone=True, changes=state.changes, run=run,
-                                  one_run=one_run))
+                # Positional, in field order: one per group on every take.
+                held.append(_Held(state, group.ids, group.lo, group.ids, group.epochs, True,
+                                  state.changes, run, one_run))
         except Exception:
             for taken in held:  # pinned before the refusal
                 unpin_unmoved(taken.state, taken.pinned, taken.epochs, taken.run)

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TextIO
@@ -321,13 +322,16 @@ class EventLog:
             self._append(line if line is not None else
                          (READ, group, None, ids, None, None, epochs))
 
-    def read_run(self, group: str, first: int, count: int, epoch: int) -> None:
-        """A read of ``count`` consecutive ids from ``first``, all at ``epoch`` (what a lease
-        that found them so reports): formatted now, with no array to look at."""
+    def read_runs(self, runs: Sequence[tuple[str, int, int, int]]) -> None:
+        """Reads each of ``count`` consecutive ids from ``first``, all at ``epoch``, given as
+        ``(group, first, count, epoch)`` (what a validated lease that found them so
+        reports): formatted now, with no array to look at, under one lock."""
         with self._lock:
-            if self._file is not None and self._error is None:
-                self._append(_run_read_line(self.records, self._group_json[group], first,
-                                            count, epoch))
+            if self._file is None or self._error is not None:
+                return
+            names = self._group_json
+            for group, first, count, epoch in runs:
+                self._append(_run_read_line(self.records, names[group], first, count, epoch))
 
     def _append(self, record: _Record | str) -> None:
         """Buffer one record (the lock is held), writing the buffer once it is full."""

@@ -7,7 +7,7 @@ recency) and check first that the lifecycle state allows it, so a refused call c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final, TypeVar
 
@@ -52,6 +52,10 @@ _WORD = (1 << 64) - 1
 
 _Shaped = TypeVar("_Shaped", NDArray[np.uint8], NDArray[np.int32])
 
+
+#: A read a lease reports: ``(group, ids, epochs, one_run)`` (see
+#: :meth:`StateCore.record_leased_reads`).
+LeasedRead = tuple[str, IdArray, NDArray[np.uint32], bool]
 
 #: Backends a config may name.
 BACKENDS: Final = ("auto", "numpy", "cupy")
@@ -398,21 +402,28 @@ class StateCore:
             for observer in self._observers:
                 observer.read(group, read, epochs)
 
-    def record_leased_read(self, group: str, ids: IdArray, epochs: NDArray[np.uint32], *,
-                           one_run: bool = False) -> None:
-        """:meth:`record_read` of blocks a lease just validated at ``epochs``: the ids are the
-        core's own and their epochs known, so nothing is checked or gathered again. The
-        arrays are handed to observers as they are (a lease never changes them). Where the
-        caller knows the ids are consecutive at one epoch (``one_run``), an observer with a
-        ``read_run(group, first, count, epoch)`` method is told that instead, with no array
-        to scan."""
-        if self._observers and ids.size:
-            for observer in self._observers:
-                read_run = getattr(observer, "read_run", None) if one_run else None
-                if read_run is not None:
-                    read_run(group, int(ids[0]), ids.size, int(epochs[0]))
+    def record_leased_reads(self, reads: Sequence[LeasedRead]) -> None:
+        """:meth:`record_read` of the blocks a lease just validated, per group at the epochs
+        it recorded: the ids are the core's own and their epochs known, so nothing is checked
+        or gathered again, and the arrays are handed to observers as they are (a lease never
+        changes them). Each read is ``(group, ids, epochs, one_run)``; where the caller knows
+        a read's ids are consecutive at one epoch (``one_run``), an observer with a
+        ``read_runs`` method is told all of those in one call, as
+        ``(group, first, count, epoch)``, with no array to scan."""
+        if not self._observers:
+            return
+        for observer in self._observers:
+            read_runs = getattr(observer, "read_runs", None)
+            runs = []
+            for group, ids, epochs, one_run in reads:
+                if not ids.size:
+                    continue
+                if one_run and read_runs is not None:
+                    runs.append((group, int(ids[0]), ids.size, int(epochs[0])))
                 else:
                     observer.read(group, ids, epochs)
+            if runs and read_runs is not None:
+                read_runs(runs)
 
     def _dependents_of(self, group: str) -> Callable[[IdArray], None]:
         def invalidate(ids: IdArray) -> None:

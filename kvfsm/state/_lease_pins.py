@@ -338,19 +338,20 @@ def pin_run_kernel(ids: IdArray, seen: NDArray[np.uint32], pins: NDArray[np.uint
         pins[ids[i]] += 1
 
 
-def pin_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32]
-                  ) -> tuple[int, bool, bool]:
+def pin_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32],
+                  answer: NDArray[np.int64]) -> tuple[int, bool, bool]:
     """Pin each of the distinct blocks ``ids`` (seen at epochs ``seen``) once, as a lookup
     saw them usable when the group has not changed since (its ``changes`` then and now are
     equal: every block is still at the epoch, state and check the lookup saw, so only the
     pin limit is left to check): ``(-1, run, one_run)``, ``run`` telling
     :func:`unpin_unmoved` how they were pinned (as one run of ids over whole chunks),
     ``one_run`` that the ids are consecutive at one epoch. Else nothing is pinned and the
-    first answer is the first index pinned to the limit."""
-    out = np.empty(3, dtype=np.int64)
+    first answer is the first index pinned to the limit. ``answer``: three int64 the pass
+    writes its answer to (the caller's, reused)."""
     blocks = state._blocks
-    pin_run_kernel(ids, seen, blocks.pins, blocks.chunk_pins, state.pin_shift, MAX_PINS, out)
-    return int(out[0]), bool(out[1]), bool(out[2])
+    pin_run_kernel(ids, seen, blocks.pins, blocks.chunk_pins, state.pin_shift, MAX_PINS, answer)
+    first, run, one_run = answer.tolist()
+    return first, run == 1, one_run == 1
 
 
 def pin_if_usable(state: GroupState, ids: IdArray, seen: NDArray[np.uint32], cut: int

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -168,7 +169,7 @@ def lookup(
     checks = tuple([Checks(e.decl.name, *e.checked) for e in every if e.checked is not None])
     # Positional: the fields in declaration order (cheaper than keywords on every lookup).
     return Verdict(n_tokens, hit, usable, restorable, usable, level, groups, tuple(reasons),
-                   plan, checks, _probe(layout.core, every, usable_at, usable))
+                   plan, checks, _probe(layout.core, prompt, every, usable_at, usable))
 
 
 @functools.lru_cache(maxsize=_MAX_CACHED)
@@ -268,8 +269,8 @@ def _and(evals: tuple[GroupEval, ...], row: int) -> NDArray[np.bool_]:
     return out
 
 
-def _probe(core: weakref.ref[StateCore], evals: tuple[GroupEval, ...], at: int,
-           tokens: int) -> Probe:
+def _probe(core: weakref.ref[StateCore], prompt: Prompt, evals: tuple[GroupEval, ...],
+           at: int, tokens: int) -> Probe:
     """Per group, the blocks needed at candidate ``at`` (``tokens`` long), as found (made
     when a lease first asks; until then the verdict keeps only each group's pass output, with
     its ids and epochs, its hash words and needed spans, not the lookup's other arrays)."""
@@ -279,16 +280,21 @@ def _probe(core: weakref.ref[StateCore], evals: tuple[GroupEval, ...], at: int,
     def groups() -> tuple[ProbedGroup, ...]:
         made = []
         for name, spans, out, (high, low), changes in found:
-            bounds = spans.bounds
-            lo, cut, hi = bounds.item(0, at), bounds.item(1, at), bounds.item(2, at)
+            lo, cut, hi = spans.bounds[:, at].tolist()
             ids_at, epochs_at, bytes_at, _ = spans.out_at
-            ids = out[ids_at + lo : ids_at + hi].view(np.intp)
+            ids = out[ids_at + lo : ids_at + hi]
+            if _IDS_VIEWED:
+                ids = ids.view(np.intp)
             epochs = out[epochs_at:bytes_at].view(np.uint32)[lo:hi]
             last_words = (high.item(hi - 1), low.item(hi - 1)) if hi > lo else None
             made.append(ProbedGroup(name, lo, cut, hi, ids, epochs, last_words, changes))
         return tuple(made)
 
-    return Probe(core, tokens, groups)
+    return Probe(core, tokens, groups, prompt)
+
+
+#: The pass output holds ids as int64; where that is not ``intp`` they are viewed as it.
+_IDS_VIEWED: Final = np.dtype(np.intp) != np.dtype(np.int64)
 
 
 def _admitted(core: StateCore, evals: tuple[GroupEval, ...]) -> NDArray[np.bool_] | bool:

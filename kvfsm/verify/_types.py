@@ -115,16 +115,19 @@ class ProbedGroup(NamedTuple):
 class Probe:
     """The blocks a verdict called usable, as its lookup found them, so a lease on it pins
     them without probing and checking them again: its epochs prove nothing moved since.
-    ``core`` is a weak reference to the state core the lookup read; ``groups`` are made on
-    first use from the lookup's arrays (most verdicts are never leased)."""
+    ``core`` is a weak reference to the state core the lookup read; ``prompt`` the prompt it
+    looked up (a lease on that very prompt skips comparing hash words: a prompt only ever
+    grows, so its blocks the lookup saw are still its blocks); ``groups`` are made on first
+    use from the lookup's arrays (most verdicts are never leased)."""
 
-    __slots__ = ("_groups", "_make", "core", "tokens")
+    __slots__ = ("_groups", "_make", "core", "prompt", "tokens")
 
     def __init__(self, core: Callable[[], object], tokens: int,
-                 groups: tuple[ProbedGroup, ...] | Callable[[], tuple[ProbedGroup, ...]]
-                 ) -> None:
+                 groups: tuple[ProbedGroup, ...] | Callable[[], tuple[ProbedGroup, ...]],
+                 prompt: object = None) -> None:
         self.core = core
         self.tokens = tokens
+        self.prompt = prompt
         self._groups = groups if isinstance(groups, tuple) else None
         self._make = None if isinstance(groups, tuple) else groups
 
