@@ -32,6 +32,8 @@ def test_bench_lookup_figures() -> None:
         figures["lookup_ms_median_metrics_log"] / figures["lookup_ms_median_engine"] - 1)
     assert figures["lease_ms_median"] == pytest.approx(
         figures["lookup_ms_median_observed"] - figures["lookup_ms_median_metrics_log"])
+    for step in ("take", "validate", "release"):
+        assert figures[f"lease_{step}_ms_median"] > 0, step
 
 
 def test_bench_lookup_without_prometheus_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

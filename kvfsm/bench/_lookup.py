@@ -183,10 +183,23 @@ def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: in
         def on() -> None:
             seen.lookup(seen_prompt, level=Level.STANDARD)
 
+        # The lease's steps, timed inside the leased runs (where its cost goes).
+        steps: dict[str, list[float]] = {"take": [], "validate": [], "release": []}
+
         def on_leased() -> None:
             verdict = seen.lookup(seen_prompt, level=Level.STANDARD)
-            with seen.lease(verdict, seen_prompt) as lease:
+            start = time.perf_counter()
+            lease = seen.lease(verdict, seen_prompt)
+            taken = time.perf_counter()
+            try:
                 lease.validate()
+                validated = time.perf_counter()
+            finally:
+                lease.release()
+            released = time.perf_counter()
+            steps["take"].append(taken - start)
+            steps["validate"].append(validated - taken)
+            steps["release"].append(released - validated)
 
         runs: dict[str, list[float]] = {"off": [], "on": [], "leased": []}
         paths = (("off", off), ("on", on), ("leased", on_leased))
@@ -212,9 +225,13 @@ def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: in
         "observability_overhead": leased_s / off_s - 1,
         # What the lease itself adds (take, validate, release), from the same medians.
         "lease_ms_median": (leased_s - on_s) * 1e3,
+        # Each step of it, timed within the leased runs (right after their lookups).
+        **{f"lease_{step}_ms_median": statistics.median(times) * 1e3
+           for step, times in steps.items()},
     }
 
 
 _OBSERVED_KEYS = ("lookup_ms_median_engine", "lookup_ms_median_metrics_log",
                   "lookup_ms_median_observed", "metrics_log_overhead", "observability_overhead",
-                  "lease_ms_median")
+                  "lease_ms_median", "lease_take_ms_median", "lease_validate_ms_median",
+                  "lease_release_ms_median")
