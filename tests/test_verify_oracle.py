@@ -1,0 +1,209 @@
+"""The lookup's usable length against a brute-force reader, on any state the API can reach.
+
+The oracle knows nothing of spans, packed facts or passes. For every candidate length ``L`` it
+lists, token by token, what each layer reads at ``L`` and in which form (the kind's rule, as
+the architecture states it), finds each block the way a reader would (by the prompt's hash
+key), and checks it as a reader must before trusting it: recorded at this position, every
+sub-block written, written under the layout the kernel reads, readable now in that form, its
+bytes matching their checksum and never seen failing one, its device address meeting the
+device profile, and (an index block) every reference pointing at a live history block of this
+prompt, at the epoch it was indexed against, complete before the index block ends. The verdict
+must call usable exactly the longest length where every group's blocks pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.typing import NDArray
+
+from kvfsm import Engine, KvfsmError
+from kvfsm.fsm import FORM_CODE
+from kvfsm.memory._backend import data_ptr
+from kvfsm.spec import Form, GroupKind, ModelDecl, Tier
+from kvfsm.state import FAILED, NO_TARGET, GroupState
+from kvfsm.verify import Level, Prompt
+from tests.verify_models import (
+    DEEPSEEK,
+    DENSE,
+    FOUR,
+    GPT_OSS,
+    HISTORY_SWA,
+    PROMPTS,
+    QWEN,
+    SWA_ONLY,
+    TWO_SIZES,
+    drive,
+    engine,
+)
+
+MODELS = [DENSE, SWA_ONLY, GPT_OSS, TWO_SIZES, QWEN, DEEPSEEK, HISTORY_SWA, FOUR]
+#: One token's read: (block index of the prompt, the form the layer reads it in).
+Read = tuple[int, Form]
+
+
+def reads_at(group: GroupState, length: int) -> set[Read] | None:
+    """The blocks (and forms) a layer of ``group``'s kind reads to continue after ``length``
+    tokens, token by token; None where the kind cannot serve ``length`` at all."""
+    decl = group.decl
+    size = decl.block_size
+    kind = decl.kind
+    if kind is GroupKind.RECURRENT:
+        interval = decl.checkpoint_interval or size
+        if length % interval:
+            return None  # state exists only after a checkpoint's tokens
+        # The one snapshot: the state after exactly ``length`` tokens, in the block ending there.
+        return set() if length == 0 else {(length // size - 1, Form.RAW)}
+    if kind is GroupKind.SLIDING_WINDOW:
+        window = decl.window or 1
+        return {(token // size, Form.RAW) for token in range(max(length - (window - 1), 0),
+                                                              length)}
+    if kind is GroupKind.COMPRESSED:
+        boundary = length // size * size
+        return {(token // size, Form.COMPRESSED) for token in range(boundary)} | \
+            {(token // size, Form.RAW) for token in range(boundary, length)}
+    return {(token // size, Form.RAW) for token in range(length)}  # full, sparse index
+
+
+def block_of(group: GroupState, prompt: Prompt, index: int) -> int:
+    """The id the prompt's key of block ``index`` finds in ``group``; -1 when none (or the
+    prompt has no such complete block)."""
+    high, low = prompt.words(group.decl.block_size)
+    if index >= high.size:
+        return -1
+    return int(group.hash_map.lookup(high[index : index + 1], low[index : index + 1])[0])
+
+
+def references_hold(eng: Engine, group: GroupState, prompt: Prompt, row: int, block: int
+                    ) -> bool:
+    """Every reference of index block ``block`` (prompt row ``row``) points at a live block of
+    the target group that is this prompt's block at its recorded position, at the epoch
+    recorded with the reference, and ends no later than the row; an unused reference must
+    carry epoch 0."""
+    target_group = group.target
+    assert target_group is not None
+    for target, epoch in zip(group.refs_target[block].tolist(),
+                             group.refs_epoch[block].tolist(), strict=True):
+        if target == NO_TARGET:
+            if epoch != 0:
+                return False
+            continue
+        if not 0 <= target < target_group.n_blocks:
+            return False
+        if not target_group.table.hashed[int(target_group.states[target])]:
+            return False
+        if int(target_group.epoch[target]) != epoch:
+            return False
+        at = int(target_group.position[target])
+        if at < 0 or block_of(target_group, prompt, at) != target:
+            return False
+        if (at + 1) * target_group.decl.block_size > (row + 1) * group.decl.block_size:
+            return False
+    return True
+
+
+def block_passes(eng: Engine, group: GroupState, prompt: Prompt, index: int, form: Form) -> bool:
+    """A reader may trust prompt block ``index`` of ``group`` in ``form`` now (FULL level)."""
+    block = block_of(group, prompt, index)
+    if block < 0:
+        return False
+    state = int(group.states[block])
+    table = group.table
+    if not table.readable[state] or int(table.form[state]) != FORM_CODE[form]:
+        return False
+    if int(group.position[block]) != index:
+        return False
+    if int(group.sub_blocks[block]) != (1 << (group.decl.sub_blocks or 1)) - 1:
+        return False
+    if group.layouts[int(group.layout_id[block])] != group.decl.layout:
+        return False
+    if int(group.check[block]) == FAILED:
+        return False
+    pool = group.pools[Tier.DEVICE]
+    slot = int(group.slot[Tier.DEVICE][block])
+    if not bool(pool.verify_checksum(np.array([slot]))[0]):
+        return False
+    profile = eng.profile
+    address = data_ptr(pool.data) + int(pool.offsets(np.array([slot]))[0])
+    if address % profile.base_alignment or pool.stride % profile.size_alignment:
+        return False
+    return group.target is None or references_hold(eng, group, prompt, index, block)
+
+
+def usable_by_hand(eng: Engine, text: NDArray[np.int64]) -> int:
+    """The longest candidate length (a multiple of the block sizes' LCM, short of the last
+    token, which is always computed) at which every group's reads pass."""
+    prompt = eng.prompt(text)
+    last = text.size - 1 if text.size > 1 else 0
+    step = eng.core.model.lcm_block_size
+    best = 0
+    for length in range(0, last + 1, step):
+        holds = True
+        for group in eng.core.groups.values():
+            reads = reads_at(group, length)
+            if reads is None or not all(block_passes(eng, group, prompt, index, form)
+                                        for index, form in sorted(reads)):
+                holds = False
+                break
+        if holds:
+            best = length
+    return best
+
+
+@settings(deadline=None)
+@given(data=st.data(), decl=st.sampled_from(MODELS))
+def test_full_lookup_calls_usable_exactly_what_a_brute_force_reader_trusts(
+        data: st.DataObject, decl: ModelDecl) -> None:
+    """For any state the core's API can reach (random commits and lifecycle events, host
+    copies and device bytes corrupted, stricter device profiles, index references
+    scrambled), a FULL lookup's ``usable_tokens`` is the longest length at which a reader
+    checking every block it reads, token by token, would trust all of them: never more (a
+    wrong answer), never less (a needless recompute). A lease on the verdict pins exactly
+    the blocks that reader reads at that length."""
+    eng = engine(decl, device=data.draw(st.sampled_from([16, 64, 64]), label="device blocks"))
+    text = data.draw(st.sampled_from(PROMPTS), label="prompt")
+    text = text[: data.draw(st.integers(1, text.size), label="cut")]
+    if data.draw(st.booleans(), label="committed first"):
+        # Mostly a prompt cached whole or in part, that the steps then take apart.
+        with contextlib.suppress(KvfsmError):
+            eng.commit(eng.prompt(text[: data.draw(st.integers(1, text.size), label="kept")]))
+    default_profile = eng.profile
+    drive(eng, data, data.draw(st.integers(0, 10), label="steps"))
+    if data.draw(st.booleans(), label="default profile"):
+        eng.profile = default_profile  # a stricter one drawn makes most blocks misaligned
+    expected = usable_by_hand(eng, text)  # before the lookup records its checksums
+    verdict = eng.lookup(eng.prompt(text), level=Level.FULL)
+    assert verdict.usable_tokens == expected, (verdict.reasons, expected)
+    # Recorded checks change nothing: the next FULL lookup agrees again.
+    prompt = eng.prompt(text)
+    again = eng.lookup(prompt, level=Level.FULL)
+    assert again.usable_tokens == expected
+    # A lease on it holds exactly the blocks the reader reads there, in prompt order.
+    with eng.lease(again, prompt) as lease:
+        for name, group in eng.core.groups.items():
+            reads = reads_at(group, expected)
+            assert reads is not None
+            indices = sorted({index for index, _ in reads})
+            assert lease.indices(name).tolist() == indices, name
+            assert lease.blocks(name).tolist() == [block_of(group, prompt, index)
+                                                   for index in indices], name
+        lease.validate()
+
+
+def test_the_oracle_sees_what_a_fault_takes_away() -> None:
+    """The oracle is not vacuous: a committed prompt is trusted to its end, and one evicted
+    history block or one flipped device byte takes its reach back to before that block."""
+    eng = engine(DEEPSEEK)
+    text = PROMPTS[0]
+    eng.commit(eng.prompt(text))
+    whole = usable_by_hand(eng, text)
+    assert whole == (text.size - 1) // 64 * 64
+    history = eng.core.group("history")
+    block = block_of(history, eng.prompt(text), 2)
+    slot = int(history.slot[Tier.DEVICE][block])
+    history.pools[Tier.DEVICE].data[slot, 0] ^= 0x01
+    assert usable_by_hand(eng, text) == 2 * 64
+    assert eng.lookup(eng.prompt(text), level=Level.FULL).usable_tokens == 2 * 64
