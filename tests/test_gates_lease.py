@@ -218,6 +218,28 @@ def test_a_lease_on_the_lookups_own_prompt_grown_since_holds_the_blocks_it_saw()
     assert _pins(eng) == {"history": 0, "swa": 0, "index": 0}
 
 
+@pytest.mark.parametrize("name", ["dense", "deepseek_v4_like"])
+def test_validate_refuses_a_block_a_later_lookup_saw_fail_its_checksum(name: str) -> None:
+    """Bytes under a leased block change in place (no fire sees it), and a FULL lookup by
+    another request recomputes the checksum and records the failure: the lease's next
+    validate refuses the read, naming that block, though its epoch never moved."""
+    eng, lease = _committed(name)
+    lease.validate()
+    group = lease.groups[0]
+    state = eng.core.group(group)
+    block = int(lease.blocks(group)[1])
+    state.pools[Tier.DEVICE].data[int(state.slot[Tier.DEVICE][block]), 0] ^= 0x10
+    assert lease.valid  # nothing recorded yet: a reduced level trusts the earlier pass
+    verdict = eng.lookup(eng.prompt(TEXT), level="full")
+    assert verdict.usable_tokens < lease.tokens
+    with pytest.raises(LeaseLost, match="checksum") as lost:
+        lease.validate()
+    assert (lost.value.group, lost.value.block) == (group, block)
+    assert lost.value.old_epoch == lost.value.new_epoch
+    lease.release()
+    assert _pins(eng) == dict.fromkeys(eng.core.groups, 0)
+
+
 def test_index_targets_outside_the_window_are_held_and_checked() -> None:
     """An index pointing into a sliding window: its targets before the window are not read
     as window blocks, but the index reads them, so they are pinned through it, and their

@@ -151,8 +151,9 @@ class Lease:
 
     def validate(self) -> None:
         """Raise :class:`~kvfsm.LeaseLost` unless the lease is open, not expired, and every
-        block it covers is at the epoch recorded and readable in the form the kernel reads
-        (an expired lease's pins are released here too)."""
+        block it covers is at the epoch recorded, readable in the form the kernel reads, and
+        not seen failing its checksum since (an expired lease's pins are released here
+        too)."""
         with self._book.lock:
             try:
                 self._validate()
@@ -222,10 +223,12 @@ class Lease:
 
 
 def _check(state: GroupState, held: _Held) -> None:
-    """LeaseLost naming the first block of ``held`` whose epoch moved or that is no longer
-    readable. (Its form needs no check of its own: every row that changes a readable block's
-    form bumps its epoch.) Where no block of the group has changed since the lease was
-    taken, none of them did: O(1)."""
+    """LeaseLost naming the first block of ``held`` whose epoch moved, that is no longer
+    readable, or that a lookup has since seen failing its checksum (its bytes are not what
+    was written: the read must not happen). (Its form needs no check of its own: every row
+    that changes a readable block's form bumps its epoch.) Where no block of the group has
+    changed and no failure was recorded in it since the lease was taken, none of them did:
+    O(1)."""
     if state.changes == held.changes:
         return
     first = first_moved(state, held.ids, held.epochs)
@@ -233,8 +236,12 @@ def _check(state: GroupState, held: _Held) -> None:
         return
     block = int(held.ids[first])
     epoch, code = int(state.epoch[block]), int(state.states[block])
-    why = "its content moved" if epoch != int(held.epochs[first]) else \
-        "it is no longer readable"
+    if epoch != int(held.epochs[first]):
+        why = "its content moved"
+    elif not state.table.readable[code]:
+        why = "it is no longer readable"
+    else:
+        why = "a lookup saw it fail its checksum"
     raise LeaseLost(why, group=state.name, block=block, old_epoch=int(held.epochs[first]),
                     new_epoch=epoch, state=state.table.state_name(code))
 

@@ -116,11 +116,13 @@ def first_unusable_kernel(ids: IdArray, seen: NDArray[np.uint32], cut: int,
 def _moved_example() -> tuple[object, ...]:
     return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint32),
             read_only(np.zeros(1, dtype=np.uint8)), read_only(np.zeros(1, dtype=np.uint32)),
-            read_only(np.ones(1, dtype=np.bool_)), np.empty(1, dtype=np.int64))
+            read_only(np.ones(1, dtype=np.bool_)), read_only(np.zeros(1, dtype=np.uint8)),
+            np.empty(1, dtype=np.int64))
 
 
 def _moved_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """Blocks mostly at the epochs recorded and readable, some moved or unreadable."""
+    """Blocks mostly at the epochs recorded, readable and unchecked or verified, some moved,
+    unreadable or seen failing a checksum."""
     n_blocks, n_states = int(rng.integers(1, 12)), int(rng.integers(1, 5))
     ids = rng.integers(0, n_blocks, int(rng.integers(0, 10))).astype(np.intp)
     epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
@@ -128,26 +130,30 @@ def _moved_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     recorded[rng.random(ids.size) < 0.1] += 1
     return (ids, recorded, read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)),
             read_only(epoch), read_only(rng.random(n_states) < 0.9),
+            read_only(np.where(rng.random(n_blocks) < 0.9, 0, rng.integers(0, 3, n_blocks))
+                      .astype(np.uint8)),
             np.empty(1, dtype=np.int64))
 
 
 def _first_moved_twin(ids: IdArray, recorded: NDArray[np.uint32], states: NDArray[np.uint8],
                       epoch: NDArray[np.uint32], readable: NDArray[np.bool_],
-                      out: NDArray[np.int64]) -> None:
-    bad = np.flatnonzero((epoch[ids] != recorded) | ~readable[states[ids]])
+                      check: NDArray[np.uint8], out: NDArray[np.int64]) -> None:
+    bad = np.flatnonzero((epoch[ids] != recorded) | ~readable[states[ids]]
+                         | (check[ids] == FAILED))
     out[0] = int(bad[0]) if bad.size else -1
 
 
 @kernel(example=_moved_example, twin=_first_moved_twin, inputs=_moved_inputs)
 def first_moved_kernel(ids: IdArray, recorded: NDArray[np.uint32], states: NDArray[np.uint8],
                        epoch: NDArray[np.uint32], readable: NDArray[np.bool_],
-                       out: NDArray[np.int64]) -> None:
-    """``out[0]``: the first ``i`` whose block moved off epoch ``recorded[i]`` or is no longer
-    readable; -1 when none did."""
+                       check: NDArray[np.uint8], out: NDArray[np.int64]) -> None:
+    """``out[0]``: the first ``i`` whose block moved off epoch ``recorded[i]``, is no longer
+    readable, or was seen failing its checksum since; -1 when none did."""
     out[0] = -1
     for i in range(ids.size):
         block = ids[i]
-        if epoch[block] != recorded[i] or not readable[states[block]]:
+        if epoch[block] != recorded[i] or not readable[states[block]] or \
+                check[block] == FAILED:
             out[0] = i
             return
 
@@ -379,7 +385,9 @@ def unpin_unmoved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
 
 
 def first_moved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32]) -> int:
-    """The first index into ``ids`` whose block is no longer at ``epochs`` or readable; -1."""
+    """The first index into ``ids`` whose block is no longer at ``epochs``, no longer
+    readable, or was seen failing its checksum (a lookup recorded it); -1."""
     out = np.empty(1, dtype=np.int64)
-    first_moved_kernel(ids, epochs, state.states, state.epoch, state.table.readable, out)
+    first_moved_kernel(ids, epochs, state.states, state.epoch, state.table.readable,
+                       state.check, out)
     return int(out[0])
