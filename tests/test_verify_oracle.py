@@ -14,6 +14,7 @@ must call usable exactly the longest length where every group's blocks pass.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import numpy as np
 from hypothesis import given, settings
@@ -137,6 +138,21 @@ def usable_by_hand(eng: Engine, text: NDArray[np.int64]) -> int:
     """The longest candidate length (a multiple of the block sizes' LCM, short of the last
     token, which is always computed) at which every group's reads pass."""
     prompt = eng.prompt(text)
+    return longest(eng, text, lambda group, index, form: block_passes(eng, group, prompt,
+                                                                      index, form))
+
+
+def hit_by_hand(eng: Engine, text: NDArray[np.int64]) -> int:
+    """The classic prefix-hash hit: the longest candidate length at which every block each
+    group reads is found by the prompt's key, whatever its state."""
+    prompt = eng.prompt(text)
+    return longest(eng, text, lambda group, index, _: block_of(group, prompt, index) >= 0)
+
+
+def longest(eng: Engine, text: NDArray[np.int64],
+            passes: Callable[[GroupState, int, Form], bool]) -> int:
+    """The longest candidate length at which ``passes`` holds for every read of every
+    group (0 when none)."""
     last = text.size - 1 if text.size > 1 else 0
     step = eng.core.model.lcm_block_size
     best = 0
@@ -144,7 +160,7 @@ def usable_by_hand(eng: Engine, text: NDArray[np.int64]) -> int:
         holds = True
         for group in eng.core.groups.values():
             reads = reads_at(group, length)
-            if reads is None or not all(block_passes(eng, group, prompt, index, form)
+            if reads is None or not all(passes(group, index, form)
                                         for index, form in sorted(reads)):
                 holds = False
                 break
@@ -161,8 +177,9 @@ def test_full_lookup_calls_usable_exactly_what_a_brute_force_reader_trusts(
     copies and device bytes corrupted, stricter device profiles, index references
     scrambled), a FULL lookup's ``usable_tokens`` is the longest length at which a reader
     checking every block it reads, token by token, would trust all of them: never more (a
-    wrong answer), never less (a needless recompute). A lease on the verdict pins exactly
-    the blocks that reader reads at that length."""
+    wrong answer), never less (a needless recompute). Its ``hit_tokens`` is the longest
+    length whose every read is found by key, and a lease on the verdict pins exactly the
+    blocks that reader reads at the usable length."""
     eng = engine(decl, device=data.draw(st.sampled_from([16, 64, 64]), label="device blocks"))
     text = data.draw(st.sampled_from(PROMPTS), label="prompt")
     text = text[: data.draw(st.integers(1, text.size), label="cut")]
@@ -177,6 +194,7 @@ def test_full_lookup_calls_usable_exactly_what_a_brute_force_reader_trusts(
     expected = usable_by_hand(eng, text)  # before the lookup records its checksums
     verdict = eng.lookup(eng.prompt(text), level=Level.FULL)
     assert verdict.usable_tokens == expected, (verdict.reasons, expected)
+    assert verdict.hit_tokens == hit_by_hand(eng, text)
     # Recorded checks change nothing: the next FULL lookup agrees again.
     prompt = eng.prompt(text)
     again = eng.lookup(prompt, level=Level.FULL)
