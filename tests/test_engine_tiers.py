@@ -44,6 +44,7 @@ from kvfsm.tiers import (
 )
 from kvfsm.tiers import _disk as disk_module
 from kvfsm.verify import Prompt
+from tests.wrapped_tier import Wrapped
 
 DENSE = shipped_models()["dense"]
 GROUP = "attn"
@@ -312,31 +313,6 @@ def test_a_crash_between_write_and_rename_keeps_the_block_on_host(
 
 
 # -- slow, late and failing loads ---------------------------------------------------------------
-
-
-class Wrapped(StoredTier):
-    """A disk tier seen through a wrapper that may hold or doctor its loads."""
-
-    tier = Tier.DISK
-
-    def __init__(self, inner: DiskTier) -> None:
-        self.inner = inner
-
-    def put(self, keys: Sequence[BlockKey], payloads: Sequence[Any],
-            checksums: NDArray[np.uint64]) -> NDArray[np.bool_]:
-        return self.inner.put(keys, payloads, checksums)
-
-    def load_into(self, keys: Sequence[BlockKey], outs: Sequence[Any]) -> LoadResult:
-        return self.inner.load_into(keys, outs)
-
-    def contains(self, keys: Sequence[BlockKey]) -> NDArray[np.bool_]:
-        return self.inner.contains(keys)
-
-    def remove(self, keys: Sequence[BlockKey]) -> NDArray[np.bool_]:
-        return self.inner.remove(keys)
-
-    def drain_evicted(self) -> list[BlockKey]:
-        return self.inner.drain_evicted()
 
 
 class Slow(Wrapped):

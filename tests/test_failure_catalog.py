@@ -35,7 +35,6 @@ from kvfsm.state import GroupState
 from kvfsm.tiers import (
     BlockKey,
     DiskTier,
-    LoadResult,
     LoadStatus,
     StoredTier,
     block_keys,
@@ -45,6 +44,7 @@ from kvfsm.tiers import (
 )
 from kvfsm.verify import Prompt, Reason, Verdict
 from tests.verify_models import DEEPSEEK, DENSE, GPT_OSS, QWEN, block_id, engine, tokens
+from tests.wrapped_tier import Wrapped
 
 #: Tokens per block of the test models' full-attention, window and index groups.
 BLOCK: Final = 16
@@ -188,27 +188,13 @@ def _begin_writing(eng: Engine, group: str, text: NDArray[Any],
     return ids
 
 
-class _FailingPuts(StoredTier):
+class _FailingPuts(Wrapped):
     """A disk tier whose puts fail with an I/O error (a full or dying disk); loads, lookups
     and removals go to the real tier."""
-
-    tier = Tier.DISK
-
-    def __init__(self, inner: DiskTier) -> None:
-        self.inner = inner
 
     def put(self, keys: Sequence[BlockKey], payloads: Sequence[Any],
             checksums: NDArray[np.uint64]) -> NDArray[np.bool_]:
         raise OSError("no space left on device")
-
-    def load_into(self, keys: Sequence[BlockKey], outs: Sequence[Any]) -> LoadResult:
-        return self.inner.load_into(keys, outs)
-
-    def contains(self, keys: Sequence[BlockKey]) -> NDArray[np.bool_]:
-        return self.inner.contains(keys)
-
-    def remove(self, keys: Sequence[BlockKey]) -> NDArray[np.bool_]:
-        return self.inner.remove(keys)
 
 
 class _Clock:
