@@ -26,7 +26,7 @@ from kvfsm.fsm import FORM_CODE
 from kvfsm.memory._backend import data_ptr
 from kvfsm.spec import Form, GroupKind, ModelDecl, Tier
 from kvfsm.state import FAILED, NO_TARGET, GroupState
-from kvfsm.verify import Level, Prompt
+from kvfsm.verify import Level, Prompt, Verdict
 from tests.verify_models import (
     DEEPSEEK,
     DENSE,
@@ -134,12 +134,13 @@ def block_passes(eng: Engine, group: GroupState, prompt: Prompt, index: int, for
     return group.target is None or references_hold(eng, group, prompt, index, block)
 
 
-def usable_by_hand(eng: Engine, text: NDArray[np.int64]) -> int:
+def usable_by_hand(eng: Engine, text: NDArray[np.int64], below: int | None = None) -> int:
     """The longest candidate length (a multiple of the block sizes' LCM, short of the last
-    token, which is always computed) at which every group's reads pass."""
+    token, which is always computed; and of ``below`` where given) at which every group's
+    reads pass."""
     prompt = eng.prompt(text)
     return longest(eng, text, lambda group, index, form: block_passes(eng, group, prompt,
-                                                                      index, form))
+                                                                      index, form), below)
 
 
 def hit_by_hand(eng: Engine, text: NDArray[np.int64]) -> int:
@@ -150,10 +151,12 @@ def hit_by_hand(eng: Engine, text: NDArray[np.int64]) -> int:
 
 
 def longest(eng: Engine, text: NDArray[np.int64],
-            passes: Callable[[GroupState, int, Form], bool]) -> int:
-    """The longest candidate length at which ``passes`` holds for every read of every
-    group (0 when none)."""
+            passes: Callable[[GroupState, int, Form], bool], below: int | None = None) -> int:
+    """The longest candidate length (below ``below`` where given) at which ``passes`` holds
+    for every read of every group (0 when none)."""
     last = text.size - 1 if text.size > 1 else 0
+    if below is not None:
+        last = min(last, below - 1)
     step = eng.core.model.lcm_block_size
     best = 0
     for length in range(0, last + 1, step):
@@ -169,6 +172,31 @@ def longest(eng: Engine, text: NDArray[np.int64],
     return best
 
 
+def assert_reasons_fit(eng: Engine, text: NDArray[np.int64], verdict: Verdict) -> None:
+    """At the hit and at the whole prompt (where longer than the usable length), every
+    block a shortfall names is one the reader rejects there, with its id, and every group
+    the reader finds failing there is named by some shortfall."""
+    prompt = eng.prompt(text)
+    step = eng.core.model.lcm_block_size
+    final = (text.size - 1 if text.size > 1 else 0) // step * step
+    named_blocks = {(s.group, s.block_index, s.block_id) for s in verdict.reasons
+                    if s.block_index >= 0}
+    named_groups = {s.group for s in verdict.reasons}
+    rejected: set[tuple[str, int, int]] = set()
+    for length in {verdict.hit_tokens, final}:
+        if length <= verdict.usable_tokens:
+            continue
+        for name, group in eng.core.groups.items():
+            reads = reads_at(group, length)
+            failing = set() if reads is None else {
+                index for index, form in reads
+                if not block_passes(eng, group, prompt, index, form)}
+            if reads is None or failing:
+                assert name in named_groups, (name, length, verdict.reasons)
+            rejected |= {(name, index, block_of(group, prompt, index)) for index in failing}
+    assert named_blocks <= rejected, (named_blocks - rejected, verdict.reasons)
+
+
 @settings(deadline=None)
 @given(data=st.data(), decl=st.sampled_from(MODELS))
 def test_full_lookup_calls_usable_exactly_what_a_brute_force_reader_trusts(
@@ -178,8 +206,9 @@ def test_full_lookup_calls_usable_exactly_what_a_brute_force_reader_trusts(
     scrambled), a FULL lookup's ``usable_tokens`` is the longest length at which a reader
     checking every block it reads, token by token, would trust all of them: never more (a
     wrong answer), never less (a needless recompute). Its ``hit_tokens`` is the longest
-    length whose every read is found by key, and a lease on the verdict pins exactly the
-    blocks that reader reads at the usable length."""
+    length whose every read is found by key; with the last block dropped (speculative
+    decoding) the usable length is the longest one before; and a lease on the verdict pins
+    exactly the blocks that reader reads at the usable length."""
     eng = engine(decl, device=data.draw(st.sampled_from([16, 64, 64]), label="device blocks"))
     text = data.draw(st.sampled_from(PROMPTS), label="prompt")
     text = text[: data.draw(st.integers(1, text.size), label="cut")]
@@ -192,13 +221,18 @@ def test_full_lookup_calls_usable_exactly_what_a_brute_force_reader_trusts(
     if data.draw(st.booleans(), label="default profile"):
         eng.profile = default_profile  # a stricter one drawn makes most blocks misaligned
     expected = usable_by_hand(eng, text)  # before the lookup records its checksums
+    # Speculative decoding recomputes the last reusable block: the longest length before.
+    dropped = usable_by_hand(eng, text, below=expected) if expected else 0
     verdict = eng.lookup(eng.prompt(text), level=Level.FULL)
     assert verdict.usable_tokens == expected, (verdict.reasons, expected)
     assert verdict.hit_tokens == hit_by_hand(eng, text)
+    # Its reasons accuse only blocks the reader rejects, and name every group that fails.
+    assert_reasons_fit(eng, text, verdict)
     # Recorded checks change nothing: the next FULL lookup agrees again.
     prompt = eng.prompt(text)
     again = eng.lookup(prompt, level=Level.FULL)
     assert again.usable_tokens == expected
+    assert eng.lookup(prompt, level=Level.FULL, drop_last_block=True).usable_tokens == dropped
     # A lease on it holds exactly the blocks the reader reads there, in prompt order.
     with eng.lease(again, prompt) as lease:
         for name, group in eng.core.groups.items():
