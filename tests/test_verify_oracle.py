@@ -25,7 +25,7 @@ from kvfsm import Engine, KvfsmError
 from kvfsm.fsm import FORM_CODE
 from kvfsm.memory._backend import data_ptr
 from kvfsm.spec import Form, GroupKind, ModelDecl, Tier
-from kvfsm.state import FAILED, NO_TARGET, GroupState
+from kvfsm.state import FAILED, NO_TARGET, VERIFIED, GroupState
 from kvfsm.verify import Level, Prompt, Verdict
 from tests.verify_models import (
     DEEPSEEK,
@@ -106,8 +106,10 @@ def references_hold(eng: Engine, group: GroupState, prompt: Prompt, row: int, bl
     return True
 
 
-def block_passes(eng: Engine, group: GroupState, prompt: Prompt, index: int, form: Form) -> bool:
-    """A reader may trust prompt block ``index`` of ``group`` in ``form`` now (FULL level)."""
+def block_passes(eng: Engine, group: GroupState, prompt: Prompt, index: int, form: Form,
+                 level: Level = Level.FULL) -> bool:
+    """A reader may trust prompt block ``index`` of ``group`` in ``form`` now: at FULL its
+    bytes are checksummed; a reduced level trusts a block verified at its epoch before."""
     block = block_of(group, prompt, index)
     if block < 0:
         return False
@@ -125,7 +127,8 @@ def block_passes(eng: Engine, group: GroupState, prompt: Prompt, index: int, for
         return False
     pool = group.pools[Tier.DEVICE]
     slot = int(group.slot[Tier.DEVICE][block])
-    if not bool(pool.verify_checksum(np.array([slot]))[0]):
+    trusted = level is not Level.FULL and int(group.check[block]) == VERIFIED
+    if not trusted and not bool(pool.verify_checksum(np.array([slot]))[0]):
         return False
     profile = eng.profile
     address = data_ptr(pool.data) + int(pool.offsets(np.array([slot]))[0])
@@ -134,13 +137,14 @@ def block_passes(eng: Engine, group: GroupState, prompt: Prompt, index: int, for
     return group.target is None or references_hold(eng, group, prompt, index, block)
 
 
-def usable_by_hand(eng: Engine, text: NDArray[np.int64], below: int | None = None) -> int:
+def usable_by_hand(eng: Engine, text: NDArray[np.int64], below: int | None = None,
+                   level: Level = Level.FULL) -> int:
     """The longest candidate length (a multiple of the block sizes' LCM, short of the last
     token, which is always computed; and of ``below`` where given) at which every group's
-    reads pass."""
+    reads pass at ``level``."""
     prompt = eng.prompt(text)
-    return longest(eng, text, lambda group, index, form: block_passes(eng, group, prompt,
-                                                                      index, form), below)
+    return longest(eng, text, lambda group, index, form: block_passes(
+        eng, group, prompt, index, form, level), below)
 
 
 def hit_by_hand(eng: Engine, text: NDArray[np.int64]) -> int:
@@ -243,6 +247,31 @@ def test_full_lookup_calls_usable_exactly_what_a_brute_force_reader_trusts(
             assert lease.blocks(name).tolist() == [block_of(group, prompt, index)
                                                    for index in indices], name
         lease.validate()
+
+
+@settings(deadline=None)
+@given(data=st.data(), decl=st.sampled_from(MODELS),
+       level=st.sampled_from([Level.STANDARD, Level.FAST]))
+def test_reduced_levels_call_usable_what_the_reader_trusts_with_earlier_checks(
+        data: st.DataObject, decl: ModelDecl, level: Level) -> None:
+    """STANDARD and FAST checksum only blocks not verified at their epoch and trust the rest
+    (FAST also skips alignment only where the pools guarantee it, so it loses nothing there):
+    on any reachable state, their usable length is the reader's with that one difference.
+    It is never less than FULL's, which checksums every block (more only where device bytes
+    changed in place after their verification: what only FULL catches)."""
+    eng = engine(decl, device=data.draw(st.sampled_from([16, 64, 64]), label="device blocks"))
+    text = data.draw(st.sampled_from(PROMPTS), label="prompt")
+    text = text[: data.draw(st.integers(1, text.size), label="cut")]
+    if data.draw(st.booleans(), label="committed first"):
+        with contextlib.suppress(KvfsmError):
+            eng.commit(eng.prompt(text[: data.draw(st.integers(1, text.size), label="kept")]))
+    default_profile = eng.profile
+    drive(eng, data, data.draw(st.integers(0, 10), label="steps"))
+    if data.draw(st.booleans(), label="default profile"):
+        eng.profile = default_profile
+    expected = usable_by_hand(eng, text, level=level)
+    assert eng.lookup(eng.prompt(text), level=level).usable_tokens == expected
+    assert expected >= usable_by_hand(eng, text)
 
 
 def test_the_oracle_sees_what_a_fault_takes_away() -> None:
