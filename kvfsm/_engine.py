@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -88,7 +89,11 @@ class Engine:
         metrics: EngineMetrics | None = None,
         event_log: EventLog | None = None,
         admission: AdmissionConfig | None = None,
+        lease_clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not callable(lease_clock):
+            raise KvfsmError(f"lease_clock must be a callable returning monotonic seconds, "
+                             f"got {lease_clock!r}")
         if isinstance(model, str):
             models = shipped_models()
             if model not in models:
@@ -99,7 +104,8 @@ class Engine:
         # One caller in the core at a time (every public method holds it; reentrant, so a
         # method may call another); leases validate and release under it too.
         self._lock = threading.RLock()
-        self._leases = LeaseBook(self.core, self._lock)
+        # Leases expire on ``lease_clock`` (monotonic seconds; a test may move its own).
+        self._leases = LeaseBook(self.core, self._lock, clock=lease_clock)
         self.tiers = check_tiers(self.core, tiers or {})
         #: Runs restore plans and spills into the stored tiers (host restores need no tier).
         self.restorer = RestoreExecutor(self.core, self.tiers, workers=workers,

@@ -29,7 +29,7 @@ from kvfsm import (
     StateError,
     shipped_models,
 )
-from kvfsm.gates import GraphSignature, LeaseBook
+from kvfsm.gates import GraphSignature
 from kvfsm.spec import Event, Layout, Tier
 from kvfsm.state import GroupState
 from kvfsm.tiers import (
@@ -703,16 +703,17 @@ def test_blocks_of_another_dim_order_are_unusable_in_their_group(written: Layout
 
 
 def test_a_read_after_the_lease_expired_is_refused() -> None:
-    """A lease from a book on a clock the test moves: validate passes until the ttl runs
-    out, then raises LeaseLost and releases the pins, so the blocks may go; a lease from a
-    fresh lookup is granted again."""
+    """An engine whose leases run on a clock the test moves: validate passes until the ttl
+    runs out, then raises LeaseLost and releases the pins, so the blocks may go; a lease no
+    one validates is released by the engine's next call; a lease from a fresh lookup is
+    granted again."""
     ttl_s = 2.0
     clock = _Clock()
-    eng = engine(DENSE)
+    eng = Engine(DENSE, CoreConfig(device_blocks=64, host_blocks=16, backend="numpy"),
+                 lease_clock=clock)
     eng.commit(TEXT)
-    book = LeaseBook(eng.core, eng.lock, clock=clock)
     prompt: Prompt = eng.prompt(TEXT)
-    lease = book.take(eng.lookup(prompt), prompt, ttl_s=ttl_s)
+    lease = eng.lease(eng.lookup(prompt), prompt, ttl_s=ttl_s)
     lease.validate()  # the read starts in time
     clock.now += ttl_s / 2
     lease.validate()
@@ -721,11 +722,16 @@ def test_a_read_after_the_lease_expired_is_refused() -> None:
     assert lease.expired
     with pytest.raises(LeaseLost, match="expired"):
         lease.validate()
-    assert book.open == 0
+    assert eng.leases_open == 0
     assert int(eng.core.group("attn").pins.sum()) == 0
     first = block_id(eng, "attn", TEXT, 0)
     assert eng.core.fire("attn", [first], Event.EVICT).all()
     eng.commit(TEXT)
-    with book.take(eng.lookup(prompt), prompt, ttl_s=ttl_s) as again:
+    abandoned = eng.lease(eng.lookup(prompt), prompt, ttl_s=ttl_s)
+    clock.now += ttl_s  # its reader died: the next call gives its pins back
+    assert eng.lookup(prompt).usable_tokens == WHOLE
+    assert eng.leases_open == 0 and abandoned.expired
+    assert int(eng.core.group("attn").pins.sum()) == 0
+    with eng.lease(eng.lookup(prompt), prompt, ttl_s=ttl_s) as again:
         again.validate()
     assert eng.core.check_invariants() == []

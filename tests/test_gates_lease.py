@@ -240,6 +240,13 @@ def test_validate_refuses_a_block_a_later_lookup_saw_fail_its_checksum(name: str
     assert _pins(eng) == dict.fromkeys(eng.core.groups, 0)
 
 
+def test_an_engine_refuses_a_lease_clock_it_cannot_call() -> None:
+    with pytest.raises(KvfsmError, match="lease_clock"):
+        Engine(shipped_models()["dense"], CoreConfig(device_blocks=8, host_blocks=0,
+                                                     backend="numpy"),
+               lease_clock=1.5)  # type: ignore[arg-type]
+
+
 def test_index_targets_outside_the_window_are_held_and_checked() -> None:
     """An index pointing into a sliding window: its targets before the window are not read
     as window blocks, but the index reads them, so they are pinned through it, and their
