@@ -12,6 +12,7 @@ import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from kvfsm import _args
 from kvfsm._engine_commit import Committer, PayloadFn, zero_payload
 from kvfsm._engine_tiers import EngineTiers, check_tiers
 from kvfsm._errors import KvfsmError, LeaseLost
@@ -109,7 +110,7 @@ class Engine:
         self.tiers = check_tiers(self.core, tiers or {})
         #: Runs restore plans and spills into the stored tiers (host restores need no tier).
         self.restorer = RestoreExecutor(self.core, self.tiers, workers=workers,
-                                        make_room=self.give_back, lock=self._lock)
+                                        make_room=self._make_room, lock=self._lock)
         self._stored = EngineTiers(self.core, self.tiers, self.restorer)
         self._committer = Committer(self.core, self._stored)
         # Compile the lookup's kernels now (or load them from the disk cache), not during the
@@ -163,6 +164,10 @@ class Engine:
         """The verdict for ``prompt``; ``level`` defaults to the policy's level for
         ``priority``. The checksums the lookup computed are recorded in the core, so a block
         seen failing is unusable at every level until its content changes."""
+        if priority.__class__ is not int:
+            priority = _args.integer("priority", priority)
+        if drop_last_block.__class__ is not bool:
+            drop_last_block = _args.flag("drop_last_block", drop_last_block)
         chosen = self.policy.level_for(priority) if level is None else as_level(level)
         prompt = self._own(prompt)
         if self.tiers:
@@ -217,8 +222,9 @@ class Engine:
     @_locked
     def record_prefill(self, tokens: int, seconds: float) -> None:
         """The model computed ``tokens`` prompt tokens in ``seconds`` (what :meth:`plan`
-        prices recomputation with)."""
-        self.admission.record_prefill(tokens, seconds)
+        prices recomputation with; a measurement of no tokens or no time is ignored)."""
+        self.admission.record_prefill(_args.count("tokens", tokens),
+                                      _args.seconds("seconds", seconds))
 
     def _restored(self, group: str, tier: Tier, outcomes: Mapping[str, int], nbytes: int,
                   seconds: float) -> None:
@@ -286,6 +292,13 @@ class Engine:
         back, spilling or forgetting ``prompt``'s own blocks), host copies land at once, disk
         and remote copies load on worker threads. ``ticket.wait(group, timeout)`` settles
         them; a block whose copy fails stays unusable and the next lookup recomputes from it."""
+        if not isinstance(verdict, Verdict):
+            raise KvfsmError(f"restore needs a Verdict (from Engine.lookup), got "
+                             f"{type(verdict).__name__}")
+        probe = verdict.probe
+        if probe is not None and probe.core() is not self.core:
+            raise KvfsmError("this verdict was made by another engine's lookup: its plan names "
+                             "that engine's blocks; look the prompt up on this engine")
         return self._stored.restore(verdict, None if prompt is None else self._own(prompt))
 
     def _forget_evicted(self) -> None:
@@ -294,13 +307,15 @@ class Engine:
         self._stored.forget_evicted()
 
     @_locked
-    def spill_down(self, group: str, tier: Tier, count: int, keep: ArrayLike = ()) -> int:
-        """Move up to ``count`` least recently used unpinned blocks resident in ``tier`` (never
-        one of ``keep``) one tier down (host -> disk, disk -> remote) through the stored tiers,
-        making room there first the same way; where no tier below takes them, blocks on disk
-        are forgotten (their files stay until the disk's own cap evicts them). Returns the
-        blocks moved or dropped."""
-        return self._stored.spill_down(group, tier, count, keep)
+    def spill_down(self, group: str, tier: Tier | str, count: int, keep: ArrayLike = ()
+                   ) -> int:
+        """Move up to ``count`` (an int >= 0) least recently used unpinned blocks resident in
+        ``tier`` (a Tier or its name), never one of ``keep``, one tier down (host -> disk,
+        disk -> remote) through the stored tiers, making room there first the same way; where
+        no tier below takes them, blocks on disk are forgotten (their files stay until the
+        disk's own cap evicts them). Returns the blocks moved or dropped."""
+        return self._stored.spill_down(group, _args.tier("tier", tier), _args.count("count", count),
+                                       keep)
 
     @_locked
     def offload(self, group: str, ids: ArrayLike, keep: ArrayLike = ()) -> NDArray[np.bool_]:
@@ -377,9 +392,15 @@ class Engine:
         return self._committer.commit(self._own(prompt), payload=payload, groups=groups)
 
     @_locked
-    def give_back(self, group: str, count: int, keep: ArrayLike = ()) -> int:
-        """Free up to ``count`` device slots of ``group``: unpinned invalid blocks first, then
-        the least recently used unpinned ones, spilled a tier down where there is room (still
-        a hit, restorable), else evicted; never a block of ``keep``. Returns the blocks given
-        back (commit uses it for room; a restore executor can too)."""
+    def _make_room(self, group: str, count: int, keep: ArrayLike = ()) -> int:
+        """The restore executor's room maker (it holds the lock): a count of 0 or below asks
+        for nothing."""
         return self._committer.give_back(group, count, keep)
+
+    @_locked
+    def give_back(self, group: str, count: int, keep: ArrayLike = ()) -> int:
+        """Free up to ``count`` (an int >= 0) device slots of ``group``: unpinned invalid
+        blocks first, then the least recently used unpinned ones, spilled a tier down where
+        there is room (still a hit, restorable), else evicted; never a block of ``keep``.
+        Returns the blocks given back (commit uses it for room; a restore executor can too)."""
+        return self._committer.give_back(group, _args.count("count", count), keep)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import numpy as np
 import pytest
@@ -21,7 +23,7 @@ from kvfsm.spec import (
     shipped_models,
 )
 from kvfsm.state import NO_TARGET, CoreConfig, StateError
-from kvfsm.verify import Level, Reason
+from kvfsm.verify import Level, Prompt, Reason
 from tests.verify_models import (
     DEEPSEEK,
     DENSE,
@@ -489,3 +491,73 @@ def test_a_speculative_drop_on_compressed_history_lands_on_the_previous_boundary
     eng.commit(prompt)
     verdict = eng.lookup(prompt, drop_last_block=True)
     assert (verdict.usable_tokens, verdict.restorable_tokens) == (256, 256)
+
+
+def _snapshot(eng: Engine) -> dict[str, list[list[int]]]:
+    """Every group's states, epochs, pins and device slots, and the admission's prefill rate."""
+    out = {name: [state.states.tolist(), state.epoch.tolist(), state.pins.tolist(),
+                  state.slot[Tier.DEVICE].tolist()] for name, state in eng.core.groups.items()}
+    out["admission"] = [[int(eng.admission.measured_prefills)]]
+    return out
+
+
+@pytest.mark.parametrize(("call", "named"), [
+    (lambda eng, prompt: eng.lookup(prompt, priority="high"), "priority"),
+    (lambda eng, prompt: eng.lookup(prompt, priority=None), "priority"),
+    (lambda eng, prompt: eng.lookup(prompt, priority=1.5), "priority"),
+    (lambda eng, prompt: eng.plan(prompt, priority=True), "priority"),
+    (lambda eng, prompt: eng.lookup(prompt, drop_last_block="yes"), "drop_last_block"),
+    (lambda eng, prompt: eng.give_back("attn", -1), "count"),
+    (lambda eng, prompt: eng.give_back("attn", 2.0), "count"),
+    (lambda eng, prompt: eng.spill_down("attn", Tier.HOST, -3), "count"),
+    (lambda eng, prompt: eng.spill_down("attn", "moon", 1), "tier"),
+    (lambda eng, prompt: eng.spill_down("attn", 7, 1), "tier"),
+    (lambda eng, prompt: eng.record_prefill(-5, 1.0), "tokens"),
+    (lambda eng, prompt: eng.record_prefill(5, float("nan")), "seconds"),
+    (lambda eng, prompt: eng.record_prefill(5, -1.0), "seconds"),
+    (lambda eng, prompt: eng.restore("a verdict", prompt), "Verdict"),
+])
+def test_a_bad_argument_is_a_kvfsm_error_naming_it_and_changes_nothing(
+        call: Callable[[Engine, Prompt], object], named: str) -> None:
+    """Counts, tiers, flags, priorities and measurements of the wrong type or range are a
+    KvfsmError that names the argument, raised before anything moves."""
+    eng = engine(DENSE, host=8)
+    prompt = eng.prompt(tokens(161))
+    eng.commit(prompt)
+    before = _snapshot(eng)
+    with pytest.raises(KvfsmError, match=named):
+        call(eng, prompt)
+    assert _snapshot(eng) == before
+
+
+def test_plain_arguments_take_their_usual_spellings() -> None:
+    """NumPy integers serve as counts and priorities, tier names as tiers (any case), and a
+    measurement of no tokens or no time is ignored."""
+    eng = engine(DENSE, host=8)
+    prompt = eng.prompt(tokens(161))
+    eng.commit(prompt)
+    assert eng.lookup(prompt, priority=np.int64(20)).level is Level.FULL
+    assert eng.give_back("attn", np.int32(2)) == 2
+    assert eng.spill_down("attn", "HOST", np.int64(0)) == 0
+    eng.record_prefill(0, 0.0)
+    assert eng.admission.measured_prefills == 0
+
+
+def test_restoring_another_engines_verdict_is_refused() -> None:
+    """A verdict's plan names its own engine's block ids: restored on another engine it would
+    move that engine's unrelated blocks, so it is a KvfsmError and nothing moves."""
+    first, second = engine(DENSE, host=8), engine(DENSE, host=8)
+    text = tokens(161)
+    for eng in (first, second):
+        prompt = eng.prompt(text)
+        eng.commit(prompt)
+        eng.give_back("attn", 10)  # device -> host: the next verdicts plan restores
+    verdict = first.lookup(first.prompt(text))
+    assert verdict.plan
+    before = _snapshot(second)
+    with pytest.raises(KvfsmError, match="another engine"):
+        second.restore(verdict, second.prompt(text))
+    assert _snapshot(second) == before
+    assert verdict.restorable_tokens > verdict.usable_tokens
+    first.restore(verdict, first.prompt(text)).wait()
+    assert first.lookup(first.prompt(text)).usable_tokens == verdict.restorable_tokens

@@ -240,7 +240,8 @@ class Race:
                 high, low = prompt.words(history.decl.block_size)
                 known = self.core.lookup_words("history", high, low)
                 missing = np.flatnonzero(known < 0)
-                self.eng.give_back("history", missing.size - history.pools[Tier.DEVICE].free,
+                self.eng.give_back("history",
+                                   max(missing.size - history.pools[Tier.DEVICE].free, 0),
                                    known[known >= 0])
                 if missing.size and missing.size <= history.pools[Tier.DEVICE].free:
                     ids = self.core.allocate("history", missing, high[missing], low[missing])
