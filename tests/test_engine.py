@@ -516,6 +516,8 @@ def _snapshot(eng: Engine) -> dict[str, list[list[int]]]:
     (lambda eng, prompt: eng.record_prefill(5, float("nan")), "seconds"),
     (lambda eng, prompt: eng.record_prefill(5, -1.0), "seconds"),
     (lambda eng, prompt: eng.restore("a verdict", prompt), "Verdict"),
+    (lambda eng, prompt: eng.lookup(prompt, kernel_layouts=["attn"]), "kernel_layouts"),
+    (lambda eng, prompt: eng.core.fire("attn", [0], "evict", masked="yes"), "masked"),
 ])
 def test_a_bad_argument_is_a_kvfsm_error_naming_it_and_changes_nothing(
         call: Callable[[Engine, Prompt], object], named: str) -> None:
@@ -561,3 +563,13 @@ def test_restoring_another_engines_verdict_is_refused() -> None:
     assert verdict.restorable_tokens > verdict.usable_tokens
     first.restore(verdict, first.prompt(text)).wait()
     assert first.lookup(first.prompt(text)).usable_tokens == verdict.restorable_tokens
+
+
+@pytest.mark.parametrize(("model", "config", "named"), [
+    ("dense", {"device_blocks": 4}, "CoreConfig"),
+    ({"name": "dense"}, None, "ModelDecl"),
+])
+def test_an_engine_of_the_wrong_kind_of_model_or_config_is_a_kvfsm_error(
+        model: object, config: object, named: str) -> None:
+    with pytest.raises(KvfsmError, match=named):
+        Engine(model, config)  # type: ignore[arg-type]

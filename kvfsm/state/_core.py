@@ -183,6 +183,11 @@ class StateCore:
         lifecycles: Mapping[str, Lifecycle] | None = None,
         backend: Backend | None = None,
     ) -> None:
+        if not isinstance(model, ModelDecl):
+            raise KvfsmError(f"StateCore needs a ModelDecl (load_model, shipped_models), got "
+                             f"{type(model).__name__}")
+        if config is not None and not isinstance(config, CoreConfig):
+            raise KvfsmError(f"config must be a CoreConfig, got {type(config).__name__}")
         self.model = model
         self.config = config or CoreConfig()
         known = dict(shipped_lifecycles()) if lifecycles is None else dict(lifecycles)
@@ -366,6 +371,8 @@ class StateCore:
         if ev is Event.ALLOCATE or ev in DISCOVER_EVENT.values():
             raise KvfsmError(f"{group}: use StateCore.allocate / discover, which also record "
                              f"the block's identity, rather than firing {ev.spec_name!r}")
+        if masked.__class__ is not bool:
+            raise KvfsmError(f"{group}: masked must be True or False, got {masked!r}")
         batch = self._ids(state, ids, unique=False)  # the machine refuses repeats itself
         return state.machine.fire_batch(batch, ev, masked=masked)
 

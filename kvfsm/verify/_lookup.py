@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Mapping
 from typing import Final
 
 import numpy as np
@@ -79,7 +80,10 @@ def as_level(level: Level | str) -> Level:
 
 
 def check_kernel_layouts(core: StateCore, kernel_layouts: KernelLayouts | None) -> None:
-    """Every group ``kernel_layouts`` names exists and maps to a Layout."""
+    """``kernel_layouts`` maps groups of the core to Layouts."""
+    if kernel_layouts is not None and not isinstance(kernel_layouts, Mapping):
+        raise KvfsmError(f"kernel_layouts must map group names to Layouts, got "
+                         f"{type(kernel_layouts).__name__}")
     for name, layout in (kernel_layouts or {}).items():
         core.group(name)  # names the groups when it does not exist
         if not isinstance(layout, Layout):
