@@ -79,6 +79,9 @@ _NO_CHECKED = np.ones(0, dtype=np.bool_)
 _SCALAR_ORDER = (CHAIN_BLOCKS, NEEDS_CHECKSUMS, PLAN_CHANGES, ASKED_KEPT, LARGEST_HIT,
                  LARGEST_NOW, LARGEST_AFTER, ALL_SETTLED, RESTORES_TOTAL)
 assert tuple(range(N_SCALARS)) == _SCALAR_ORDER, "GroupEval unpacks the scalars in this order"
+#: The levels the evaluation compares against (a module global reads faster than an enum's
+#: member on every lookup).
+_FULL, _FAST = Level.FULL, Level.FAST
 #: Statics kept per group: one per reading layout and device profile a caller uses.
 _MAX_STATICS = 64
 
@@ -324,22 +327,31 @@ class GroupEval:
         statics: Statics | None = None,
         capped: bool | None = None,
     ) -> None:
+        if statics is None:
+            statics = statics_for(group, kernel_layout or group.decl.layout, profile)
+        if spans is None or spans.n != high.size or spans.lo.size != lengths.size:
+            spans = Spans(group.rule.needed(group.decl, lengths), high.size)
+        self._evaluate(group, high, low, lengths, level, profile, history, checksums, spans,
+                       statics, group.budget.capped if capped is None else capped)
+
+    def _evaluate(self, group: GroupState, high: NDArray[np.uint64], low: NDArray[np.uint64],
+                  lengths: NDArray[np.int64], level: Level, profile: DeviceProfile,
+                  history: GroupEval | None, checksums: bool, spans: Spans, statics: Statics,
+                  capped: bool) -> None:
+        """The evaluation itself, from arguments already checked (:func:`evaluate` calls it
+        directly: a lookup makes one per group, and every keyword costs on that path)."""
         self.group = group
         self.decl = decl = group.decl
         self.lengths = lengths
         # Every complete block of the prompt: candidates use the first lengths[-1] // size, the
         # rest tells how far this group's chain reaches.
-        self.n = n = high.size
+        self.n = high.size
         #: The prompt's hash words of this group's blocks.
         self.words = (high, low)
-        if statics is None:
-            statics = statics_for(group, kernel_layout or decl.layout, profile)
         self._statics = statics
-        if spans is None or spans.n != n or spans.lo.size != lengths.size:
-            spans = Spans(group.rule.needed(decl, lengths), n)
         self.spans = spans
         self._history = history
-        self._capped = capped = group.budget.capped if capped is None else capped
+        self._capped = capped
         # The admission budget is asked of the group only where the plan restores something
         # (see BUDGET_UNKNOWN), or where caps make every plan's restores count.
         self._budget = group.restore_budget() if capped else BUDGET_UNKNOWN
@@ -350,8 +362,8 @@ class GroupEval:
         # caller names none), 1, 3 and 4, and what each block's state allows, in one pass;
         # a second where device checks must be computed here.
         check_alignment = not statics.aligned and \
-            not (level is Level.FAST and statics.restore_aligned)
-        if check_alignment or scalars[NEEDS_CHECKSUMS] or (checksums and level is Level.FULL):
+            not (level is _FAST and statics.restore_aligned)
+        if check_alignment or scalars[NEEDS_CHECKSUMS] or (checksums and level is _FULL):
             # Device checks computed here over the readable blocks' slots, then the pass again
             # with their answers.
             ids = self.ids
@@ -417,16 +429,17 @@ class GroupEval:
 
     def _pass(self, checked_ok: Bools | None, check_mode: int) -> list[int]:
         """One group pass (the probe included) into a fresh array; returns its scalars."""
-        group, n, history = self.group, self.n, self._history
-        self._has_index = has_index = history is not None and n > 0 and group.target is not None
-        if history is not None and has_index:
+        history = self._history
+        if history is not None and self.n > 0 and self.group.target is not None:
+            self._has_index = True
             # The history's own output: the pass reads its ids and settled row there, laid
             # out for the history's lengths (which must be these: the pass reads by them).
             if history.lengths.size != self.lengths.size:
-                raise ValueError(f"group {group.name!r}: its history was evaluated over "
+                raise ValueError(f"group {self.group.name!r}: its history was evaluated over "
                                  f"{history.lengths.size} lengths, not {self.lengths.size}")
             history_out, n_history, all_settled = history._out, history.n, history.all_settled
         else:
+            self._has_index = False
             history_out, n_history, all_settled = _NO_HISTORY, 0, True
         spans = self.spans
         # Sized by the spans (made for these n blocks and lengths): the kernel writes by them.
@@ -438,13 +451,13 @@ class GroupEval:
         run = group_pass.compiled if jit_settings.enabled else group_pass.twin
         run(high, low, *self._statics.arrays, history_out, n_history,
             _NO_CHECKED if checked_ok is None else checked_ok, spans.rows, check_mode,
-            checked_ok is not None, has_index, all_settled, self._budget, self._capped, out)
+            checked_ok is not None, self._has_index, all_settled, self._budget, self._capped,
+            out)
         scalars: list[int] = out[:N_SCALARS].tolist()
-        total = scalars[RESTORES_TOTAL]
-        if total and self._budget == BUDGET_UNKNOWN:
+        if scalars[RESTORES_TOTAL] and self._budget == BUDGET_UNKNOWN:
             # The plan restores something: its total against the budget (asked once).
-            self._budget = group.restore_budget()
-            if total > self._budget:
+            self._budget = self.group.restore_budget()
+            if scalars[RESTORES_TOTAL] > self._budget:
                 return self._pass(checked_ok, check_mode)  # again, filtered by the budget
         return scalars
 
@@ -607,3 +620,19 @@ class GroupEval:
                 int(self.group.check[self.ids[index]]) == FAILED:
             return Reason.CHECKSUM_MISMATCH  # seen failing by an earlier lookup
         return None
+
+
+def evaluate(group: GroupState, high: NDArray[np.uint64], low: NDArray[np.uint64],
+             lengths: NDArray[np.int64], level: Level, profile: DeviceProfile,
+             history: GroupEval | None, checksums: bool, spans: Spans, statics: Statics,
+             capped: bool) -> GroupEval:
+    """A :class:`GroupEval` from arguments a lookup has already made and checked: ``spans``
+    for these ``high.size`` blocks and ``lengths``, ``statics`` the group's for the layout
+    read and ``profile`` (what the constructor checks and fills in, skipped)."""
+    evaluation = _new_eval(GroupEval)
+    evaluation._evaluate(group, high, low, lengths, level, profile, history, checksums, spans,
+                         statics, capped)
+    return evaluation
+
+
+_new_eval = object.__new__

@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from kvfsm._errors import KvfsmError
 from kvfsm.spec import Form, Layout, Tier
 from kvfsm.state import StateCore
-from kvfsm.verify._group_eval import GroupEval, Spans, Statics, spans_for, statics_for
+from kvfsm.verify._group_eval import GroupEval, Spans, Statics, evaluate, spans_for, statics_for
 from kvfsm.verify._group_pass import AFTER, HIT, NOW
 from kvfsm.verify._prompt import Prompt
 from kvfsm.verify._types import (
@@ -113,26 +113,27 @@ def lookup(
         check_kernel_layouts(core, kernel_layouts)
     layout = _layout_of(core)
     prompt.check_made_for(core.seed, layout.block_sizes, "engine")
-    profile = profile or _DEFAULT_PROFILE
+    if profile is None:
+        profile = _DEFAULT_PROFILE
     n_tokens = prompt.n_tokens
     last = n_tokens - 1 if n_tokens > 1 else 0  # the last prompt token is always computed
     step = layout.step
     count = last // step + 1
     lengths, every_spans = layout.spans_at(n_tokens, count)
     capped = core.restore_budget.capped
-    evals: dict[str, GroupEval] = {}
+    made: list[GroupEval] = []
     # Groups whose blocks point into another group come after it (the index check reads the
-    # prompt's blocks of the target group).
-    for (group, decl, target, known_here), spans in zip(layout.groups, every_spans,
-                                                         strict=True):
+    # prompt's blocks of the target group, ``made[target_at]``).
+    for (group, decl, target_at, known_here), spans in zip(layout.groups, every_spans,
+                                                            strict=True):
         high, low = prompt.words(decl.block_size)
         reads = (kernel_layouts.get(decl.name) if kernel_layouts else None) or decl.layout
-        evals[decl.name] = GroupEval(
-            core, group, high, low, lengths, level=level, kernel_layout=reads,
-            profile=profile, history=evals.get(target) if target else None, checksums=checksums,
-            spans=spans if spans.n == high.size else spans_for(group, high.size, lengths, step),
-            statics=statics_for(group, reads, profile, known_here), capped=capped)
-    every = tuple(evals.values())
+        made.append(evaluate(
+            group, high, low, lengths, level, profile,
+            made[target_at] if target_at >= 0 else None, checksums,
+            spans if spans.n == high.size else spans_for(group, high.size, lengths, step),
+            statics_for(group, reads, profile, known_here), capped))
+    every = tuple(made)
     hit_at, usable_at, after_at = _common_lasts(every)
     admitted = _admitted(core, every) if capped else True
     restorable_at = after_at if admitted is True else _largest(_and(every, AFTER) & admitted)
@@ -161,6 +162,7 @@ def lookup(
     if hit == final and hit > 0:
         reasons.append(_prompt_end(hit))
     # Why not the hit, and why not the whole prompt (the windows of the two differ).
+    evals = {e.decl.name: e for e in every} if usable < final or restorable > usable else {}
     if usable < final:
         listed = set()
         for length in (hit, final):
@@ -198,8 +200,15 @@ class _Layout:
         self.core = weakref.ref(core)
         self.order = tuple(sorted(core.groups.values(), key=lambda g: g.rule.has_targets))
         statics: tuple[dict[tuple[int, int], Statics], ...] = tuple({} for _ in self.order)
-        self.groups = tuple((group, group.decl, group.decl.target_group or None, known_here)
-                            for group, known_here in zip(self.order, statics, strict=True))
+        names = [group.decl.name for group in self.order]
+        #: Per group in lookup order: its state, its declaration, the position in this order
+        #: of the group its blocks point into (-1: none; always an earlier one) and its
+        #: statics cache.
+        self.groups = tuple(
+            (group, group.decl,
+             names.index(group.decl.target_group) if group.decl.target_group else -1,
+             known_here)
+            for group, known_here in zip(self.order, statics, strict=True))
         self.block_sizes = tuple(sorted({g.block_size for g in core.model.groups}))
         self.step = core.model.lcm_block_size
         self.prefix_at = tuple(i for i, g in enumerate(self.order) if g.rule.prefix_hit)
