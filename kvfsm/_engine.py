@@ -168,8 +168,10 @@ class Engine:
             priority = _args.integer("priority", priority)
         if drop_last_block.__class__ is not bool:
             drop_last_block = _args.flag("drop_last_block", drop_last_block)
-        chosen = self.policy.level_for(priority) if level is None else \
-            level if level.__class__ is Level else as_level(level)
+        if level is None:
+            chosen = self.policy.level_for(priority)
+        else:
+            chosen = level if level.__class__ is Level else as_level(level)
         prompt = self._own(prompt)
         if self.tiers:
             self.restorer.poll()  # loads that finished since: their blocks are readable now

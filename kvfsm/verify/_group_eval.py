@@ -454,10 +454,11 @@ class GroupEval:
             checked_ok is not None, self._has_index, all_settled, self._budget, self._capped,
             out)
         scalars: list[int] = out[:N_SCALARS].tolist()
-        if scalars[RESTORES_TOTAL] and self._budget == BUDGET_UNKNOWN:
+        total = scalars[RESTORES_TOTAL]
+        if total and self._budget == BUDGET_UNKNOWN:
             # The plan restores something: its total against the budget (asked once).
             self._budget = self.group.restore_budget()
-            if scalars[RESTORES_TOTAL] > self._budget:
+            if total > self._budget:
                 return self._pass(checked_ok, check_mode)  # again, filtered by the budget
         return scalars
 

@@ -202,7 +202,8 @@ class _Layout:
         statics: tuple[dict[tuple[int, int], Statics], ...] = tuple({} for _ in self.order)
         names = [group.decl.name for group in self.order]
         #: Per group in lookup order: its state, its declaration, the position in this order
-        #: of the group its blocks point into (-1: none; always an earlier one) and its
+        #: of the group its blocks point into (-1: none; always an earlier one: a model's
+        #: sparse index may not point into another sparse index) and its
         #: statics cache.
         self.groups = tuple(
             (group, group.decl,
