@@ -601,10 +601,14 @@ def test_a_chunk_pinned_to_the_limit_refuses_the_lease_and_pins_nothing() -> Non
     verdict = eng.lookup(prompt)
     chunk = int(ids[100]) >> 6
     group._blocks.chunk_pins[chunk] = MAX_PINS
+    # Pins and recency are one pass: a refusal must leave the recency as it was, too.
+    used, after, now = group.last_use.copy(), group.recency.next.copy(), group.clock.now
     with pytest.raises(StateError, match="pins"):
         eng.lease(verdict, prompt)
     group._blocks.chunk_pins[chunk] = 0
     assert int(group.pins.sum()) == 0 and eng.leases_open == 0
+    assert np.array_equal(group.last_use, used) and np.array_equal(group.recency.next, after)
+    assert group.clock.now == now
     with eng.lease(verdict, prompt):
         assert int(group.pins.sum()) == ids.size
 
@@ -736,3 +740,26 @@ def test_the_docs_lease_example_runs() -> None:
     namespace: dict[str, object] = {"__name__": "doc"}
     for number, code in enumerate(blocks, start=1):
         exec(compile(code, f"leases.md python block #{number}", "exec"), namespace)
+
+
+def test_a_lease_marks_its_blocks_used_in_the_pass_that_pins_them() -> None:
+    """Taking a lease is a use: the blocks it pins (one run here, pinned by whole chunks)
+    carry the newest use stamp and sit at the young end of their recency list, in prompt
+    order, so a give-back reaches them last; other prompts' blocks keep their stamps."""
+    eng = _run_engine()
+    other, other_ids = _long_prompt(eng, 40, seed=6)
+    prompt, ids = _long_prompt(eng, 200, seed=7)
+    eng.lease(eng.lookup(other), other).release()  # the other prompt used last...
+    group = eng.core.group("attn")
+    before = group.last_use[other_ids].copy()
+    with eng.lease(eng.lookup(prompt), prompt) as lease:  # ...until this one
+        assert np.array_equal(lease.blocks("attn"), ids)
+        assert (group.last_use[ids] == group.clock.now).all()
+        assert (group.last_use[other_ids] == before).all() and before.max() < group.clock.now
+        listed = int(group.recency.list_of_state[group.states[ids[0]]])
+        tail, order = int(group.recency.tail[listed]), []
+        while tail >= 0 and len(order) < ids.size:
+            order.append(tail)
+            tail = int(group.recency.prev[tail])
+        assert order[::-1] == ids.tolist()
+    eng.core.assert_invariants()

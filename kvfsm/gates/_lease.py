@@ -37,7 +37,7 @@ from kvfsm.state._lease_pins import (
     WRONG_FORM,
     first_moved,
     pin_if_usable,
-    pin_unchanged,
+    take_unchanged,
     unpin_unmoved,
 )
 from kvfsm.verify import ProbedGroup, Prompt, Verdict
@@ -71,11 +71,13 @@ class _Held(NamedTuple):
     #: of the group moved, so each of ``ids`` is still at its epoch and state.
     changes: int = -1
     #: ``pinned`` is one run of consecutive ids, pinned by whole chunks but for its ends
-    #: (:func:`~kvfsm.state._lease_pins.pin_unchanged`); given back the same way.
+    #: (:func:`~kvfsm.state._lease_pins.take_unchanged`); given back the same way.
     run: bool = False
     #: ``ids`` are consecutive and all at one epoch (the event log writes the read as runs
     #: without scanning them).
     one_run: bool = False
+    #: Touched (used now) in the pass that pinned them.
+    touched: bool = False
 
     @property
     def group(self) -> str:
@@ -263,7 +265,7 @@ class LeaseBook:
         #: The earliest expiry among open leases (reap does nothing before it).
         self._next_expiry = _NEVER
         #: The pin pass's answer (used under the lock).
-        self._answer = np.empty(3, dtype=np.int64)
+        self._answer = np.empty(4, dtype=np.int64)
 
     def refused(self, lost: LeaseLost) -> None:
         if self.on_refusal is not None:
@@ -286,7 +288,10 @@ class LeaseBook:
         Raises :class:`~kvfsm.LeaseLost` (nothing pinned) where a block needed at
         ``verdict.usable_tokens`` is no longer cached, readable in the form the kernel reads,
         free of a failed checksum, or (an index) pointing at targets still at their epochs:
-        it changed since the lookup; look up again.
+        it changed since the lookup; look up again. A :class:`StateError` where a block
+        already holds ``MAX_PINS`` pins: nothing is pinned, though groups before that one
+        may have been marked used (their recency refreshed; each group's pins and use are
+        one pass).
         """
         if not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not ttl_s > 0:
             raise KvfsmError(f"lease ttl_s must be a number of seconds > 0, got {ttl_s!r}")
@@ -367,11 +372,12 @@ class LeaseBook:
         try:
             for group, state in zip(groups, states, strict=True):
                 assert state is not None
-                run = one_run = False
-                if group.changes == state.changes:
-                    # Nothing changed since the lookup: every block is as it saw it (usable).
-                    first, run, one_run = pin_unchanged(state, group.ids, group.epochs, answer)
-                    why = PINNED_FULL
+                run = one_run = touched = False
+                if group.changes == state.changes and group.ids.size:
+                    # Nothing changed since the lookup: every block is as it saw it (usable);
+                    # pinned and touched in one pass.
+                    first, run, one_run = take_unchanged(state, group.ids, group.epochs, answer)
+                    why, touched = PINNED_FULL, True
                 else:
                     first, why = pin_if_usable(state, group.ids, group.epochs,
                                                group.cut - group.lo)
@@ -384,13 +390,14 @@ class LeaseBook:
                     raise lost
                 # Positional, in field order: one per group on every take.
                 held.append(_Held(state, group.ids, group.lo, group.ids, group.epochs, True,
-                                  state.changes, run, one_run))
+                                  state.changes, run, one_run, touched))
         except Exception:
-            for taken in held:  # pinned before the refusal
+            # Pinned before the refusal (groups before it stay touched: recency only).
+            for taken in held:
                 unpin_unmoved(taken.state, taken.pinned, taken.epochs, taken.run)
             raise
         for taken in held:
-            if taken.pinned.size:
+            if taken.pinned.size and not taken.touched:
                 # The core's own ids, just checked: no conversion or range check again.
                 taken.state.touch(taken.pinned)
         return tuple(held)

@@ -10,7 +10,7 @@ histograms) and the serving demo's exposition (``kvfsm_lookups``, ``kvfsm_hit_to
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -187,6 +187,9 @@ class EngineMetrics:
 
     def read(self, group: str, ids: NDArray[np.intp], epochs: NDArray[np.uint32]) -> None:
         """Reads are not counted here (lease outcomes are)."""
+
+    def read_runs(self, runs: Sequence[tuple[str, int, int, int]]) -> None:
+        """Nor runs of reads (a validated lease's: one call, not one per group)."""
 
     def exposition(self) -> bytes:
         """The registry's metrics in the Prometheus text format."""

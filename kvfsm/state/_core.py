@@ -419,15 +419,13 @@ class StateCore:
         ``(group, first, count, epoch)``, with no array to scan."""
         if not self._observers:
             return
+        # Runs are made once for every observer that takes them.
+        runs = [(group, int(ids[0]), ids.size, int(epochs[0]))
+                for group, ids, epochs, one_run in reads if one_run and ids.size]
         for observer in self._observers:
             read_runs = getattr(observer, "read_runs", None)
-            runs = []
             for group, ids, epochs, one_run in reads:
-                if not ids.size:
-                    continue
-                if one_run and read_runs is not None:
-                    runs.append((group, int(ids[0]), ids.size, int(epochs[0])))
-                else:
+                if ids.size and not (one_run and read_runs is not None):
                     observer.read(group, ids, epochs)
             if runs and read_runs is not None:
                 read_runs(runs)

@@ -1,16 +1,17 @@
-"""Pins for leases, in one compiled pass per group: check what a lookup saw and pin it, give it
+"""Pins for leases, in compiled passes per group: check what a lookup saw and pin it, give it
 back, and tell whether it is still as pinned.
 
 A lease pins the blocks a verdict called usable (see :mod:`kvfsm.gates`). The lookup already
 found their ids and epochs; a lease made from them proves with one gather per block that
 nothing moved since (every row that changes a block's content, frees it or makes it unreadable
-bumps its epoch or its state) and pins exactly those blocks. Unlike :meth:`StateCore.pin`, a
-pin here never pins an index block's targets through its references: the lease pins those
-targets directly, as blocks of the prompt's history it reads anyway (the caller checks that
-they are), so a lease costs its blocks, not their references. A lease gives back exactly
-what it pinned with :func:`unpin_unmoved`; nothing else may release these pins.
+bumps its epoch or its state) and pins exactly those blocks. Where nothing in the group changed
+since the lookup, only the pin limit is left to check, and the pins are taken in the same pass
+that marks the blocks used (:mod:`kvfsm.state._touch`). Unlike :meth:`StateCore.pin`, a pin
+here never pins an index block's targets through its references: the lease pins those targets
+directly, as blocks of the prompt's history it reads anyway (the caller checks that they are),
+so a lease costs its blocks, not their references. A lease gives back exactly what it pinned
+with :func:`unpin_unmoved`; nothing else may release these pins.
 """
-
 from __future__ import annotations
 
 from typing import Final
@@ -18,9 +19,11 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm._errors import KvfsmError
 from kvfsm._jit import kernel, read_only
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
 from kvfsm.state._group import FAILED, MAX_PINS, PIN_CHUNK_SHIFT, GroupState
+from kvfsm.state._touch import chunk_bounds, run_ids, touch_kernel
 
 IdArray = NDArray[np.intp]
 
@@ -158,21 +161,6 @@ def first_moved_kernel(ids: IdArray, recorded: NDArray[np.uint32], states: NDArr
             return
 
 
-def _run_ids(rng: np.random.Generator, n_blocks: int, shift: int) -> IdArray:
-    """Distinct ids, often one run of consecutive ids spanning whole chunks of ``1 << shift``
-    ids (a lease's usual blocks), else a random set."""
-    if rng.random() < 0.6:
-        first = int(rng.integers(0, n_blocks))
-        return np.arange(first, int(rng.integers(first, n_blocks + 1)), dtype=np.intp)
-    return rng.permutation(n_blocks)[: int(rng.integers(0, n_blocks + 1))].astype(np.intp)
-
-
-def chunk_bounds(first: int, count: int, shift: int) -> tuple[int, int]:
-    """The whole chunks (of ``1 << shift`` ids) inside the ids ``[first, first + count)``,
-    as ``[lo_chunk, hi_chunk)`` (empty when ``hi_chunk <= lo_chunk``)."""
-    return (first + (1 << shift) - 1) >> shift, (first + count) >> shift
-
-
 def _pins_example() -> tuple[object, ...]:
     return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint32),
             read_only(np.zeros(1, dtype=np.uint32)), np.zeros(1, dtype=np.uint16),
@@ -181,10 +169,10 @@ def _pins_example() -> tuple[object, ...]:
 
 def _pins_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     """Distinct blocks with pins to give (some at 0), some moved off their recorded epoch;
-    where they are one run over whole chunks, given back as :func:`pin_run_kernel` took
-    them (its ends one by one, its chunks whole)."""
+    where they are one run over whole chunks, given back as a pinning touch
+    took them (its ends one by one, its chunks whole)."""
     n_blocks, shift = int(rng.integers(1, 24)), int(rng.integers(1, 3))
-    ids = _run_ids(rng, n_blocks, shift)
+    ids = run_ids(rng, n_blocks)
     epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
     recorded = epoch[ids].copy()
     recorded[rng.random(ids.size) < 0.2] += 1
@@ -213,10 +201,10 @@ def _unpin_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.ui
 def unpin_kernel(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
                  pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16], shift: int,
                  run: bool) -> None:
-    """Give back what :func:`pin_run_kernel` pinned on the distinct blocks ``ids`` (``run``:
-    its answer, pinned as one run): one pin less on each whole chunk of a run, and on each
-    other block still at its epoch ``recorded[i]`` (a moved block lost its pin with its
-    content: another owner's pin is never taken); never below 0."""
+    """Give back what a pinning touch (:func:`take_unchanged`) pinned on the distinct blocks
+    ``ids`` (``run``: its answer, pinned as one run): one pin less on each whole chunk of a
+    run, and on each other block still at its epoch ``recorded[i]`` (a moved block lost its
+    pin with its content: another owner's pin is never taken); never below 0."""
     count = ids.size
     # Blocks pinned one by one: the first ``head`` and those from ``tail`` on (all of them
     # unless a run's whole chunks were pinned instead).
@@ -239,124 +227,28 @@ def unpin_kernel(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.u
             pins[block] -= 1
 
 
-def _pin_example() -> tuple[object, ...]:
-    return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint32),
-            np.zeros(1, dtype=np.uint16), np.zeros(1, dtype=np.uint16), PIN_CHUNK_SHIFT,
-            MAX_PINS, np.empty(3, dtype=np.int64))
-
-
-def _pin_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """Distinct blocks (often one run over whole chunks) with a few pins of their own and on
-    their chunks, now and then one at the limit."""
-    n_blocks, shift = int(rng.integers(1, 24)), int(rng.integers(1, 3))
-    limit = int(rng.integers(1, 4))
-    ids = _run_ids(rng, n_blocks, shift)
-    seen = np.full(ids.size, int(rng.integers(0, 3)), dtype=np.uint32)
-    if ids.size and rng.random() < 0.3:
-        seen[int(rng.integers(0, ids.size))] += np.uint32(1)
-    return (ids, seen, rng.integers(0, limit + 1, n_blocks).astype(np.uint16),
-            rng.integers(0, limit + 1, (n_blocks >> shift) + 1).astype(np.uint16), shift, limit,
-            np.empty(3, dtype=np.int64))
-
-
-def _pin_twin(ids: IdArray, seen: NDArray[np.uint32], pins: NDArray[np.uint16],
-              chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
-              out: NDArray[np.int64]) -> None:
-    count = ids.size
-    run = count > 0 and bool((ids == ids[0] + np.arange(count)).all())
-    out[2] = run and bool((seen == seen[0]).all())
-    lo_chunk, hi_chunk = chunk_bounds(int(ids[0]), count, shift) if count else (0, 0)
-    if run and hi_chunk > lo_chunk:
-        ends = (ids < lo_chunk << shift) | (ids >= hi_chunk << shift)
-        chunks = np.arange(lo_chunk, hi_chunk)
-        # The first block of the run (in prompt order) held to the limit, by itself or by
-        # its chunk.
-        full = ~ends & (chunk_pins[ids >> shift] >= max_pins) | ends & (pins[ids] >= max_pins)
-        at = np.flatnonzero(full)
-        out[0], out[1] = (int(at[0]), 0) if at.size else (-1, 1)
-        if not at.size:
-            chunk_pins[chunks] += np.uint16(1)
-            pins[ids[ends]] += np.uint16(1)
-        return
-    full = np.flatnonzero(pins[ids] >= max_pins)
-    out[0], out[1] = (int(full[0]), 0) if full.size else (-1, 0)
-    if not full.size:
-        pins[ids] += np.uint16(1)
-
-
-@kernel(example=_pin_example, twin=_pin_twin, inputs=_pin_inputs)
-def pin_run_kernel(ids: IdArray, seen: NDArray[np.uint32], pins: NDArray[np.uint16],
-                   chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
-                   out: NDArray[np.int64]) -> None:
-    """Pin each distinct block of ``ids`` once more. Where ``ids`` are one run of consecutive
-    ids spanning at least one whole chunk of ``1 << shift`` ids, the whole chunks are pinned
-    once each in ``chunk_pins`` and only the ids at the two ends in ``pins`` (``out[1] = 1``;
-    a lease gives them back with ``run`` set); else every block in ``pins`` (``out[1] = 0``).
-    ``out[0]``: -1, or the first ``i`` whose block (or its chunk) is pinned ``max_pins``
-    times, and then nothing is pinned. ``out[2]``: the ids are consecutive and their epochs
-    ``seen`` all one value (a read the event log writes as one run of each)."""
-    count = ids.size
-    out[0], out[1], out[2] = -1, 0, 0
-    if count == 0:
-        return
-    first = ids[0]
-    # No early exit: branch-free passes vectorize (the usual answer is "one run").
-    off = 0
-    for i in range(count):
-        off |= ids[i] - (first + i)
-    differ = 0
-    for i in range(seen.size):
-        differ |= seen[i] ^ seen[0]
-    run = off == 0
-    out[2] = run and differ == 0
-    lo_chunk = (first + (1 << shift) - 1) >> shift
-    hi_chunk = (first + count) >> shift
-    if run and hi_chunk > lo_chunk:
-        head_end, tail_start, end = lo_chunk << shift, hi_chunk << shift, first + count
-        # Limits first, in prompt order: nothing moves on a refusal.
-        for block in range(first, head_end):
-            if pins[block] >= max_pins:
-                out[0] = block - first
-                return
-        for chunk in range(lo_chunk, hi_chunk):
-            if chunk_pins[chunk] >= max_pins:
-                out[0] = (chunk << shift) - first
-                return
-        for block in range(tail_start, end):
-            if pins[block] >= max_pins:
-                out[0] = block - first
-                return
-        for block in range(first, head_end):
-            pins[block] += 1
-        for chunk in range(lo_chunk, hi_chunk):
-            chunk_pins[chunk] += 1
-        for block in range(tail_start, end):
-            pins[block] += 1
-        out[1] = 1
-        return
-    # One pass: the pins taken before a full block are given back (a refusal is rare).
-    for i in range(count):
-        if pins[ids[i]] >= max_pins:
-            for j in range(i):
-                pins[ids[j]] -= 1
-            out[0] = i
-            return
-        pins[ids[i]] += 1
-
-
-def pin_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32],
-                  answer: NDArray[np.int64]) -> tuple[int, bool, bool]:
+def take_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32],
+                   answer: NDArray[np.int64]) -> tuple[int, bool, bool]:
     """Pin each of the distinct blocks ``ids`` (seen at epochs ``seen``) once, as a lookup
     saw them usable when the group has not changed since (its ``changes`` then and now are
     equal: every block is still at the epoch, state and check the lookup saw, so only the
-    pin limit is left to check): ``(-1, run, one_run)``, ``run`` telling
-    :func:`unpin_unmoved` how they were pinned (as one run of ids over whole chunks),
-    ``one_run`` that the ids are consecutive at one epoch. Else nothing is pinned and the
-    first answer is the first index pinned to the limit. ``answer``: three int64 the pass
-    writes its answer to (the caller's, reused)."""
-    blocks = state._blocks
-    pin_run_kernel(ids, seen, blocks.pins, blocks.chunk_pins, state.pin_shift, MAX_PINS, answer)
-    first, run, one_run = answer.tolist()
+    pin limit is left to check), and touch them (used now: the clock's next tick), in one
+    compiled pass: ``(-1, run, one_run)``, ``run`` telling :func:`unpin_unmoved` how they
+    were pinned (as one run of ids over whole chunks), ``one_run`` that the ids are
+    consecutive at one epoch. Else nothing is pinned or touched and the first answer is the
+    first index pinned to the limit. ``answer``: four int64 the pass writes its answer to
+    (the caller's, reused). The ids are the core's own (a lookup's): an id outside the group
+    is a KvfsmError, and then nothing changes."""
+    blocks, recency, clock = state._blocks, state.recency, state.clock
+    touch_kernel(ids, state.states, recency.list_of_state, blocks.last_use, clock.now + 1,
+                 recency.prev, recency.next, recency.head, recency.tail, seen, blocks.pins,
+                 blocks.chunk_pins, state.pin_shift, MAX_PINS, answer)
+    outside, first, run, one_run = answer.tolist()
+    if outside >= 0:
+        raise KvfsmError(f"{state.name}: block ids must lie in [0, {state.n_blocks}), got "
+                         f"{int(ids[outside])}")
+    if first < 0:
+        clock.advance()
     return first, run == 1, one_run == 1
 
 
@@ -376,7 +268,7 @@ def pin_if_usable(state: GroupState, ids: IdArray, seen: NDArray[np.uint32], cut
 
 def unpin_unmoved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
                   run: bool = False) -> None:
-    """Give back the pins :func:`pin_if_usable` or :func:`pin_unchanged` took on ``ids``
+    """Give back the pins :func:`pin_if_usable` or :func:`take_unchanged` took on ``ids``
     (``run``: the latter's answer), except on blocks pinned one by one that are no longer at
     ``epochs`` (their pin went with their content)."""
     blocks = state._blocks

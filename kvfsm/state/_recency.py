@@ -23,7 +23,8 @@ Backends: the loops are kernels (:mod:`kvfsm._jit`) whose twins are the loops th
 plain Python (splicing lists has no NumPy form); each call touches only the blocks given or
 walked. A touch (every lease, pin and allocation) is one kernel call doing all of it: the range
 check, the ``last_use`` stamp, each block's list from its state, and the move to the tail (its
-twin does all but the moves as array operations).
+twin does all but the moves as array operations); see :mod:`kvfsm.state._touch`, where a
+lease's take also pins in the same pass.
 """
 
 from __future__ import annotations
@@ -33,16 +34,21 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._jit import kernel, read_only
+from kvfsm._jit import kernel
+
+# NO_LIST is the lists' own value, defined beside the touch pass that reads it.
+from kvfsm.state._touch import NO_LIST as NO_LIST
+from kvfsm.state._touch import NO_PINNING, touch_kernel
 
 IdArray = NDArray[np.intp]
-#: ``list_of_state`` value of a state whose blocks sit on no list.
-NO_LIST: Final = -1
 #: Entries of a walk's first answer buffer (it doubles as answers need).
 _FIRST_BUFFER: Final = 64
+#: A touch that pins nothing reads neither epochs nor pins.
+_NOTHING_SEEN: Final = np.zeros(0, dtype=np.uint32)
+_NO_PINS: Final = np.zeros(0, dtype=np.uint16)
 
 
-def _relink_loop(prev: NDArray[np.int32], next_: NDArray[np.int32], head: NDArray[np.int32],
+def relink_loop(prev: NDArray[np.int32], next_: NDArray[np.int32], head: NDArray[np.int32],
                  tail: NDArray[np.int32], ids: IdArray, source: NDArray[np.int8],
                  dest: NDArray[np.int8]) -> None:
     """Per ``ids[i]`` in order: take it off list ``source[i]`` (none when -1), then append it
@@ -99,116 +105,7 @@ def _walk_loop(next_: NDArray[np.int32], start: int, pins: NDArray[np.uint16],
     counts[1] = walked
 
 
-def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],
-                last_use: NDArray[np.uint32], tick: int, prev: NDArray[np.int32],
-                next_: NDArray[np.int32], head: NDArray[np.int32], tail: NDArray[np.int32],
-                bad: NDArray[np.int64]) -> None:
-    """Blocks ``ids`` were used at ``tick``, in batch order: each gets ``last_use`` ``tick``
-    and, where its state (``states[block]``) puts it on a list, moves to that list's tail.
-    ``bad[0]`` gets the index of the first id outside the blocks, and then nothing changes;
-    else -1. Two passes over the ids at most (the range and run check, then the moves; no
-    gathers, masks or index lists); a batch that is one run of one list in batch order is
-    spliced to the tail whole."""
-    n = last_use.size
-    bad[0] = -1
-    count = ids.size
-    # Whether the batch is one run of one list in batch order: a lease touches a prompt's
-    # blocks, which usually sit so (touched together before), and moving each to the tail in
-    # turn leaves that run at the tail, so it is spliced there whole (the same order, O(1)
-    # moves). Blocks linked to each other share a list, so only the first's is looked up.
-    run = count > 1
-    listed = -1
-    checked = False
-    if run:
-        # Consecutive ids in range (a lease's usual batch): branch-free passes, which
-        # vectorize, over the ids and their links.
-        first = ids[0]
-        off = 0
-        for i in range(count):
-            off |= ids[i] - (first + i)
-        if off == 0 and first >= 0 and first + count <= n:
-            checked = True
-            listed = list_of_state[states[first]]
-            # Over a slice: indices from 0 need no negative-index check, so the loop vectorizes.
-            links = next_[first:first + count - 1]
-            linked = 0
-            for i in range(links.size):
-                linked |= links[i] - (first + i + 1)
-            run = listed >= 0 and linked == 0
-    if not checked:
-        # One pass checks the range and the run.
-        for i in range(count):
-            block = ids[i]
-            if block < 0 or block >= n:
-                bad[0] = i
-                return
-            if not run:
-                continue
-            if i == 0:
-                listed = list_of_state[states[block]]
-                run = listed >= 0
-            else:
-                run = next_[ids[i - 1]] == block
-    if count > 1:
-        first = ids[0]
-        if run:
-            if checked:
-                last_use[first:first + count] = tick
-            else:
-                for i in range(count):
-                    last_use[ids[i]] = tick
-            last = ids[count - 1]
-            after = next_[last]
-            if after >= 0:  # not at the tail yet
-                before = prev[first]
-                if before >= 0:
-                    next_[before] = after
-                else:
-                    head[listed] = after
-                prev[after] = before
-                end = tail[listed]
-                next_[end] = first
-                prev[first] = end
-                next_[last] = -1
-                tail[listed] = last
-            return
-    for i in range(ids.size):
-        block = ids[i]
-        last_use[block] = tick
-        listed = list_of_state[states[block]]
-        after = next_[block]
-        if listed < 0 or after < 0:
-            continue  # on no list, or its list's tail already
-        before = prev[block]
-        if before >= 0:
-            next_[before] = after
-        else:
-            head[listed] = after
-        prev[after] = before
-        last = tail[listed]  # another block: this one was not the tail
-        next_[last] = block
-        prev[block] = last
-        next_[block] = -1
-        tail[listed] = block
-
-
-def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],
-                last_use: NDArray[np.uint32], tick: int, prev: NDArray[np.int32],
-                next_: NDArray[np.int32], head: NDArray[np.int32], tail: NDArray[np.int32],
-                bad: NDArray[np.int64]) -> None:
-    """:func:`_touch_loop` without numba: the range check, the stamps and each block's list as
-    array operations, and only the moves of blocks on a list as a Python loop."""
-    outside = np.flatnonzero((ids < 0) | (ids >= last_use.size))
-    bad[0] = outside[0] if outside.size else -1
-    if outside.size:
-        return
-    last_use[ids] = tick
-    lists = list_of_state[states[ids]]
-    on = np.flatnonzero(lists != NO_LIST)
-    _relink_loop(prev, next_, head, tail, ids[on], lists[on], lists[on])
-
-
-def _random_lists(rng: np.random.Generator) -> tuple[
+def random_lists(rng: np.random.Generator) -> tuple[
         NDArray[np.int32], NDArray[np.int32], NDArray[np.int32], NDArray[np.int32],
         NDArray[np.int8]]:
     """Sound lists over a few blocks: ``prev``, ``next``, ``head``, ``tail``, and each block's
@@ -218,7 +115,7 @@ def _random_lists(rng: np.random.Generator) -> tuple[
     head, tail = np.full(n_lists, -1, dtype=np.int32), np.full(n_lists, -1, dtype=np.int32)
     member = rng.integers(-1, n_lists, n).astype(np.int8)
     order = rng.permutation(n).astype(np.intp)
-    _relink_loop(prev, next_, head, tail, order, np.full(n, -1, dtype=np.int8), member[order])
+    relink_loop(prev, next_, head, tail, order, np.full(n, -1, dtype=np.int8), member[order])
     return prev, next_, head, tail, member
 
 
@@ -230,7 +127,7 @@ def _relink_example() -> tuple[object, ...]:
 
 
 def _relink_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    prev, next_, head, tail, member = _random_lists(rng)
+    prev, next_, head, tail, member = random_lists(rng)
     ids = rng.integers(0, prev.size, int(rng.integers(0, 8))).astype(np.intp)
     # Each id leaves the list it is on (as it was before this batch): repeats are given the
     # list their earlier entry put them on.
@@ -250,7 +147,7 @@ def _walk_example() -> tuple[object, ...]:
 
 
 def _walk_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    _, next_, head, _, _ = _random_lists(rng)
+    _, next_, head, _, _ = random_lists(rng)
     n = next_.size
     pins = (rng.random(n) < 0.3).astype(np.uint16)
     shift = int(rng.integers(0, 3))
@@ -261,42 +158,9 @@ def _walk_inputs(rng: np.random.Generator) -> tuple[object, ...]:
             excluded, out, np.zeros(2, dtype=np.int64))
 
 
-def _touch_example() -> tuple[object, ...]:
-    nodes = np.full(2, -1, dtype=np.int32)
-    # The call site passes the machine's read-only state view.
-    return (np.zeros(1, dtype=np.intp), read_only(np.zeros(2, dtype=np.uint8)),
-            np.full(1, NO_LIST, dtype=np.int8), np.zeros(2, dtype=np.uint32), 1, nodes,
-            nodes.copy(), nodes[:1].copy(), nodes[:1].copy(), np.zeros(1, dtype=np.int64))
-
-
-def _touch_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """Sound lists, states consistent with them (state ``s`` maps to list ``s - 1``), and ids
-    with repeats, now and then one outside the blocks, or (a third of the time) a run of one
-    list in list order, from anywhere in it to anywhere after (the splice path)."""
-    prev, next_, head, tail, member = _random_lists(rng)
-    n = prev.size
-    list_of_state = np.arange(-1, head.size, dtype=np.int8)
-    states = read_only((member + 1).astype(np.uint8))
-    ids = rng.integers(0, n, int(rng.integers(0, 10))).astype(np.intp)
-    if rng.random() < 1 / 3 and (member >= 0).any():
-        block = int(rng.choice(np.flatnonzero(member >= 0)))
-        run: list[int] = []
-        while block >= 0 and len(run) < int(rng.integers(1, 8)):
-            run.append(block)
-            block = int(next_[block])
-        ids = np.array(run, dtype=np.intp)
-    if ids.size and rng.random() < 0.2:
-        ids[int(rng.integers(0, ids.size))] = rng.choice([-1, n])
-    last_use = rng.integers(0, 5, n).astype(np.uint32)
-    return (ids, states, list_of_state, last_use, int(rng.integers(5, 9)), prev, next_, head,
-            tail, np.full(1, -7, dtype=np.int64))
-
-
-relink_kernel = kernel(example=_relink_example, twin=_relink_loop,
-                       inputs=_relink_inputs)(_relink_loop)
+relink_kernel = kernel(example=_relink_example, twin=relink_loop,
+                       inputs=_relink_inputs)(relink_loop)
 walk_kernel = kernel(example=_walk_example, twin=_walk_loop, inputs=_walk_inputs)(_walk_loop)
-touch_kernel = kernel(example=_touch_example, twin=_touch_twin,
-                      inputs=_touch_inputs)(_touch_loop)
 
 
 class Clock:
@@ -327,7 +191,7 @@ class Recency:
         self.head = np.full(self.n_lists, -1, dtype=np.int32)
         self.tail = np.full(self.n_lists, -1, dtype=np.int32)
         self._counts = np.zeros(2, dtype=np.int64)
-        self._bad = np.zeros(1, dtype=np.int64)
+        self._out = np.zeros(4, dtype=np.int64)
         self._found = np.empty(_FIRST_BUFFER, dtype=np.intp)
         #: Blocks the last :meth:`oldest` walked (kept or skipped), for tests of its cost.
         self.last_walked = 0
@@ -335,7 +199,7 @@ class Recency:
     @property
     def nbytes(self) -> int:
         return (self.prev.nbytes + self.next.nbytes + self.head.nbytes + self.tail.nbytes
-                + self._found.nbytes + self._counts.nbytes + self._bad.nbytes)
+                + self._found.nbytes + self._counts.nbytes + self._out.nbytes)
 
     def moved(self, ids: IdArray, before: NDArray[np.uint8], after: NDArray[np.uint8]
               ) -> IdArray:
@@ -357,8 +221,9 @@ class Recency:
         batch order; one compiled pass. Returns the index in ``ids`` of the first id outside
         the blocks, having changed nothing, or -1."""
         touch_kernel(ids, states, self.list_of_state, last_use, tick, self.prev, self.next,
-                     self.head, self.tail, self._bad)
-        return int(self._bad[0])
+                     self.head, self.tail, _NOTHING_SEEN, _NO_PINS, _NO_PINS, 0, NO_PINNING,
+                     self._out)
+        return int(self._out[0])
 
     def oldest(self, list_id: int, count: int, pins: NDArray[np.uint16],
                chunk_pins: NDArray[np.uint16], shift: int,

@@ -1,0 +1,272 @@
+"""A use of blocks in one compiled pass: each is stamped with the use's tick and moved to the
+young end of its recency list, and, for a lease taking blocks a lookup has just seen usable,
+pinned once more first.
+
+A lease's take used to be two passes per group (pin, then touch), each a kernel call whose
+fixed cost, right after a long lookup has pushed everything out of cache, outweighed the work
+on the blocks. One pass per group reads the ids once for both: whether they are one run of
+consecutive ids (pinned by whole chunks, spliced to the list's tail whole) and whether they lie
+in the group. The recency lists themselves are :mod:`kvfsm.state._recency`'s.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm._jit import kernel, read_only
+
+IdArray = NDArray[np.intp]
+#: ``list_of_state`` value of a state whose blocks sit on no recency list.
+NO_LIST: Final = -1
+#: Pin limit that asks a touch to pin nothing.
+NO_PINNING: Final = 0
+
+
+def chunk_bounds(first: int, count: int, shift: int) -> tuple[int, int]:
+    """The whole chunks (of ``1 << shift`` ids) inside the ids ``[first, first + count)``,
+    as ``[lo_chunk, hi_chunk)`` (empty when ``hi_chunk <= lo_chunk``)."""
+    return (first + (1 << shift) - 1) >> shift, (first + count) >> shift
+
+
+def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],
+                last_use: NDArray[np.uint32], tick: int, prev: NDArray[np.int32],
+                next_: NDArray[np.int32], head: NDArray[np.int32], tail: NDArray[np.int32],
+                seen: NDArray[np.uint32], pins: NDArray[np.uint16],
+                chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
+                out: NDArray[np.int64]) -> None:
+    """Blocks ``ids`` were used at ``tick``, in batch order: each gets ``last_use`` ``tick``
+    and, where its state (``states[block]``) puts it on a list, moves to that list's tail.
+
+    With ``max_pins`` above 0 the distinct ``ids`` (a lease's, seen at epochs ``seen``) are
+    first pinned once more each: where they are one run of consecutive ids spanning at least
+    one whole chunk of ``1 << shift`` ids, the whole chunks once each in ``chunk_pins`` and
+    only the ids at the two ends in ``pins`` (``out[2] = 1``: given back so), else every
+    block in ``pins``; ``out[3]``: the ids are consecutive and ``seen`` all one value (a read
+    the event log writes as one run). ``out[1]``: -1, or the first index whose block (or its
+    chunk) already holds ``max_pins`` pins, and then nothing changes.
+
+    ``out[0]``: -1, or the index of the first id outside the blocks, and then nothing
+    changes. Two passes over the ids at most (the range and run check, then the pins and the
+    moves; no gathers, masks or index lists); a batch that is one run of one list in batch
+    order is spliced to the tail whole."""
+    n = last_use.size
+    out[0], out[1], out[2], out[3] = -1, -1, 0, 0
+    count = ids.size
+    if count == 0:
+        return
+    first = ids[0]
+    # Consecutive ids in range (a lease's usual batch): branch-free passes, which vectorize,
+    # over the ids and their links.
+    off = 0
+    for i in range(count):
+        off |= ids[i] - (first + i)
+    consecutive = off == 0 and first >= 0 and first + count <= n
+    # Whether the batch is one run of one list in batch order: a lease touches a prompt's
+    # blocks, which usually sit so (touched together before), and moving each to the tail in
+    # turn leaves that run at the tail, so it is spliced there whole (the same order, O(1)
+    # moves). Blocks linked to each other share a list, so only the first's is looked up.
+    run = False
+    listed = -1
+    if consecutive:
+        listed = list_of_state[states[first]]
+        if count > 1 and listed >= 0:
+            # Over a slice: indices from 0 need no negative-index check, so it vectorizes.
+            links = next_[first:first + count - 1]
+            linked = 0
+            for i in range(links.size):
+                linked |= links[i] - (first + i + 1)
+            run = linked == 0
+    else:
+        # One pass checks the range and the run.
+        run = count > 1
+        for i in range(count):
+            block = ids[i]
+            if block < 0 or block >= n:
+                out[0] = i
+                return
+            if not run:
+                continue
+            if i == 0:
+                listed = list_of_state[states[block]]
+                run = listed >= 0
+            else:
+                run = next_[ids[i - 1]] == block
+    if max_pins > 0:
+        differ = 0
+        base = seen[0]
+        for i in range(seen.size):
+            differ |= seen[i] ^ base
+        out[3] = consecutive and differ == 0
+        lo_chunk = (first + (1 << shift) - 1) >> shift
+        hi_chunk = (first + count) >> shift
+        if consecutive and hi_chunk > lo_chunk:
+            head_end, tail_start, end = lo_chunk << shift, hi_chunk << shift, first + count
+            # Limits first, in prompt order: nothing moves on a refusal.
+            for block in range(first, head_end):
+                if pins[block] >= max_pins:
+                    out[1] = block - first
+                    return
+            for chunk in range(lo_chunk, hi_chunk):
+                if chunk_pins[chunk] >= max_pins:
+                    out[1] = (chunk << shift) - first
+                    return
+            for block in range(tail_start, end):
+                if pins[block] >= max_pins:
+                    out[1] = block - first
+                    return
+            for block in range(first, head_end):
+                pins[block] += 1
+            for chunk in range(lo_chunk, hi_chunk):
+                chunk_pins[chunk] += 1
+            for block in range(tail_start, end):
+                pins[block] += 1
+            out[2] = 1
+        else:
+            for i in range(count):
+                if pins[ids[i]] >= max_pins:
+                    out[1] = i
+                    return
+            for i in range(count):
+                pins[ids[i]] += 1
+    if run:
+        if consecutive:
+            last_use[first:first + count] = tick
+        else:
+            for i in range(count):
+                last_use[ids[i]] = tick
+        last = ids[count - 1]
+        after = next_[last]
+        if after >= 0:  # not at the tail yet
+            before = prev[first]
+            if before >= 0:
+                next_[before] = after
+            else:
+                head[listed] = after
+            prev[after] = before
+            end = tail[listed]
+            next_[end] = first
+            prev[first] = end
+            next_[last] = -1
+            tail[listed] = last
+        return
+    for i in range(count):
+        block = ids[i]
+        last_use[block] = tick
+        listed = list_of_state[states[block]]
+        after = next_[block]
+        if listed < 0 or after < 0:
+            continue  # on no list, or its list's tail already
+        before = prev[block]
+        if before >= 0:
+            next_[before] = after
+        else:
+            head[listed] = after
+        prev[after] = before
+        last = tail[listed]  # another block: this one was not the tail
+        next_[last] = block
+        prev[block] = last
+        next_[block] = -1
+        tail[listed] = block
+
+
+def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],
+                last_use: NDArray[np.uint32], tick: int, prev: NDArray[np.int32],
+                next_: NDArray[np.int32], head: NDArray[np.int32], tail: NDArray[np.int32],
+                seen: NDArray[np.uint32], pins: NDArray[np.uint16],
+                chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
+                out: NDArray[np.int64]) -> None:
+    """:func:`_touch_loop` without numba: the range check, the pins, the stamps and each
+    block's list as array operations, and only the moves of blocks on a list as a Python
+    loop."""
+    # Imported here: the recency lists' module uses this one's kernel.
+    from kvfsm.state._recency import relink_loop
+
+    out[:4] = (-1, -1, 0, 0)
+    outside = np.flatnonzero((ids < 0) | (ids >= last_use.size))
+    if outside.size:
+        out[0] = outside[0]
+        return
+    count = ids.size
+    if max_pins > 0 and count:
+        consecutive = bool((ids == ids[0] + np.arange(count)).all())
+        out[3] = consecutive and bool((seen == seen[0]).all())
+        lo_chunk, hi_chunk = chunk_bounds(int(ids[0]), count, shift)
+        chunked = consecutive and hi_chunk > lo_chunk
+        ends = (ids < lo_chunk << shift) | (ids >= hi_chunk << shift) if chunked \
+            else np.ones(count, dtype=np.bool_)
+        # The first block (in prompt order) held to the limit, by itself or by its chunk.
+        full = np.flatnonzero(~ends & (chunk_pins[ids >> shift] >= max_pins)
+                              | ends & (pins[ids] >= max_pins))
+        if full.size:
+            out[1] = full[0]
+            return
+        if chunked:
+            chunk_pins[lo_chunk:hi_chunk] += np.uint16(1)
+            out[2] = 1
+        pins[ids[ends]] += np.uint16(1)
+    last_use[ids] = tick
+    lists = list_of_state[states[ids]]
+    on = np.flatnonzero(lists != NO_LIST)
+    relink_loop(prev, next_, head, tail, ids[on], lists[on], lists[on])
+
+
+def _touch_example() -> tuple[object, ...]:
+    nodes = np.full(2, -1, dtype=np.int32)
+    # The call site passes the machine's read-only state view.
+    return (np.zeros(1, dtype=np.intp), read_only(np.zeros(2, dtype=np.uint8)),
+            np.full(1, NO_LIST, dtype=np.int8), np.zeros(2, dtype=np.uint32), 1, nodes,
+            nodes.copy(), nodes[:1].copy(), nodes[:1].copy(), np.zeros(1, dtype=np.uint32),
+            np.zeros(2, dtype=np.uint16), np.zeros(1, dtype=np.uint16), 6, NO_PINNING,
+            np.zeros(4, dtype=np.int64))
+
+
+def run_ids(rng: np.random.Generator, n_blocks: int) -> IdArray:
+    """Distinct ids, often one run of consecutive ids (a lease's usual blocks, spanning
+    whole pin chunks where it is long enough), else a random set."""
+    if rng.random() < 0.6:
+        first = int(rng.integers(0, n_blocks))
+        return np.arange(first, int(rng.integers(first, n_blocks + 1)), dtype=np.intp)
+    return rng.permutation(n_blocks)[: int(rng.integers(0, n_blocks + 1))].astype(np.intp)
+
+
+def _touch_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """Sound lists, states consistent with them (state ``s`` maps to list ``s - 1``), and ids
+    with repeats, now and then one outside the blocks, or (a third of the time) a run of one
+    list in list order, from anywhere in it to anywhere after (the splice path). Half the
+    time a lease's pinning touch instead: distinct ids (often one run over whole chunks), a
+    few pins on them and their chunks, now and then one at the limit."""
+    from kvfsm.state._recency import random_lists
+
+    prev, next_, head, tail, member = random_lists(rng)
+    n = prev.size
+    list_of_state = np.arange(-1, head.size, dtype=np.int8)
+    states = read_only((member + 1).astype(np.uint8))
+    shift, limit = int(rng.integers(1, 3)), NO_PINNING
+    ids = rng.integers(0, n, int(rng.integers(0, 10))).astype(np.intp)
+    if rng.random() < 0.5:
+        limit = int(rng.integers(1, 4))
+        ids = run_ids(rng, n)
+    elif rng.random() < 1 / 3 and (member >= 0).any():
+        block = int(rng.choice(np.flatnonzero(member >= 0)))
+        run: list[int] = []
+        while block >= 0 and len(run) < int(rng.integers(1, 8)):
+            run.append(block)
+            block = int(next_[block])
+        ids = np.array(run, dtype=np.intp)
+    if ids.size and rng.random() < 0.2:
+        ids[int(rng.integers(0, ids.size))] = rng.choice([-1, n])
+    seen = np.full(ids.size, int(rng.integers(0, 3)), dtype=np.uint32)
+    if ids.size and rng.random() < 0.3:
+        seen[int(rng.integers(0, ids.size))] += np.uint32(1)
+    pins = rng.integers(0, max(limit, 1) + 1, n).astype(np.uint16)
+    chunk_pins = rng.integers(0, max(limit, 1) + 1, (n >> shift) + 1).astype(np.uint16)
+    last_use = rng.integers(0, 5, n).astype(np.uint32)
+    return (ids, states, list_of_state, last_use, int(rng.integers(5, 9)), prev, next_, head,
+            tail, seen, pins, chunk_pins, shift, limit, np.full(4, -7, dtype=np.int64))
+
+
+touch_kernel = kernel(example=_touch_example, twin=_touch_twin,
+                      inputs=_touch_inputs)(_touch_loop)
