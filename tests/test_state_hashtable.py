@@ -62,8 +62,9 @@ SEEN: set[str] = set()
 class TableMachine(RuleBasedStateMachine):
     """After every step the table equals a dict that saw the same operations one key at a time:
     same entries, same lookups (present and absent keys, those sharing a mapped key's
-    fingerprint included), same length and membership, and its slots agree with its counts
-    with every entry reachable from its home slot."""
+    fingerprint included), same length and membership, its slots agree with its counts with
+    every entry reachable from its home slot, and it flags mapped exactly the dict's
+    values."""
 
     @initialize(n_blocks=st.integers(1, MAX_BLOCKS),
                 keys=st.lists(st.integers(0, len(POOL) - 1), min_size=MAX_BLOCKS,
@@ -143,6 +144,9 @@ class TableMachine(RuleBasedStateMachine):
         assert table.get(key) == model.get(key) and (key in table) == (key in model)
         assert table.problems() == []
         assert table.n_tombstones <= table.capacity // 4
+        # Exactly the blocks the dict maps to are flagged mapped (a lookup's run of blocks
+        # is confirmed by these flags without reading the slots).
+        assert np.flatnonzero(table.mapped).tolist() == sorted(model.values())
 
 
 def test_table_agrees_with_a_dict() -> None:
@@ -294,8 +298,8 @@ def test_slot_markers_and_bad_input() -> None:
     high, low = np.arange(2, dtype=np.uint64), np.arange(2, dtype=np.uint64)
     table = BlockHashTable(2, (high, low))
     assert (table.value == EMPTY).all() and EMPTY != TOMBSTONE
-    assert table.nbytes == table.capacity * 8
-    assert BlockHashTable(2).nbytes == table.capacity * 8 + 2 * 16
+    assert table.nbytes == table.capacity * 8 + 2  # and a mapped flag a block
+    assert BlockHashTable(2).nbytes == table.capacity * 8 + 2 * 16 + 2
     assert -1 not in table and (1 << 128) not in table
     with pytest.raises(ValueError, match="differ in length"):
         table.lookup([1, 2], [1])
@@ -331,3 +335,18 @@ def test_a_table_without_empty_slots_still_answers() -> None:
     found = " | ".join(table.problems())
     assert "no empty slot" in found and f"blocks [{n}] beyond" in found
     assert "mapped twice" in found
+
+
+def test_a_mapped_flag_out_of_step_with_the_slots_is_a_problem() -> None:
+    """The flags follow inserts and removals; one set without an entry (or cleared under
+    one) is named by ``problems``: a lookup trusting it would find a block the table does
+    not map."""
+    high, low = np.arange(4, dtype=np.uint64) + np.uint64(1), np.arange(4, dtype=np.uint64)
+    table = BlockHashTable(4, (high, low))
+    table.insert_first(high[:3], low[:3], [0, 1, 2])
+    table.remove_if(high[1:2], low[1:2], [1])
+    assert table.mapped.tolist() == [True, False, True, False] and table.problems() == []
+    for block in (1, 2):  # set without an entry, cleared under one
+        table._mapped[block] ^= True
+        assert f"blocks [{block}] are flagged mapped" in " | ".join(table.problems())
+        table._mapped[block] ^= True

@@ -59,7 +59,8 @@ def _rows_of(refs: list[list[int]], ids: list[int], history_settled: list[bool]
                          np.ones(1, np.bool_))
     return (
         table.block_high[ids], table.block_low[ids], table.slots, table.block_high,
-        table.block_low, np.zeros(n_blocks, np.uint8), np.zeros(n_blocks, np.uint32),
+        table.block_low, table.mapped, np.zeros(n_blocks, np.uint8),
+        np.zeros(n_blocks, np.uint32),
         np.array([ids.index(b) if b in ids else -1 for b in range(n_blocks)], np.int32),
         np.ones(n_blocks, np.uint16), np.zeros(n_blocks, np.uint8), np.zeros(n_blocks, np.uint8),
         np.array(refs, dtype=np.int32), np.zeros((n_blocks, len(refs[0])), np.uint32),
@@ -190,3 +191,34 @@ def test_a_plan_over_the_groups_restore_cap_stops_where_the_cap_does(
     verdict = lookup(eng.core, prompt, checksums=False)
     assert (verdict.usable_tokens, verdict.restorable_tokens) == (16, restorable)
     assert len(verdict.plan) == min(cap, 4)
+
+
+@pytest.mark.usefixtures("jit_backend")
+def test_a_run_broken_by_a_recommitted_block_finds_the_block_the_table_maps() -> None:
+    """The pass takes the block after the previous one found where that block is mapped under
+    the next key; a block evicted from the middle of a prompt and committed again lands
+    elsewhere, and the one after its old neighbour (still holding those words, no longer
+    mapped) must not be taken for it: the ids are the table's own answer, every block."""
+    eng = engine(DENSE)
+    prompt = eng.prompt(tokens(161))
+    eng.commit(prompt)
+    core = eng.core
+    high, low = prompt.words(16)
+    ids = core.lookup_words("attn", high, low)
+    assert (np.diff(ids) == 1).all()  # one run, as a commit allocates
+    other = eng.prompt(tokens(17, seed=9))
+    eng.commit(other)
+    other_high, other_low = other.words(16)
+    # Freed last, so the other prompt's block is allocated first: block 4 again, elsewhere.
+    core.fire("attn", [int(ids[4])], Event.EVICT)
+    core.fire("attn", core.lookup_words("attn", other_high, other_low), Event.EVICT)
+    eng.commit(prompt)
+    again = core.lookup_words("attn", high, low)
+    assert again[4] != ids[4] and (np.delete(again, 4) == np.delete(ids, 4)).all()
+    # The old block keeps the words of block 4, unmapped: only its flag tells it apart.
+    assert core.group("attn").hash_low[ids[4]] == low[4]
+    assert not core.group("attn").hash_map.mapped[ids[4]]
+    verdict = eng.lookup(prompt, level=Level.FULL)
+    assert verdict.hit_tokens == 160
+    (found,) = (group.ids for group in verdict.probe.groups)  # type: ignore[union-attr]
+    assert found.tolist() == again.tolist()

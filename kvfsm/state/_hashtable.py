@@ -252,12 +252,20 @@ class BlockHashTable:
         self.value: NDArray[np.int32] = self.slots.view(np.int32)[_BLOCK_HALF::2]
         self.n_live = 0
         self.n_tombstones = 0
+        #: Per block: it is the block of a live entry (mapped under its own words). With the
+        #: words, it answers "does key k map to block b" without reading the slots: a
+        #: lookup whose next block is the one after the last it found confirms it so, in
+        #: order (a prompt's blocks are allocated in a batch), instead of probing the table.
+        self._mapped = np.zeros(n_blocks, dtype=np.bool_)
+        self.mapped: NDArray[np.bool_] = self._mapped.view()
+        self.mapped.flags.writeable = False
 
     @property
     def nbytes(self) -> int:
-        """Bytes the table allocated: its slots, and the key words where it owns them."""
+        """Bytes the table allocated: its slots, its mapped flags, and the key words where
+        it owns them."""
         owned = self.block_high.nbytes + self.block_low.nbytes if self._owns_words else 0
-        return self.slots.nbytes + owned
+        return self.slots.nbytes + self._mapped.nbytes + owned
 
     def _home(self, low: U64Array) -> IdArray:
         home: IdArray = (low & self._mask).astype(np.intp)
@@ -351,6 +359,7 @@ class BlockHashTable:
         won = winner == free
         taken, winners = slots[won], free[won]
         self.slots[taken] = slot_words(hi[winners], ids[winners])
+        self._mapped[ids[winners]] = True
         self.n_live += int(taken.size)
         self.n_tombstones -= int(np.count_nonzero(held[winners] == TOMBSTONE))
         # A loser whose key equals its slot's winner's is a duplicate in the batch: mapped.
@@ -369,6 +378,7 @@ class BlockHashTable:
         slots = slots[self.value[slots] == ids[hit]]
         if not slots.size:
             return
+        self._mapped[self.value[slots]] = False
         # A key may repeat in the batch: count the slots that change, not the keys.
         if slots.size * 16 >= self.capacity:
             self.value[slots] = TOMBSTONE
@@ -451,6 +461,12 @@ class BlockHashTable:
         if stale.size:
             out.append(f"slots of blocks {stale[:8].tolist()} hold another key's fingerprint "
                        "(a block's words changed while it was mapped?)")
+        flagged = np.zeros(self.n_blocks, dtype=np.bool_)
+        flagged[blocks] = True
+        wrong = np.flatnonzero(flagged != self._mapped)
+        if wrong.size:
+            out.append(f"blocks {wrong[:8].tolist()} are flagged mapped where they are not "
+                       "the block of a live entry, or the reverse")
         missed = np.flatnonzero(self.lookup(high, low) != blocks)
         if missed.size:
             out.append(f"{missed.size} entries are not found by lookup (blocks "

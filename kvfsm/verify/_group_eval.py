@@ -133,7 +133,8 @@ class Statics:
         table = self.table
         #: The pass's arguments after the prompt's words, up to the prompt's history: the hash
         #: table, the group's metadata, its index references and their targets, the consts.
-        self.arrays = (table.slots, table.block_high, table.block_low, group.states,
+        self.arrays = (table.slots, table.block_high, table.block_low, table.mapped,
+                       group.states,
                        group.epoch, group.position, group.sub_blocks, group.layout_id,
                        group.check, *targets, consts)
 
