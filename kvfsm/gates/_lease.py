@@ -289,9 +289,9 @@ class LeaseBook:
         ``verdict.usable_tokens`` is no longer cached, readable in the form the kernel reads,
         free of a failed checksum, or (an index) pointing at targets still at their epochs:
         it changed since the lookup; look up again. A :class:`StateError` where a block
-        already holds ``MAX_PINS`` pins: nothing is pinned, though groups before that one
-        may have been marked used (their recency refreshed; each group's pins and use are
-        one pass).
+        already holds ``MAX_PINS`` pins, nothing pinned either. On both refusals the blocks
+        of groups before the refusing one may have been marked used (their recency
+        refreshed, nothing a verdict reads: a group's pins and its use are one pass).
         """
         if not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not ttl_s > 0:
             raise KvfsmError(f"lease ttl_s must be a number of seconds > 0, got {ttl_s!r}")
