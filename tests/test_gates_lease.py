@@ -393,10 +393,19 @@ def _stale(change: Callable[[Engine], None]) -> tuple[Engine, pytest.ExceptionIn
     eng.commit(prompt)
     verdict = eng.lookup(prompt)
     change(eng)
+    # Every group's recency too: a refused lease marks nothing used (the changed groups are
+    # checked before any unchanged one is pinned and marked used).
+    before = {name: (group.last_use.copy(), group.recency.next.copy())
+              for name, group in eng.core.groups.items()}
+    now = eng.core.group("history").clock.now
     with pytest.raises(LeaseLost) as lost:
         eng.lease(verdict, prompt)
     assert eng.leases_open == 0
     assert _pins(eng) == {"history": 0, "swa": 0, "index": 0}
+    for name, (used, after) in before.items():
+        group = eng.core.group(name)
+        assert np.array_equal(group.last_use, used) and np.array_equal(group.recency.next, after)
+    assert eng.core.group("history").clock.now == now
     return eng, lost
 
 

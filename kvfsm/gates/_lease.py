@@ -288,10 +288,11 @@ class LeaseBook:
         Raises :class:`~kvfsm.LeaseLost` (nothing pinned) where a block needed at
         ``verdict.usable_tokens`` is no longer cached, readable in the form the kernel reads,
         free of a failed checksum, or (an index) pointing at targets still at their epochs:
-        it changed since the lookup; look up again. A :class:`StateError` where a block
-        already holds ``MAX_PINS`` pins, nothing pinned either. On both refusals the blocks
-        of groups before the refusing one may have been marked used (their recency
-        refreshed, nothing a verdict reads: a group's pins and its use are one pass).
+        it changed since the lookup; look up again; nothing else changed either. A
+        :class:`StateError` where a block already holds ``MAX_PINS`` pins: nothing pinned,
+        though the blocks of groups taken before it may have been marked used (their
+        recency refreshed, nothing a verdict reads: an unchanged group's pins and its use
+        are one pass).
         """
         if not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not ttl_s > 0:
             raise KvfsmError(f"lease ttl_s must be a number of seconds > 0, got {ttl_s!r}")
@@ -367,40 +368,56 @@ class LeaseBook:
                 target = probed.get(state.target.name)
                 if target is None or not _targets_held(state, group, target):
                     return None
-        held: list[_Held] = []
+        held: list[_Held | None] = [None] * len(groups)
         answer = self._answer
+        # Groups changed since the lookup go first: only there can a block have moved
+        # (LeaseLost), and they are only pinned, so such a refusal leaves nothing changed.
+        # The others are pinned and marked used in one pass each: only a block at MAX_PINS
+        # refuses there, and then the unchanged groups before it stay marked used.
+        unchanged: list[int] = []
         try:
-            for group, state in zip(groups, states, strict=True):
+            for at, (group, state) in enumerate(zip(groups, states, strict=True)):
                 assert state is not None
-                run = one_run = touched = False
                 if group.changes == state.changes and group.ids.size:
-                    # Nothing changed since the lookup: every block is as it saw it (usable);
-                    # pinned and touched in one pass.
-                    first, run, one_run = take_unchanged(state, group.ids, group.epochs, answer)
-                    why, touched = PINNED_FULL, True
-                else:
-                    first, why = pin_if_usable(state, group.ids, group.epochs,
-                                               group.cut - group.lo)
-                if first >= 0 and why == PINNED_FULL:
-                    raise StateError(f"{state.name}: more than {MAX_PINS} pins on one block "
-                                     f"(block {int(group.ids[first])}); nothing was pinned")
+                    unchanged.append(at)
+                    continue
+                first, why = pin_if_usable(state, group.ids, group.epochs, group.cut - group.lo)
                 if first >= 0:
-                    lost = _unusable(state, group, first, why)
-                    self.refused(lost)
-                    raise lost
+                    raise self._refusal(state, group, first, why)
+                held[at] = _Held(state, group.ids, group.lo, group.ids, group.epochs, True,
+                                 state.changes)
+            for at in unchanged:
+                group, state = groups[at], states[at]
+                assert state is not None
+                # Nothing changed since the lookup: every block is as it saw it (usable).
+                first, run, one_run = take_unchanged(state, group.ids, group.epochs, answer)
+                if first >= 0:
+                    raise self._refusal(state, group, first, PINNED_FULL)
                 # Positional, in field order: one per group on every take.
-                held.append(_Held(state, group.ids, group.lo, group.ids, group.epochs, True,
-                                  state.changes, run, one_run, touched))
+                held[at] = _Held(state, group.ids, group.lo, group.ids, group.epochs, True,
+                                 state.changes, run, one_run, True)
         except Exception:
-            # Pinned before the refusal (groups before it stay touched: recency only).
-            for taken in held:
-                unpin_unmoved(taken.state, taken.pinned, taken.epochs, taken.run)
+            for taken in held:  # pinned before the refusal
+                if taken is not None:
+                    unpin_unmoved(taken.state, taken.pinned, taken.epochs, taken.run)
             raise
         for taken in held:
+            assert taken is not None
             if taken.pinned.size and not taken.touched:
                 # The core's own ids, just checked: no conversion or range check again.
                 taken.state.touch(taken.pinned)
-        return tuple(held)
+        return tuple(held)  # type: ignore[arg-type]
+
+    def _refusal(self, state: GroupState, group: ProbedGroup, first: int,
+                 why: int) -> Exception:
+        """The error of a take refused at ``group``'s block ``first``: a StateError where it
+        holds MAX_PINS pins, else LeaseLost saying why (told to ``on_refusal``)."""
+        if why == PINNED_FULL:
+            return StateError(f"{state.name}: more than {MAX_PINS} pins on one block "
+                              f"(block {int(group.ids[first])}); nothing was pinned")
+        lost = _unusable(state, group, first, why)
+        self.refused(lost)
+        return lost
 
     def drop(self, lease: Lease) -> None:
         """Release ``lease``'s pins and forget it (idempotent)."""
