@@ -14,6 +14,12 @@ one batch), and a miss costs its chain's slots alone (a stray fingerprint match,
 occupied slot met, costs one more read). At a million blocks per group the table is 16 MiB
 instead of 40 and a lookup misses the cache once per key instead of three times.
 
+Beside the slots the table keeps ``mapped``, one flag per block, set exactly while the block is
+the value of a live entry. A key is mapped once and a block only under its own words, so "block
+b is mapped and its words are key k" means "k maps to b": a lookup walking a prompt's blocks,
+which are usually allocated in one batch, confirms each next block that way (its flag and words
+lie next to the previous block's) and probes the table only where that fails.
+
 The table has a power-of-two capacity of at least twice the block count; since every live entry
 is a distinct block (its key is that block's words), it is at most half full and never grows.
 Collisions are resolved by linear probing from ``low & mask`` (xxh3 words are uniformly random,
