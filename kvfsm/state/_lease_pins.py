@@ -12,6 +12,7 @@ directly, as blocks of the prompt's history it reads anyway (the caller checks t
 so a lease costs its blocks, not their references. A lease gives back exactly what it pinned
 with :func:`unpin_unmoved`; nothing else may release these pins.
 """
+
 from __future__ import annotations
 
 from typing import Final

@@ -49,8 +49,8 @@ _NO_PINS: Final = np.zeros(0, dtype=np.uint16)
 
 
 def relink_loop(prev: NDArray[np.int32], next_: NDArray[np.int32], head: NDArray[np.int32],
-                 tail: NDArray[np.int32], ids: IdArray, source: NDArray[np.int8],
-                 dest: NDArray[np.int8]) -> None:
+                tail: NDArray[np.int32], ids: IdArray, source: NDArray[np.int8],
+                dest: NDArray[np.int8]) -> None:
     """Per ``ids[i]`` in order: take it off list ``source[i]`` (none when -1), then append it
     at the tail of list ``dest[i]`` (none when -1). A touch gives the same list twice: the
     block moves to the tail; an id given twice ends where its last entry puts it."""

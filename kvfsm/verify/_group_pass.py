@@ -466,16 +466,16 @@ def group_pass(
     the same call) with the prompt's words ``high``, ``low``, or, for a key whose block is
     the one after the previous key's, from that block's ``mapped`` flag and words alone. The
     group's fixed parameters and small tables come packed in ``consts``
-    (:func:`pack_consts`), the kind's spans per
-    candidate length in ``spans`` (rows SPAN_*). What changes between lookups comes as
-    scalars: ``check_mode`` (CHECKS_*); ``use_checked_ok``, ``checked_ok`` holds the
-    caller's alignment and checksum answers (else the mode decides); ``has_index``, the group
-    is a sparse index with the prompt's history (its target group's pass output
-    ``history``, of ``n_history`` blocks) evaluated before it; ``history_all_settled``,
-    every history block of the prompt is settled (no plan step will move an index target);
-    ``budget`` and ``capped``, the restores the admission gate lets begin now (or
-    BUDGET_UNKNOWN) and whether the core-wide budget has caps. Everything
-    it writes goes to ``out``, laid out as :func:`out_offsets` says (one allocation a call)."""
+    (:func:`pack_consts`), the kind's spans per candidate length in ``spans`` (rows SPAN_*).
+    What changes between lookups comes as scalars: ``check_mode`` (CHECKS_*);
+    ``use_checked_ok``, ``checked_ok`` holds the caller's alignment and checksum answers
+    (else the mode decides); ``has_index``, the group is a sparse index with the prompt's
+    history (its target group's pass output ``history``, of ``n_history`` blocks) evaluated
+    before it; ``history_all_settled``, every history block of the prompt is settled (no
+    plan step will move an index target); ``budget`` and ``capped``, the restores the
+    admission gate lets begin now (or BUDGET_UNKNOWN) and whether the core-wide budget has
+    caps. Everything it writes goes to ``out``, laid out as :func:`out_offsets` says (one
+    allocation a call)."""
     n, count = high.size, spans.shape[1]
     # The parts of ``out`` (out_offsets; the same arithmetic, inline for the compiler).
     width = max(n, count)
