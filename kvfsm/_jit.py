@@ -52,10 +52,13 @@ def _numba() -> Any:
 
 
 class JitSettings:
-    """Whether kernels run compiled or as their NumPy twins (tests flip ``enabled`` to run both)."""
+    """Whether kernels run compiled or as their NumPy twins (tests flip ``enabled`` to run both),
+    and whether entry points bound to argument types check them on every call
+    (``check_entries``: the test suite turns it on; see :meth:`Kernel.entry`)."""
 
     def __init__(self) -> None:
         self._enabled: bool | None = None
+        self.check_entries = False
 
     @property
     def available(self) -> bool:
@@ -124,6 +127,38 @@ class Kernel:
                                    f"or {ENV_VAR}=0 (calling the kernel runs its NumPy twin)")
             self._compiled = numba.njit(cache=True, nogil=True)(self.python)
         return self._compiled
+
+    def entry(self, *args: Any) -> Callable[..., None]:
+        """The compiled version's entry point for exactly the types of ``args`` (compiled now if
+        no version has them), for a call site that calls it again and again with arguments of
+        those types: it skips numba's matching of every argument's type (some 35 ns an
+        argument, a microsecond on a lookup's group pass).
+
+        Only for arguments whose types are fixed by construction (the same arrays, or arrays
+        made the same way): an entry point reads an array of another dtype, layout or
+        dimension as if it had the bound one, unchecked. Where
+        :attr:`JitSettings.check_entries` is on (the test suite), the returned callable checks
+        every call's types against the bound ones and raises a TypeError on a difference."""
+        dispatcher: Any = self._compiled or self.compiled  # a numba Dispatcher
+        typeof = _numba().typeof
+        types = tuple(typeof(arg) for arg in args)
+        call: Callable[..., None] = dispatcher.compile(types)
+        if not settings.check_entries:
+            return call
+        name = self.__name__
+
+        def checked(*each: Any) -> None:
+            now = tuple(typeof(arg) for arg in each)
+            if now != types:
+                changed: list[tuple[object, object, object]] = \
+                    [("count", len(types), len(now))] if len(now) != len(types) else \
+                    [(i, was, new) for i, (was, new) in enumerate(zip(types, now, strict=True))
+                     if was != new]
+                raise TypeError(f"kernel {name}: entry point bound to other argument types "
+                                f"(position, bound, now): {changed}")
+            call(*each)
+
+        return checked
 
     def __call__(self, *args: Any) -> None:
         # The one dispatch: a property read, as call sites did before kernels owned their twins.

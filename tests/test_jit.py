@@ -188,6 +188,71 @@ def test_python_and_compiled_kernels_agree_on_their_examples() -> None:
                 assert np.array_equal(a, b), each.__name__
 
 
+@needs_numba
+def test_an_entry_point_writes_what_the_compiled_kernel_writes() -> None:
+    """A kernel's entry point bound to its example's types runs the same machine code as a
+    call through numba's dispatcher: on the example, the same answer."""
+    for each in _KERNELS:
+        bound, called = each.example(), each.example()
+        each.entry(*bound)(*bound)
+        each.compiled(*called)
+        for a, b in zip(bound, called, strict=True):
+            if isinstance(a, np.ndarray):
+                assert np.array_equal(a, b), each.__name__
+
+
+@needs_numba
+@pytest.mark.parametrize("change", ["dtype", "layout", "read-only", "count"])
+def test_a_checked_entry_point_refuses_other_argument_types_before_running(change: str) -> None:
+    """Where entry points check their calls (the whole suite), an array made another way than
+    the bound one (another dtype, a strided view, read-only) or another number of arguments
+    is refused with a TypeError naming the position, and the kernel writes nothing: unchecked,
+    the entry point would read it as the bound type."""
+    assert jit.check_entries  # tests/conftest.py: every bound call of the suite is checked
+    each = kvfsm.state._hashtable.probe_kernel
+    args = list(each.example())
+    call = each.entry(*args)
+    out = args[-2]
+    before = out.copy()
+    if change == "dtype":
+        args[3] = args[3].astype(np.int64)  # the prompt's high words as int64
+    elif change == "layout":
+        args[3] = np.zeros(2 * args[3].size + 2, dtype=np.uint64)[::2]  # strided
+    elif change == "read-only":
+        args[3] = args[3].copy()
+        args[3].flags.writeable = False
+    else:
+        args = args[:-1]
+    with pytest.raises(TypeError, match="probe_kernel") as error:
+        call(*args)
+    assert ("count" in str(error.value)) == (change == "count")
+    assert np.array_equal(out, before)
+
+
+@needs_numba
+@pytest.mark.parametrize("decl", [DEEPSEEK, FOUR, GPT_OSS], ids=lambda decl: decl.name)
+def test_lookups_of_prompts_made_every_way_match_the_bound_group_pass(decl: Any) -> None:
+    """The lookup calls the group pass through an entry point bound on its first call; every
+    way a prompt is made (a list, arrays of several dtypes, a tensor, tokens appended in
+    pieces) passes its words as the same types (the checked entry point would refuse
+    others), and every verdict is the NumPy twin's."""
+    eng = engine(decl, device=48, host=8)
+    text = PROMPTS[0]
+    eng.commit(eng.prompt(text[:200]))
+    torch = pytest.importorskip("torch")
+    grown = eng.prompt(text[:7])
+    for start in range(7, text.size, 45):
+        grown.extend(text[start : start + 45])
+    made = [eng.prompt(text.tolist()), eng.prompt(text.astype(np.int32)),
+            eng.prompt(text.astype(np.uint16)), eng.prompt(torch.from_numpy(text)), grown,
+            text[:100], text[:16]]
+    for prompt in made:
+        for level in Level:
+            with jit.using(False):
+                expected = eng.lookup(prompt, level=level)
+            assert eng.lookup(prompt, level=level) == expected
+
+
 def test_using_restores_the_setting_even_after_an_error() -> None:
     before = jit.enabled
     with pytest.raises(KeyError), jit.using(False):

@@ -10,6 +10,7 @@ afterwards, only for the lengths a verdict explains.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -93,7 +94,7 @@ class Statics:
     arrays, and the parameters that never change. Made once; :func:`statics_for` makes a new
     one when something it was made from is replaced (the table, a new recorded layout)."""
 
-    __slots__ = ("aligned", "arrays", "layout_ok", "made_from", "paths", "pool",
+    __slots__ = ("aligned", "arrays", "entry", "layout_ok", "made_from", "paths", "pool",
                  "restore_aligned", "settled_compressed", "table", "verdicts")
 
     paths: RestorePaths
@@ -137,6 +138,10 @@ class Statics:
                        group.states,
                        group.epoch, group.position, group.sub_blocks, group.layout_id,
                        group.check, *targets, consts)
+        #: The compiled pass's entry point for the argument types of a first pass with these
+        #: arrays (bound on the first compiled pass; None until): the arrays are these, and
+        #: every other argument is made the same way on every lookup (see ``_pass``).
+        self.entry: Callable[..., None] | None = None
 
 
 #: Per group (weakly): its statics by the ids of the reading layout and device profile.
@@ -447,13 +452,26 @@ class GroupEval:
         self._out = out = np.empty(spans.out_size, dtype=np.int64)
         self._raw = None
         high, low = self.words
+        statics = self._statics
+        args = (high, low, *statics.arrays, history_out, n_history,
+                _NO_CHECKED if checked_ok is None else checked_ok, spans.rows, check_mode,
+                checked_ok is not None, self._has_index, all_settled, self._budget,
+                self._capped, out)
         # The kernel's version chosen here, not in Kernel.__call__: one frame and one repacking
-        # of its ~30 arguments fewer on every lookup.
-        run = group_pass.compiled if jit_settings.enabled else group_pass.twin
-        run(high, low, *self._statics.arrays, history_out, n_history,
-            _NO_CHECKED if checked_ok is None else checked_ok, spans.rows, check_mode,
-            checked_ok is not None, self._has_index, all_settled, self._budget, self._capped,
-            out)
+        # of its ~30 arguments fewer on every lookup. A first pass calls the statics' entry
+        # point: every array but the statics' own is made the same way on every lookup (the
+        # prompt's words are uint64 views of its chain, a history's output and this one are
+        # fresh int64 arrays, the spans' rows a read-only int64 array), so numba's matching of
+        # their types is skipped; a second pass, with checks computed here, is matched.
+        if not jit_settings.enabled:
+            group_pass.twin(*args)
+        elif checked_ok is None:
+            run = statics.entry
+            if run is None:
+                run = statics.entry = group_pass.entry(*args)
+            run(*args)
+        else:
+            group_pass.compiled(*args)
         scalars: list[int] = out[:N_SCALARS].tolist()
         total = scalars[RESTORES_TOTAL]
         if total and self._budget == BUDGET_UNKNOWN:
