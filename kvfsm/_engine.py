@@ -151,7 +151,6 @@ class Engine:
                               self.core.config.hash_function)
         return prompt
 
-    @_locked
     def lookup(
         self,
         prompt: Prompt | Sequence[int] | ArrayLike,
@@ -164,29 +163,33 @@ class Engine:
         """The verdict for ``prompt``; ``level`` defaults to the policy's level for
         ``priority``. The checksums the lookup computed are recorded in the core, so a block
         seen failing is unusable at every level until its content changes."""
-        if priority.__class__ is not int:
-            priority = _args.integer("priority", priority)
-        if drop_last_block.__class__ is not bool:
-            drop_last_block = _args.flag("drop_last_block", drop_last_block)
-        if level is None:
-            chosen = self.policy.level_for(priority)
-        else:
-            chosen = level if level.__class__ is Level else as_level(level)
-        prompt = self._own(prompt)
-        if self.tiers:
-            self.restorer.poll()  # loads that finished since: their blocks are readable now
-            self._forget_evicted()
-            self.discover(prompt)
-        verdict = lookup(self.core, prompt, level=chosen,
-                         kernel_layouts=kernel_layouts, profile=self.profile,
-                         drop_last_block=drop_last_block)
-        for checks in verdict.checks:
-            self.core.record_checks(checks.group, checks.block_ids, checks.passed)
-        # Gate 4: checked against the active graph's signature (a GraphVerdict), if any.
-        verdict = self._graphs.apply(prompt, verdict)
-        if self.metrics is not None:
-            self.metrics.observe_lookup(verdict)
-        return verdict
+        # The engine's lock taken here, not by @_locked: the hottest call skips a frame and
+        # the repacking of its keywords.
+        with self._lock:
+            self._leases.reap()
+            if priority.__class__ is not int:
+                priority = _args.integer("priority", priority)
+            if drop_last_block.__class__ is not bool:
+                drop_last_block = _args.flag("drop_last_block", drop_last_block)
+            if level is None:
+                chosen = self.policy.level_for(priority)
+            else:
+                chosen = level if level.__class__ is Level else as_level(level)
+            prompt = self._own(prompt)
+            if self.tiers:
+                self.restorer.poll()  # loads that finished since: their blocks are readable now
+                self._forget_evicted()
+                self.discover(prompt)
+            verdict = lookup(self.core, prompt, level=chosen,
+                             kernel_layouts=kernel_layouts, profile=self.profile,
+                             drop_last_block=drop_last_block)
+            for checks in verdict.checks:
+                self.core.record_checks(checks.group, checks.block_ids, checks.passed)
+            # Gate 4: checked against the active graph's signature (a GraphVerdict), if any.
+            verdict = self._graphs.apply(prompt, verdict)
+            if self.metrics is not None:
+                self.metrics.observe_lookup(verdict)
+            return verdict
 
     # -- admission (gate 1) ----------------------------------------------------------------
 
