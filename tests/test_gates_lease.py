@@ -27,7 +27,7 @@ from kvfsm import (
 )
 from kvfsm.spec import Event, Tier
 from kvfsm.state import MAX_PINS, StateError
-from kvfsm.verify import Prompt
+from kvfsm.verify import Probe, Prompt
 from tests.verify_models import SWA, block_id, engine, group, history_by_hand, model, tokens
 
 #: A prompt of 321 tokens: 320 can be reused (the last one is always computed).
@@ -136,6 +136,40 @@ def test_a_lease_from_the_probe_holds_what_a_fresh_probe_would(name: str) -> Non
     fast.release()
     fresh.release()
     assert set(_pins(eng).values()) == {0}
+
+
+def _pin_counts(eng: Engine) -> dict[str, tuple[list[int], list[int]]]:
+    return {name: (state.block_pins.tolist(), state.chunk_pins.tolist())
+            for name, state in eng.core.groups.items()}
+
+
+def test_a_probe_made_by_hand_is_leased_with_its_arrays_types_matched() -> None:
+    """A probe made by hand (strided ids, copied epochs) is not a lookup's own output: its
+    lease's passes match its arrays' types rather than run through the entry points each
+    group bound to a lookup's arrays (in this suite every bound call checks its types and
+    would raise), and it pins, validates and gives back exactly what a lookup's probe does."""
+    eng = _engine("deepseek_v4_like")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    assert verdict.probe is not None and verdict.probe.exact
+    with eng.lease(verdict, prompt):  # binds each group's lease passes to a lookup's arrays
+        expected = _pin_counts(eng)
+    fresh = eng.lookup(prompt)
+    assert fresh.probe is not None
+    by_hand = tuple(group._replace(ids=np.repeat(group.ids, 2)[::2], epochs=group.epochs.copy())
+                    for group in fresh.probe.groups)
+    made = attrs.evolve(fresh, probe=Probe(fresh.probe.core, fresh.probe.tokens, by_hand,
+                                           prompt))
+    assert made.probe is not None and not made.probe.exact
+    with eng.lease(made, prompt) as lease:
+        lease.validate()
+        assert _pin_counts(eng) == expected
+        for group in by_hand:
+            assert lease.blocks(group.group).tolist() == group.ids.tolist()
+    assert set(_pins(eng).values()) == {0}
+    assert {name: sum(chunks) for name, (_, chunks) in _pin_counts(eng).items()} == \
+        dict.fromkeys(eng.core.groups, 0)
 
 
 def test_a_block_that_moved_since_the_lookup_refuses_the_lease() -> None:

@@ -78,6 +78,9 @@ class _Held(NamedTuple):
     one_run: bool = False
     #: Touched (used now) in the pass that pinned them.
     touched: bool = False
+    #: ``pinned`` and ``epochs`` are views of a lookup's output (``Probe.exact``): the
+    #: group's kernels run on them through their bound entry points.
+    bound: bool = False
 
     @property
     def group(self) -> str:
@@ -197,7 +200,7 @@ class Lease:
             state = held.state
             count = held.pinned.size
             if held.alone:
-                unpin_unmoved(state, held.pinned, held.epochs[:count], held.run)
+                unpin_unmoved(state, held.pinned, held.epochs[:count], held.run, held.bound)
                 continue
             still = state.epoch[held.pinned] == held.epochs[:count]
             try:
@@ -370,6 +373,7 @@ class LeaseBook:
                     return None
         held: list[_Held | None] = [None] * len(groups)
         answer = self._answer
+        exact = probe.exact
         # Groups changed since the lookup go first: only there can a block have moved
         # (LeaseLost), and they are only pinned, so such a refusal leaves nothing changed.
         # The others are pinned and marked used in one pass each: only a block at MAX_PINS
@@ -385,21 +389,23 @@ class LeaseBook:
                 if first >= 0:
                     raise self._refusal(state, group, first, why)
                 held[at] = _Held(state, group.ids, group.lo, group.ids, group.epochs, True,
-                                 state.changes)
+                                 state.changes, bound=exact)
             for at in unchanged:
                 group, state = groups[at], states[at]
                 assert state is not None
                 # Nothing changed since the lookup: every block is as it saw it (usable).
-                first, run, one_run = take_unchanged(state, group.ids, group.epochs, answer)
+                first, run, one_run = take_unchanged(state, group.ids, group.epochs, answer,
+                                                     exact)
                 if first >= 0:
                     raise self._refusal(state, group, first, PINNED_FULL)
                 # Positional, in field order: one per group on every take.
                 held[at] = _Held(state, group.ids, group.lo, group.ids, group.epochs, True,
-                                 state.changes, run, one_run, True)
+                                 state.changes, run, one_run, True, exact)
         except Exception:
             for taken in held:  # pinned before the refusal
                 if taken is not None:
-                    unpin_unmoved(taken.state, taken.pinned, taken.epochs, taken.run)
+                    unpin_unmoved(taken.state, taken.pinned, taken.epochs, taken.run,
+                                  taken.bound)
             raise
         for taken in held:
             assert taken is not None

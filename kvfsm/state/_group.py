@@ -219,6 +219,9 @@ class GroupState:
         self.changes = 0
         #: Working arrays for set operations on ids (shared by the core's groups).
         self.scratch = Scratch(n) if scratch is None else scratch
+        #: Compiled entry points of the lease kernels, by kernel, bound to the types of this
+        #: group's arrays on their first call (:func:`kvfsm.state._lease_pins.run_bound`).
+        self.lease_entries: dict[object, Callable[..., None]] = {}
         #: Restores in flight across the core's groups and their caps (shared by its groups).
         self.budget = RestoreBudget() if budget is None else budget
         self._dependents = dependents

@@ -15,13 +15,14 @@ with :func:`unpin_unmoved`; nothing else may release these pins.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm._jit import kernel, read_only
+from kvfsm._jit import Kernel, kernel, read_only
+from kvfsm._jit import settings as jit_settings
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
 from kvfsm.state._group import FAILED, MAX_PINS, PIN_CHUNK_SHIFT, GroupState
 from kvfsm.state._touch import chunk_bounds, run_ids, touch_kernel
@@ -228,8 +229,28 @@ def unpin_kernel(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.u
             pins[block] -= 1
 
 
+def run_bound(state: GroupState, each: Kernel, *args: Any) -> None:
+    """``each(*args)`` through its compiled entry point bound to the types of ``args`` on
+    the group's first call (kept in ``state.lease_entries``; :meth:`Kernel.entry`), or its
+    twin where compiled kernels are off. Only for arguments made the same way on every call:
+    the group's own arrays, and a lookup's ids and epochs (numba's matching of some fifteen
+    argument types skipped, half a microsecond a call)."""
+    if not jit_settings.enabled:
+        each.twin(*args)
+        return
+    call = state.lease_entries.get(each)
+    if call is None:
+        call = state.lease_entries[each] = each.entry(*args)
+    call(*args)
+
+
+def _matched(state: GroupState, each: Kernel, *args: Any) -> None:
+    """``each(*args)`` through numba's dispatcher (every argument's type matched)."""
+    each(*args)
+
+
 def take_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32],
-                   answer: NDArray[np.int64]) -> tuple[int, bool, bool]:
+                   answer: NDArray[np.int64], bound: bool = False) -> tuple[int, bool, bool]:
     """Pin each of the distinct blocks ``ids`` (seen at epochs ``seen``) once, as a lookup
     saw them usable when the group has not changed since (its ``changes`` then and now are
     equal: every block is still at the epoch, state and check the lookup saw, so only the
@@ -239,11 +260,14 @@ def take_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32],
     consecutive at one epoch. Else nothing is pinned or touched and the first answer is the
     first index pinned to the limit. ``answer``: four int64 the pass writes its answer to
     (the caller's, reused). The ids are the core's own (a lookup's): an id outside the group
-    is a KvfsmError, and then nothing changes."""
+    is a KvfsmError, and then nothing changes. ``bound``: ``ids`` and ``seen`` are views of
+    a lookup's output (:attr:`Probe.exact`), so the pass runs through the group's bound
+    entry point (:func:`run_bound`)."""
     blocks, recency, clock = state._blocks, state.recency, state.clock
-    touch_kernel(ids, state.states, recency.list_of_state, blocks.last_use, clock.now + 1,
-                 recency.prev, recency.next, recency.head, recency.tail, seen, blocks.pins,
-                 blocks.chunk_pins, state.pin_shift, MAX_PINS, answer)
+    (run_bound if bound else _matched)(
+        state, touch_kernel, ids, state.states, recency.list_of_state, blocks.last_use,
+        clock.now + 1, recency.prev, recency.next, recency.head, recency.tail, seen,
+        blocks.pins, blocks.chunk_pins, state.pin_shift, MAX_PINS, answer)
     outside, first, run, one_run = answer.tolist()
     if outside >= 0:
         raise KvfsmError(f"{state.name}: block ids must lie in [0, {state.n_blocks}), got "
@@ -268,13 +292,14 @@ def pin_if_usable(state: GroupState, ids: IdArray, seen: NDArray[np.uint32], cut
 
 
 def unpin_unmoved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
-                  run: bool = False) -> None:
+                  run: bool = False, bound: bool = False) -> None:
     """Give back the pins :func:`pin_if_usable` or :func:`take_unchanged` took on ``ids``
     (``run``: the latter's answer), except on blocks pinned one by one that are no longer at
-    ``epochs`` (their pin went with their content)."""
+    ``epochs`` (their pin went with their content). ``bound``: as for
+    :func:`take_unchanged`."""
     blocks = state._blocks
-    unpin_kernel(ids, epochs, state.epoch, blocks.pins, blocks.chunk_pins, state.pin_shift,
-                 run)
+    (run_bound if bound else _matched)(state, unpin_kernel, ids, epochs, state.epoch,
+                                       blocks.pins, blocks.chunk_pins, state.pin_shift, run)
 
 
 def first_moved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32]) -> int:

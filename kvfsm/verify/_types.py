@@ -118,16 +118,20 @@ class Probe:
     ``core`` is a weak reference to the state core the lookup read; ``prompt`` the prompt it
     looked up (a lease on that very prompt skips comparing hash words: a prompt only ever
     grows, so its blocks the lookup saw are still its blocks); ``groups`` are made on first
-    use from the lookup's arrays (most verdicts are never leased)."""
+    use from the lookup's arrays (most verdicts are never leased). ``exact``: the groups'
+    ids and epochs are views of a lookup's own output (int64 ids, uint32 epochs,
+    contiguous, writable), so a lease may hand them to compiled code bound to those types;
+    a probe made by hand is not (its lease's kernels then match every argument's type)."""
 
-    __slots__ = ("_groups", "_make", "core", "prompt", "tokens")
+    __slots__ = ("_groups", "_make", "core", "exact", "prompt", "tokens")
 
     def __init__(self, core: Callable[[], object], tokens: int,
                  groups: tuple[ProbedGroup, ...] | Callable[[], tuple[ProbedGroup, ...]],
-                 prompt: object = None) -> None:
+                 prompt: object = None, *, exact: bool = False) -> None:
         self.core = core
         self.tokens = tokens
         self.prompt = prompt
+        self.exact = exact
         self._groups = groups if isinstance(groups, tuple) else None
         self._make = None if isinstance(groups, tuple) else groups
 
