@@ -637,6 +637,26 @@ def test_a_long_run_is_pinned_by_whole_chunks_and_given_back_exactly() -> None:
     eng.core.assert_invariants()
 
 
+def test_a_prompt_committed_into_blocks_given_back_is_leased_by_whole_chunks() -> None:
+    """Blocks given back in the order they were used come back in that order: the next
+    prompt committed into them holds one ascending run again, so its lease pins whole chunks
+    (two chunks and the 32 blocks at the ends of 160) as on a fresh pool, not 160 blocks one
+    by one, and gives them all back."""
+    eng = Engine(shipped_models()["dense"],
+                 CoreConfig(device_blocks=200, host_blocks=0, backend="numpy"))
+    eng.commit(eng.prompt(tokens(2561, seed=1)))
+    assert eng.give_back("attn", 160) == 160
+    second = eng.prompt(tokens(2561, seed=2))
+    ids = eng.commit(second)["attn"]
+    assert ids.tolist() == list(range(160))
+    attn = eng.core.group("attn")
+    with eng.lease(eng.lookup(second), second) as lease:
+        lease.validate()
+        assert int(attn.chunk_pins.sum()) == 2
+        assert int(attn.block_pins.sum()) == 32
+    assert int(attn.chunk_pins.sum()) == int(attn.block_pins.sum()) == 0
+
+
 def test_a_chunk_pinned_to_the_limit_refuses_the_lease_and_pins_nothing() -> None:
     eng = _run_engine()
     prompt, ids = _long_prompt(eng, 200, seed=3)

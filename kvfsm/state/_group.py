@@ -449,7 +449,11 @@ class GroupState:
         if left.any():
             self._left_free(ids[left])
         entered = ids[now_free & ~was_free]
-        blocks.free_ids[blocks.free_top : blocks.free_top + entered.size] = entered
+        # Pushed last first, so the next allocation pops them in the order they were freed:
+        # a prompt's blocks freed in prompt order come back as the same ascending run (which
+        # a lookup confirms without the hash table and a lease pins by whole chunks), not
+        # reversed.
+        blocks.free_ids[blocks.free_top : blocks.free_top + entered.size] = entered[::-1]
         blocks.free_top += entered.size
         # A block joining a recency list is as recent as the latest use (lists stay ordered).
         joined = self.recency.moved(ids, before, after)
