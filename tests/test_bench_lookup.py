@@ -34,6 +34,10 @@ def test_bench_lookup_figures() -> None:
         figures["lookup_ms_median_observed"] - figures["lookup_ms_median_metrics_log"])
     for step in ("take", "validate", "release"):
         assert figures[f"lease_{step}_ms_median"] > 0, step
+        assert 0 < figures[f"lease_{step}_ms_min"] <= figures[f"lease_{step}_ms_median"], step
+    assert figures["observability_overhead_of_minima"] == pytest.approx(
+        figures["lookup_ms_min_observed"] / figures["lookup_ms_min_engine"] - 1)
+    assert figures["lookup_ms_min_engine"] <= figures["lookup_ms_median_engine"]
 
 
 def test_bench_lookup_without_prometheus_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -42,6 +46,7 @@ def test_bench_lookup_without_prometheus_says_why(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
     figures = bench_lookup(tokens=1024, repeat=1)
     assert figures["lookup_ms_median_observed"] is None
+    assert figures["observability_overhead_of_minima"] is None
     assert "prometheus-client" in str(figures["observed_skipped"])
 
 
