@@ -4,16 +4,16 @@ SGLang (where they are importable they are made to look absent)."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "peer_bench.py"
+from tests.tool_modules import load_tool
+
 #: The shortest run the tool accepts that still fills a block (16 tokens) and a bit.
 TINY = ["--lengths", "40,64", "--rounds", "2", "--samples", "3", "--hash-tokens", "64"]
 ROW_KEYS = {"kvfsm_ms", "kvfsm_full_nochecksum_ms", "vllm_ms", "sglang_ms", "vllm_ratio",
@@ -23,11 +23,7 @@ ROW_KEYS = {"kvfsm_ms", "kvfsm_full_nochecksum_ms", "vllm_ms", "sglang_ms", "vll
 
 @pytest.fixture(scope="module")
 def tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tools_peer_bench", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("peer_bench")
 
 
 @pytest.fixture
