@@ -657,6 +657,27 @@ def test_a_prompt_committed_into_blocks_given_back_is_leased_by_whole_chunks() -
     assert int(attn.chunk_pins.sum()) == int(attn.block_pins.sum()) == 0
 
 
+def test_a_prompt_committed_while_making_room_is_leased_by_each_runs_whole_chunks() -> None:
+    """A commit that gives back other blocks for room takes those first, then older free
+    ids: two runs. The lease pins each run's whole chunks (here blocks 0-63) and every other
+    block alone, so each block holds one pin; release gives every counter back."""
+    eng = Engine(shipped_models()["dense"],
+                 CoreConfig(device_blocks=200, host_blocks=0, backend="numpy"))
+    eng.commit(eng.prompt(tokens(2561, seed=1)))
+    second = eng.prompt(tokens(2561, seed=2))
+    ids = eng.commit(second)["attn"]
+    assert ids.tolist() == list(range(120)) + list(range(160, 200))
+    attn = eng.core.group("attn")
+    with eng.lease(eng.lookup(second), second) as lease:
+        lease.validate()
+        assert attn.chunk_pins.tolist()[:4] == [1, 0, 0, 0]
+        assert int(attn.block_pins.sum()) == 160 - 64
+        held = attn.block_pins.astype(np.int64) + np.repeat(attn.chunk_pins, 64)[:200]
+        assert sorted(np.flatnonzero(held == 1).tolist()) == ids.tolist()
+        assert held.max() == 1
+    assert int(attn.chunk_pins.sum()) == int(attn.block_pins.sum()) == 0
+
+
 def test_a_chunk_pinned_to_the_limit_refuses_the_lease_and_pins_nothing() -> None:
     eng = _run_engine()
     prompt, ids = _long_prompt(eng, 200, seed=3)

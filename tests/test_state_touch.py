@@ -4,12 +4,22 @@ with nothing changed."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvfsm.state._lease_pins import unpin_kernel
 from kvfsm.state._recency import Recency
-from kvfsm.state._touch import NO_PINNING, chunk_bounds, touch_kernel
+from kvfsm.state._touch import (
+    NO_PINNING,
+    ONE_RUN,
+    RUNS,
+    chunk_bounds,
+    run_chunks,
+    touch_kernel,
+)
 
 #: The backend fixture is set once per test, not per example: it changes nothing per input.
 FIXTURE_OK = settings(max_examples=150, deadline=None,
@@ -85,15 +95,16 @@ def test_a_refused_touch_changes_nothing(jit_backend: str, first: int, count: in
         ids = np.random.default_rng(seed).permutation(ids).tolist()
     recency, last_use, pins, chunk_pins = _fresh()
     at = full % len(ids)
-    lo_chunk, hi_chunk = chunk_bounds(ids[0], len(ids), SHIFT)
-    run = ids == list(range(ids[0], ids[0] + len(ids))) and hi_chunk > lo_chunk
+    # Ids inside a whole chunk of their run of consecutive ids are pinned through the chunk.
+    inside, _ = run_chunks(np.array(ids, dtype=np.intp), SHIFT)
     chunk = ids[at] >> SHIFT
     if outside:
         ids[at] = N_BLOCKS
-    elif run and lo_chunk <= chunk < hi_chunk:
-        # Inside a run's whole chunk the pass pins the chunk: that counter is at the limit.
+    elif inside[at]:
+        # Inside a run's whole chunk the pass pins the chunk: that counter is at the limit,
+        # and the first id it concerns is the chunk's first.
         chunk_pins[chunk] = 2
-        at = (chunk << SHIFT) - ids[0]
+        at = ids.index(chunk << SHIFT)
     else:
         pins[ids[at]] = 2
     before = (pins.copy(), chunk_pins.copy(), last_use.copy(), recency.prev.copy(),
@@ -111,3 +122,43 @@ def test_a_plain_touch_pins_nothing(jit_backend: str) -> None:
                  recency=recency, last_use=last_use, tick=4)
     assert out.tolist() == [-1, -1, 0, 0]
     assert not pins.any() and not chunk_pins.any() and _order(recency)[-3:] == [3, 4, 5]
+
+
+def _runs(data: st.DataObject) -> list[int]:
+    """A few runs of consecutive ids, disjoint, in any order (a commit that made room)."""
+    cuts = sorted(data.draw(st.sets(st.integers(0, N_BLOCKS), min_size=2, max_size=6),
+                            label="cuts"))
+    runs = [list(range(a, data.draw(st.integers(a, b), label="end")))
+            for a, b in itertools.pairwise(cuts)]
+    order = data.draw(st.permutations(range(len(runs))), label="order")
+    return [block for i in order for block in runs[i]]
+
+
+@FIXTURE_OK
+@given(data=st.data())
+def test_several_runs_are_each_pinned_by_their_whole_chunks_and_given_back_exactly(
+        jit_backend: str, data: st.DataObject) -> None:
+    """A lease's touch of several runs of consecutive ids pins each whole chunk inside a run
+    once and every other id once, so every block holds exactly one pin more; the unpin with
+    the touch's answer gives back exactly that, leaving every counter as it was."""
+    ids = _runs(data)
+    if not ids:
+        return
+    recency, last_use, pins, chunk_pins = _fresh()
+    out = _touch(ids, limit=5, pins=pins, chunk_pins=chunk_pins, recency=recency,
+                 last_use=last_use, tick=9)
+    _, chunks = run_chunks(np.array(ids, dtype=np.intp), SHIFT)
+    consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
+    assert out[:2].tolist() == [-1, -1]
+    assert out[2] == ((ONE_RUN if consecutive else RUNS) if chunks.size else 0)
+    assert int(chunk_pins.sum()) == chunks.size
+    held = pins.astype(np.int64) + np.repeat(chunk_pins, 1 << SHIFT)[:N_BLOCKS]
+    expected = np.zeros(N_BLOCKS, dtype=np.int64)
+    expected[ids] = 1
+    assert held.tolist() == expected.tolist()
+    batch = np.array(ids, dtype=np.intp)
+    epoch = np.zeros(N_BLOCKS, dtype=np.uint32)
+    epoch.flags.writeable = False
+    unpin_kernel(batch, np.zeros(batch.size, dtype=np.uint32), epoch, pins, chunk_pins, SHIFT,
+                 int(out[2]))
+    assert not pins.any() and not chunk_pins.any()

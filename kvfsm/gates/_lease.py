@@ -70,9 +70,10 @@ class _Held(NamedTuple):
     #: The group's ``changes`` once the lease held its pins: while it is unchanged no block
     #: of the group moved, so each of ``ids`` is still at its epoch and state.
     changes: int = -1
-    #: ``pinned`` is one run of consecutive ids, pinned by whole chunks but for its ends
-    #: (:func:`~kvfsm.state._lease_pins.take_unchanged`); given back the same way.
-    run: bool = False
+    #: How ``pinned`` was pinned (:func:`~kvfsm.state._lease_pins.take_unchanged`): one by
+    #: one (0), or where one run of consecutive ids (1) or each of several runs (2) spans
+    #: whole chunks, by those chunks but for its ends; given back the same way.
+    run: int = 0
     #: ``ids`` are consecutive and all at one epoch (the event log writes the read as runs
     #: without scanning them).
     one_run: bool = False

@@ -25,7 +25,15 @@ from kvfsm._jit import Kernel, kernel, read_only
 from kvfsm._jit import settings as jit_settings
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
 from kvfsm.state._group import FAILED, MAX_PINS, PIN_CHUNK_SHIFT, GroupState
-from kvfsm.state._touch import chunk_bounds, run_ids, touch_kernel
+from kvfsm.state._touch import (
+    ONE_BY_ONE,
+    ONE_RUN,
+    RUNS,
+    chunk_bounds,
+    run_chunks,
+    run_ids,
+    touch_kernel,
+)
 
 IdArray = NDArray[np.intp]
 
@@ -166,34 +174,38 @@ def first_moved_kernel(ids: IdArray, recorded: NDArray[np.uint32], states: NDArr
 def _pins_example() -> tuple[object, ...]:
     return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint32),
             read_only(np.zeros(1, dtype=np.uint32)), np.zeros(1, dtype=np.uint16),
-            np.zeros(1, dtype=np.uint16), PIN_CHUNK_SHIFT, False)
+            np.zeros(1, dtype=np.uint16), PIN_CHUNK_SHIFT, ONE_BY_ONE)
 
 
 def _pins_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """Distinct blocks with pins to give (some at 0), some moved off their recorded epoch;
-    where they are one run over whole chunks, given back as a pinning touch
-    took them (its ends one by one, its chunks whole)."""
+    """Distinct blocks with pins to give (some at 0), some moved off their recorded epoch,
+    given back as a pinning touch took them: one run over whole chunks, or several runs
+    some of which span whole chunks (their ends one by one, their chunks whole), or every
+    block alone."""
     n_blocks, shift = int(rng.integers(1, 24)), int(rng.integers(1, 3))
     ids = run_ids(rng, n_blocks)
     epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
     recorded = epoch[ids].copy()
     recorded[rng.random(ids.size) < 0.2] += 1
     lo_chunk, hi_chunk = chunk_bounds(int(ids[0]), ids.size, shift) if ids.size else (0, 0)
-    run = bool(ids.size) and bool((np.diff(ids) == 1).all()) and hi_chunk > lo_chunk
+    run = ONE_BY_ONE
+    if bool(ids.size) and bool((np.diff(ids) == 1).all()) and hi_chunk > lo_chunk:
+        run = ONE_RUN
+    elif run_chunks(ids, shift)[1].size and rng.random() < 0.8:
+        run = RUNS
     return (ids, recorded, read_only(epoch), rng.integers(0, 3, n_blocks).astype(np.uint16),
             rng.integers(0, 3, (n_blocks >> shift) + 1).astype(np.uint16), shift, run)
 
 
 def _unpin_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
                 pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16], shift: int,
-                run: bool) -> None:
-    if run:
-        lo_chunk, hi_chunk = chunk_bounds(int(ids[0]), ids.size, shift)
-        chunks = np.arange(lo_chunk, hi_chunk)
+                run: int) -> None:
+    if run != ONE_BY_ONE:
+        # A single run's whole chunks are its runs' (it is one): one rule for both.
+        inside, chunks = run_chunks(ids, shift)
         chunks = chunks[chunk_pins[chunks] > 0]
         chunk_pins[chunks] -= np.uint16(1)
-        ends = (ids < lo_chunk << shift) | (ids >= hi_chunk << shift)
-        ids, recorded = ids[ends], recorded[ends]
+        ids, recorded = ids[~inside], recorded[~inside]
     unmoved = ids[epoch[ids] == recorded]
     held = unmoved[pins[unmoved] > 0]
     pins[held] -= np.uint16(1)
@@ -202,31 +214,42 @@ def _unpin_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.ui
 @kernel(example=_pins_example, twin=_unpin_twin, inputs=_pins_inputs)
 def unpin_kernel(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
                  pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16], shift: int,
-                 run: bool) -> None:
+                 run: int) -> None:
     """Give back what a pinning touch (:func:`take_unchanged`) pinned on the distinct blocks
-    ``ids`` (``run``: its answer, pinned as one run): one pin less on each whole chunk of a
-    run, and on each other block still at its epoch ``recorded[i]`` (a moved block lost its
-    pin with its content: another owner's pin is never taken); never below 0."""
+    ``ids`` (``run``: its answer, how it pinned them: ``ONE_BY_ONE``, ``ONE_RUN`` or
+    ``RUNS``): one pin less on each whole chunk of a run, and on each other block still at
+    its epoch ``recorded[i]`` (a moved block lost its pin with its content: another owner's
+    pin is never taken); never below 0."""
     count = ids.size
-    # Blocks pinned one by one: the first ``head`` and those from ``tail`` on (all of them
-    # unless a run's whole chunks were pinned instead).
-    head, tail = count, count
-    if run:
-        first = ids[0]
-        lo_chunk = (first + (1 << shift) - 1) >> shift
-        hi_chunk = (first + count) >> shift
-        for chunk in range(lo_chunk, hi_chunk):
-            if chunk_pins[chunk] > 0:
-                chunk_pins[chunk] -= 1
-        head, tail = (lo_chunk << shift) - first, (hi_chunk << shift) - first
-    for i in range(head):
-        block = ids[i]
-        if epoch[block] == recorded[i] and pins[block] > 0:
-            pins[block] -= 1
-    for i in range(tail, count):
-        block = ids[i]
-        if epoch[block] == recorded[i] and pins[block] > 0:
-            pins[block] -= 1
+    i = 0
+    while i < count:
+        # The next run as the touch found it (the same ids, the same runs): the rest of the
+        # ids where they were pinned one by one or as one run, else up to the next break.
+        start = ids[i]
+        j = count
+        if run == RUNS:
+            j = i + 1
+            while j < count and ids[j] == ids[j - 1] + 1:
+                j += 1
+        lo = (start + (1 << shift) - 1) >> shift
+        hi = (start + (j - i)) >> shift
+        # Blocks pinned one by one: ``[i, head)`` and ``[tail, j)`` (all of them unless the
+        # run's whole chunks were pinned instead).
+        head, tail = j, j
+        if run != ONE_BY_ONE and hi > lo:
+            for chunk in range(lo, hi):
+                if chunk_pins[chunk] > 0:
+                    chunk_pins[chunk] -= 1
+            head, tail = i + (lo << shift) - start, i + (hi << shift) - start
+        for k in range(i, head):
+            block = ids[k]
+            if epoch[block] == recorded[k] and pins[block] > 0:
+                pins[block] -= 1
+        for k in range(tail, j):
+            block = ids[k]
+            if epoch[block] == recorded[k] and pins[block] > 0:
+                pins[block] -= 1
+        i = j
 
 
 def run_bound(state: GroupState, each: Kernel, *args: Any) -> None:
@@ -250,13 +273,14 @@ def _matched(state: GroupState, each: Kernel, *args: Any) -> None:
 
 
 def take_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32],
-                   answer: NDArray[np.int64], bound: bool = False) -> tuple[int, bool, bool]:
+                   answer: NDArray[np.int64], bound: bool = False) -> tuple[int, int, bool]:
     """Pin each of the distinct blocks ``ids`` (seen at epochs ``seen``) once, as a lookup
     saw them usable when the group has not changed since (its ``changes`` then and now are
     equal: every block is still at the epoch, state and check the lookup saw, so only the
     pin limit is left to check), and touch them (used now: the clock's next tick), in one
     compiled pass: ``(-1, run, one_run)``, ``run`` telling :func:`unpin_unmoved` how they
-    were pinned (as one run of ids over whole chunks), ``one_run`` that the ids are
+    were pinned (``ONE_BY_ONE``, ``ONE_RUN`` or ``RUNS``: by whole chunks where one run, or
+    each of several runs, spans them), ``one_run`` that the ids are
     consecutive at one epoch. Else nothing is pinned or touched and the first answer is the
     first index pinned to the limit. ``answer``: four int64 the pass writes its answer to
     (the caller's, reused). The ids are the core's own (a lookup's): an id outside the group
@@ -274,7 +298,7 @@ def take_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32],
                          f"{int(ids[outside])}")
     if first < 0:
         clock.advance()
-    return first, run == 1, one_run == 1
+    return first, run, one_run == 1
 
 
 def pin_if_usable(state: GroupState, ids: IdArray, seen: NDArray[np.uint32], cut: int
@@ -292,7 +316,7 @@ def pin_if_usable(state: GroupState, ids: IdArray, seen: NDArray[np.uint32], cut
 
 
 def unpin_unmoved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
-                  run: bool = False, bound: bool = False) -> None:
+                  run: int = ONE_BY_ONE, bound: bool = False) -> None:
     """Give back the pins :func:`pin_if_usable` or :func:`take_unchanged` took on ``ids``
     (``run``: the latter's answer), except on blocks pinned one by one that are no longer at
     ``epochs`` (their pin went with their content). ``bound``: as for

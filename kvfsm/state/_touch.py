@@ -31,6 +31,37 @@ def chunk_bounds(first: int, count: int, shift: int) -> tuple[int, int]:
     return (first + (1 << shift) - 1) >> shift, (first + count) >> shift
 
 
+#: ``out[2]`` of a pinning touch, and the ``run`` of its unpin: how the pins were taken.
+ONE_BY_ONE: Final = 0
+#: One run of consecutive ids: its whole chunks in ``chunk_pins``, its two ends one by one.
+ONE_RUN: Final = 1
+#: Several runs: each run spanning a whole chunk as :data:`ONE_RUN`, every other id alone.
+RUNS: Final = 2
+
+
+def run_chunks(ids: IdArray, shift: int) -> tuple[NDArray[np.bool_], NDArray[np.int64]]:
+    """How a pinning touch pins the distinct ``ids`` by runs: per id, whether it lies in a
+    whole chunk (of ``1 << shift`` ids) inside its maximal run of consecutive ids (pinned
+    through the chunk), and those chunks, in prompt order. (Every other id is pinned alone.)"""
+    count = ids.size
+    if not count:
+        return np.zeros(0, dtype=np.bool_), np.zeros(0, dtype=np.int64)
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    lengths = np.diff(np.concatenate((starts, [count])))
+    firsts = ids[starts].astype(np.int64)
+    lo = (firsts + (1 << shift) - 1) >> shift
+    hi = (firsts + lengths) >> shift
+    run_of = np.repeat(np.arange(starts.size), lengths)
+    inside = (hi[run_of] > lo[run_of]) & (ids >= lo[run_of] << shift) & \
+        (ids < hi[run_of] << shift)
+    whole = hi > lo
+    chunks = np.concatenate([np.arange(a, b, dtype=np.int64)
+                             for a, b in zip(lo[whole].tolist(), hi[whole].tolist(),
+                                             strict=True)] or [np.zeros(0, dtype=np.int64)])
+    return inside, chunks
+
+
 def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],
                 last_use: NDArray[np.uint32], tick: int, prev: NDArray[np.int32],
                 next_: NDArray[np.int32], head: NDArray[np.int32], tail: NDArray[np.int32],
@@ -43,10 +74,13 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
     With ``max_pins`` above 0 the distinct ``ids`` (a lease's, seen at epochs ``seen``) are
     first pinned once more each: where they are one run of consecutive ids spanning at least
     one whole chunk of ``1 << shift`` ids, the whole chunks once each in ``chunk_pins`` and
-    only the ids at the two ends in ``pins`` (``out[2] = 1``: given back so), else every
-    block in ``pins``; ``out[3]``: the ids are consecutive and ``seen`` all one value (a read
-    the event log writes as one run). ``out[1]``: -1, or the first index whose block (or its
-    chunk) already holds ``max_pins`` pins, and then nothing changes.
+    only the ids at the two ends in ``pins`` (``out[2] = ONE_RUN``: given back so); else each
+    of their maximal runs of consecutive ids that spans a whole chunk so, and every other id
+    in ``pins`` (``out[2] = RUNS`` where some run was pinned by chunks, else ``ONE_BY_ONE``;
+    :func:`run_chunks` says which ids a chunk holds); ``out[3]``: the ids are consecutive and
+    ``seen`` all one value (a read the event log writes as one run). ``out[1]``: -1, or the
+    first index whose block (or its chunk) already holds ``max_pins`` pins, and then nothing
+    changes.
 
     ``out[0]``: -1, or the index of the first id outside the blocks, and then nothing
     changes. Two passes over the ids at most (the range and run check, then the pins and the
@@ -125,12 +159,53 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
                 pins[block] += 1
             out[2] = 1
         else:
-            for i in range(count):
-                if pins[ids[i]] >= max_pins:
-                    out[1] = i
-                    return
-            for i in range(count):
-                pins[ids[i]] += 1
+            # Several runs (a commit that made room takes freed blocks, then older free
+            # ids), or one run without a whole chunk: each run pinned as a single one is,
+            # where it spans a whole chunk, else id by id. Limits first (phase 0), in prompt
+            # order, then the pins (phase 1): nothing moves on a refusal.
+            chunked = 0
+            for phase in range(2):
+                i = 0
+                while i < count:
+                    start = ids[i]
+                    j = i + 1
+                    while j < count and ids[j] == ids[j - 1] + 1:
+                        j += 1
+                    lo = (start + (1 << shift) - 1) >> shift
+                    hi = (start + (j - i)) >> shift
+                    if hi > lo:
+                        chunked = 1
+                        head_end, tail_start, end = lo << shift, hi << shift, start + (j - i)
+                        if phase == 0:
+                            for block in range(start, head_end):
+                                if pins[block] >= max_pins:
+                                    out[1] = i + block - start
+                                    return
+                            for chunk in range(lo, hi):
+                                if chunk_pins[chunk] >= max_pins:
+                                    out[1] = i + (chunk << shift) - start
+                                    return
+                            for block in range(tail_start, end):
+                                if pins[block] >= max_pins:
+                                    out[1] = i + block - start
+                                    return
+                        else:
+                            for block in range(start, head_end):
+                                pins[block] += 1
+                            for chunk in range(lo, hi):
+                                chunk_pins[chunk] += 1
+                            for block in range(tail_start, end):
+                                pins[block] += 1
+                    else:
+                        for k in range(i, j):
+                            if phase == 0:
+                                if pins[ids[k]] >= max_pins:
+                                    out[1] = k
+                                    return
+                            else:
+                                pins[ids[k]] += 1
+                    i = j
+            out[2] = 2 * chunked
     if run:
         if consecutive:
             last_use[first:first + count] = tick
@@ -193,19 +268,17 @@ def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
     if max_pins > 0 and count:
         consecutive = bool((ids == ids[0] + np.arange(count)).all())
         out[3] = consecutive and bool((seen == seen[0]).all())
-        lo_chunk, hi_chunk = chunk_bounds(int(ids[0]), count, shift)
-        chunked = consecutive and hi_chunk > lo_chunk
-        ends = (ids < lo_chunk << shift) | (ids >= hi_chunk << shift) if chunked \
-            else np.ones(count, dtype=np.bool_)
+        inside, chunks = run_chunks(ids, shift)
+        ends = ~inside
         # The first block (in prompt order) held to the limit, by itself or by its chunk.
-        full = np.flatnonzero(~ends & (chunk_pins[ids >> shift] >= max_pins)
+        full = np.flatnonzero(inside & (chunk_pins[ids >> shift] >= max_pins)
                               | ends & (pins[ids] >= max_pins))
         if full.size:
             out[1] = full[0]
             return
-        if chunked:
-            chunk_pins[lo_chunk:hi_chunk] += np.uint16(1)
-            out[2] = 1
+        if chunks.size:
+            chunk_pins[chunks] += np.uint16(1)
+            out[2] = ONE_RUN if consecutive else RUNS
         pins[ids[ends]] += np.uint16(1)
     last_use[ids] = tick
     lists = list_of_state[states[ids]]
@@ -225,10 +298,18 @@ def _touch_example() -> tuple[object, ...]:
 
 def run_ids(rng: np.random.Generator, n_blocks: int) -> IdArray:
     """Distinct ids, often one run of consecutive ids (a lease's usual blocks, spanning
-    whole pin chunks where it is long enough), else a random set."""
-    if rng.random() < 0.6:
+    whole pin chunks where it is long enough), or a few runs in any order (a commit that
+    made room), else a random set."""
+    draw = rng.random()
+    if draw < 0.45:
         first = int(rng.integers(0, n_blocks))
         return np.arange(first, int(rng.integers(first, n_blocks + 1)), dtype=np.intp)
+    if draw < 0.75:
+        cuts = np.sort(rng.choice(n_blocks + 1, size=min(n_blocks + 1, 5), replace=False))
+        runs = [np.arange(a, int(rng.integers(a, b + 1)), dtype=np.intp)
+                for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True)]
+        order = rng.permutation(len(runs))
+        return np.concatenate([runs[i] for i in order] or [np.zeros(0, dtype=np.intp)])
     return rng.permutation(n_blocks)[: int(rng.integers(0, n_blocks + 1))].astype(np.intp)
 
 
