@@ -83,9 +83,9 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
     changes.
 
     ``out[0]``: -1, or the index of the first id outside the blocks, and then nothing
-    changes. Two passes over the ids at most (the range and run check, then the pins and the
-    moves; no gathers, masks or index lists); a batch that is one run of one list in batch
-    order is spliced to the tail whole."""
+    changes. No gathers, masks or index lists: the range and run check, then (pinning) the
+    limits and the pins, then the moves; a batch that is one run of one list in batch order
+    is spliced to the tail whole."""
     n = last_use.size
     out[0], out[1], out[2], out[3] = -1, -1, 0, 0
     count = ids.size
@@ -134,78 +134,57 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
         for i in range(seen.size):
             differ |= seen[i] ^ base
         out[3] = consecutive and differ == 0
-        lo_chunk = (first + (1 << shift) - 1) >> shift
-        hi_chunk = (first + count) >> shift
-        if consecutive and hi_chunk > lo_chunk:
-            head_end, tail_start, end = lo_chunk << shift, hi_chunk << shift, first + count
-            # Limits first, in prompt order: nothing moves on a refusal.
-            for block in range(first, head_end):
-                if pins[block] >= max_pins:
-                    out[1] = block - first
-                    return
-            for chunk in range(lo_chunk, hi_chunk):
-                if chunk_pins[chunk] >= max_pins:
-                    out[1] = (chunk << shift) - first
-                    return
-            for block in range(tail_start, end):
-                if pins[block] >= max_pins:
-                    out[1] = block - first
-                    return
-            for block in range(first, head_end):
-                pins[block] += 1
-            for chunk in range(lo_chunk, hi_chunk):
-                chunk_pins[chunk] += 1
-            for block in range(tail_start, end):
-                pins[block] += 1
-            out[2] = 1
-        else:
-            # Several runs (a commit that made room takes freed blocks, then older free
-            # ids), or one run without a whole chunk: each run pinned as a single one is,
-            # where it spans a whole chunk, else id by id. Limits first (phase 0), in prompt
-            # order, then the pins (phase 1): nothing moves on a refusal.
-            chunked = 0
-            for phase in range(2):
-                i = 0
-                while i < count:
-                    start = ids[i]
+        # Each maximal run of consecutive ids (all of them where they are consecutive: no
+        # scan for breaks) pinned by the whole chunks inside it, its ends and every id of a
+        # run without a whole chunk one by one. Several runs come from a commit that made
+        # room (freed blocks first, then older free ids). Limits first (phase 0), in prompt
+        # order, then the pins (phase 1): nothing moves on a refusal.
+        chunked = False
+        for phase in range(2):
+            i = 0
+            while i < count:
+                start = ids[i]
+                j = count
+                if not consecutive:
                     j = i + 1
                     while j < count and ids[j] == ids[j - 1] + 1:
                         j += 1
-                    lo = (start + (1 << shift) - 1) >> shift
-                    hi = (start + (j - i)) >> shift
-                    if hi > lo:
-                        chunked = 1
-                        head_end, tail_start, end = lo << shift, hi << shift, start + (j - i)
-                        if phase == 0:
-                            for block in range(start, head_end):
-                                if pins[block] >= max_pins:
-                                    out[1] = i + block - start
-                                    return
-                            for chunk in range(lo, hi):
-                                if chunk_pins[chunk] >= max_pins:
-                                    out[1] = i + (chunk << shift) - start
-                                    return
-                            for block in range(tail_start, end):
-                                if pins[block] >= max_pins:
-                                    out[1] = i + block - start
-                                    return
-                        else:
-                            for block in range(start, head_end):
-                                pins[block] += 1
-                            for chunk in range(lo, hi):
-                                chunk_pins[chunk] += 1
-                            for block in range(tail_start, end):
-                                pins[block] += 1
+                lo = (start + (1 << shift) - 1) >> shift
+                hi = (start + (j - i)) >> shift
+                if hi > lo:
+                    chunked = True
+                    head_end, tail_start, end = lo << shift, hi << shift, start + (j - i)
+                    if phase == 0:
+                        for block in range(start, head_end):
+                            if pins[block] >= max_pins:
+                                out[1] = i + block - start
+                                return
+                        for chunk in range(lo, hi):
+                            if chunk_pins[chunk] >= max_pins:
+                                out[1] = i + (chunk << shift) - start
+                                return
+                        for block in range(tail_start, end):
+                            if pins[block] >= max_pins:
+                                out[1] = i + block - start
+                                return
                     else:
-                        for k in range(i, j):
-                            if phase == 0:
-                                if pins[ids[k]] >= max_pins:
-                                    out[1] = k
-                                    return
-                            else:
-                                pins[ids[k]] += 1
-                    i = j
-            out[2] = 2 * chunked
+                        for block in range(start, head_end):
+                            pins[block] += 1
+                        for chunk in range(lo, hi):
+                            chunk_pins[chunk] += 1
+                        for block in range(tail_start, end):
+                            pins[block] += 1
+                else:
+                    for k in range(i, j):
+                        if phase == 0:
+                            if pins[ids[k]] >= max_pins:
+                                out[1] = k
+                                return
+                        else:
+                            pins[ids[k]] += 1
+                i = j
+        if chunked:
+            out[2] = ONE_RUN if consecutive else RUNS
     if run:
         if consecutive:
             last_use[first:first + count] = tick
