@@ -106,14 +106,17 @@ class Kernel:
     the kernel runs the compiled version when :attr:`JitSettings.enabled`, else the twin.
     ``example()`` gives small arguments of the call site's exact types (for :func:`warm_up`),
     ``inputs(rng)`` random valid arguments (for the differential test; None: the kernel is left
-    out of it)."""
+    out of it). ``calls``: the plain functions its body calls (compiled into it; see
+    :func:`kernel`)."""
 
     def __init__(self, function: Callable[..., None], *, example: Example,
-                 twin: Callable[..., None] | None = None, inputs: Inputs | None = None) -> None:
+                 twin: Callable[..., None] | None = None, inputs: Inputs | None = None,
+                 calls: tuple[Callable[..., Any], ...] = ()) -> None:
         self.python = function
         self.twin = function if twin is None else twin
         self.example = example
         self.inputs = inputs
+        self.calls = calls
         self.__doc__ = function.__doc__
         self.__name__ = function.__name__
         self._compiled: Callable[..., None] | None = None
@@ -125,6 +128,8 @@ class Kernel:
             if numba is None:
                 raise RuntimeError(f"kernel {self.__name__} cannot be compiled: numba is missing "
                                    f"or {ENV_VAR}=0 (calling the kernel runs its NumPy twin)")
+            for each in self.calls:
+                _callable_from_kernels(numba, each)
             self._compiled = numba.njit(cache=True, nogil=True)(self.python)
         return self._compiled
 
@@ -171,6 +176,18 @@ class Kernel:
         return f"<kernel {self.__name__}>"
 
 
+#: Plain functions compiled kernels may call (registered with numba once each).
+_CALLABLE: set[Callable[..., Any]] = set()
+
+
+def _callable_from_kernels(numba: Any, function: Callable[..., Any]) -> None:
+    """Let compiled code call ``function`` (numba compiles it into each caller); from Python
+    it stays the plain function."""
+    if function not in _CALLABLE:
+        numba.extending.register_jitable(function)
+        _CALLABLE.add(function)
+
+
 def read_only(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """``array`` made read-only, for examples: numba compiles a separate version for read-only
     arrays (a lifecycle table's per-state facts, a machine's state view)."""
@@ -183,7 +200,8 @@ _KERNELS: list[Kernel] = []
 
 
 def kernel(*, example: Example, twin: Callable[..., None] | None = None,
-           inputs: Inputs | None = None) -> Callable[[Callable[..., None]], Kernel]:
+           inputs: Inputs | None = None, calls: tuple[Callable[..., Any], ...] = ()
+           ) -> Callable[[Callable[..., None]], Kernel]:
     """Decorator making a :class:`Kernel` and registering it in ``_KERNELS``.
 
     ``example()`` returns small arguments of exactly the types the call site passes (numba
@@ -192,10 +210,20 @@ def kernel(*, example: Example, twin: Callable[..., None] | None = None,
     the same answer into ``out`` (None: a loop with no vectorized form, whose plain-Python
     function serves as its twin). ``inputs(rng)`` returns random valid arguments (from a
     ``numpy.random.Generator``), varied enough that a twin differing from the kernel on some
-    valid input shows in a few hundred draws; every kernel with a vectorized twin gives it."""
+    valid input shows in a few hundred draws; every kernel with a vectorized twin gives it.
+
+    ``calls`` names the plain functions (numba-compilable, like a kernel's body) that the
+    kernel's body calls, so one compiled pass can run another kernel's loop. They must be
+    defined in the same file as the body: numba's disk cache checks only that file's date, and
+    a kernel compiled with an older callee would otherwise be loaded stale."""
 
     def decorate(function: Callable[..., None]) -> Kernel:
-        wrapped = Kernel(function, example=example, twin=twin, inputs=inputs)
+        for each in calls:
+            if each.__code__.co_filename != function.__code__.co_filename:
+                raise ValueError(f"kernel {function.__name__}: {each.__name__} is defined in "
+                                 f"{each.__code__.co_filename}, not beside it (numba's cache "
+                                 "would not see it change)")
+        wrapped = Kernel(function, example=example, twin=twin, inputs=inputs, calls=calls)
         _KERNELS.append(wrapped)
         return wrapped
 

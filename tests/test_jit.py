@@ -124,6 +124,8 @@ def _copied(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """Fresh copies of the array arguments (read-only ones stay read-only: numba compiles a
     separate version for them, and the call sites pass them so)."""
     def copy(value: Any) -> Any:
+        if isinstance(value, tuple):  # a kernel over several groups takes tuples of arrays
+            return tuple(copy(each) for each in value)
         if not isinstance(value, np.ndarray):
             return value
         fresh = value.copy()
@@ -138,6 +140,12 @@ def _written(function: Callable[..., None], args: tuple[Any, ...]) -> tuple[Any,
     fresh = _copied(args)
     function(*fresh)
     return fresh
+
+
+def _arrays_of(args: tuple[Any, ...]) -> list[Any]:
+    """The arguments with tuples (of a kernel over several groups) opened, in order."""
+    return [inner for value in args
+            for inner in (_arrays_of(value) if isinstance(value, tuple) else [value])]
 
 
 def test_every_lookup_kernel_is_registered_with_a_twin_and_inputs() -> None:
@@ -167,9 +175,9 @@ def test_every_kernel_agrees_compiled_as_twin_and_as_python(each: Kernel, seed: 
         results["compiled"] = _written(each.compiled, args)
         with jit.using(True):
             results["call, numba"] = _written(each, args)
-    expected = results.pop("python")
+    expected = _arrays_of(results.pop("python"))
     for name, got in results.items():
-        for i, (want, value) in enumerate(zip(expected, got, strict=True)):
+        for i, (want, value) in enumerate(zip(expected, _arrays_of(got), strict=True)):
             if isinstance(want, np.ndarray):
                 assert value.dtype == want.dtype and value.tolist() == want.tolist(), \
                     f"{each.__name__} {name}: argument {i} differs from the Python function's"
@@ -183,7 +191,7 @@ def test_python_and_compiled_kernels_agree_on_their_examples() -> None:
         slow, fast = each.example(), each.example()
         each.python(*slow)
         each(*fast)
-        for a, b in zip(slow, fast, strict=True):
+        for a, b in zip(_arrays_of(slow), _arrays_of(fast), strict=True):
             if isinstance(a, np.ndarray):
                 assert np.array_equal(a, b), each.__name__
 
@@ -196,7 +204,7 @@ def test_an_entry_point_writes_what_the_compiled_kernel_writes() -> None:
         bound, called = each.example(), each.example()
         each.entry(*bound)(*bound)
         each.compiled(*called)
-        for a, b in zip(bound, called, strict=True):
+        for a, b in zip(_arrays_of(bound), _arrays_of(called), strict=True):
             if isinstance(a, np.ndarray):
                 assert np.array_equal(a, b), each.__name__
 

@@ -28,7 +28,9 @@ from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError, LeaseLost
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
+from kvfsm.gates._lease_probed import ProbedHold, arrays_for, take_probed
 from kvfsm.state import FAILED, MAX_PINS, NO_TARGET, GroupState, StateCore, StateError
+from kvfsm.state._lease_pass import HI, LO, LeaseArrays
 from kvfsm.state._lease_pins import (
     CHECK_FAILED,
     MOVED,
@@ -101,16 +103,31 @@ class Lease:
     the form the kernel reads; ``valid`` says the same as a bool.
     """
 
-    def __init__(self, book: LeaseBook, tokens: int, held: tuple[_Held, ...],
+    def __init__(self, book: LeaseBook, tokens: int, held: tuple[_Held, ...] | ProbedHold,
                  expires_at: float) -> None:
         self._book = book
         #: The prefix length the lease covers (the verdict's ``usable_tokens``).
         self.tokens = tokens
         #: When the lease expires, on the book's monotonic clock.
         self.expires_at = expires_at
-        self._held = held
+        #: Taken in one pass from a lookup's outputs (per-group views made when asked).
+        self._probed = held if isinstance(held, ProbedHold) else None
+        self._holding = None if isinstance(held, ProbedHold) else held
         self._released = False
         self._expired_on_release = False
+
+    @property
+    def _held(self) -> tuple[_Held, ...]:
+        """Per group, what the lease holds (made from a one-pass take on first need)."""
+        if self._holding is None:
+            probed = self._probed
+            assert probed is not None
+            # Positional, in field order, as the per-group take makes them.
+            self._holding = tuple(
+                _Held(state, ids, first, ids, epochs, True, each[4], run, one_run, True, True)
+                for state, each, (first, ids, epochs, run, one_run)
+                in zip(probed.arrays.groups, probed.passes, probed.views(), strict=True))
+        return self._holding
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -168,9 +185,13 @@ class Lease:
                 raise
             # The read about to happen, for the event log (replay checks its epochs).
             core = self._book.core
-            if core.observed:
-                core.record_leased_reads([(held.state.name, held.ids, held.epochs, held.one_run)
-                                          for held in self._held])
+            if not core.observed:
+                return
+            if self._probed is not None:
+                core.record_leased_reads(*self._probed.reads())
+                return
+            core.record_leased_reads([(held.state.name, held.ids, held.epochs, held.one_run)
+                                      for held in self._held])
 
     def _validate(self) -> None:
         if not self._released and self._book.clock() >= self.expires_at:
@@ -182,6 +203,8 @@ class Lease:
                             "again")
         if self._released:
             raise LeaseLost("the lease was released")
+        if self._probed is not None and self._probed.unchanged():
+            return  # no group changed since the take: no block it holds moved
         for held in self._held:
             _check(held.state, held)
 
@@ -197,6 +220,9 @@ class Lease:
         if self._released:
             return
         self._released = True
+        if self._probed is not None:
+            self._probed.unpin()
+            return
         for held in self._held:
             state = held.state
             count = held.pinned.size
@@ -223,7 +249,11 @@ class Lease:
         self.release()
 
     def __repr__(self) -> str:
-        blocks = sum(held.pinned.size for held in self._held)
+        if self._probed is not None:
+            answers = self._probed.answers
+            blocks = int((answers[:, HI] - answers[:, LO]).sum())
+        else:
+            blocks = sum(held.pinned.size for held in self._held)
         status = "released" if self._released else "open"
         return f"Lease({self.tokens} tokens, {blocks} blocks pinned, {status})"
 
@@ -270,6 +300,9 @@ class LeaseBook:
         self._next_expiry = _NEVER
         #: The pin pass's answer (used under the lock).
         self._answer = np.empty(4, dtype=np.int64)
+        #: The core's groups' arrays in its lookups' order, for one-pass takes (made on the
+        #: first).
+        self._arrays: LeaseArrays | None = None
 
     def refused(self, lost: LeaseLost) -> None:
         if self.on_refusal is not None:
@@ -305,7 +338,9 @@ class LeaseBook:
             raise KvfsmError(f"the verdict covers {tokens} tokens but the prompt has only "
                              f"{prompt.n_tokens}: not this prompt's verdict")
         with self.lock:
-            held = self._probed(verdict, prompt)
+            held: tuple[_Held, ...] | ProbedHold | None = self._probed_at_once(verdict, prompt)
+            if held is None:
+                held = self._probed(verdict, prompt)
             if held is not None:
                 return self._open_lease(tokens, held, ttl_s)
             try:
@@ -334,7 +369,20 @@ class LeaseBook:
                              for name, (ids, index) in needed.items())
             return self._open_lease(tokens, recorded, ttl_s)
 
-    def _open_lease(self, tokens: int, held: tuple[_Held, ...], ttl_s: float) -> Lease:
+    def _probed_at_once(self, verdict: Verdict, prompt: Prompt) -> ProbedHold | None:
+        """The lease's holdings pinned in one pass over every group, where its verdict's lookup
+        was of this prompt on this core and no group changed since (the usual lease); None
+        where that cannot serve (nothing changed)."""
+        probe = verdict.probe
+        if probe is None or probe.passes is None or not probe.exact or \
+                probe.prompt is not prompt or probe.tokens != verdict.usable_tokens or \
+                probe.core() is not self.core:
+            return None
+        arrays = self._arrays = arrays_for(self.core, self._arrays, probe.passes)
+        return take_probed(arrays, probe.passes, probe.at)
+
+    def _open_lease(self, tokens: int, held: tuple[_Held, ...] | ProbedHold,
+                    ttl_s: float) -> Lease:
         lease = Lease(self, tokens, held, self.clock() + float(ttl_s))
         self._open[id(lease)] = lease
         self._next_expiry = min(self._next_expiry, lease.expires_at)

@@ -56,6 +56,9 @@ _Shaped = TypeVar("_Shaped", NDArray[np.uint8], NDArray[np.int32])
 #: A read a lease reports: ``(group, ids, epochs, one_run)`` (see
 #: :meth:`StateCore.record_leased_reads`).
 LeasedRead = tuple[str, IdArray, NDArray[np.uint32], bool]
+#: A read of ``count`` consecutive ids from ``first``, all at ``epoch``: ``(group, first,
+#: count, epoch)``.
+LeasedRun = tuple[str, int, int, int]
 
 #: Backends a config may name.
 BACKENDS: Final = ("auto", "numpy", "cupy")
@@ -409,26 +412,33 @@ class StateCore:
             for observer in self._observers:
                 observer.read(group, read, epochs)
 
-    def record_leased_reads(self, reads: Sequence[LeasedRead]) -> None:
+    def record_leased_reads(self, reads: Sequence[LeasedRead],
+                            runs: Sequence[LeasedRun] = ()) -> None:
         """:meth:`record_read` of the blocks a lease just validated, per group at the epochs
         it recorded: the ids are the core's own and their epochs known, so nothing is checked
         or gathered again, and the arrays are handed to observers as they are (a lease never
         changes them). Each read is ``(group, ids, epochs, one_run)``; where the caller knows
-        a read's ids are consecutive at one epoch (``one_run``), an observer with a
-        ``read_runs`` method is told all of those in one call, as
-        ``(group, first, count, epoch)``, with no array to scan."""
+        a read's ids are consecutive at one epoch (``one_run``), or gives it as a run
+        ``(group, first, count, epoch)`` in ``runs``, an observer with a ``read_runs`` method
+        is told all of those in one call, with no array to scan (any other observer gets
+        them as arrays)."""
         if not self._observers:
             return
         # Runs are made once for every observer that takes them.
-        runs = [(group, int(ids[0]), ids.size, int(epochs[0]))
-                for group, ids, epochs, one_run in reads if one_run and ids.size]
+        every_run = [*runs, *[(group, int(ids[0]), ids.size, int(epochs[0]))
+                              for group, ids, epochs, one_run in reads if one_run and ids.size]]
         for observer in self._observers:
             read_runs = getattr(observer, "read_runs", None)
             for group, ids, epochs, one_run in reads:
                 if ids.size and not (one_run and read_runs is not None):
                     observer.read(group, ids, epochs)
-            if runs and read_runs is not None:
-                read_runs(runs)
+            if read_runs is not None:
+                if every_run:
+                    read_runs(every_run)
+                continue
+            for group, first, count, epoch in runs:
+                observer.read(group, np.arange(first, first + count, dtype=np.intp),
+                              np.full(count, epoch, dtype=np.uint32))
 
     def _dependents_of(self, group: str) -> Callable[[IdArray], None]:
         def invalidate(ids: IdArray) -> None:

@@ -33,6 +33,7 @@ from kvfsm.state._touch import (
     run_chunks,
     run_ids,
     touch_kernel,
+    unpin_loop,
 )
 
 IdArray = NDArray[np.intp]
@@ -211,45 +212,8 @@ def _unpin_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.ui
     pins[held] -= np.uint16(1)
 
 
-@kernel(example=_pins_example, twin=_unpin_twin, inputs=_pins_inputs)
-def unpin_kernel(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
-                 pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16], shift: int,
-                 run: int) -> None:
-    """Give back what a pinning touch (:func:`take_unchanged`) pinned on the distinct blocks
-    ``ids`` (``run``: its answer, how it pinned them: ``ONE_BY_ONE``, ``ONE_RUN`` or
-    ``RUNS``): one pin less on each whole chunk of a run, and on each other block still at
-    its epoch ``recorded[i]`` (a moved block lost its pin with its content: another owner's
-    pin is never taken); never below 0."""
-    count = ids.size
-    i = 0
-    while i < count:
-        # The next run as the touch found it (the same ids, the same runs): the rest of the
-        # ids where they were pinned one by one or as one run, else up to the next break.
-        start = ids[i]
-        j = count
-        if run == RUNS:
-            j = i + 1
-            while j < count and ids[j] == ids[j - 1] + 1:
-                j += 1
-        lo = (start + (1 << shift) - 1) >> shift
-        hi = (start + (j - i)) >> shift
-        # Blocks pinned one by one: ``[i, head)`` and ``[tail, j)`` (all of them unless the
-        # run's whole chunks were pinned instead).
-        head, tail = j, j
-        if run != ONE_BY_ONE and hi > lo:
-            for chunk in range(lo, hi):
-                if chunk_pins[chunk] > 0:
-                    chunk_pins[chunk] -= 1
-            head, tail = i + (lo << shift) - start, i + (hi << shift) - start
-        for k in range(i, head):
-            block = ids[k]
-            if epoch[block] == recorded[k] and pins[block] > 0:
-                pins[block] -= 1
-        for k in range(tail, j):
-            block = ids[k]
-            if epoch[block] == recorded[k] and pins[block] > 0:
-                pins[block] -= 1
-        i = j
+unpin_kernel = kernel(example=_pins_example, twin=_unpin_twin,
+                      inputs=_pins_inputs)(unpin_loop)
 
 
 def run_bound(state: GroupState, each: Kernel, *args: Any) -> None:

@@ -170,9 +170,10 @@ class Clock:
     def __init__(self) -> None:
         self.now = 0
 
-    def advance(self) -> int:
-        """The next tick (every touch takes one)."""
-        self.now += 1
+    def advance(self, ticks: int = 1) -> int:
+        """The next tick (every touch takes one; a pass that touched ``ticks`` groups in
+        turn took that many)."""
+        self.now += ticks
         return self.now
 
 

@@ -7,6 +7,11 @@ fixed cost, right after a long lookup has pushed everything out of cache, outwei
 on the blocks. One pass per group reads the ids once for both: whether they are one run of
 consecutive ids (pinned by whole chunks, spliced to the list's tail whole) and whether they lie
 in the group. The recency lists themselves are :mod:`kvfsm.state._recency`'s.
+
+The loops that give a lease's pins back (:func:`unpin_loop`) and that take and give back a
+lease over every group in one call (:func:`take_probed_loop`, :func:`unpin_probed_loop`, whose
+kernels :mod:`kvfsm.state._lease_pass` registers) live here too: they call the touch's loop,
+and numba's disk cache recompiles a kernel only when its own file changes.
 """
 
 from __future__ import annotations
@@ -226,6 +231,155 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
         tail[listed] = block
 
 
+def unpin_loop(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
+               pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16], shift: int,
+               run: int) -> None:
+    """Give back what a pinning touch (:func:`_touch_loop`) pinned on the distinct blocks
+    ``ids`` (``run``: its answer, how it pinned them: ``ONE_BY_ONE``, ``ONE_RUN`` or
+    ``RUNS``): one pin less on each whole chunk of a run, and on each other block still at
+    its epoch ``recorded[i]`` (a moved block lost its pin with its content: another owner's
+    pin is never taken); never below 0."""
+    count = ids.size
+    i = 0
+    while i < count:
+        # The next run as the touch found it (the same ids, the same runs): the rest of the
+        # ids where they were pinned one by one or as one run, else up to the next break.
+        start = ids[i]
+        j = count
+        if run == RUNS:
+            j = i + 1
+            while j < count and ids[j] == ids[j - 1] + 1:
+                j += 1
+        lo = (start + (1 << shift) - 1) >> shift
+        hi = (start + (j - i)) >> shift
+        # Blocks pinned one by one: ``[i, head)`` and ``[tail, j)`` (all of them unless the
+        # run's whole chunks were pinned instead).
+        head, tail = j, j
+        if run != ONE_BY_ONE and hi > lo:
+            for chunk in range(lo, hi):
+                if chunk_pins[chunk] > 0:
+                    chunk_pins[chunk] -= 1
+            head, tail = i + (lo << shift) - start, i + (hi << shift) - start
+        for k in range(i, head):
+            block = ids[k]
+            if epoch[block] == recorded[k] and pins[block] > 0:
+                pins[block] -= 1
+        for k in range(tail, j):
+            block = ids[k]
+            if epoch[block] == recorded[k] and pins[block] > 0:
+                pins[block] -= 1
+        i = j
+
+
+# -- one pass over every group of a lease made from a lookup's probe -----------------------
+
+#: Columns of a probed lease's answer row per group (``answers[g]``): the first four are the
+#: pinning touch's ``out`` (an id outside the group, the first at the pin limit, how the pins
+#: were taken, a read of one run at one epoch); then the first id and epoch read, and the
+#: prompt blocks ``[lo, hi)`` the group holds.
+OUTSIDE: Final = 0
+FULL: Final = 1
+PINNED_AS: Final = 2
+ONE_READ: Final = 3
+FIRST_ID: Final = 4
+FIRST_EPOCH: Final = 5
+LO: Final = 6
+HI: Final = 7
+ANSWER_COLUMNS: Final = 8
+#: Columns of a probed lease's fixed facts per group (``fixed[g]``).
+SHIFT: Final = 0
+TARGET: Final = 1
+BLOCK: Final = 2
+TARGET_BLOCK: Final = 3
+FIXED_COLUMNS: Final = 4
+#: ``result[0]`` of :func:`take_probed_loop`: every group pinned and touched.
+TAKEN: Final = -1
+#: ``result[0]``: an index group's targets are not all among the blocks the lease would
+#: hold of its target group; nothing was pinned or touched.
+TARGETS_OUTSIDE: Final = -2
+
+
+def _probed_ids(out: NDArray[np.int64], at_ids: int, at_epochs: int, lo: int, hi: int
+                ) -> tuple[NDArray[np.int64], NDArray[np.uint32]]:
+    """The ids and epochs a lookup's group pass wrote to ``out`` for prompt blocks
+    ``[lo, hi)`` (ids from word ``at_ids``, epochs two a word from ``at_epochs``)."""
+    return out[at_ids + lo:at_ids + hi], out[at_epochs:].view(np.uint32)[lo:hi]
+
+
+def take_probed_loop(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64], ...],
+                     offsets: tuple[NDArray[np.int64], ...], at: int, fixed: NDArray[np.int64],
+                     states: tuple[NDArray[np.uint8], ...],
+                     list_of_state: tuple[NDArray[np.int8], ...],
+                     last_use: tuple[NDArray[np.uint32], ...], tick: int,
+                     prev: tuple[NDArray[np.int32], ...], next_: tuple[NDArray[np.int32], ...],
+                     head: tuple[NDArray[np.int32], ...], tail: tuple[NDArray[np.int32], ...],
+                     pins: tuple[NDArray[np.uint16], ...],
+                     chunk_pins: tuple[NDArray[np.uint16], ...], max_pins: int,
+                     answers: NDArray[np.int64], result: NDArray[np.int64]) -> None:
+    """A lease's pinning touch (:func:`_touch_loop`) of every group at once, on the blocks a
+    lookup found usable at its candidate ``at`` (no group changed since: only the pin limit
+    is left to check), so a lease costs one compiled call, not one per group.
+
+    Group ``g``'s blocks are prompt blocks ``[rows[g][0, at], rows[g][2, at])``, their ids
+    and epochs in the lookup's pass output ``outs[g]`` from words ``offsets[g][0]`` and
+    ``offsets[g][1]``. ``fixed[g]`` is what the group's declaration fixes (columns
+    ``SHIFT`` ... ``TARGET_BLOCK``): its pin chunk shift, the position of the group its
+    blocks point into (-1: none), and the two groups' block sizes.
+
+    First, no changes: an index group's usable rows point only at history blocks ending
+    before them, which the lease must hold as blocks of the target group (from its block 0
+    past them); where it would not, ``result[0] = TARGETS_OUTSIDE`` and nothing changes.
+    Then each group with blocks, in order, touched at the next tick from ``tick`` (counted
+    in ``result[1]``) with its answer row ``answers[g]`` (columns ``OUTSIDE`` ...
+    ``HI``); the first refused (an id outside the group, a block at ``max_pins``) stops
+    there with ``result[0] = g``: the groups before it stay pinned and touched, it and those
+    after are unchanged. Else ``result[0] = TAKEN``."""
+    groups = len(outs)
+    result[0], result[1] = TAKEN, 0
+    for g in range(groups):
+        target = fixed[g, TARGET]
+        lo, hi = rows[g][0, at], rows[g][2, at]
+        if target >= 0 and hi > lo:
+            reach = hi * fixed[g, BLOCK] // fixed[g, TARGET_BLOCK]
+            if rows[target][0, at] != 0 or rows[target][2, at] < reach:
+                result[0] = TARGETS_OUTSIDE
+                return
+    touched = 0
+    for g in range(groups):
+        answer = answers[g]
+        lo, hi = rows[g][0, at], rows[g][2, at]
+        answer[OUTSIDE], answer[FULL], answer[PINNED_AS], answer[ONE_READ] = -1, -1, 0, 0
+        answer[FIRST_ID], answer[FIRST_EPOCH], answer[LO], answer[HI] = -1, 0, lo, hi
+        if hi <= lo:
+            continue
+        ids, seen = _probed_ids(outs[g], offsets[g][0], offsets[g][1], lo, hi)
+        _touch_loop(ids, states[g], list_of_state[g], last_use[g], tick + touched, prev[g],
+                    next_[g], head[g], tail[g], seen, pins[g], chunk_pins[g],
+                    fixed[g, SHIFT], max_pins, answer)
+        if answer[OUTSIDE] >= 0 or answer[FULL] >= 0:
+            result[0], result[1] = g, touched
+            return
+        answer[FIRST_ID], answer[FIRST_EPOCH] = ids[0], seen[0]
+        touched += 1
+    result[1] = touched
+
+
+def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: tuple[NDArray[np.int64], ...],
+                      fixed: NDArray[np.int64],
+                      epoch: tuple[NDArray[np.uint32], ...],
+                      pins: tuple[NDArray[np.uint16], ...],
+                      chunk_pins: tuple[NDArray[np.uint16], ...], answers: NDArray[np.int64],
+                      groups: int) -> None:
+    """Give back what :func:`take_probed_loop` pinned in its first ``groups`` groups (its
+    answer rows say where and how), as :func:`unpin_loop` per group."""
+    for g in range(groups):
+        lo, hi = answers[g, LO], answers[g, HI]
+        if hi > lo:
+            ids, seen = _probed_ids(outs[g], offsets[g][0], offsets[g][1], lo, hi)
+            unpin_loop(ids, seen, epoch[g], pins[g], chunk_pins[g], fixed[g, SHIFT],
+                       answers[g, PINNED_AS])
+
+
 def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],
                 last_use: NDArray[np.uint32], tick: int, prev: NDArray[np.int32],
                 next_: NDArray[np.int32], head: NDArray[np.int32], tail: NDArray[np.int32],
@@ -293,21 +447,25 @@ def run_ids(rng: np.random.Generator, n_blocks: int) -> IdArray:
 
 
 def _touch_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """:func:`touch_inputs`, half the time a lease's pinning touch."""
+    return touch_inputs(rng, int(rng.integers(1, 4)) if rng.random() < 0.5 else NO_PINNING)
+
+
+def touch_inputs(rng: np.random.Generator, limit: int) -> tuple[object, ...]:
     """Sound lists, states consistent with them (state ``s`` maps to list ``s - 1``), and ids
     with repeats, now and then one outside the blocks, or (a third of the time) a run of one
-    list in list order, from anywhere in it to anywhere after (the splice path). Half the
-    time a lease's pinning touch instead: distinct ids (often one run over whole chunks), a
-    few pins on them and their chunks, now and then one at the limit."""
+    list in list order, from anywhere in it to anywhere after (the splice path). With a pin
+    ``limit`` above 0, a lease's pinning touch instead: distinct ids (often one run over
+    whole chunks), a few pins on them and their chunks, now and then one at the limit."""
     from kvfsm.state._recency import random_lists
 
     prev, next_, head, tail, member = random_lists(rng)
     n = prev.size
     list_of_state = np.arange(-1, head.size, dtype=np.int8)
     states = read_only((member + 1).astype(np.uint8))
-    shift, limit = int(rng.integers(1, 3)), NO_PINNING
+    shift = int(rng.integers(1, 3))
     ids = rng.integers(0, n, int(rng.integers(0, 10))).astype(np.intp)
-    if rng.random() < 0.5:
-        limit = int(rng.integers(1, 4))
+    if limit > 0:
         ids = run_ids(rng, n)
     elif rng.random() < 1 / 3 and (member >= 0).any():
         block = int(rng.choice(np.flatnonzero(member >= 0)))

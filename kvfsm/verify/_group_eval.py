@@ -261,6 +261,10 @@ class Spans:
         #: the bytes, and its size (out_offsets).
         self.out_at = out_offsets(n, self.lo.size)
         self.out_size = self.out_at[3]
+        #: Where the block ids and the epochs start, as an array (a lease's one compiled pass
+        #: over every group reads them there).
+        self.out_words = np.array(self.out_at[:2], dtype=np.int64)
+        self.out_words.setflags(write=False)
 
 
 #: Spans by (group declaration, prompt blocks, candidate count, step), shared: a kind's rule

@@ -304,7 +304,7 @@ def _probe(core: weakref.ref[StateCore], prompt: Prompt, evals: tuple[GroupEval,
             made.append(ProbedGroup(name, lo, cut, hi, ids, epochs, last_words, changes))
         return tuple(made)
 
-    return Probe(core, tokens, groups, prompt, exact=True)
+    return Probe(core, tokens, groups, prompt, exact=True, passes=found, at=at)
 
 
 #: The pass output holds ids as int64; where that is not ``intp`` they are viewed as it.

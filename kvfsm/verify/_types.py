@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import attrs
 import numpy as np
@@ -121,17 +121,25 @@ class Probe:
     use from the lookup's arrays (most verdicts are never leased). ``exact``: the groups'
     ids and epochs are views of a lookup's own output (int64 ids, uint32 epochs,
     contiguous, writable), so a lease may hand them to compiled code bound to those types;
-    a probe made by hand is not (its lease's kernels then match every argument's type)."""
+    a probe made by hand is not (its lease's kernels then match every argument's type).
+    ``passes``: per group in the lookup's order, ``(name, spans, out, words, changes)``, the
+    group pass's output over its spans and the group's change count then, with ``at`` the
+    candidate index of ``tokens`` (a lookup's probe: a lease on it reads the blocks straight
+    from the outputs, every group in one compiled call)."""
 
-    __slots__ = ("_groups", "_make", "core", "exact", "prompt", "tokens")
+    __slots__ = ("_groups", "_make", "at", "core", "exact", "passes", "prompt", "tokens")
 
     def __init__(self, core: Callable[[], object], tokens: int,
                  groups: tuple[ProbedGroup, ...] | Callable[[], tuple[ProbedGroup, ...]],
-                 prompt: object = None, *, exact: bool = False) -> None:
+                 prompt: object = None, *, exact: bool = False,
+                 passes: Sequence[tuple[str, Any, NDArray[np.int64], Any, int]] | None = None,
+                 at: int = -1) -> None:
         self.core = core
         self.tokens = tokens
         self.prompt = prompt
         self.exact = exact
+        self.passes = passes
+        self.at = at
         self._groups = groups if isinstance(groups, tuple) else None
         self._make = None if isinstance(groups, tuple) else groups
 

@@ -1,0 +1,142 @@
+"""The usual lease: taken on a lookup's own verdict and prompt with no group changed since, in
+one compiled call over every group.
+
+Nothing moved since the lookup (each group's ``changes`` is as the lookup saw it), so every
+block is still as the lookup found it and only the pin limit is left to check. The blocks are
+read straight from the lookup's pass outputs (:class:`~kvfsm.verify.Probe` ``passes``), and
+one pass pins and touches them all (:class:`~kvfsm.state._lease_pass.LeaseArrays`); the lease
+keeps those outputs and the pass's answer rows, and makes per-group views only when asked
+(its blocks, a validate after some group changed, a read that is not one run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm._errors import KvfsmError
+from kvfsm.state import MAX_PINS, StateCore, StateError
+from kvfsm.state._core import LeasedRead, LeasedRun
+from kvfsm.state._lease_pass import (
+    ANSWER_COLUMNS,
+    FIRST_EPOCH,
+    FIRST_ID,
+    FULL,
+    HI,
+    LO,
+    ONE_READ,
+    OUTSIDE,
+    PINNED_AS,
+    TAKEN,
+    LeaseArrays,
+)
+from kvfsm.state._touch import _probed_ids
+
+#: A lookup's pass per group: ``(name, spans, out, words, changes)`` (``Probe.passes``).
+Passes = Sequence[tuple[str, Any, NDArray[np.int64], Any, int]]
+
+
+class ProbedHold(NamedTuple):
+    """What a lease taken by :func:`take_probed` holds: the groups' arrays, the lookup's pass
+    per group (its outputs hold the ids and epochs), the outputs and where in them the ids
+    and epochs start, and the answer row per group (columns of
+    :mod:`~kvfsm.state._lease_pass`: prompt blocks ``[LO, HI)``, how they were pinned,
+    whether they are one run at one epoch, the first id and epoch)."""
+
+    arrays: LeaseArrays
+    passes: Passes
+    outs: tuple[NDArray[np.int64], ...]
+    offsets: tuple[NDArray[np.int64], ...]
+    answers: NDArray[np.int64]
+
+    def unchanged(self) -> bool:
+        """No group has changed since the take (so none of its blocks moved: O(groups))."""
+        for state, each in zip(self.arrays.groups, self.passes, strict=True):
+            if state.changes != each[4]:
+                return False
+        return True
+
+    def views(self) -> list[tuple[int, NDArray[np.intp], NDArray[np.uint32], int, bool]]:
+        """Per group: its first prompt block, the ids and epochs held (views of the lookup's
+        output), how they were pinned, and whether they are one run at one epoch."""
+        made = []
+        for g, row in enumerate(self.answers.tolist()):
+            ids, epochs = _probed_ids(self.outs[g], int(self.offsets[g][0]),
+                                      int(self.offsets[g][1]), row[LO], row[HI])
+            made.append((row[LO], ids.view(np.intp), epochs, row[PINNED_AS],
+                         bool(row[ONE_READ])))
+        return made
+
+    def reads(self) -> tuple[list[LeasedRead], list[LeasedRun]]:
+        """The read a validated lease reports: each group's blocks as a run where they are one
+        (no array looked at), else as arrays."""
+        reads: list[LeasedRead] = []
+        runs: list[LeasedRun] = []
+        names = self.arrays.names
+        for g, row in enumerate(self.answers.tolist()):
+            count = row[HI] - row[LO]
+            if count <= 0:
+                continue
+            if row[ONE_READ]:
+                runs.append((names[g], row[FIRST_ID], count, row[FIRST_EPOCH]))
+                continue
+            ids, epochs = _probed_ids(self.outs[g], int(self.offsets[g][0]),
+                                      int(self.offsets[g][1]), row[LO], row[HI])
+            reads.append((names[g], ids.view(np.intp), epochs, False))
+        return reads, runs
+
+    def unpin(self, groups: int | None = None) -> None:
+        """Give back the pins of every group (or of the first ``groups``)."""
+        self.arrays.unpin(self.outs, self.offsets, self.answers,
+                          len(self.outs) if groups is None else groups)
+
+
+def arrays_for(core: StateCore, known: LeaseArrays | None, passes: Passes) -> LeaseArrays:
+    """``known``, or the arrays of the groups of ``passes`` in their order gathered now (a
+    core's lookups keep one order: once per core; :func:`take_probed` checks the names)."""
+    if known is not None and len(known.names) == len(passes):
+        return known
+    return LeaseArrays([core.group(each[0]) for each in passes])
+
+
+def take_probed(arrays: LeaseArrays, passes: Passes, at: int) -> ProbedHold | None:
+    """Pin and touch the blocks of every group of ``passes`` (a lookup's, at its candidate
+    ``at``) in one compiled call, where no group changed since the lookup: the hold. None
+    where some group changed, or an index group points past what the lease would hold of its
+    target (nothing changed: the caller checks the blocks afresh). A StateError (a block
+    already at ``MAX_PINS``) or KvfsmError (an id outside its group) where a group refused:
+    the groups before it stay marked used (their recency refreshed), nothing is pinned."""
+    groups = arrays.groups
+    if len(passes) != len(groups):
+        return None
+    for state, name, each in zip(groups, arrays.names, passes, strict=True):
+        if state.changes != each[4] or name != each[0]:
+            return None
+    outs = tuple([each[2] for each in passes])
+    offsets = tuple([each[1].out_words for each in passes])
+    answers = np.empty((len(passes), ANSWER_COLUMNS), dtype=np.int64)
+    clock = groups[0].clock
+    stop, touched = arrays.take(outs, tuple([each[1].rows for each in passes]), offsets, at,
+                                clock.now + 1, answers)
+    if touched:
+        clock.advance(touched)
+    hold = ProbedHold(arrays, passes, outs, offsets, answers)
+    if stop == TAKEN:
+        return hold
+    if stop < 0:
+        return None  # an index's targets outside what is held: checked afresh
+    hold.unpin(stop)
+    state, row = groups[stop], answers[stop].tolist()
+    ids, _ = _probed_ids(outs[stop], int(offsets[stop][0]), int(offsets[stop][1]), row[LO],
+                         row[HI])
+    if row[OUTSIDE] >= 0:
+        raise KvfsmError(f"{state.name}: block ids must lie in [0, {state.n_blocks}), got "
+                         f"{int(ids[row[OUTSIDE]])}")
+    raise StateError(f"{state.name}: more than {MAX_PINS} pins on one block (block "
+                     f"{int(ids[row[FULL]])}); nothing was pinned")
+
+
+__all__ = ["ProbedHold", "arrays_for", "take_probed"]

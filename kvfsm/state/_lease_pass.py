@@ -1,0 +1,262 @@
+"""A lease made from a lookup's probe in one compiled call over every group, and given back in
+one more.
+
+A lease taken right after its lookup, on the lookup's own prompt, with no group changed since,
+has nothing left to check but the pin limit: every block is as the lookup saw it. Per group that
+was one kernel call to pin and touch and one to give back, each unboxing some fifteen arrays,
+plus the Python around it; for a model of three groups that fixed cost was most of a lease.
+Here the groups' arrays are gathered once per core into tuples (:class:`LeaseArrays`), and one
+pass (:func:`take_probed_kernel`) pins and touches every group's blocks, read straight from
+the lookup's pass outputs, where :func:`unpin_probed_kernel` gives them back. The per-group
+passes (:mod:`kvfsm.state._lease_pins`) still serve every other lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm._jit import Kernel, kernel, read_only
+from kvfsm._jit import settings as jit_settings
+from kvfsm.state._group import MAX_PINS, GroupState
+from kvfsm.state._lease_pins import _pins_inputs, _unpin_twin
+from kvfsm.state._touch import (
+    ANSWER_COLUMNS,
+    BLOCK,
+    FIRST_EPOCH,
+    FIRST_ID,
+    FIXED_COLUMNS,
+    FULL,
+    HI,
+    LO,
+    ONE_READ,
+    OUTSIDE,
+    PINNED_AS,
+    SHIFT,
+    TAKEN,
+    TARGET,
+    TARGET_BLOCK,
+    TARGETS_OUTSIDE,
+    _probed_ids,
+    _touch_loop,
+    _touch_twin,
+    take_probed_loop,
+    touch_inputs,
+    unpin_loop,
+    unpin_probed_loop,
+)
+
+
+def _take_twin(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64], ...],
+               offsets: tuple[NDArray[np.int64], ...], at: int, fixed: NDArray[np.int64],
+               states: tuple[NDArray[np.uint8], ...], list_of_state: tuple[NDArray[np.int8], ...],
+               last_use: tuple[NDArray[np.uint32], ...], tick: int,
+               prev: tuple[NDArray[np.int32], ...], next_: tuple[NDArray[np.int32], ...],
+               head: tuple[NDArray[np.int32], ...], tail: tuple[NDArray[np.int32], ...],
+               pins: tuple[NDArray[np.uint16], ...], chunk_pins: tuple[NDArray[np.uint16], ...],
+               max_pins: int, answers: NDArray[np.int64], result: NDArray[np.int64]) -> None:
+    """:func:`take_probed_loop` with each group's touch as :func:`_touch_twin`."""
+    bounds = np.array([[row[0, at], row[2, at]] for row in rows], dtype=np.int64).reshape(-1, 2)
+    result[:2] = (TAKEN, 0)
+    for g, (lo, hi) in enumerate(bounds.tolist()):
+        target = int(fixed[g, TARGET])
+        if target >= 0 and hi > lo:
+            reach = hi * int(fixed[g, BLOCK]) // int(fixed[g, TARGET_BLOCK])
+            if bounds[target, 0] != 0 or bounds[target, 1] < reach:
+                result[0] = TARGETS_OUTSIDE
+                return
+    touched = 0
+    for g, (lo, hi) in enumerate(bounds.tolist()):
+        answers[g] = (-1, -1, 0, 0, -1, 0, lo, hi)
+        if hi <= lo:
+            continue
+        ids, seen = _probed_ids(outs[g], int(offsets[g][0]), int(offsets[g][1]), lo, hi)
+        _touch_twin(ids, states[g], list_of_state[g], last_use[g], tick + touched, prev[g],
+                    next_[g], head[g], tail[g], seen, pins[g], chunk_pins[g],
+                    int(fixed[g, SHIFT]), max_pins, answers[g])
+        if answers[g, OUTSIDE] >= 0 or answers[g, FULL] >= 0:
+            result[:2] = (g, touched)
+            return
+        answers[g, FIRST_ID], answers[g, FIRST_EPOCH] = ids[0], seen[0]
+        touched += 1
+    result[1] = touched
+
+
+def _unpin_probed_twin(outs: tuple[NDArray[np.int64], ...],
+                       offsets: tuple[NDArray[np.int64], ...], fixed: NDArray[np.int64],
+                       epoch: tuple[NDArray[np.uint32], ...],
+                       pins: tuple[NDArray[np.uint16], ...],
+                       chunk_pins: tuple[NDArray[np.uint16], ...], answers: NDArray[np.int64],
+                       groups: int) -> None:
+    """:func:`unpin_probed_loop` with each group's unpin as its NumPy twin."""
+    for g in range(groups):
+        lo, hi = int(answers[g, LO]), int(answers[g, HI])
+        if hi > lo:
+            ids, seen = _probed_ids(outs[g], int(offsets[g][0]), int(offsets[g][1]), lo, hi)
+            _unpin_twin(ids, seen, epoch[g], pins[g], chunk_pins[g], int(fixed[g, SHIFT]),
+                        int(answers[g, PINNED_AS]))
+
+
+def _outputs(groups: Sequence[tuple[Any, Any]], at: int,
+             rng: np.random.Generator | None
+             ) -> tuple[tuple[NDArray[np.int64], ...], tuple[NDArray[np.int64], ...],
+                        tuple[NDArray[np.int64], ...]]:
+    """Pass outputs holding each group's ``(ids, epochs)`` at candidate ``at`` as a lookup
+    lays them out (scalars, then ids, then epochs two a word), with their spans rows and
+    offsets: the blocks start at a prompt block ``lo`` (0, or random with ``rng``)."""
+    outs, rows, offsets = [], [], []
+    for ids, epochs in groups:
+        lo = 0 if rng is None else int(rng.integers(0, 3))
+        n = lo + ids.size + (0 if rng is None else int(rng.integers(0, 2)))
+        at_ids = 2 + (0 if rng is None else int(rng.integers(0, 3)))
+        at_epochs = at_ids + n
+        out = np.zeros(at_epochs + (n + 1) // 2 + 1, dtype=np.int64)
+        out[at_ids + lo:at_ids + lo + ids.size] = ids
+        out[at_epochs:].view(np.uint32)[lo:lo + ids.size] = epochs
+        span = np.zeros((4, at + 1), dtype=np.int64)
+        span[0, at], span[1, at], span[2, at] = lo, lo, lo + ids.size
+        outs.append(out)
+        rows.append(read_only(span))
+        offsets.append(read_only(np.array([at_ids, at_epochs], dtype=np.int64)))
+    return tuple(outs), tuple(rows), tuple(offsets)
+
+
+def _take_example() -> tuple[object, ...]:
+    outs, rows, offsets = _outputs([(np.zeros(1, dtype=np.intp),
+                                     np.zeros(1, dtype=np.uint32))], 0, None)
+    nodes = np.full(1, -1, dtype=np.int32)
+    fixed = np.array([[6, -1, 16, 16]], dtype=np.int64)
+    return (outs, rows, offsets, 0, fixed, (read_only(np.zeros(1, dtype=np.uint8)),),
+            (read_only(np.full(1, -1, dtype=np.int8)),), (np.zeros(1, dtype=np.uint32),), 1,
+            (nodes,), (nodes.copy(),), (nodes.copy(),), (nodes.copy(),),
+            (np.zeros(1, dtype=np.uint16),), (np.zeros(1, dtype=np.uint16),), MAX_PINS,
+            np.zeros((1, ANSWER_COLUMNS), dtype=np.int64), np.zeros(2, dtype=np.int64))
+
+
+def _take_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """One to three groups, each a lease's pinning touch as :func:`_touch_twin`'s inputs make
+    them (sound lists, distinct ids often one run over whole chunks, now and then an id outside
+    the group or a block at the limit), their ids and epochs in pass outputs; sometimes an
+    index group pointing into another, reaching past what is held of it."""
+    count = int(rng.integers(1, 4))
+    limit = int(rng.integers(1, 4))
+    made: list[tuple[Any, ...]] = [touch_inputs(rng, limit) for _ in range(count)]
+    at = int(rng.integers(0, 2))
+    outs, rows, offsets = _outputs([(each[0], each[9]) for each in made], at, rng)
+    fixed = np.zeros((count, FIXED_COLUMNS), dtype=np.int64)
+    for g, each in enumerate(made):
+        fixed[g] = (each[12], -1, 16, 16)
+    if count > 1 and rng.random() < 0.5:
+        # The last group points into the first: held where the first starts at its block 0 and
+        # reaches ``hi * BLOCK // TARGET_BLOCK`` blocks.
+        fixed[-1, TARGET:] = (0, int(rng.choice([16, 64])), 16)
+    columns = [tuple(each[i] for each in made) for i in range(len(made[0]))]
+    return (outs, rows, offsets, at, fixed, columns[1], columns[2], columns[3],
+            int(rng.integers(5, 9)), columns[5], columns[6], columns[7], columns[8],
+            columns[10], columns[11], limit,
+            np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64), np.full(2, -7, np.int64))
+
+
+take_probed_kernel = kernel(example=_take_example, twin=_take_twin, inputs=_take_inputs,
+                            calls=(_probed_ids, _touch_loop))(take_probed_loop)
+
+
+def _unpin_example() -> tuple[object, ...]:
+    outs, _, offsets = _outputs([(np.zeros(1, dtype=np.intp),
+                                  np.zeros(1, dtype=np.uint32))], 0, None)
+    answers = np.zeros((1, ANSWER_COLUMNS), dtype=np.int64)
+    answers[0, HI] = 1
+    return (outs, offsets, np.array([[6, -1, 16, 16]], dtype=np.int64),
+            (read_only(np.zeros(1, dtype=np.uint32)),), (np.ones(1, dtype=np.uint16),),
+            (np.zeros(1, dtype=np.uint16),), answers, 1)
+
+
+def _unpin_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """One to three groups given back as :func:`_unpin_twin`'s inputs make them (pins to give,
+    some moved off their epochs, by chunks or alone), their ids and epochs in pass outputs; all
+    of them or only those before the one a take stopped at."""
+    count = int(rng.integers(1, 4))
+    made: list[tuple[Any, ...]] = [_pins_inputs(rng) for _ in range(count)]
+    outs, rows, offsets = _outputs([(each[0], each[1]) for each in made], 0, rng)
+    answers = np.zeros((count, ANSWER_COLUMNS), dtype=np.int64)
+    fixed = np.zeros((count, FIXED_COLUMNS), dtype=np.int64)
+    for g, (each, span) in enumerate(zip(made, rows, strict=True)):
+        answers[g, LO], answers[g, HI], answers[g, PINNED_AS] = span[0, 0], span[2, 0], each[6]
+        fixed[g] = (each[5], -1, 16, 16)
+    columns = [tuple(each[i] for each in made) for i in range(len(made[0]))]
+    return (outs, offsets, fixed, columns[2], columns[3], columns[4], answers,
+            int(rng.integers(0, count + 1)))
+
+
+unpin_probed_kernel = kernel(example=_unpin_example, twin=_unpin_probed_twin,
+                             inputs=_unpin_inputs, calls=(_probed_ids, unpin_loop)
+                             )(unpin_probed_loop)
+
+
+class LeaseArrays:
+    """A core's groups' arrays that a lease pass reads and writes, as tuples in one order of
+    the groups (a lookup's), gathered once: the arrays are each group's own for its life."""
+
+    def __init__(self, groups: Sequence[GroupState]) -> None:
+        self.groups = tuple(groups)
+        self.names = tuple(state.name for state in self.groups)
+        positions = {state.name: at for at, state in enumerate(self.groups)}
+        self.fixed = np.zeros((len(self.groups), FIXED_COLUMNS), dtype=np.int64)
+        for at, state in enumerate(self.groups):
+            target = state.target
+            self.fixed[at] = (state.pin_shift, -1 if target is None else positions[target.name],
+                              state.decl.block_size,
+                              state.decl.block_size if target is None
+                              else target.decl.block_size)
+        recency = [state.recency for state in self.groups]
+        blocks = [state._blocks for state in self.groups]
+        self._touched = (
+            tuple(state.states for state in self.groups),
+            tuple(each.list_of_state for each in recency),
+            tuple(each.last_use for each in blocks))
+        self._links = tuple(tuple(getattr(each, name) for each in recency)
+                            for name in ("prev", "next", "head", "tail"))
+        self._pins = (tuple(each.pins for each in blocks),
+                      tuple(each.chunk_pins for each in blocks))
+        self._epoch = tuple(state.epoch for state in self.groups)
+        #: The answer of the last take (used under the owner's lock).
+        self.result = np.zeros(2, dtype=np.int64)
+        self._take: Any = None
+        self._unpin: Any = None
+
+    def take(self, outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64], ...],
+             offsets: tuple[NDArray[np.int64], ...], at: int, tick: int,
+             answers: NDArray[np.int64]) -> tuple[int, int]:
+        """:func:`take_probed_loop` over these groups; ``(result[0], result[1])``."""
+        args = (outs, rows, offsets, at, self.fixed, *self._touched, tick, *self._links,
+                *self._pins, MAX_PINS, answers, self.result)
+        self._take = _run(take_probed_kernel, self._take, args)
+        stop, touched = self.result.tolist()
+        return stop, touched
+
+    def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: tuple[NDArray[np.int64], ...],
+              answers: NDArray[np.int64], groups: int) -> None:
+        """:func:`unpin_probed_loop` over the first ``groups`` of these groups."""
+        args = (outs, offsets, self.fixed, self._epoch, *self._pins, answers, groups)
+        self._unpin = _run(unpin_probed_kernel, self._unpin, args)
+
+
+def _run(each: Kernel, bound: Any, args: tuple[Any, ...]) -> Any:
+    """``each(*args)`` through its entry point bound on the first call to these types (the
+    arrays are the groups' own, and a lookup makes its outputs the same way every time), or its
+    twin where compiled kernels are off; returns the entry point."""
+    if not jit_settings.enabled:
+        each.twin(*args)
+        return bound
+    if bound is None:
+        bound = each.entry(*args)
+    bound(*args)
+    return bound
+
+
+__all__ = ["ANSWER_COLUMNS", "FIRST_EPOCH", "FIRST_ID", "FULL", "HI", "LO", "ONE_READ",
+           "OUTSIDE", "PINNED_AS", "TAKEN", "TARGETS_OUTSIDE", "LeaseArrays",
+           "take_probed_kernel", "unpin_probed_kernel"]

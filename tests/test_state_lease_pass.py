@@ -1,0 +1,161 @@
+"""A lease on its lookup's own verdict, taken and given back in one compiled pass over every
+group (kvfsm.state._lease_pass, through kvfsm.gates._lease_probed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvfsm import CoreConfig, Engine, EventLog, Lease, shipped_models
+from kvfsm.gates import _lease as lease_module
+from kvfsm.obs import replay
+from kvfsm.state import MAX_PINS, StateError
+from kvfsm.state._lease_pass import LeaseArrays
+from tests.verify_models import block_id, tokens
+
+TEXT = tokens(321)
+MODELS = ["dense", "gpt_oss_like", "deepseek_v4_like", "qwen3_next_like"]
+
+
+def _engine(name: str, **extra: Any) -> Engine:
+    return Engine(shipped_models()[name],
+                  CoreConfig(device_blocks=64, host_blocks=16, backend="numpy"), **extra)
+
+
+def _bookkeeping(eng: Engine) -> dict[str, Any]:
+    """Everything a lease's take and release write: per group the pins, chunk pins, use
+    stamps and recency links, and the core's use clock."""
+    seen: dict[str, Any] = {"clock": eng.core.clock.now}
+    for name, state in eng.core.groups.items():
+        recency = state.recency
+        seen[name] = [state.block_pins.tolist(), state.chunk_pins.tolist(),
+                      state.last_use.tolist(), recency.prev.tolist(), recency.next.tolist(),
+                      recency.head.tolist(), recency.tail.tolist()]
+    return seen
+
+
+def _one_pass_and_group_by_group(name: str, logs: tuple[EventLog, EventLog] | None = None
+                                 ) -> tuple[Engine, Lease, Engine, Lease]:
+    """Two engines in the same state, each leasing the same verdict: one on the lookup's own
+    prompt (one pass), one on an equal prompt made again (the lookup's outputs are not that
+    prompt's, so the lease goes group by group)."""
+    made = []
+    for at in range(2):
+        eng = _engine(name, event_log=None if logs is None else logs[at])
+        prompt = eng.prompt(TEXT)
+        eng.commit(prompt)
+        made.append((eng, prompt, eng.lookup(prompt)))
+    (one, prompt, verdict), (other, _, other_verdict) = made
+    fast, slow = one.lease(verdict, prompt), other.lease(other_verdict, other.prompt(TEXT))
+    assert fast._probed is not None and slow._probed is None  # the two paths compared
+    return one, fast, other, slow
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_one_pass_writes_what_the_group_by_group_passes_write(name: str) -> None:
+    """Every shipped model: a lease taken in one pass pins the same blocks and chunks, stamps
+    the same uses, links the same recency lists and takes the same clock ticks as a lease
+    taken group by group; it holds the same blocks at the same epochs, validates, and gives
+    back exactly what it took."""
+    one, fast, other, slow = _one_pass_and_group_by_group(name)
+    assert _bookkeeping(one) == _bookkeeping(other)
+    for group in one.core.groups:
+        assert fast.blocks(group).tolist() == slow.blocks(group).tolist()
+        assert fast.indices(group).tolist() == slow.indices(group).tolist()
+        assert fast.epochs(group).tolist() == slow.epochs(group).tolist()
+    fast.validate()
+    slow.validate()
+    fast.release()
+    slow.release()
+    assert _bookkeeping(one) == _bookkeeping(other)
+    assert all(not state.block_pins.any() and not state.chunk_pins.any()
+               for state in one.core.groups.values())
+
+
+def test_a_lease_on_its_lookups_own_verdict_does_not_go_group_by_group(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The usual lease (the lookup's prompt, nothing changed since) makes no per-group pin
+    pass: with those passes broken it is still taken, validated and given back."""
+    eng = _engine("deepseek_v4_like")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a per-group pass ran")
+
+    for each in ("take_unchanged", "pin_if_usable", "unpin_unmoved"):
+        monkeypatch.setattr(lease_module, each, broken)
+    with eng.lease(verdict, prompt) as lease:
+        lease.validate()
+        assert lease.blocks("index").size == 20
+    assert eng.leases_open == 0
+    assert not eng.core.group("index").block_pins.any()
+
+
+def test_a_refusal_in_one_pass_pins_nothing_and_names_the_block() -> None:
+    """A block already at the pin limit in the last group refuses the one-pass take: a
+    StateError naming it, no pin left in any group, no lease open, and then the per-group
+    path refuses alike."""
+    eng = _engine("deepseek_v4_like")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    full = block_id(eng, "index", TEXT, 7)
+    eng.core.group("index").add_pins(np.full(MAX_PINS, full, dtype=np.intp))
+    before = {name: (state.block_pins.tolist(), state.chunk_pins.tolist())
+              for name, state in eng.core.groups.items()}
+    with pytest.raises(StateError, match=f"block {full}"):
+        eng.lease(verdict, prompt)
+    assert {name: (state.block_pins.tolist(), state.chunk_pins.tolist())
+            for name, state in eng.core.groups.items()} == before
+    assert eng.leases_open == 0
+    with pytest.raises(StateError, match=f"block {full}"):
+        eng.lease(verdict, eng.prompt(TEXT))
+
+
+def test_a_group_changed_after_the_take_is_checked_block_by_block() -> None:
+    """After a one-pass take, a change in some group (another prompt committed) makes
+    validate look at the lease's blocks themselves: they did not move, so it passes."""
+    eng = _engine("deepseek_v4_like")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    with eng.lease(eng.lookup(prompt), prompt) as lease:
+        eng.commit(eng.prompt(tokens(97, seed=5)))
+        lease.validate()
+        assert lease.valid
+
+
+def test_one_pass_logs_the_reads_the_group_by_group_lease_logs(tmp_path: Path) -> None:
+    """The event log of a one-pass lease has the same read lines as a group-by-group one's,
+    and replays clean."""
+    logs = [tmp_path / "one.jsonl", tmp_path / "other.jsonl"]
+    opened = (EventLog(logs[0]), EventLog(logs[1]))
+    _, fast, _, slow = _one_pass_and_group_by_group("deepseek_v4_like", opened)
+    fast.validate()
+    slow.validate()
+    fast.release()
+    slow.release()
+    for log in opened:
+        log.close()
+    reads = [[line for line in path.read_text().splitlines()[1:]
+              if json.loads(line)["type"] == "read"] for path in logs]
+    assert reads[0] and reads[0] == reads[1]
+    for path in logs:
+        assert replay(path).accepted
+
+
+def test_lease_arrays_are_the_groups_own() -> None:
+    """The gathered tuples hold each group's arrays themselves (no copies: a pass writes
+    them), in the order given."""
+    eng = _engine("deepseek_v4_like")
+    order = [eng.core.group(name) for name in ("history", "swa", "index")]
+    arrays = LeaseArrays(order)
+    assert arrays.names == ("history", "swa", "index")
+    for state, pins in zip(order, arrays._pins[0], strict=True):
+        assert np.shares_memory(pins, state.block_pins)
+    assert arrays.fixed[2, 1] == 0  # the index points into the history, at position 0
