@@ -346,7 +346,6 @@ class Engine:
 
     # -- leases (time of check vs time of use) -----------------------------------------------
 
-    @_locked
     def lease(self, verdict: Verdict, prompt: Prompt | Sequence[int] | ArrayLike, *,
               ttl_s: float = DEFAULT_LEASE_TTL_S) -> Lease:
         """Pin the blocks ``verdict`` (a lookup of ``prompt``) called usable, exactly those
@@ -355,7 +354,10 @@ class Engine:
         (``with engine.lease(...) as lease:``) after it. Raises :class:`~kvfsm.LeaseLost`,
         pinning nothing, where a block changed since the lookup (look up again); to make
         lookup and lease one step against other threads, hold :attr:`lock` across both."""
-        return self._leases.take(verdict, self._own(prompt), ttl_s=ttl_s)
+        # The lock taken here, not by @_locked, as in lookup: a server leases every verdict.
+        with self._lock:
+            self._leases.reap()
+            return self._leases.take(verdict, self._own(prompt), ttl_s=ttl_s)
 
     @property
     def leases_open(self) -> int:

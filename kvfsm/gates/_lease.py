@@ -111,8 +111,12 @@ class Lease:
         #: When the lease expires, on the book's monotonic clock.
         self.expires_at = expires_at
         #: Taken in one pass from a lookup's outputs (per-group views made when asked).
-        self._probed = held if isinstance(held, ProbedHold) else None
-        self._holding = None if isinstance(held, ProbedHold) else held
+        self._probed: ProbedHold | None = None
+        self._holding: tuple[_Held, ...] | None = None
+        if held.__class__ is ProbedHold:
+            self._probed = held
+        else:
+            self._holding = held  # type: ignore[assignment]
         self._released = False
         self._expired_on_release = False
 
@@ -331,7 +335,8 @@ class LeaseBook:
         recency refreshed, nothing a verdict reads: an unchanged group's pins and its use
         are one pass).
         """
-        if not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not ttl_s > 0:
+        if ttl_s is not DEFAULT_LEASE_TTL_S and (
+                not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not ttl_s > 0):
             raise KvfsmError(f"lease ttl_s must be a number of seconds > 0, got {ttl_s!r}")
         tokens = verdict.usable_tokens
         if tokens > prompt.n_tokens:
