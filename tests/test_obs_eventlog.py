@@ -378,3 +378,27 @@ def test_a_leased_read_is_logged_as_runs_and_replays(tmp_path: Path) -> None:
         ("attn", [[int(lease.blocks("attn")[0]), 10]], 1)]
     result = replay(path)
     assert result.accepted and result.reads == 1
+
+
+def test_lease_reads_buffered_among_moves_are_written_in_order(tmp_path: Path) -> None:
+    """A validated lease's reads (one run per group, buffered as numbers) and the moves
+    around them reach the file in the order they happened, numbered one by one, each read
+    naming its own group, in one batch write; the log replays clean."""
+    path = tmp_path / "log.jsonl"
+    with EventLog(path, flush_every=100_000) as log:
+        eng = Engine("deepseek_v4_like", CoreConfig(device_blocks=64, backend="numpy"),
+                     event_log=log)
+        for seed in (1, 2):
+            prompt = eng.prompt(np.random.default_rng(seed).integers(0, 50_000, 161))
+            eng.commit(prompt)  # moves
+            with eng.lease(eng.lookup(prompt), prompt) as lease:
+                lease.validate()  # a read line per group
+        eng.close()
+    _, lines = records(path)
+    assert [line["seq"] for line in lines] == list(range(len(lines)))
+    kinds = [line["type"] for line in lines]
+    assert kinds.index("read") < len(kinds) - 1 - kinds[::-1].index("move")  # interleaved
+    reads = [line for line in lines if line["type"] == "read"]
+    assert [line["group"] for line in reads] == ["history", "swa", "index"] * 2
+    assert all("ids_runs" in line or "ids" in line for line in reads)
+    assert replay(path).accepted

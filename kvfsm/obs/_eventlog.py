@@ -6,8 +6,9 @@ blocks not free at epoch 0 when the log was attached). Then one line per batch t
 one per reported read, each with a sequence number. On the hot path a batch costs one tuple of
 the arrays the core hands over, appended to a list; lines are formatted and written every
 ``flush_every`` records and on :meth:`EventLog.flush`, :meth:`EventLog.close` or context exit.
-A read of consecutive ids at one epoch (a lease's, usually) is formatted as it is recorded,
-one short line, so the buffer never keeps a lease's arrays alive.
+A read of consecutive ids at one epoch (a lease's, usually) is buffered as four numbers (or
+formatted as it is recorded, when it came as arrays), so the buffer never keeps a lease's
+arrays alive.
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ def header(core: StateCore) -> dict[str, Any]:
 #: event, from or to.
 _Record = tuple[str, str, Event | None, NDArray[np.intp], NDArray[np.uint8] | None,
                 NDArray[np.uint8] | None, NDArray[np.uint32]]
+#: A buffered read of ``count`` consecutive ids from ``first`` at one epoch:
+#: ``(group, first, count, epoch)``.
+_Run = tuple[str, int, int, int]
+_RUN_FIELDS: Final = 4
 
 
 def _runs_example() -> tuple[object, ...]:
@@ -270,8 +275,9 @@ class EventLog:
         self._names: dict[str, NDArray[np.object_]] = {}
         #: Each group's name as JSON (a read line is formatted around it).
         self._group_json: dict[str, str] = {}
-        #: Records not written yet: a tuple of arrays, or a line already formatted.
-        self._buffer: list[_Record | str] = []
+        #: Records not written yet: a tuple of arrays, a read run, or a line already
+        #: formatted.
+        self._buffer: list[_Record | _Run | str] = []
         #: The answer array of the run check (used under the lock).
         self._answer = np.empty(2, dtype=np.int64)
         self._lock = threading.Lock()
@@ -325,15 +331,20 @@ class EventLog:
     def read_runs(self, runs: Sequence[tuple[str, int, int, int]]) -> None:
         """Reads each of ``count`` consecutive ids from ``first``, all at ``epoch``, given as
         ``(group, first, count, epoch)`` (what a validated lease that found them so
-        reports): formatted now, with no array to look at, under one lock."""
+        reports): buffered as they are, a line each, under one lock (four numbers: nothing
+        kept alive, formatted with the batch)."""
         with self._lock:
             if self._file is None or self._error is not None:
                 return
-            names = self._group_json
-            for group, first, count, epoch in runs:
-                self._append(_run_read_line(self.records, names[group], first, count, epoch))
+            self._buffer.extend(runs)
+            self.records += len(runs)
+            if len(self._buffer) >= self.flush_every:
+                try:
+                    self._write()
+                except OSError as exc:  # raised from flush()/close(), never into a fire
+                    self._error = exc
 
-    def _append(self, record: _Record | str) -> None:
+    def _append(self, record: _Record | _Run | str) -> None:
         """Buffer one record (the lock is held), writing the buffer once it is full."""
         self._buffer.append(record)
         self.records += 1
@@ -351,9 +362,14 @@ class EventLog:
             return
         first = self.records - len(self._buffer)
         lines = []
+        group_json = self._group_json
         for seq, record in enumerate(self._buffer, first):
             if isinstance(record, str):
                 lines.append(record)  # formatted when recorded
+                continue
+            if len(record) == _RUN_FIELDS:  # a read of one run at one epoch
+                group, start, count, epoch = record
+                lines.append(_run_read_line(seq, group_json[group], start, count, epoch))
                 continue
             kind, group, event, ids, before, after, epochs = record
             if event is not None and before is not None and after is not None:

@@ -425,8 +425,9 @@ class StateCore:
         if not self._observers:
             return
         # Runs are made once for every observer that takes them.
-        every_run = [*runs, *[(group, int(ids[0]), ids.size, int(epochs[0]))
-                              for group, ids, epochs, one_run in reads if one_run and ids.size]]
+        every_run = runs if not reads else \
+            [*runs, *[(group, int(ids[0]), ids.size, int(epochs[0]))
+                      for group, ids, epochs, one_run in reads if one_run and ids.size]]
         for observer in self._observers:
             read_runs = getattr(observer, "read_runs", None)
             for group, ids, epochs, one_run in reads:
