@@ -135,3 +135,29 @@ def test_a_missing_prometheus_client_names_the_extra(monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with pytest.raises(KvfsmError, match=r'pip install "kvfsm\[metrics\]"'):
         EngineMetrics()
+
+
+def test_lookup_counters_add_up_from_many_threads() -> None:
+    """The lookup figures kept as plain numbers lose no lookup when threads report at once,
+    and a scrape shows them as counters."""
+    import threading
+
+    from kvfsm import CoreConfig, Engine
+
+    registry = CollectorRegistry()
+    metrics = EngineMetrics(registry)
+    eng = Engine("dense", CoreConfig(device_blocks=64, backend="numpy"))
+    prompt = eng.prompt(range(100))
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    threads = [threading.Thread(target=lambda: [metrics.observe_lookup(verdict)
+                                                for _ in range(500)]) for _ in range(4)]
+    for each in threads:
+        each.start()
+    for each in threads:
+        each.join()
+    assert value(registry, "kvfsm_lookups_total", level=verdict.level.value) == 2000
+    assert value(registry, "kvfsm_usable_tokens_total") == 2000 * verdict.usable_tokens
+    families = {family.name: family.type
+                for family in text_string_to_metric_families(metrics.exposition().decode())}
+    assert families["kvfsm_lookups"] == families["kvfsm_hit_tokens"] == "counter"

@@ -10,19 +10,20 @@ histograms) and the serving demo's exposition (``kvfsm_lookups``, ``kvfsm_hit_to
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
+from kvfsm.obs._lookup_tallies import LookupTallies
 from kvfsm.spec import Event, GroupKind, Tier
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from kvfsm.verify import Level, Reason, Verdict
+    from kvfsm.verify import Verdict
 
 #: Upper bounds (seconds) of the restore latency histogram: a host copy takes well under a
 #: millisecond, a remote fetch of a long prefix seconds.
@@ -83,11 +84,9 @@ class EngineMetrics:
         self.namespace = namespace
         made: list[Any] = []
 
-        def metric(kind: Any, name: str, doc: str, labels: tuple[str, ...] = (),
-                   **extra: Any) -> Any:
+        def registered(make: Callable[[], Any]) -> Any:
             try:
-                made.append(kind(name, doc, list(labels), namespace=namespace,
-                                 registry=self.registry, **extra))
+                made.append(make())
             except ValueError as exc:  # already registered: take back what this one added
                 for done in made:
                     self.registry.unregister(done)
@@ -95,17 +94,20 @@ class EngineMetrics:
                                  "or namespace") from None
             return made[-1]
 
+        def metric(kind: Any, name: str, doc: str, labels: tuple[str, ...] = (),
+                   **extra: Any) -> Any:
+            return registered(lambda: kind(name, doc, list(labels), namespace=namespace,
+                                           registry=self.registry, **extra))
+
+        def collector(tallies: LookupTallies) -> LookupTallies:
+            self.registry.register(tallies)
+            return tallies
+
         counter, histogram = prom.Counter, prom.Histogram
-        self.lookups = metric(counter, "lookups", "Prefix lookups, by verification level.",
-                              ("level",))
-        self.prompt_tokens = metric(counter, "prompt_tokens",
-                                    "Prompt tokens of the lookups.")
-        self.hit_tokens = metric(counter, "hit_tokens", "Prompt tokens the prefix hash found "
-                                 "(the classic hit, every group's hash chain present).")
-        self.usable_tokens = metric(counter, "usable_tokens",
-                                    "Prompt tokens kvfsm found usable right now.")
-        self.shortfalls = metric(counter, "shortfalls", "Shortfalls in verdicts, by reason and "
-                                 "group ('*': the whole model).", ("reason", "group"))
+        # The lookup counters (lookups, prompt, hit and usable tokens, shortfalls): plain
+        # numbers a scrape collects, not five counter increments on every lookup.
+        self._lookup_tallies: LookupTallies = registered(
+            lambda: collector(LookupTallies(namespace)))
         self.restores = metric(counter, "restores", "Blocks restored, by group, state kind, "
                                "tier the copy came from and outcome.",
                                ("group", "kind", "tier", "outcome"))
@@ -123,31 +125,13 @@ class EngineMetrics:
         # Labelled children by key: a transition batch or a lookup costs a dict lookup and
         # an inc per labelled figure (``labels()`` costs several times more).
         self._moves: dict[tuple[str, Event], Any] = {}
-        self._lookups: dict[Level, Any] = {}
-        self._shortfalls: dict[tuple[Reason, str], Any] = {}
         self._lock = threading.Lock()
 
     # -- what the engine and its data path report ---------------------------------------------
 
     def observe_lookup(self, verdict: Verdict) -> None:
         """One lookup's verdict: its tokens and its shortfalls by reason and group."""
-        level = verdict.level
-        child = self._lookups.get(level)
-        if child is None:
-            with self._lock:
-                child = self._lookups.setdefault(level, self.lookups.labels(level.value))
-        child.inc()
-        self.prompt_tokens.inc(verdict.prompt_tokens)
-        self.hit_tokens.inc(verdict.hit_tokens)
-        self.usable_tokens.inc(verdict.usable_tokens)
-        for shortfall in verdict.reasons:
-            key = (shortfall.reason, shortfall.group)
-            child = self._shortfalls.get(key)
-            if child is None:
-                with self._lock:
-                    child = self._shortfalls.setdefault(
-                        key, self.shortfalls.labels(shortfall.reason.value, shortfall.group))
-            child.inc()
+        self._lookup_tallies.observe(verdict)
 
     def observe_restore(self, group: str, kind: GroupKind | str, tier: Tier | str,
                         outcome: str, count: int, seconds: float) -> None:
