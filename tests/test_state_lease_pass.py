@@ -12,6 +12,7 @@ import pytest
 
 from kvfsm import CoreConfig, Engine, EventLog, Lease, shipped_models
 from kvfsm.gates import _lease as lease_module
+from kvfsm.gates import _lease_book as book_module
 from kvfsm.obs import replay
 from kvfsm.state import MAX_PINS, StateError
 from kvfsm.state._lease_pass import LeaseArrays
@@ -88,8 +89,9 @@ def test_a_lease_on_its_lookups_own_verdict_does_not_go_group_by_group(
     def broken(*args: object, **kwargs: object) -> None:
         raise AssertionError("a per-group pass ran")
 
-    for each in ("take_unchanged", "pin_if_usable", "unpin_unmoved"):
-        monkeypatch.setattr(lease_module, each, broken)
+    for module, each in ((book_module, "take_unchanged"), (book_module, "pin_if_usable"),
+                         (book_module, "unpin_unmoved"), (lease_module, "unpin_unmoved")):
+        monkeypatch.setattr(module, each, broken)
     with eng.lease(verdict, prompt) as lease:
         lease.validate()
         assert lease.blocks("index").size == 20

@@ -9,7 +9,8 @@ from kvfsm.gates._graph import (
     SignatureError,
     check_graph,
 )
-from kvfsm.gates._lease import DEFAULT_LEASE_TTL_S, Lease, LeaseBook
+from kvfsm.gates._lease import DEFAULT_LEASE_TTL_S, Lease
+from kvfsm.gates._lease_book import LeaseBook
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",

@@ -1,0 +1,352 @@
+"""The book of one engine's leases: it hands them out (from a lookup's probe where it can, else
+by probing the prompt again), keeps the open ones, and releases the expired.
+
+What a lease holds and how it is validated and given back is :mod:`kvfsm.gates._lease`'s.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm._errors import KvfsmError, LeaseLost
+from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
+from kvfsm.gates._lease import DEFAULT_LEASE_TTL_S, Lease, _Held
+from kvfsm.gates._lease_probed import ProbedHold, arrays_for, take_probed
+from kvfsm.state import FAILED, MAX_PINS, NO_TARGET, GroupState, StateCore, StateError
+from kvfsm.state._lease_pass import LeaseArrays
+from kvfsm.state._lease_pins import (
+    CHECK_FAILED,
+    MOVED,
+    PINNED_FULL,
+    UNREADABLE,
+    WRONG_FORM,
+    pin_if_usable,
+    take_unchanged,
+    unpin_unmoved,
+)
+from kvfsm.verify import ProbedGroup, Prompt, Verdict
+
+IdArray = NDArray[np.intp]
+
+#: The next expiry when no lease is open.
+_NEVER: Final = float("inf")
+
+
+class LeaseBook:
+    """Hands out the leases of one core and keeps the open ones (one per engine).
+
+    ``lock`` is the owner's lock (reentrant); every method takes it. ``clock`` is monotonic.
+    """
+
+    def __init__(self, core: StateCore, lock: threading.RLock | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.core = core
+        self.lock = lock if lock is not None else threading.RLock()
+        self.clock = clock
+        self._open: dict[int, Lease] = {}
+        #: Told of every refusal (a lease not granted, a validate that failed): metrics.
+        self.on_refusal: Callable[[LeaseLost], None] | None = None
+        #: The earliest expiry among open leases (reap does nothing before it).
+        self._next_expiry = _NEVER
+        #: The pin pass's answer (used under the lock).
+        self._answer = np.empty(4, dtype=np.int64)
+        #: The core's groups' arrays in its lookups' order, for one-pass takes (made on the
+        #: first).
+        self._arrays: LeaseArrays | None = None
+
+    def refused(self, lost: LeaseLost) -> None:
+        if self.on_refusal is not None:
+            self.on_refusal(lost)
+
+    @property
+    def open(self) -> int:
+        """Leases neither released nor expired-and-reaped."""
+        with self.lock:
+            return len(self._open)
+
+    def leases(self) -> tuple[Lease, ...]:
+        with self.lock:
+            return tuple(self._open.values())
+
+    def take(self, verdict: Verdict, prompt: Prompt, *,
+             ttl_s: float = DEFAULT_LEASE_TTL_S) -> Lease:
+        """Pin the blocks ``verdict`` called usable for ``prompt`` and record their epochs.
+
+        Raises :class:`~kvfsm.LeaseLost` (nothing pinned) where a block needed at
+        ``verdict.usable_tokens`` is no longer cached, readable in the form the kernel reads,
+        free of a failed checksum, or (an index) pointing at targets still at their epochs:
+        it changed since the lookup; look up again; nothing else changed either. A
+        :class:`StateError` where a block already holds ``MAX_PINS`` pins: nothing pinned,
+        though the blocks of groups taken before it may have been marked used (their
+        recency refreshed, nothing a verdict reads: an unchanged group's pins and its use
+        are one pass).
+        """
+        if ttl_s is not DEFAULT_LEASE_TTL_S and (
+                not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not ttl_s > 0):
+            raise KvfsmError(f"lease ttl_s must be a number of seconds > 0, got {ttl_s!r}")
+        tokens = verdict.usable_tokens
+        if tokens > prompt.n_tokens:
+            raise KvfsmError(f"the verdict covers {tokens} tokens but the prompt has only "
+                             f"{prompt.n_tokens}: not this prompt's verdict")
+        with self.lock:
+            held: tuple[_Held, ...] | ProbedHold | None = self._probed_at_once(verdict, prompt)
+            if held is None:
+                held = self._probed(verdict, prompt)
+            if held is not None:
+                return self._open_lease(tokens, held, ttl_s)
+            try:
+                needed = {name: _needed(state, prompt, tokens)
+                          for name, state in self.core.groups.items()}
+            except LeaseLost as lost:
+                self.refused(lost)
+                raise
+            # Per target group: the blocks the lease's index blocks point at.
+            targets: dict[str, list[IdArray]] = {}
+            for name, (ids, _) in needed.items():
+                group = self.core.group(name)
+                if group.target is not None:
+                    targets.setdefault(group.target.name, []).append(_targets(group, ids))
+            done: list[str] = []
+            try:
+                for name, (ids, _) in needed.items():
+                    if ids.size:
+                        self.core.pin(name, ids)
+                        done.append(name)
+            except Exception:
+                for name in done:
+                    self.core.unpin(name, needed[name][0])
+                raise
+            recorded = tuple(_record(self.core.group(name), ids, index, targets.get(name, []))
+                             for name, (ids, index) in needed.items())
+            return self._open_lease(tokens, recorded, ttl_s)
+
+    def _probed_at_once(self, verdict: Verdict, prompt: Prompt) -> ProbedHold | None:
+        """The lease's holdings pinned in one pass over every group, where its verdict's lookup
+        was of this prompt on this core and no group changed since (the usual lease); None
+        where that cannot serve (nothing changed)."""
+        probe = verdict.probe
+        if probe is None or probe.passes is None or not probe.exact or \
+                probe.prompt is not prompt or probe.tokens != verdict.usable_tokens or \
+                probe.core() is not self.core:
+            return None
+        arrays = self._arrays = arrays_for(self.core, self._arrays, probe.passes)
+        return take_probed(arrays, probe.passes, probe.at)
+
+    def _open_lease(self, tokens: int, held: tuple[_Held, ...] | ProbedHold,
+                    ttl_s: float) -> Lease:
+        lease = Lease(self, tokens, held, self.clock() + float(ttl_s))
+        self._open[id(lease)] = lease
+        self._next_expiry = min(self._next_expiry, lease.expires_at)
+        return lease
+
+    def _probed(self, verdict: Verdict, prompt: Prompt) -> tuple[_Held, ...] | None:
+        """The lease's holdings made from what the verdict's lookup found (its probe), pinned;
+        None where the probe cannot serve (no probe, another core, another prompt, an index
+        whose targets the lease would not hold as blocks): the caller probes and checks
+        afresh. LeaseLost (nothing pinned) where a block moved or stopped being usable since
+        the lookup."""
+        probe = verdict.probe
+        core = self.core
+        if probe is None or probe.core() is not core or probe.tokens != verdict.usable_tokens:
+            return None
+        groups = probe.groups
+        by_name = core.groups
+        if len(groups) != len(by_name):
+            return None
+        states = [by_name.get(group.group) for group in groups]
+        # The lookup's own prompt (a prompt only grows): its blocks are the ones probed.
+        same_prompt = probe.prompt is prompt
+        probed: dict[str, ProbedGroup] | None = None
+        for group, state in zip(groups, states, strict=True):
+            if state is None:
+                return None
+            if not same_prompt and group.last_words is not None:
+                high, low = prompt.words(state.decl.block_size)
+                if group.hi > high.size or \
+                        (int(high[group.hi - 1]), int(low[group.hi - 1])) != group.last_words:
+                    return None  # another prompt: its own blocks, probed afresh
+            if state.target is not None and group.hi > group.lo:
+                if probed is None:
+                    probed = {each.group: each for each in groups}
+                target = probed.get(state.target.name)
+                if target is None or not _targets_held(state, group, target):
+                    return None
+        held: list[_Held | None] = [None] * len(groups)
+        answer = self._answer
+        exact = probe.exact
+        # Groups changed since the lookup go first: only there can a block have moved
+        # (LeaseLost), and they are only pinned, so such a refusal leaves nothing changed.
+        # The others are pinned and marked used in one pass each: only a block at MAX_PINS
+        # refuses there, and then the unchanged groups before it stay marked used.
+        unchanged: list[int] = []
+        try:
+            for at, (group, state) in enumerate(zip(groups, states, strict=True)):
+                assert state is not None
+                if group.changes == state.changes and group.ids.size:
+                    unchanged.append(at)
+                    continue
+                first, why = pin_if_usable(state, group.ids, group.epochs, group.cut - group.lo)
+                if first >= 0:
+                    raise self._refusal(state, group, first, why)
+                held[at] = _Held(state, group.ids, group.lo, group.ids, group.epochs, True,
+                                 state.changes, bound=exact)
+            for at in unchanged:
+                group, state = groups[at], states[at]
+                assert state is not None
+                # Nothing changed since the lookup: every block is as it saw it (usable).
+                first, run, one_run = take_unchanged(state, group.ids, group.epochs, answer,
+                                                     exact)
+                if first >= 0:
+                    raise self._refusal(state, group, first, PINNED_FULL)
+                # Positional, in field order: one per group on every take.
+                held[at] = _Held(state, group.ids, group.lo, group.ids, group.epochs, True,
+                                 state.changes, run, one_run, True, exact)
+        except Exception:
+            for taken in held:  # pinned before the refusal
+                if taken is not None:
+                    unpin_unmoved(taken.state, taken.pinned, taken.epochs, taken.run,
+                                  taken.bound)
+            raise
+        for taken in held:
+            assert taken is not None
+            if taken.pinned.size and not taken.touched:
+                # The core's own ids, just checked: no conversion or range check again.
+                taken.state.touch(taken.pinned)
+        return tuple(held)  # type: ignore[arg-type]
+
+    def _refusal(self, state: GroupState, group: ProbedGroup, first: int,
+                 why: int) -> Exception:
+        """The error of a take refused at ``group``'s block ``first``: a StateError where it
+        holds MAX_PINS pins, else LeaseLost saying why (told to ``on_refusal``)."""
+        if why == PINNED_FULL:
+            return StateError(f"{state.name}: more than {MAX_PINS} pins on one block "
+                              f"(block {int(group.ids[first])}); nothing was pinned")
+        lost = _unusable(state, group, first, why)
+        self.refused(lost)
+        return lost
+
+    def drop(self, lease: Lease) -> None:
+        """Release ``lease``'s pins and forget it (idempotent)."""
+        with self.lock:
+            self._open.pop(id(lease), None)
+            lease.unpin(self.core)
+
+    def reap(self) -> int:
+        """Release every expired lease's pins; returns how many. O(1) before the earliest
+        expiry, so the engine calls it on every call."""
+        if self._next_expiry == _NEVER:
+            return 0  # no lease open: nothing to reap (a stale read only defers a reap)
+        with self.lock:
+            now = self.clock()
+            if now < self._next_expiry:
+                return 0
+            expired = [lease for lease in self._open.values() if now >= lease.expires_at]
+            for lease in expired:
+                lease.mark_expired()
+                self.drop(lease)
+            self._next_expiry = min((lease.expires_at for lease in self._open.values()),
+                                    default=_NEVER)
+            return len(expired)
+
+    def release_all(self) -> int:
+        """Release every open lease (an engine closing); returns how many."""
+        with self.lock:
+            open_leases = list(self._open.values())
+            for lease in open_leases:
+                self.drop(lease)
+            self._next_expiry = _NEVER
+            return len(open_leases)
+
+
+def _targets_held(index: GroupState, rows: ProbedGroup, target: ProbedGroup) -> bool:
+    """The lease will hold, as blocks of the target group, every block that index rows
+    ``[rows.lo, rows.hi)`` may point at: usable rows point only at this prompt's history
+    blocks that end before the row does (the lookup checked each reference), so at
+    positions below ``rows.hi * index_block // target_block``; the lease holds the target
+    group's ``[target.lo, target.hi)``."""
+    assert index.target is not None
+    reach = rows.hi * index.decl.block_size // index.target.decl.block_size
+    return target.lo == 0 and target.hi >= reach
+
+
+_WHY = {
+    MOVED: "its content moved since the lookup",
+    UNREADABLE: "not readable any more",
+    WRONG_FORM: "not readable in the form the kernel reads",
+    CHECK_FAILED: "a lookup saw it fail its checksum",
+    PINNED_FULL: "pinned by too many readers",
+}
+
+
+def _unusable(state: GroupState, group: ProbedGroup, first: int, why: int) -> LeaseLost:
+    block = int(group.ids[first])
+    code = int(state.states[block])
+    if not state.table.hashed[code]:
+        what = "no longer cached"
+    else:
+        what = f"no longer usable as the verdict said: {_WHY[why]}"
+    return LeaseLost(f"prompt block {group.lo + first} is {what}; look up again",
+                     group=state.name, block=block,
+                     old_epoch=int(group.epochs[first]), new_epoch=int(state.epoch[block]),
+                     state=state.table.state_name(int(state.states[block])))
+
+
+def _needed(state: GroupState, prompt: Prompt, tokens: int
+            ) -> tuple[IdArray, NDArray[np.int64]]:
+    """The block ids the kernel reads in ``state``'s group at ``tokens`` (the kind's rule:
+    ``[lo, cut)`` compressed, ``[cut, hi)`` raw) and their prompt block indices, or LeaseLost
+    naming the first that is no longer cached, readable in that form, or free of a failed
+    checksum. (An index whose targets moved was invalidated with them: not readable.)"""
+    decl = state.decl
+    need = state.rule.needed(decl, np.array([tokens], dtype=np.int64))
+    lo, cut, hi = int(need.lo[0]), int(need.cut[0]), int(need.hi[0])
+    high, low = prompt.words(decl.block_size)
+    if hi > high.size:
+        raise KvfsmError(f"{state.name}: the verdict needs {hi} blocks of this prompt, which "
+                         f"has {high.size}: not this prompt's verdict")
+    ids = state.hash_map.lookup(high[lo:hi], low[lo:hi])
+    index = np.arange(lo, hi, dtype=np.int64)
+    forms = np.where(index < cut, FORM_COMPRESSED, FORM_RAW).astype(np.int8)
+    gone = ids < 0
+    if gone.any():
+        first = int(np.flatnonzero(gone)[0])
+        raise LeaseLost(f"prompt block {lo + first} is no longer cached; look up again",
+                        group=state.name, block=-1)
+    codes = state.states[ids]
+    unreadable = ~state.table.readable[codes] | (state.table.form[codes] != forms)
+    bad = unreadable | (state.check[ids] == FAILED)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        why = "not readable in the form the kernel reads" if unreadable[first] else \
+            "a lookup saw it fail its checksum"
+        raise LeaseLost(f"no longer usable as the verdict said: {why}; look up again",
+                        group=state.name, block=int(ids[first]),
+                        state=state.table.state_name(int(codes[first])))
+    return ids.astype(np.intp), index
+
+
+def _targets(state: GroupState, ids: IdArray) -> IdArray:
+    """The distinct target blocks the index blocks ``ids`` point at (none for other kinds)."""
+    if state.target is None or not ids.size:
+        return np.zeros(0, dtype=np.intp)
+    refs = state.refs_target[ids].ravel()
+    return state.target.distinct(refs[refs != NO_TARGET].astype(np.intp))
+
+
+def _record(state: GroupState, pinned: IdArray, index: NDArray[np.int64],
+            targets: list[IdArray]) -> _Held:
+    """The epochs of ``pinned`` and of ``targets``: blocks of this group that index blocks of
+    the lease point at (pinned through their index)."""
+    extra = state.distinct(np.concatenate(targets).astype(np.intp)) if targets \
+        else np.zeros(0, dtype=np.intp)
+    extra = state.without(extra, pinned)
+    ids = np.concatenate([pinned, extra]).astype(np.intp)
+    first = int(index[0]) if index.size else 0
+    return _Held(state, pinned, first, ids, state.epoch[ids].copy(),
+                 changes=state.changes)
