@@ -402,3 +402,18 @@ def test_lease_reads_buffered_among_moves_are_written_in_order(tmp_path: Path) -
     assert [line["group"] for line in reads] == ["history", "swa", "index"] * 2
     assert all("ids_runs" in line or "ids" in line for line in reads)
     assert replay(path).accepted
+
+
+def test_an_observer_without_read_runs_is_told_a_leases_runs_as_arrays() -> None:
+    """A one-pass lease reports its reads as runs; an observer that only has ``read`` gets
+    each run as its ids and epochs, once, as an event log gets it as a run."""
+    eng = Engine("deepseek_v4_like", CoreConfig(device_blocks=64, backend="numpy"))
+    seen = Recorder()
+    eng.core.add_observer(seen)
+    prompt = eng.prompt(np.random.default_rng(3).integers(0, 50_000, 161))
+    eng.commit(prompt)
+    with eng.lease(eng.lookup(prompt), prompt) as lease:
+        lease.validate()
+        expected = [(group, lease.blocks(group).tolist(), lease.epochs(group).tolist())
+                    for group in lease.groups]
+    assert seen.reads == expected
