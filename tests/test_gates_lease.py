@@ -28,7 +28,16 @@ from kvfsm import (
 from kvfsm.spec import Event, Tier
 from kvfsm.state import MAX_PINS, StateError
 from kvfsm.verify import Probe, Prompt
-from tests.verify_models import SWA, block_id, engine, group, history_by_hand, model, tokens
+from tests.verify_models import (
+    SWA,
+    block_id,
+    engine,
+    group,
+    history_by_hand,
+    model,
+    same_holdings_then_released,
+    tokens,
+)
 
 #: A prompt of 321 tokens: 320 can be reused (the last one is always computed).
 TEXT = tokens(321)
@@ -127,14 +136,7 @@ def test_a_lease_from_the_probe_holds_what_a_fresh_probe_would(name: str) -> Non
     assert verdict.probe is not None
     fast = eng.lease(verdict, prompt)
     fresh = eng.lease(attrs.evolve(verdict, probe=None), prompt)
-    for name in eng.core.groups:
-        assert fast.blocks(name).tolist() == fresh.blocks(name).tolist()
-        assert fast.indices(name).tolist() == fresh.indices(name).tolist()
-        assert fast.epochs(name).tolist() == fresh.epochs(name).tolist()
-    fast.validate()
-    fresh.validate()
-    fast.release()
-    fresh.release()
+    same_holdings_then_released(fast, fresh)
     assert set(_pins(eng).values()) == {0}
 
 

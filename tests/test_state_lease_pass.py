@@ -16,7 +16,7 @@ from kvfsm.gates import _lease_book as book_module
 from kvfsm.obs import replay
 from kvfsm.state import MAX_PINS, StateError
 from kvfsm.state._lease_pass import LeaseArrays
-from tests.verify_models import block_id, tokens
+from tests.verify_models import block_id, same_holdings_then_released, tokens
 
 TEXT = tokens(321)
 MODELS = ["dense", "gpt_oss_like", "deepseek_v4_like", "qwen3_next_like"]
@@ -64,14 +64,7 @@ def test_one_pass_writes_what_the_group_by_group_passes_write(name: str) -> None
     back exactly what it took."""
     one, fast, other, slow = _one_pass_and_group_by_group(name)
     assert _bookkeeping(one) == _bookkeeping(other)
-    for group in one.core.groups:
-        assert fast.blocks(group).tolist() == slow.blocks(group).tolist()
-        assert fast.indices(group).tolist() == slow.indices(group).tolist()
-        assert fast.epochs(group).tolist() == slow.epochs(group).tolist()
-    fast.validate()
-    slow.validate()
-    fast.release()
-    slow.release()
+    same_holdings_then_released(fast, slow)
     assert _bookkeeping(one) == _bookkeeping(other)
     assert all(not state.block_pins.any() and not state.chunk_pins.any()
                for state in one.core.groups.values())

@@ -7,7 +7,7 @@ import contextlib
 import numpy as np
 from hypothesis import strategies as st
 
-from kvfsm import Engine, KvfsmError
+from kvfsm import Engine, KvfsmError, Lease
 from kvfsm.spec import Event, ModelDecl, Tier, parse_model
 from kvfsm.state import NO_TARGET, CoreConfig
 from kvfsm.verify import DeviceProfile
@@ -156,3 +156,17 @@ def history_by_hand(eng: Engine, text: np.ndarray, compress: dict[int, str]) -> 
     others = [g for g in core.groups if g != "history"]
     if others:
         eng.commit(prompt, groups=others)
+
+
+def same_holdings_then_released(first: Lease, second: Lease) -> None:
+    """``first`` and ``second`` hold the same blocks, prompt indices and epochs in every
+    group; both validate, and both are released."""
+    assert first.groups == second.groups
+    for name in first.groups:
+        assert first.blocks(name).tolist() == second.blocks(name).tolist()
+        assert first.indices(name).tolist() == second.indices(name).tolist()
+        assert first.epochs(name).tolist() == second.epochs(name).tolist()
+    first.validate()
+    second.validate()
+    first.release()
+    second.release()
