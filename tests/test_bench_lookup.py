@@ -38,6 +38,8 @@ def test_bench_lookup_figures() -> None:
     assert figures["observability_overhead_of_minima"] == pytest.approx(
         figures["lookup_ms_min_observed"] / figures["lookup_ms_min_engine"] - 1)
     assert figures["lookup_ms_min_engine"] <= figures["lookup_ms_median_engine"]
+    assert figures["observability_overhead_paired"] == pytest.approx(
+        figures["observed_minus_engine_ms_paired"] / figures["lookup_ms_median_engine"])
 
 
 def test_bench_lookup_without_prometheus_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,6 +49,7 @@ def test_bench_lookup_without_prometheus_says_why(monkeypatch: pytest.MonkeyPatc
     figures = bench_lookup(tokens=1024, repeat=1)
     assert figures["lookup_ms_median_observed"] is None
     assert figures["observability_overhead_of_minima"] is None
+    assert figures["observability_overhead_paired"] is None
     assert "prometheus-client" in str(figures["observed_skipped"])
 
 
