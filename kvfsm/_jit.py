@@ -176,6 +176,20 @@ class Kernel:
         return f"<kernel {self.__name__}>"
 
 
+def call_bound(each: Kernel, entries: dict[Kernel, Callable[..., None]], *args: Any) -> None:
+    """``each(*args)`` through its entry point bound to the types of ``args`` on the first call
+    and kept in ``entries`` (:meth:`Kernel.entry`), or its twin where compiled kernels are
+    off. Only for arguments made the same way on every call (an owner's own arrays, and
+    outputs a lookup makes alike every time)."""
+    if not settings.enabled:
+        each.twin(*args)
+        return
+    call = entries.get(each)
+    if call is None:
+        call = entries[each] = each.entry(*args)
+    call(*args)
+
+
 #: Plain functions compiled kernels may call (registered with numba once each).
 _CALLABLE: set[Callable[..., Any]] = set()
 

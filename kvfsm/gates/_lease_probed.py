@@ -59,15 +59,20 @@ class ProbedHold(NamedTuple):
                 return False
         return True
 
+    def blocks(self, g: int, row: list[int]) -> tuple[NDArray[np.intp], NDArray[np.uint32]]:
+        """The ids and epochs group ``g`` holds (its answer ``row``): views of the lookup's
+        output."""
+        ids, epochs = _probed_ids(self.outs[g], int(self.offsets[g][0]),
+                                  int(self.offsets[g][1]), row[LO], row[HI])
+        return ids.view(np.intp), epochs
+
     def views(self) -> list[tuple[int, NDArray[np.intp], NDArray[np.uint32], int, bool]]:
         """Per group: its first prompt block, the ids and epochs held (views of the lookup's
         output), how they were pinned, and whether they are one run at one epoch."""
         made = []
         for g, row in enumerate(self.answers.tolist()):
-            ids, epochs = _probed_ids(self.outs[g], int(self.offsets[g][0]),
-                                      int(self.offsets[g][1]), row[LO], row[HI])
-            made.append((row[LO], ids.view(np.intp), epochs, row[PINNED_AS],
-                         bool(row[ONE_READ])))
+            ids, epochs = self.blocks(g, row)
+            made.append((row[LO], ids, epochs, row[PINNED_AS], bool(row[ONE_READ])))
         return made
 
     def reads(self) -> tuple[list[LeasedRead], list[LeasedRun]]:
@@ -83,9 +88,8 @@ class ProbedHold(NamedTuple):
             if row[ONE_READ]:
                 runs.append((names[g], row[FIRST_ID], count, row[FIRST_EPOCH]))
                 continue
-            ids, epochs = _probed_ids(self.outs[g], int(self.offsets[g][0]),
-                                      int(self.offsets[g][1]), row[LO], row[HI])
-            reads.append((names[g], ids.view(np.intp), epochs, False))
+            ids, epochs = self.blocks(g, row)
+            reads.append((names[g], ids, epochs, False))
         return reads, runs
 
     def unpin(self, groups: int | None = None) -> None:
@@ -130,8 +134,7 @@ def take_probed(arrays: LeaseArrays, passes: Passes, at: int) -> ProbedHold | No
         return None  # an index's targets outside what is held: checked afresh
     hold.unpin(stop)
     state, row = groups[stop], answers[stop].tolist()
-    ids, _ = _probed_ids(outs[stop], int(offsets[stop][0]), int(offsets[stop][1]), row[LO],
-                         row[HI])
+    ids, _ = hold.blocks(stop, row)
     if row[OUTSIDE] >= 0:
         raise KvfsmError(f"{state.name}: block ids must lie in [0, {state.n_blocks}), got "
                          f"{int(ids[row[OUTSIDE]])}")

@@ -338,16 +338,16 @@ class EventLog:
                 return
             self._buffer.extend(runs)
             self.records += len(runs)
-            if len(self._buffer) >= self.flush_every:
-                try:
-                    self._write()
-                except OSError as exc:  # raised from flush()/close(), never into a fire
-                    self._error = exc
+            self._write_if_full()
 
     def _append(self, record: _Record | _Run | str) -> None:
         """Buffer one record (the lock is held), writing the buffer once it is full."""
         self._buffer.append(record)
         self.records += 1
+        self._write_if_full()
+
+    def _write_if_full(self) -> None:
+        """Write the buffer once it holds ``flush_every`` records (the lock is held)."""
         if len(self._buffer) >= self.flush_every:
             try:
                 self._write()

@@ -13,14 +13,13 @@ passes (:mod:`kvfsm.state._lease_pins`) still serve every other lease.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._jit import Kernel, kernel, read_only
-from kvfsm._jit import settings as jit_settings
+from kvfsm._jit import Kernel, call_bound, kernel, read_only
 from kvfsm.state._group import MAX_PINS, GroupState
 from kvfsm.state._lease_pins import _pins_inputs, _unpin_twin
 from kvfsm.state._touch import (
@@ -224,8 +223,9 @@ class LeaseArrays:
         self._epoch = tuple(state.epoch for state in self.groups)
         #: The answer of the last take (used under the owner's lock).
         self.result = np.zeros(2, dtype=np.int64)
-        self._take: Any = None
-        self._unpin: Any = None
+        #: The passes' entry points, bound on their first calls (the arrays are these, and a
+        #: lookup makes its outputs the same way every time).
+        self._entries: dict[Kernel, Callable[..., None]] = {}
 
     def take(self, outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64], ...],
              offsets: tuple[NDArray[np.int64], ...], at: int, tick: int,
@@ -233,7 +233,7 @@ class LeaseArrays:
         """:func:`take_probed_loop` over these groups; ``(result[0], result[1])``."""
         args = (outs, rows, offsets, at, self.fixed, *self._touched, tick, *self._links,
                 *self._pins, MAX_PINS, answers, self.result)
-        self._take = _run(take_probed_kernel, self._take, args)
+        call_bound(take_probed_kernel, self._entries, *args)
         stop, touched = self.result.tolist()
         return stop, touched
 
@@ -241,20 +241,7 @@ class LeaseArrays:
               answers: NDArray[np.int64], groups: int) -> None:
         """:func:`unpin_probed_loop` over the first ``groups`` of these groups."""
         args = (outs, offsets, self.fixed, self._epoch, *self._pins, answers, groups)
-        self._unpin = _run(unpin_probed_kernel, self._unpin, args)
-
-
-def _run(each: Kernel, bound: Any, args: tuple[Any, ...]) -> Any:
-    """``each(*args)`` through its entry point bound on the first call to these types (the
-    arrays are the groups' own, and a lookup makes its outputs the same way every time), or its
-    twin where compiled kernels are off; returns the entry point."""
-    if not jit_settings.enabled:
-        each.twin(*args)
-        return bound
-    if bound is None:
-        bound = each.entry(*args)
-    bound(*args)
-    return bound
+        call_bound(unpin_probed_kernel, self._entries, *args)
 
 
 __all__ = ["ANSWER_COLUMNS", "FIRST_EPOCH", "FIRST_ID", "FULL", "HI", "LO", "ONE_READ",

@@ -21,8 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm._jit import Kernel, kernel, read_only
-from kvfsm._jit import settings as jit_settings
+from kvfsm._jit import Kernel, call_bound, kernel, read_only
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
 from kvfsm.state._group import FAILED, MAX_PINS, PIN_CHUNK_SHIFT, GroupState
 from kvfsm.state._touch import (
@@ -217,18 +216,11 @@ unpin_kernel = kernel(example=_pins_example, twin=_unpin_twin,
 
 
 def run_bound(state: GroupState, each: Kernel, *args: Any) -> None:
-    """``each(*args)`` through its compiled entry point bound to the types of ``args`` on
-    the group's first call (kept in ``state.lease_entries``; :meth:`Kernel.entry`), or its
-    twin where compiled kernels are off. Only for arguments made the same way on every call:
-    the group's own arrays, and a lookup's ids and epochs (numba's matching of some fifteen
-    argument types skipped, half a microsecond a call)."""
-    if not jit_settings.enabled:
-        each.twin(*args)
-        return
-    call = state.lease_entries.get(each)
-    if call is None:
-        call = state.lease_entries[each] = each.entry(*args)
-    call(*args)
+    """``each(*args)`` through the entry point the group bound on its first call
+    (:func:`~kvfsm._jit.call_bound`, kept in ``state.lease_entries``): only for the group's own
+    arrays and a lookup's ids and epochs (numba's matching of some fifteen argument types
+    skipped, half a microsecond a call)."""
+    call_bound(each, state.lease_entries, *args)
 
 
 def _matched(state: GroupState, each: Kernel, *args: Any) -> None:
