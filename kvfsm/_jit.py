@@ -130,6 +130,9 @@ class Kernel:
                                    f"or {ENV_VAR}=0 (calling the kernel runs its NumPy twin)")
             for each in self.calls:
                 _callable_from_kernels(numba, each)
+            # Compiled code's version of array_at (kernels taking arrays by address).
+            from kvfsm import _addressed
+            _addressed.register(numba)
             self._compiled = numba.njit(cache=True, nogil=True)(self.python)
         return self._compiled
 

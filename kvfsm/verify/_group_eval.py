@@ -51,8 +51,10 @@ from kvfsm.verify._group_pass import (
     PLAN_CHANGES,
     RESTORES_TOTAL,
     group_pass,
+    group_pass_fixed,
     out_offsets,
     pack_consts,
+    pack_fixed,
     usable_over,
 )
 from kvfsm.verify._index_check import IndexCheck
@@ -94,7 +96,7 @@ class Statics:
     arrays, and the parameters that never change. Made once; :func:`statics_for` makes a new
     one when something it was made from is replaced (the table, a new recorded layout)."""
 
-    __slots__ = ("aligned", "arrays", "entry", "layout_ok", "made_from", "paths", "pool",
+    __slots__ = ("aligned", "arrays", "entry", "fixed", "layout_ok", "made_from", "paths", "pool",
                  "restore_aligned", "settled_compressed", "table", "verdicts")
 
     paths: RestorePaths
@@ -138,6 +140,9 @@ class Statics:
                        group.states,
                        group.epoch, group.position, group.sub_blocks, group.layout_id,
                        group.check, *targets, consts)
+        #: The same arrays as one address table (None where one is laid out otherwise): a
+        #: compiled first pass takes them so, one argument instead of sixteen.
+        self.fixed = pack_fixed(self.arrays)
         #: The compiled pass's entry point for the argument types of a first pass with these
         #: arrays (bound on the first compiled pass; None until): the arrays are these, and
         #: every other argument is made the same way on every lookup (see ``_pass``).
@@ -457,25 +462,40 @@ class GroupEval:
         self._raw = None
         high, low = self.words
         statics = self._statics
-        args = (high, low, *statics.arrays, history_out, n_history,
-                _NO_CHECKED if checked_ok is None else checked_ok, spans.rows, check_mode,
-                checked_ok is not None, self._has_index, all_settled, self._budget,
-                self._capped, out)
         # The kernel's version chosen here, not in Kernel.__call__: one frame and one repacking
         # of its ~30 arguments fewer on every lookup. A first pass calls the statics' entry
-        # point: every array but the statics' own is made the same way on every lookup (the
-        # prompt's words are uint64 views of its chain, a history's output and this one are
-        # fresh int64 arrays, the spans' rows a read-only int64 array), so numba's matching of
+        # point, with the group's fixed arrays as one address table where they are laid out
+        # as the pass views them (numba unboxes each array argument on every call): every
+        # array but the statics' own is made the same way on every lookup (the prompt's
+        # words are uint64 views of its chain, a history's output and this one are fresh
+        # int64 arrays, the spans' rows a read-only int64 array), so numba's matching of
         # their types is skipped; a second pass, with checks computed here, is matched.
-        if not jit_settings.enabled:
-            group_pass.twin(*args)
-        elif checked_ok is None:
+        if checked_ok is None and jit_settings.enabled:
+            fixed = statics.fixed
+            if fixed is not None:
+                args: tuple[Any, ...] = (
+                    high, low, fixed, history_out, n_history, _NO_CHECKED, spans.rows,
+                    check_mode, False, self._has_index, all_settled, self._budget,
+                    self._capped, out)
+                kernel = group_pass_fixed
+            else:
+                args = (high, low, *statics.arrays, history_out, n_history, _NO_CHECKED,
+                        spans.rows, check_mode, False, self._has_index, all_settled,
+                        self._budget, self._capped, out)
+                kernel = group_pass
             run = statics.entry
             if run is None:
-                run = statics.entry = group_pass.entry(*args)
+                run = statics.entry = kernel.entry(*args)
             run(*args)
         else:
-            group_pass.compiled(*args)
+            args = (high, low, *statics.arrays, history_out, n_history,
+                    _NO_CHECKED if checked_ok is None else checked_ok, spans.rows, check_mode,
+                    checked_ok is not None, self._has_index, all_settled, self._budget,
+                    self._capped, out)
+            if jit_settings.enabled:
+                group_pass.compiled(*args)
+            else:
+                group_pass.twin(*args)
         scalars: list[int] = out[:N_SCALARS].tolist()
         total = scalars[RESTORES_TOTAL]
         if total and self._budget == BUDGET_UNKNOWN:

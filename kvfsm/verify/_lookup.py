@@ -17,8 +17,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm.spec import Form, Layout, Tier
-from kvfsm.state import StateCore
+from kvfsm.spec import Form, GroupDecl, Layout, Tier
+from kvfsm.state import GroupState, StateCore
 from kvfsm.verify._group_eval import GroupEval, Spans, Statics, evaluate, spans_for, statics_for
 from kvfsm.verify._group_pass import AFTER, HIT, NOW
 from kvfsm.verify._prompt import Prompt
@@ -119,13 +119,12 @@ def lookup(
     last = n_tokens - 1 if n_tokens > 1 else 0  # the last prompt token is always computed
     step = layout.step
     count = last // step + 1
-    lengths, every_spans = layout.spans_at(n_tokens, count)
+    lengths, rows = layout.spans_at(n_tokens, count)
     capped = core.restore_budget.capped
     made: list[GroupEval] = []
     # Groups whose blocks point into another group come after it (the index check reads the
     # prompt's blocks of the target group, ``made[target_at]``).
-    for (group, decl, target_at, known_here), spans in zip(layout.groups, every_spans,
-                                                            strict=True):
+    for group, decl, target_at, known_here, spans in rows:
         high, low = prompt.words(decl.block_size)
         reads = (kernel_layouts.get(decl.name) if kernel_layouts else None) or decl.layout
         made.append(evaluate(
@@ -170,12 +169,21 @@ def lookup(
                 if shortfall not in listed:
                     listed.add(shortfall)
                     reasons.append(shortfall)
-    groups = tuple([_group_verdict(e, step, count) for e in every])
+    # One loop over the groups (not one per thing made of them): each group's figures, the
+    # checksums it computed, and what a lease reads of it (its name, spans, pass output and
+    # hash words, and its change count now: a lease finding it unchanged needs no second look).
+    groups, checks, found = [], [], []
+    for e in every:
+        groups.append(_group_verdict(e, step, count))
+        checked = e.checked
+        if checked is not None:
+            checks.append(Checks(e.decl.name, *checked))
+        found.append((e.decl.name, e.spans, e._out, e.words, e.group.changes))
     plan = _plan(evals, restorable) if restorable > usable else ()
-    checks = tuple([Checks(e.decl.name, *e.checked) for e in every if e.checked is not None])
     # Positional: the fields in declaration order (cheaper than keywords on every lookup).
-    return Verdict(n_tokens, hit, usable, restorable, usable, level, groups, tuple(reasons),
-                   plan, checks, _probe(layout.core, prompt, every, usable_at, usable))
+    return Verdict(n_tokens, hit, usable, restorable, usable, level, tuple(groups),
+                   tuple(reasons), plan, tuple(checks),
+                   _probe(layout.core, prompt, found, usable_at, usable))
 
 
 @functools.lru_cache(maxsize=_MAX_CACHED)
@@ -184,6 +192,11 @@ def _prompt_end(hit: int) -> Shortfall:
     return Shortfall(Reason.PROMPT_END, "*", detail=(
         f"every candidate length hit; tokens from {hit} on are computed, the last one for its "
         "logits"))
+
+
+#: A group as a lookup of a given prompt length reads it: its state, declaration, the position
+#: of the group its blocks point into (-1: none), its statics cache and its spans.
+_Row = tuple[GroupState, GroupDecl, int, dict[tuple[int, int], Statics], Spans]
 
 
 class _Layout:
@@ -219,19 +232,21 @@ class _Layout:
         self.boundary = bool(self.prefix_at) and self.step > self.finest_prefix
         #: By prompt length in tokens: the candidate lengths and each group's spans over them
         #: (a serving load repeats prompt lengths; one look-up instead of one per group).
-        self._spans: dict[int, tuple[NDArray[np.int64], tuple[Spans, ...]]] = {}
+        self._spans: dict[int, tuple[NDArray[np.int64], tuple[_Row, ...]]] = {}
 
-    def spans_at(self, n_tokens: int, count: int) -> tuple[NDArray[np.int64], tuple[Spans, ...]]:
-        """The ``count`` candidate lengths of a prompt of ``n_tokens`` and each group's spans
-        over them, for the blocks such a prompt has (cached)."""
+    def spans_at(self, n_tokens: int, count: int) -> tuple[NDArray[np.int64], tuple[_Row, ...]]:
+        """The ``count`` candidate lengths of a prompt of ``n_tokens`` and per group in lookup
+        order its row of :attr:`groups` with its spans over them added, for the blocks such a
+        prompt has (cached)."""
         known = self._spans.get(n_tokens)
         if known is None:
             if len(self._spans) >= _MAX_CACHED:
                 self._spans.clear()
             lengths = _candidates(count, self.step)
             known = self._spans[n_tokens] = (lengths, tuple(
-                spans_for(group, n_tokens // decl.block_size, lengths, self.step)
-                for group, decl, _, _ in self.groups))
+                (group, decl, target_at, known_here,
+                 spans_for(group, n_tokens // decl.block_size, lengths, self.step))
+                for group, decl, target_at, known_here in self.groups))
         return known
 
 
@@ -283,13 +298,16 @@ def _and(evals: tuple[GroupEval, ...], row: int) -> NDArray[np.bool_]:
     return out
 
 
-def _probe(core: weakref.ref[StateCore], prompt: Prompt, evals: tuple[GroupEval, ...],
-           at: int, tokens: int) -> Probe:
+#: Per group, what a lookup's probe keeps of it: its name, spans, pass output, hash words and
+#: change count at the lookup.
+_Found = tuple[str, Spans, NDArray[np.int64], tuple[NDArray[np.uint64], NDArray[np.uint64]], int]
+
+
+def _probe(core: weakref.ref[StateCore], prompt: Prompt, found: list[_Found], at: int,
+           tokens: int) -> Probe:
     """Per group, the blocks needed at candidate ``at`` (``tokens`` long), as found (made
     when a lease first asks; until then the verdict keeps only each group's pass output, with
     its ids and epochs, its hash words and needed spans, not the lookup's other arrays)."""
-    # Each group's change count now: a lease finding it unchanged needs no second look.
-    found = [(e.decl.name, e.spans, e._out, e.words, e.group.changes) for e in evals]
 
     def groups() -> tuple[ProbedGroup, ...]:
         made = []

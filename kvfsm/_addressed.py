@@ -1,0 +1,103 @@
+"""Arrays handed to a compiled kernel by address: one small table instead of many arguments.
+
+numba unboxes every array argument on every call (some 45 ns each on the development
+machine, after the entry point skipped type matching). A kernel whose many input arrays are
+the same ones on every call (a group's metadata, its hash table) can take them as one
+read-only ``int64`` table of ``(address, rows, columns)`` triples (:func:`address_table`) and
+view them again inside with :func:`array_at`: one unboxing instead of a dozen and more.
+
+What makes it safe: the table is made only from C-contiguous arrays of the exact dtypes and
+dimensions the kernel views them as (else :func:`address_table` answers None and the caller
+passes the arrays as they are), and the table (an :class:`AddressTable`, and every copy or
+view of it) holds the arrays themselves, so no address outlives its memory. The kernel only
+reads them. What an address table cannot see is an owner swapping an array for another:
+it is for arrays made once with their owner (a :class:`~kvfsm.state.GroupState`'s and a hash
+table's are; the lookup's statics that hold a table are made again when a group's table is
+replaced).
+
+:func:`array_at` is a plain function (NumPy over a ctypes buffer) for twins and plain-Python
+runs; compiled code gets numba's own version, registered when kernels are first compiled
+(:func:`register`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+#: Entries per array in an address table: its address, its rows, its columns (1: a vector).
+ENTRY: Final = 3
+
+
+class AddressTable(np.ndarray[Any, np.dtype[np.int64]]):
+    """An ``int64`` vector of ``(address, rows, columns)`` triples that holds the arrays it
+    addresses (``held``; carried over to its copies and views). numba reads it as a plain
+    read-only ``int64`` array."""
+
+    held: tuple[NDArray[Any], ...]
+
+    def __array_finalize__(self, obj: object) -> None:
+        self.held = getattr(obj, "held", ())
+
+
+def address_table(arrays: Sequence[NDArray[Any]],
+                  kinds: Sequence[tuple[type[np.generic], int]]) -> AddressTable | None:
+    """``(address, rows, columns)`` per array, read-only, where each array is C-contiguous
+    with the dtype and number of dimensions (1 or 2) ``kinds`` names for its position; None
+    where one is not (a caller then passes the arrays themselves)."""
+    if len(arrays) != len(kinds):
+        return None
+    table = np.empty(ENTRY * len(arrays), dtype=np.int64).view(AddressTable)
+    table.held = tuple(arrays)
+    for at, (array, (dtype, dimensions)) in enumerate(zip(arrays, kinds, strict=True)):
+        if not isinstance(array, np.ndarray) or array.dtype != np.dtype(dtype) or \
+                array.ndim != dimensions or not array.flags.c_contiguous:
+            return None
+        table[ENTRY * at] = array.ctypes.data
+        table[ENTRY * at + 1] = array.shape[0]
+        table[ENTRY * at + 2] = array.shape[1] if dimensions == 2 else 1
+    table.flags.writeable = False
+    return table
+
+
+def array_at(address: int, shape: tuple[int, ...], dtype: type[np.generic]) -> NDArray[Any]:
+    """The C-contiguous array of ``shape`` and ``dtype`` whose data starts at ``address``
+    (memory someone else holds alive; see the module docstring)."""
+    dtype_of = np.dtype(dtype)
+    count = 1
+    for size in shape:
+        count *= int(size)
+    buffer = (ctypes.c_char * (count * dtype_of.itemsize)).from_address(int(address))
+    flat: NDArray[Any] = np.frombuffer(memoryview(buffer), dtype=dtype_of, count=count)
+    return flat.reshape(tuple(int(size) for size in shape))
+
+
+_REGISTERED: list[bool] = []
+
+
+def register(numba: Any) -> None:
+    """Give compiled code its version of :func:`array_at` (once): ``numba.carray`` over the
+    address as a pointer."""
+    if _REGISTERED:
+        return
+    from numba import types
+    from numba.extending import intrinsic, overload
+
+    @intrinsic
+    def _pointer(typingctx: Any, address: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            pointer: Any = builder.inttoptr(args[0], context.get_value_type(types.voidptr))
+            return pointer
+        return types.voidptr(types.int64), codegen
+
+    @overload(array_at)
+    def _array_at(address: Any, shape: Any, dtype: Any) -> Any:
+        def view(address: Any, shape: Any, dtype: Any) -> Any:
+            return numba.carray(_pointer(address), shape, dtype)  # type: ignore[call-arg]
+        return view
+
+    _REGISTERED.append(True)
