@@ -17,12 +17,14 @@ replaced).
 
 :func:`array_at` is a plain function (NumPy over a ctypes buffer) for twins and plain-Python
 runs; compiled code gets numba's own version, registered when kernels are first compiled
-(:func:`register`).
+(:func:`register`). numba's disk cache checks a kernel against its own file only: a change to
+that compiled version reaches kernels already cached when their files change too.
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -77,13 +79,20 @@ def array_at(address: int, shape: tuple[int, ...], dtype: type[np.generic]) -> N
 
 
 _REGISTERED: list[bool] = []
+#: Two threads compiling their first kernels at once register the version once.
+_REGISTERING = threading.Lock()
 
 
 def register(numba: Any) -> None:
     """Give compiled code its version of :func:`array_at` (once): ``numba.carray`` over the
     address as a pointer."""
-    if _REGISTERED:
-        return
+    with _REGISTERING:
+        if not _REGISTERED:
+            _register(numba)
+            _REGISTERED.append(True)
+
+
+def _register(numba: Any) -> None:
     from numba import types
     from numba.extending import intrinsic, overload
 
@@ -99,5 +108,3 @@ def register(numba: Any) -> None:
         def view(address: Any, shape: Any, dtype: Any) -> Any:
             return numba.carray(_pointer(address), shape, dtype)  # type: ignore[call-arg]
         return view
-
-    _REGISTERED.append(True)
