@@ -9,8 +9,10 @@ view them again inside with :func:`array_at`: one unboxing instead of a dozen an
 What makes it safe: the table is made only from C-contiguous arrays of the exact dtypes and
 dimensions the kernel views them as (else :func:`address_table` answers None and the caller
 passes the arrays as they are), and the table (an :class:`AddressTable`, and every copy or
-view of it) holds the arrays themselves, so no address outlives its memory. The kernel only
-reads them. What an address table cannot see is an owner swapping an array for another:
+view of it) holds the arrays themselves, so no address outlives its memory. A kernel reads
+them, and writes those its contract says it writes (a lease's pass: the pins, recency links
+and use stamps it keeps), as it would the arrays passed themselves. What an address table
+cannot see is an owner swapping an array for another:
 it is for arrays made once with their owner (a :class:`~kvfsm.state.GroupState`'s and a hash
 table's are; the lookup's statics that hold a table are made again when a group's table is
 replaced).
@@ -41,9 +43,25 @@ class AddressTable(np.ndarray[Any, np.dtype[np.int64]]):
     read-only ``int64`` array."""
 
     held: tuple[NDArray[Any], ...]
+    #: The dtype and dimensions of each array, as the table was made for them.
+    kinds: tuple[tuple[type[np.generic], int], ...]
 
     def __array_finalize__(self, obj: object) -> None:
         self.held = getattr(obj, "held", ())
+        self.kinds = getattr(obj, "kinds", ())
+
+    def deep_copy(self) -> AddressTable:
+        """A table over copies of the arrays this one addresses (each keeping its writeable
+        flag): what running a kernel on a copy of its arguments copies (a kernel may write
+        what a table addresses)."""
+        copies = []
+        for array in self.held:
+            copy = array.copy()
+            copy.flags.writeable = array.flags.writeable
+            copies.append(copy)
+        table = address_table(copies, self.kinds)
+        assert table is not None, "copies are laid out as the arrays they copy"
+        return table
 
 
 def address_table(arrays: Sequence[NDArray[Any]],
@@ -55,6 +73,7 @@ def address_table(arrays: Sequence[NDArray[Any]],
         return None
     table = np.empty(ENTRY * len(arrays), dtype=np.int64).view(AddressTable)
     table.held = tuple(arrays)
+    table.kinds = tuple(kinds)
     for at, (array, (dtype, dimensions)) in enumerate(zip(arrays, kinds, strict=True)):
         if not isinstance(array, np.ndarray) or array.dtype != np.dtype(dtype) or \
                 array.ndim != dimensions or not array.flags.c_contiguous:

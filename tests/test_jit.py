@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 # Imported for their kernels: each registers itself in _KERNELS.
 import kvfsm.state._hashtable
 import kvfsm.verify._group_pass
+from kvfsm._addressed import AddressTable
 from kvfsm._jit import _KERNELS, Kernel, warm_up
 from kvfsm._jit import settings as jit
 from kvfsm.verify import Level
@@ -126,6 +127,8 @@ def _copied(args: tuple[Any, ...]) -> tuple[Any, ...]:
     def copy(value: Any) -> Any:
         if isinstance(value, tuple):  # a kernel over several groups takes tuples of arrays
             return tuple(copy(each) for each in value)
+        if isinstance(value, AddressTable):  # what it addresses, copied (a kernel writes it)
+            return value.deep_copy()
         if not isinstance(value, np.ndarray):
             return value
         fresh = value.copy()
@@ -143,9 +146,13 @@ def _written(function: Callable[..., None], args: tuple[Any, ...]) -> tuple[Any,
 
 
 def _arrays_of(args: tuple[Any, ...]) -> list[Any]:
-    """The arguments with tuples (of a kernel over several groups) opened, in order."""
+    """The arguments with tuples (of a kernel over several groups) opened, in order, and an
+    address table as the arrays it addresses (their contents are compared, not where they
+    lie)."""
     return [inner for value in args
-            for inner in (_arrays_of(value) if isinstance(value, tuple) else [value])]
+            for inner in (_arrays_of(value) if isinstance(value, tuple)
+                          else list(value.held) if isinstance(value, AddressTable)
+                          else [value])]
 
 
 def test_every_lookup_kernel_is_registered_with_a_twin_and_inputs() -> None:

@@ -17,7 +17,8 @@ from kvfsm.gates import _lease as lease_module
 from kvfsm.gates import _lease_book as book_module
 from kvfsm.obs import replay
 from kvfsm.state import MAX_PINS, StateError
-from kvfsm.state._lease_pass import LeaseArrays
+from kvfsm.state._lease_pass import LeaseArrays, lease_table
+from kvfsm.state._touch import EPOCH, LEASE_KINDS, PINS, PREV
 from tests.verify_models import (
     DEEPSEEK,
     FOUR,
@@ -157,14 +158,18 @@ def test_one_pass_logs_the_reads_the_group_by_group_lease_logs(tmp_path: Path) -
 
 
 def test_lease_arrays_are_the_groups_own() -> None:
-    """The gathered tuples hold each group's arrays themselves (no copies: a pass writes
-    them), in the order given."""
+    """The gathered address table holds each group's arrays themselves (no copies: a pass
+    writes them), in the order given."""
     eng = _engine("deepseek_v4_like")
     order = [eng.core.group(name) for name in ("history", "swa", "index")]
     arrays = LeaseArrays(order)
     assert arrays.names == ("history", "swa", "index")
-    for state, pins in zip(order, arrays._pins[0], strict=True):
-        assert np.shares_memory(pins, state.block_pins)
+    per_group = len(LEASE_KINDS)
+    for g, state in enumerate(order):
+        held = arrays.table.held[g * per_group : (g + 1) * per_group]
+        assert held[PINS] is state._blocks.pins
+        assert np.shares_memory(held[PINS], state.block_pins)
+        assert held[EPOCH] is state.epoch and held[PREV] is state.recency.prev
     assert arrays.fixed[2, 1] == 0  # the index points into the history, at position 0
 
 
@@ -213,3 +218,21 @@ def test_in_any_reachable_state_one_pass_pins_what_the_group_by_group_passes_pin
             assert lease.epochs(name).tolist() == other_lease.epochs(name).tolist()
         other_lease.release()
     assert _pins_now(eng) == before
+
+
+def test_a_lease_table_refuses_arrays_it_would_have_to_copy() -> None:
+    """The one-pass lease writes pins, links and stamps through its address table into the
+    groups' own arrays: an array of another dtype or a strided one is refused with a
+    TypeError naming it, never converted into a copy the pass would write instead."""
+    eng = _engine("deepseek_v4_like")
+    state = eng.core.group("history")
+    own = [state.states, state.recency.list_of_state, state._blocks.last_use,
+           state.recency.prev, state.recency.next, state.recency.head, state.recency.tail,
+           state._blocks.pins, state._blocks.chunk_pins, state.epoch]
+    assert lease_table([own]).held == tuple(own)
+    for which, bad in ((PINS, own[PINS].astype(np.uint32)),
+                       (PREV, np.zeros(2 * own[PREV].size, dtype=np.int32)[::2])):
+        arrays = list(own)
+        arrays[which] = bad
+        with pytest.raises(TypeError, match=f"lease array {which}"):
+            lease_table([arrays])

@@ -5,10 +5,11 @@ A lease taken right after its lookup, on the lookup's own prompt, with no group 
 has nothing left to check but the pin limit: every block is as the lookup saw it. Per group that
 was one kernel call to pin and touch and one to give back, each unboxing some fifteen arrays,
 plus the Python around it; for a model of three groups that fixed cost was most of a lease.
-Here the groups' arrays are gathered once per core into tuples (:class:`LeaseArrays`), and one
-pass (:func:`take_probed_kernel`) pins and touches every group's blocks, read straight from
-the lookup's pass outputs, where :func:`unpin_probed_kernel` gives them back. The per-group
-passes (:mod:`kvfsm.state._lease_pins`) still serve every other lease.
+Here the groups' arrays are gathered once per core into one address table
+(:class:`LeaseArrays`; :mod:`kvfsm._addressed`: one argument instead of nine arrays a group),
+and one pass (:func:`take_probed_kernel`) pins and touches every group's blocks, read
+straight from the lookup's pass outputs, where :func:`unpin_probed_kernel` gives them back.
+The per-group passes (:mod:`kvfsm.state._lease_pins`) still serve every other lease.
 """
 
 from __future__ import annotations
@@ -19,29 +20,43 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm._addressed import AddressTable, address_table
 from kvfsm._jit import Kernel, call_bound, kernel, read_only
 from kvfsm.state._group import MAX_PINS, GroupState
 from kvfsm.state._lease_pins import _pins_inputs, _unpin_twin
 from kvfsm.state._touch import (
     ANSWER_COLUMNS,
     BLOCK,
+    CHUNK_PINS,
+    EPOCH,
     FIRST_EPOCH,
     FIRST_ID,
     FIXED_COLUMNS,
     FULL,
+    HEAD,
     HI,
+    LAST_USE,
+    LEASE_KINDS,
+    LIST_OF_STATE,
     LO,
+    NEXT,
     ONE_READ,
     OUTSIDE,
     PINNED_AS,
+    PINS,
+    PREV,
     SHIFT,
+    STATES,
+    TAIL,
     TAKEN,
     TARGET,
     TARGET_BLOCK,
     TARGETS_OUTSIDE,
+    _leased,
     _probed_ids,
     _touch_loop,
     _touch_twin,
+    leased_arrays,
     take_probed_loop,
     touch_inputs,
     unpin_loop,
@@ -51,12 +66,8 @@ from kvfsm.state._touch import (
 
 def _take_twin(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64], ...],
                offsets: tuple[NDArray[np.int64], ...], at: int, fixed: NDArray[np.int64],
-               states: tuple[NDArray[np.uint8], ...], list_of_state: tuple[NDArray[np.int8], ...],
-               last_use: tuple[NDArray[np.uint32], ...], tick: int,
-               prev: tuple[NDArray[np.int32], ...], next_: tuple[NDArray[np.int32], ...],
-               head: tuple[NDArray[np.int32], ...], tail: tuple[NDArray[np.int32], ...],
-               pins: tuple[NDArray[np.uint16], ...], chunk_pins: tuple[NDArray[np.uint16], ...],
-               max_pins: int, answers: NDArray[np.int64], result: NDArray[np.int64]) -> None:
+               arrays: NDArray[np.int64], tick: int, max_pins: int, answers: NDArray[np.int64],
+               result: NDArray[np.int64]) -> None:
     """:func:`take_probed_loop` with each group's touch as :func:`_touch_twin`."""
     bounds = np.array([[row[0, at], row[2, at]] for row in rows], dtype=np.int64).reshape(-1, 2)
     result[:2] = (TAKEN, 0)
@@ -73,9 +84,10 @@ def _take_twin(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64
         if hi <= lo:
             continue
         ids, seen = _probed_ids(outs[g], int(offsets[g][0]), int(offsets[g][1]), lo, hi)
-        _touch_twin(ids, states[g], list_of_state[g], last_use[g], tick + touched, prev[g],
-                    next_[g], head[g], tail[g], seen, pins[g], chunk_pins[g],
-                    int(fixed[g, SHIFT]), max_pins, answers[g])
+        views = leased_arrays(arrays, g)
+        _touch_twin(ids, views[STATES], views[LIST_OF_STATE], views[LAST_USE], tick + touched,
+                    views[PREV], views[NEXT], views[HEAD], views[TAIL], seen, views[PINS],
+                    views[CHUNK_PINS], int(fixed[g, SHIFT]), max_pins, answers[g])
         if answers[g, OUTSIDE] >= 0 or answers[g, FULL] >= 0:
             result[:2] = (g, touched)
             return
@@ -86,17 +98,36 @@ def _take_twin(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64
 
 def _unpin_probed_twin(outs: tuple[NDArray[np.int64], ...],
                        offsets: tuple[NDArray[np.int64], ...], fixed: NDArray[np.int64],
-                       epoch: tuple[NDArray[np.uint32], ...],
-                       pins: tuple[NDArray[np.uint16], ...],
-                       chunk_pins: tuple[NDArray[np.uint16], ...], answers: NDArray[np.int64],
+                       arrays: NDArray[np.int64], answers: NDArray[np.int64],
                        groups: int) -> None:
     """:func:`unpin_probed_loop` with each group's unpin as its NumPy twin."""
     for g in range(groups):
         lo, hi = int(answers[g, LO]), int(answers[g, HI])
         if hi > lo:
             ids, seen = _probed_ids(outs[g], int(offsets[g][0]), int(offsets[g][1]), lo, hi)
-            _unpin_twin(ids, seen, epoch[g], pins[g], chunk_pins[g], int(fixed[g, SHIFT]),
-                        int(answers[g, PINNED_AS]))
+            views = leased_arrays(arrays, g)
+            _unpin_twin(ids, seen, views[EPOCH], views[PINS], views[CHUNK_PINS],
+                        int(fixed[g, SHIFT]), int(answers[g, PINNED_AS]))
+
+
+def lease_table(groups: Sequence[Sequence[NDArray[Any]]], *, convert: bool = False
+                ) -> AddressTable:
+    """One address table of every group's arrays, :data:`LEASE_KINDS` per group in that
+    order. The passes write through it into the arrays themselves, so an array of another
+    dtype or layout is refused (a TypeError naming it), never copied: ``convert`` (for
+    made-up inputs only) converts such arrays to their kinds first."""
+    every = []
+    for g, arrays in enumerate(groups):
+        for which, (array, (dtype, _)) in enumerate(zip(arrays, LEASE_KINDS, strict=True)):
+            if convert:
+                array = np.ascontiguousarray(array, dtype=dtype)
+            elif array.dtype != np.dtype(dtype) or not array.flags.c_contiguous:
+                raise TypeError(f"group {g}'s lease array {which} must be C-contiguous "
+                                f"{np.dtype(dtype)}, got {array.dtype}")
+            every.append(array)
+    table = address_table(every, LEASE_KINDS * len(groups))
+    assert table is not None, "arrays of their kinds make a table"
+    return table
 
 
 def _outputs(groups: Sequence[tuple[Any, Any]], at: int,
@@ -128,10 +159,12 @@ def _take_example() -> tuple[object, ...]:
                                      np.zeros(1, dtype=np.uint32))], 0, None)
     nodes = np.full(1, -1, dtype=np.int32)
     fixed = np.array([[6, -1, 16, 16]], dtype=np.int64)
-    return (outs, rows, offsets, 0, fixed, (read_only(np.zeros(1, dtype=np.uint8)),),
-            (read_only(np.full(1, -1, dtype=np.int8)),), (np.zeros(1, dtype=np.uint32),), 1,
-            (nodes,), (nodes.copy(),), (nodes.copy(),), (nodes.copy(),),
-            (np.zeros(1, dtype=np.uint16),), (np.zeros(1, dtype=np.uint16),), MAX_PINS,
+    arrays = lease_table([(read_only(np.zeros(1, dtype=np.uint8)),
+                           read_only(np.full(1, -1, dtype=np.int8)),
+                           np.zeros(1, dtype=np.uint32), nodes, nodes.copy(), nodes.copy(),
+                           nodes.copy(), np.zeros(1, dtype=np.uint16),
+                           np.zeros(1, dtype=np.uint16), read_only(np.zeros(1, np.uint32)))])
+    return (outs, rows, offsets, 0, fixed, arrays, 1, MAX_PINS,
             np.zeros((1, ANSWER_COLUMNS), dtype=np.int64), np.zeros(2, dtype=np.int64))
 
 
@@ -152,15 +185,29 @@ def _take_inputs(rng: np.random.Generator) -> tuple[object, ...]:
         # The last group points into the first: held where the first starts at its block 0 and
         # reaches ``hi * BLOCK // TARGET_BLOCK`` blocks.
         fixed[-1, TARGET:] = (0, int(rng.choice([16, 64])), 16)
-    columns = [tuple(each[i] for each in made) for i in range(len(made[0]))]
-    return (outs, rows, offsets, at, fixed, columns[1], columns[2], columns[3],
-            int(rng.integers(5, 9)), columns[5], columns[6], columns[7], columns[8],
-            columns[10], columns[11], limit,
+    # Per group STATES ... EPOCH (the take reads no epoch: zeros stand in).
+    arrays = lease_table([(each[1], each[2], each[3], each[5], each[6], each[7], each[8],
+                           each[10], each[11], np.zeros(each[3].size, dtype=np.uint32))
+                          for each in made], convert=True)
+    return (outs, rows, offsets, at, fixed, arrays, int(rng.integers(5, 9)), limit,
             np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64), np.full(2, -7, np.int64))
 
 
 take_probed_kernel = kernel(example=_take_example, twin=_take_twin, inputs=_take_inputs,
-                            calls=(_probed_ids, _touch_loop))(take_probed_loop)
+                            calls=(_probed_ids, _touch_loop, _leased))(take_probed_loop)
+
+
+def _unpin_tables(groups: Sequence[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]
+                  ) -> AddressTable:
+    """A lease's address table holding each group's ``(epoch, pins, chunk_pins)`` (what a
+    give-back reads and writes), stand-ins for the rest."""
+    def stand_in(dtype: type[np.generic]) -> NDArray[Any]:
+        return np.zeros(1, dtype=dtype)
+
+    return lease_table([(stand_in(np.uint8), stand_in(np.int8), stand_in(np.uint32),
+                         stand_in(np.int32), stand_in(np.int32), stand_in(np.int32),
+                         stand_in(np.int32), pins, chunk_pins, epoch)
+                        for epoch, pins, chunk_pins in groups], convert=True)
 
 
 def _unpin_example() -> tuple[object, ...]:
@@ -168,9 +215,9 @@ def _unpin_example() -> tuple[object, ...]:
                                   np.zeros(1, dtype=np.uint32))], 0, None)
     answers = np.zeros((1, ANSWER_COLUMNS), dtype=np.int64)
     answers[0, HI] = 1
-    return (outs, offsets, np.array([[6, -1, 16, 16]], dtype=np.int64),
-            (read_only(np.zeros(1, dtype=np.uint32)),), (np.ones(1, dtype=np.uint16),),
-            (np.zeros(1, dtype=np.uint16),), answers, 1)
+    arrays = _unpin_tables([(read_only(np.zeros(1, dtype=np.uint32)),
+                             np.ones(1, dtype=np.uint16), np.zeros(1, dtype=np.uint16))])
+    return (outs, offsets, np.array([[6, -1, 16, 16]], dtype=np.int64), arrays, answers, 1)
 
 
 def _unpin_inputs(rng: np.random.Generator) -> tuple[object, ...]:
@@ -185,19 +232,19 @@ def _unpin_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     for g, (each, span) in enumerate(zip(made, rows, strict=True)):
         answers[g, LO], answers[g, HI], answers[g, PINNED_AS] = span[0, 0], span[2, 0], each[6]
         fixed[g] = (each[5], -1, 16, 16)
-    columns = [tuple(each[i] for each in made) for i in range(len(made[0]))]
-    return (outs, offsets, fixed, columns[2], columns[3], columns[4], answers,
-            int(rng.integers(0, count + 1)))
+    arrays = _unpin_tables([(each[2], each[3], each[4]) for each in made])
+    return (outs, offsets, fixed, arrays, answers, int(rng.integers(0, count + 1)))
 
 
 unpin_probed_kernel = kernel(example=_unpin_example, twin=_unpin_probed_twin,
-                             inputs=_unpin_inputs, calls=(_probed_ids, unpin_loop)
+                             inputs=_unpin_inputs, calls=(_probed_ids, unpin_loop, _leased)
                              )(unpin_probed_loop)
 
 
 class LeaseArrays:
-    """A core's groups' arrays that a lease pass reads and writes, as tuples in one order of
-    the groups (a lookup's), gathered once: the arrays are each group's own for its life."""
+    """A core's groups' arrays that a lease pass reads and writes, as one address table in one
+    order of the groups (a lookup's), gathered once: the arrays are each group's own for its
+    life (made with the group, never replaced), and the table holds them."""
 
     def __init__(self, groups: Sequence[GroupState]) -> None:
         self.groups = tuple(groups)
@@ -210,17 +257,13 @@ class LeaseArrays:
                               state.decl.block_size,
                               state.decl.block_size if target is None
                               else target.decl.block_size)
-        recency = [state.recency for state in self.groups]
-        blocks = [state._blocks for state in self.groups]
-        self._touched = (
-            tuple(state.states for state in self.groups),
-            tuple(each.list_of_state for each in recency),
-            tuple(each.last_use for each in blocks))
-        self._links = tuple(tuple(getattr(each, name) for each in recency)
-                            for name in ("prev", "next", "head", "tail"))
-        self._pins = (tuple(each.pins for each in blocks),
-                      tuple(each.chunk_pins for each in blocks))
-        self._epoch = tuple(state.epoch for state in self.groups)
+        #: Every group's states, lists, stamps, links, pins and epochs (LEASE_KINDS per
+        #: group) as one address table: the passes take it as one argument.
+        self.table = lease_table([
+            (state.states, state.recency.list_of_state, state._blocks.last_use,
+             state.recency.prev, state.recency.next, state.recency.head, state.recency.tail,
+             state._blocks.pins, state._blocks.chunk_pins, state.epoch)
+            for state in self.groups])
         #: The answer of the last take (used under the owner's lock).
         self.result = np.zeros(2, dtype=np.int64)
         #: The passes' entry points, bound on their first calls (the arrays are these, and a
@@ -231,8 +274,8 @@ class LeaseArrays:
              offsets: tuple[NDArray[np.int64], ...], at: int, tick: int,
              answers: NDArray[np.int64]) -> tuple[int, int]:
         """:func:`take_probed_loop` over these groups; ``(result[0], result[1])``."""
-        args = (outs, rows, offsets, at, self.fixed, *self._touched, tick, *self._links,
-                *self._pins, MAX_PINS, answers, self.result)
+        args = (outs, rows, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
+                self.result)
         call_bound(take_probed_kernel, self._entries, *args)
         stop, touched = self.result.tolist()
         return stop, touched
@@ -240,7 +283,7 @@ class LeaseArrays:
     def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: tuple[NDArray[np.int64], ...],
               answers: NDArray[np.int64], groups: int) -> None:
         """:func:`unpin_probed_loop` over the first ``groups`` of these groups."""
-        args = (outs, offsets, self.fixed, self._epoch, *self._pins, answers, groups)
+        args = (outs, offsets, self.fixed, self.table, answers, groups)
         call_bound(unpin_probed_kernel, self._entries, *args)
 
 

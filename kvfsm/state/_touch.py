@@ -16,11 +16,12 @@ and numba's disk cache recompiles a kernel only when its own file changes.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm._addressed import ENTRY, array_at
 from kvfsm._jit import kernel, read_only
 
 IdArray = NDArray[np.intp]
@@ -306,15 +307,34 @@ def _probed_ids(out: NDArray[np.int64], at_ids: int, at_epochs: int, lo: int, hi
     return out[at_ids + lo:at_ids + hi], out[at_epochs:].view(np.uint32)[lo:hi]
 
 
+#: Per group, the arrays a lease's one-pass take and give-back read and write, in this order
+#: in their address table (:data:`LEASE_KINDS` says each one's dtype): the blocks' states,
+#: the recency list of each state, the blocks' use stamps, the lists' links, heads and tails,
+#: the blocks' and chunks' pins, and the blocks' epochs.
+STATES, LIST_OF_STATE, LAST_USE, PREV, NEXT, HEAD, TAIL, PINS, CHUNK_PINS, EPOCH = range(10)
+LEASE_KINDS: Final[tuple[tuple[type[np.generic], int], ...]] = (
+    (np.uint8, 1), (np.int8, 1), (np.uint32, 1), (np.int32, 1), (np.int32, 1), (np.int32, 1),
+    (np.int32, 1), (np.uint16, 1), (np.uint16, 1), (np.uint32, 1))
+N_LEASE_ARRAYS: Final = len(LEASE_KINDS)
+
+
+def _leased(arrays: NDArray[np.int64], g: int, which: int, dtype: type[np.generic]
+            ) -> NDArray[Any]:
+    """Group ``g``'s array ``which`` (STATES ... EPOCH) of a lease's address table."""
+    at = ENTRY * (g * N_LEASE_ARRAYS + which)
+    return array_at(arrays[at], (arrays[at + 1],), dtype)
+
+
+def leased_arrays(arrays: NDArray[np.int64], g: int) -> tuple[NDArray[Any], ...]:
+    """Group ``g``'s arrays of a lease's address table, STATES ... EPOCH (plain-Python
+    views, for the twins)."""
+    return tuple(_leased(arrays, g, which, dtype)
+                 for which, (dtype, _) in enumerate(LEASE_KINDS))
+
+
 def take_probed_loop(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64], ...],
                      offsets: tuple[NDArray[np.int64], ...], at: int, fixed: NDArray[np.int64],
-                     states: tuple[NDArray[np.uint8], ...],
-                     list_of_state: tuple[NDArray[np.int8], ...],
-                     last_use: tuple[NDArray[np.uint32], ...], tick: int,
-                     prev: tuple[NDArray[np.int32], ...], next_: tuple[NDArray[np.int32], ...],
-                     head: tuple[NDArray[np.int32], ...], tail: tuple[NDArray[np.int32], ...],
-                     pins: tuple[NDArray[np.uint16], ...],
-                     chunk_pins: tuple[NDArray[np.uint16], ...], max_pins: int,
+                     arrays: NDArray[np.int64], tick: int, max_pins: int,
                      answers: NDArray[np.int64], result: NDArray[np.int64]) -> None:
     """A lease's pinning touch (:func:`_touch_loop`) of every group at once, on the blocks a
     lookup found usable at its candidate ``at`` (no group changed since: only the pin limit
@@ -324,7 +344,9 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np
     and epochs in the lookup's pass output ``outs[g]`` from words ``offsets[g][0]`` and
     ``offsets[g][1]``. ``fixed[g]`` is what the group's declaration fixes (columns
     ``SHIFT`` ... ``TARGET_BLOCK``): its pin chunk shift, the position of the group its
-    blocks point into (-1: none), and the two groups' block sizes.
+    blocks point into (-1: none), and the two groups' block sizes. ``arrays`` addresses
+    every group's states, lists, stamps, links and pins (:data:`LEASE_KINDS` per group, an
+    address table: one argument instead of nine per group).
 
     First, no changes: an index group's usable rows point only at history blocks ending
     before them, which the lease must hold as blocks of the target group (from its block 0
@@ -353,9 +375,14 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np
         if hi <= lo:
             continue
         ids, seen = _probed_ids(outs[g], offsets[g][0], offsets[g][1], lo, hi)
-        _touch_loop(ids, states[g], list_of_state[g], last_use[g], tick + touched, prev[g],
-                    next_[g], head[g], tail[g], seen, pins[g], chunk_pins[g],
-                    fixed[g, SHIFT], max_pins, answer)
+        _touch_loop(ids, _leased(arrays, g, STATES, np.uint8),
+                    _leased(arrays, g, LIST_OF_STATE, np.int8),
+                    _leased(arrays, g, LAST_USE, np.uint32), tick + touched,
+                    _leased(arrays, g, PREV, np.int32), _leased(arrays, g, NEXT, np.int32),
+                    _leased(arrays, g, HEAD, np.int32), _leased(arrays, g, TAIL, np.int32),
+                    seen, _leased(arrays, g, PINS, np.uint16),
+                    _leased(arrays, g, CHUNK_PINS, np.uint16), fixed[g, SHIFT], max_pins,
+                    answer)
         if answer[OUTSIDE] >= 0 or answer[FULL] >= 0:
             result[0], result[1] = g, touched
             return
@@ -365,18 +392,18 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np
 
 
 def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: tuple[NDArray[np.int64], ...],
-                      fixed: NDArray[np.int64],
-                      epoch: tuple[NDArray[np.uint32], ...],
-                      pins: tuple[NDArray[np.uint16], ...],
-                      chunk_pins: tuple[NDArray[np.uint16], ...], answers: NDArray[np.int64],
-                      groups: int) -> None:
+                      fixed: NDArray[np.int64], arrays: NDArray[np.int64],
+                      answers: NDArray[np.int64], groups: int) -> None:
     """Give back what :func:`take_probed_loop` pinned in its first ``groups`` groups (its
-    answer rows say where and how), as :func:`unpin_loop` per group."""
+    answer rows say where and how), as :func:`unpin_loop` per group (``arrays``: the take's
+    address table)."""
     for g in range(groups):
         lo, hi = answers[g, LO], answers[g, HI]
         if hi > lo:
             ids, seen = _probed_ids(outs[g], offsets[g][0], offsets[g][1], lo, hi)
-            unpin_loop(ids, seen, epoch[g], pins[g], chunk_pins[g], fixed[g, SHIFT],
+            unpin_loop(ids, seen, _leased(arrays, g, EPOCH, np.uint32),
+                       _leased(arrays, g, PINS, np.uint16),
+                       _leased(arrays, g, CHUNK_PINS, np.uint16), fixed[g, SHIFT],
                        answers[g, PINNED_AS])
 
 
