@@ -19,8 +19,9 @@ replaced).
 
 :func:`array_at` is a plain function (NumPy over a ctypes buffer) for twins and plain-Python
 runs; compiled code gets numba's own version, registered when kernels are first compiled
-(:func:`register`). numba's disk cache checks a kernel against its own file only: a change to
-that compiled version reaches kernels already cached when their files change too.
+(:func:`register`), as do :func:`vector_at` and :func:`matrix_at`, which read an entry of a
+table. numba's disk cache checks a kernel against its own file only: a change to these
+compiled versions reaches kernels already cached when their files change too.
 """
 
 from __future__ import annotations
@@ -97,6 +98,25 @@ def array_at(address: int, shape: tuple[int, ...], dtype: type[np.generic]) -> N
     return flat.reshape(tuple(int(size) for size in shape))
 
 
+def vector_at(table: NDArray[np.int64], at: int, dtype: type[np.generic]) -> NDArray[Any]:
+    """The vector entry ``at`` of an address table addresses (compiled code calls it too)."""
+    return array_at(table[ENTRY * at], (table[ENTRY * at + 1],), dtype)
+
+
+def matrix_at(table: NDArray[np.int64], at: int, dtype: type[np.generic]) -> NDArray[Any]:
+    """The matrix entry ``at`` of an address table addresses (compiled code calls it too)."""
+    return array_at(table[ENTRY * at], (table[ENTRY * at + 1], table[ENTRY * at + 2]), dtype)
+
+
+def views(table: NDArray[np.int64], kinds: Sequence[tuple[type[np.generic], int]],
+          first: int = 0) -> tuple[NDArray[Any], ...]:
+    """The arrays entries ``first`` on of an address table address, one per kind in
+    ``kinds`` (plain-Python views, for twins)."""
+    return tuple(matrix_at(table, first + at, dtype) if dimensions == 2
+                 else vector_at(table, first + at, dtype)
+                 for at, (dtype, dimensions) in enumerate(kinds))
+
+
 _REGISTERED: list[bool] = []
 #: Two threads compiling their first kernels at once register the version once.
 _REGISTERING = threading.Lock()
@@ -104,7 +124,8 @@ _REGISTERING = threading.Lock()
 
 def register(numba: Any) -> None:
     """Give compiled code its version of :func:`array_at` (once): ``numba.carray`` over the
-    address as a pointer."""
+    address as a pointer; and :func:`vector_at` and :func:`matrix_at`, compiled into their
+    callers."""
     with _REGISTERING:
         if not _REGISTERED:
             _register(numba)
@@ -127,3 +148,6 @@ def _register(numba: Any) -> None:
         def view(address: Any, shape: Any, dtype: Any) -> Any:
             return numba.carray(_pointer(address), shape, dtype)  # type: ignore[call-arg]
         return view
+
+    numba.extending.register_jitable(vector_at)
+    numba.extending.register_jitable(matrix_at)

@@ -52,7 +52,6 @@ from kvfsm.state._touch import (
     TARGET,
     TARGET_BLOCK,
     TARGETS_OUTSIDE,
-    _leased,
     _probed_ids,
     _touch_loop,
     _touch_twin,
@@ -194,7 +193,7 @@ def _take_inputs(rng: np.random.Generator) -> tuple[object, ...]:
 
 
 take_probed_kernel = kernel(example=_take_example, twin=_take_twin, inputs=_take_inputs,
-                            calls=(_probed_ids, _touch_loop, _leased))(take_probed_loop)
+                            calls=(_probed_ids, _touch_loop))(take_probed_loop)
 
 
 def _unpin_tables(groups: Sequence[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]
@@ -237,7 +236,7 @@ def _unpin_inputs(rng: np.random.Generator) -> tuple[object, ...]:
 
 
 unpin_probed_kernel = kernel(example=_unpin_example, twin=_unpin_probed_twin,
-                             inputs=_unpin_inputs, calls=(_probed_ids, unpin_loop, _leased)
+                             inputs=_unpin_inputs, calls=(_probed_ids, unpin_loop)
                              )(unpin_probed_loop)
 
 

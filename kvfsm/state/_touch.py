@@ -21,7 +21,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._addressed import ENTRY, array_at
+from kvfsm._addressed import vector_at, views
 from kvfsm._jit import kernel, read_only
 
 IdArray = NDArray[np.intp]
@@ -318,18 +318,10 @@ LEASE_KINDS: Final[tuple[tuple[type[np.generic], int], ...]] = (
 N_LEASE_ARRAYS: Final = len(LEASE_KINDS)
 
 
-def _leased(arrays: NDArray[np.int64], g: int, which: int, dtype: type[np.generic]
-            ) -> NDArray[Any]:
-    """Group ``g``'s array ``which`` (STATES ... EPOCH) of a lease's address table."""
-    at = ENTRY * (g * N_LEASE_ARRAYS + which)
-    return array_at(arrays[at], (arrays[at + 1],), dtype)
-
-
 def leased_arrays(arrays: NDArray[np.int64], g: int) -> tuple[NDArray[Any], ...]:
     """Group ``g``'s arrays of a lease's address table, STATES ... EPOCH (plain-Python
     views, for the twins)."""
-    return tuple(_leased(arrays, g, which, dtype)
-                 for which, (dtype, _) in enumerate(LEASE_KINDS))
+    return views(arrays, LEASE_KINDS, g * N_LEASE_ARRAYS)
 
 
 def take_probed_loop(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64], ...],
@@ -375,13 +367,16 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np
         if hi <= lo:
             continue
         ids, seen = _probed_ids(outs[g], offsets[g][0], offsets[g][1], lo, hi)
-        _touch_loop(ids, _leased(arrays, g, STATES, np.uint8),
-                    _leased(arrays, g, LIST_OF_STATE, np.int8),
-                    _leased(arrays, g, LAST_USE, np.uint32), tick + touched,
-                    _leased(arrays, g, PREV, np.int32), _leased(arrays, g, NEXT, np.int32),
-                    _leased(arrays, g, HEAD, np.int32), _leased(arrays, g, TAIL, np.int32),
-                    seen, _leased(arrays, g, PINS, np.uint16),
-                    _leased(arrays, g, CHUNK_PINS, np.uint16), fixed[g, SHIFT], max_pins,
+        base = g * N_LEASE_ARRAYS
+        _touch_loop(ids, vector_at(arrays, base + STATES, np.uint8),
+                    vector_at(arrays, base + LIST_OF_STATE, np.int8),
+                    vector_at(arrays, base + LAST_USE, np.uint32), tick + touched,
+                    vector_at(arrays, base + PREV, np.int32),
+                    vector_at(arrays, base + NEXT, np.int32),
+                    vector_at(arrays, base + HEAD, np.int32),
+                    vector_at(arrays, base + TAIL, np.int32), seen,
+                    vector_at(arrays, base + PINS, np.uint16),
+                    vector_at(arrays, base + CHUNK_PINS, np.uint16), fixed[g, SHIFT], max_pins,
                     answer)
         if answer[OUTSIDE] >= 0 or answer[FULL] >= 0:
             result[0], result[1] = g, touched
@@ -401,9 +396,10 @@ def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: tuple[NDArra
         lo, hi = answers[g, LO], answers[g, HI]
         if hi > lo:
             ids, seen = _probed_ids(outs[g], offsets[g][0], offsets[g][1], lo, hi)
-            unpin_loop(ids, seen, _leased(arrays, g, EPOCH, np.uint32),
-                       _leased(arrays, g, PINS, np.uint16),
-                       _leased(arrays, g, CHUNK_PINS, np.uint16), fixed[g, SHIFT],
+            base = g * N_LEASE_ARRAYS
+            unpin_loop(ids, seen, vector_at(arrays, base + EPOCH, np.uint32),
+                       vector_at(arrays, base + PINS, np.uint16),
+                       vector_at(arrays, base + CHUNK_PINS, np.uint16), fixed[g, SHIFT],
                        answers[g, PINNED_AS])
 
 

@@ -24,13 +24,12 @@ its form there.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Final, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._addressed import ENTRY, AddressTable, address_table, array_at
+from kvfsm._addressed import AddressTable, address_table, matrix_at, vector_at, views
 from kvfsm._jit import kernel, read_only
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
@@ -767,15 +766,6 @@ def pack_fixed(arrays: tuple[NDArray[Any], ...]) -> AddressTable | None:
     return address_table(arrays, FIXED_KINDS)
 
 
-def _fixed_arrays(fixed: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
-    """The arrays an address table of FIXED_KINDS addresses (plain-Python views)."""
-    views = []
-    for at, (dtype, dimensions) in enumerate(FIXED_KINDS):
-        address, rows, columns = fixed[ENTRY * at : ENTRY * at + ENTRY].tolist()
-        views.append(array_at(address, (rows, columns) if dimensions == 2 else (rows,), dtype))
-    return tuple(views)
-
-
 def _fixed_args(args: tuple[object, ...]) -> tuple[object, ...]:
     """:func:`group_pass` arguments as :func:`group_pass_fixed` takes them (the table holds
     the arrays it addresses)."""
@@ -793,7 +783,7 @@ def _group_pass_fixed_twin(
 ) -> None:
     """:func:`group_pass_fixed` in NumPy: the twin of the pass over the addressed arrays."""
     twin: Any = _group_pass_twin  # the sixteen arrays come as one tuple, typed loosely
-    twin(high, low, *_fixed_arrays(fixed), history, n_history, checked_ok, spans, check_mode,
+    twin(high, low, *views(fixed, FIXED_KINDS), history, n_history, checked_ok, spans, check_mode,
          use_checked_ok, has_index, history_all_settled, budget, capped, out)
 
 
@@ -801,32 +791,14 @@ def _group_pass_fixed_twin(
 _group_pass_loop = group_pass.python
 
 
-def _vector(fixed: NDArray[np.int64], at: int, dtype: type[np.generic]) -> NDArray[Any]:
-    """The vector an address table holds at position ``at`` (its dtype as FIXED_KINDS says)."""
-    return array_at(fixed[ENTRY * at], (fixed[ENTRY * at + 1],), dtype)
-
-
-def _matrix(fixed: NDArray[np.int64], at: int, dtype: type[np.generic]) -> NDArray[Any]:
-    """The matrix an address table holds at position ``at``."""
-    return array_at(fixed[ENTRY * at], (fixed[ENTRY * at + 1], fixed[ENTRY * at + 2]), dtype)
-
-
-@functools.cache
-def _example_fixed() -> NDArray[np.int64]:
-    """The example's address table, made once: every example addresses the same arrays (two
-    examples are compared whole, the table's addresses included)."""
-    return cast(NDArray[np.int64], _fixed_args(_group_pass_example())[2])
-
-
 def _group_pass_fixed_example() -> tuple[object, ...]:
     """:func:`group_pass_fixed`'s arguments of exactly the call site's types."""
-    args = _group_pass_example()
-    return (*args[:2], _example_fixed(), *args[2 + N_FIXED :])
+    return _fixed_args(_group_pass_example())
 
 
 @kernel(example=_group_pass_fixed_example, twin=_group_pass_fixed_twin,
         inputs=lambda rng: _fixed_args(_group_pass_inputs(rng)),
-        calls=(_group_pass_loop, _vector, _matrix))
+        calls=(_group_pass_loop,))
 def group_pass_fixed(
     high: Words, low: Words, fixed: NDArray[np.int64], history: NDArray[np.int64],
     n_history: int, checked_ok: Bools, spans: NDArray[np.int64], check_mode: int,
@@ -837,11 +809,13 @@ def group_pass_fixed(
     given as one address table (:func:`pack_fixed`): numba unboxes one array instead of
     sixteen on every call (some 0.7 us a lookup's group)."""
     _group_pass_loop(
-        high, low, _vector(fixed, 0, np.uint64), _vector(fixed, 1, np.uint64),
-        _vector(fixed, 2, np.uint64), _vector(fixed, 3, np.bool_), _vector(fixed, 4, np.uint8),
-        _vector(fixed, 5, np.uint32), _vector(fixed, 6, np.int32), _vector(fixed, 7, np.uint16),
-        _vector(fixed, 8, np.uint8), _vector(fixed, 9, np.uint8), _matrix(fixed, 10, np.int32),
-        _matrix(fixed, 11, np.uint32), _vector(fixed, 12, np.uint32),
-        _vector(fixed, 13, np.uint8), _vector(fixed, 14, np.int32), _vector(fixed, 15, np.int64),
+        high, low, vector_at(fixed, 0, np.uint64), vector_at(fixed, 1, np.uint64),
+        vector_at(fixed, 2, np.uint64), vector_at(fixed, 3, np.bool_),
+        vector_at(fixed, 4, np.uint8), vector_at(fixed, 5, np.uint32),
+        vector_at(fixed, 6, np.int32), vector_at(fixed, 7, np.uint16),
+        vector_at(fixed, 8, np.uint8), vector_at(fixed, 9, np.uint8),
+        matrix_at(fixed, 10, np.int32), matrix_at(fixed, 11, np.uint32),
+        vector_at(fixed, 12, np.uint32), vector_at(fixed, 13, np.uint8),
+        vector_at(fixed, 14, np.int32), vector_at(fixed, 15, np.int64),
         history, n_history, checked_ok, spans, check_mode, use_checked_ok, has_index,
         history_all_settled, budget, capped, out)
