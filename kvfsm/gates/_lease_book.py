@@ -135,14 +135,17 @@ class LeaseBook:
                 probe.prompt is not prompt or probe.tokens != verdict.usable_tokens or \
                 probe.core() is not self.core:
             return None
-        arrays = self._arrays = arrays_for(self.core, self._arrays, probe.passes)
-        return take_probed(arrays, probe.passes, probe.at)
+        passes, arrays = probe.passes, self._arrays
+        if arrays is None or len(arrays.names) != len(passes):
+            arrays = self._arrays = arrays_for(self.core, arrays, passes)
+        return take_probed(arrays, passes, probe.at)
 
     def _open_lease(self, tokens: int, held: tuple[_Held, ...] | ProbedHold,
                     ttl_s: float) -> Lease:
         lease = Lease(self, tokens, held, self.clock() + float(ttl_s))
         self._open[id(lease)] = lease
-        self._next_expiry = min(self._next_expiry, lease.expires_at)
+        if lease.expires_at < self._next_expiry:
+            self._next_expiry = lease.expires_at
         return lease
 
     def _probed(self, verdict: Verdict, prompt: Prompt) -> tuple[_Held, ...] | None:

@@ -116,18 +116,23 @@ def take_probed(arrays: LeaseArrays, passes: Passes, at: int) -> ProbedHold | No
     groups = arrays.groups
     if len(passes) != len(groups):
         return None
-    for state, name, each in zip(groups, arrays.names, passes, strict=True):
-        if state.changes != each[4] or name != each[0]:
+    # One loop checks each group and gathers its pass's output, spans rows and offsets.
+    outs, rows, offsets = [], [], []
+    for state, name, (passed, spans, out, _, changes) in zip(groups, arrays.names, passes,
+                                                                 strict=True):
+        if state.changes != changes or name != passed:
             return None
-    outs = tuple([each[2] for each in passes])
-    offsets = tuple([each[1].out_words for each in passes])
-    answers = np.empty((len(passes), ANSWER_COLUMNS), dtype=np.int64)
+        outs.append(out)
+        rows.append(spans.rows)
+        offsets.append(spans.out_words)
+    held_outs, held_offsets = tuple(outs), tuple(offsets)
+    answers = np.empty((len(groups), ANSWER_COLUMNS), dtype=np.int64)
     clock = groups[0].clock
-    stop, touched = arrays.take(outs, tuple([each[1].rows for each in passes]), offsets, at,
-                                clock.now + 1, answers)
+    stop, touched = arrays.take(held_outs, tuple(rows), held_offsets, at, clock.now + 1,
+                                answers)
     if touched:
         clock.advance(touched)
-    hold = ProbedHold(arrays, passes, outs, offsets, answers)
+    hold = ProbedHold(arrays, passes, held_outs, held_offsets, answers)
     if stop == TAKEN:
         return hold
     if stop < 0:
