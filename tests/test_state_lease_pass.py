@@ -18,7 +18,7 @@ from kvfsm.gates import _lease_book as book_module
 from kvfsm.obs import replay
 from kvfsm.state import MAX_PINS, StateError
 from kvfsm.state._lease_pass import LeaseArrays, lease_table
-from kvfsm.state._touch import EPOCH, LEASE_KINDS, PINS, PREV
+from kvfsm.state._touch import EPOCH, LEASE_KINDS, LINKED_RUN, PINS, PREV
 from tests.verify_models import (
     DEEPSEEK,
     FOUR,
@@ -170,6 +170,7 @@ def test_lease_arrays_are_the_groups_own() -> None:
         assert held[PINS] is state._blocks.pins
         assert np.shares_memory(held[PINS], state.block_pins)
         assert held[EPOCH] is state.epoch and held[PREV] is state.recency.prev
+        assert held[LINKED_RUN] is state.recency.linked_run
     assert arrays.fixed[2, 1] == 0  # the index points into the history, at position 0
 
 
@@ -228,7 +229,7 @@ def test_a_lease_table_refuses_arrays_it_would_have_to_copy() -> None:
     state = eng.core.group("history")
     own = [state.states, state.recency.list_of_state, state._blocks.last_use,
            state.recency.prev, state.recency.next, state.recency.head, state.recency.tail,
-           state._blocks.pins, state._blocks.chunk_pins, state.epoch]
+           state._blocks.pins, state._blocks.chunk_pins, state.epoch, state.recency.linked_run]
     assert lease_table([own]).held == tuple(own)
     for which, bad in ((PINS, own[PINS].astype(np.uint32)),
                        (PREV, np.zeros(2 * own[PREV].size, dtype=np.int32)[::2])):

@@ -31,11 +31,15 @@ DENSE = shipped_models()["dense"]
 
 @st.composite
 def steps(draw: st.DrawFn) -> list[tuple[str, list[int], list[int]]]:
-    """Moves (ids to new states) and touches (ids, repeats allowed) over a few blocks."""
+    """Moves (ids to new states) and touches (ids, repeats allowed; often consecutive ids,
+    which a touch records as a run where they are linked in order) over a few blocks."""
     out: list[tuple[str, list[int], list[int]]] = []
     for _ in range(draw(st.integers(0, 25))):
         ids = draw(st.lists(st.integers(0, N_BLOCKS - 1), max_size=6))
         if draw(st.booleans()):
+            first = draw(st.integers(0, N_BLOCKS - 1))
+            out.append(("touch", list(range(first, draw(st.integers(first, N_BLOCKS)))), []))
+        elif draw(st.booleans()):
             ids = list(dict.fromkeys(ids))  # a fire moves distinct ids
             out.append(("move", ids, draw(st.lists(st.integers(0, N_STATES - 1),
                                                    min_size=len(ids), max_size=len(ids)))))
@@ -84,6 +88,22 @@ def test_lists_follow_the_states_oldest_first(
     for listed, order in model.items():
         expected = [block for block in order if block not in pinned][:count]
         assert recency.oldest(listed, count, pins, NO_CHUNK_PINS, 1).tolist() == expected
+
+
+def test_a_false_record_of_a_linked_run_is_reported() -> None:
+    """The record of a run linked in order is checked against the links: a record naming ids
+    that are not linked so (or not on its list) is a fault the invariant check reports."""
+    recency = Recency(N_BLOCKS, LIST_OF_STATE)
+    states = np.zeros(N_BLOCKS, dtype=np.uint8)
+    order = np.array([0, 1, 2, 5, 4, 3, 6, 7], dtype=np.intp)
+    recency.moved(order, np.full(N_BLOCKS, 2, dtype=np.uint8), states)
+    last_use = np.zeros(N_BLOCKS, dtype=np.uint32)
+    recency.linked_run[:] = (0, 3, 0)  # 0 -> 1 -> 2 on list 0: true
+    assert recency.problems(states, last_use) == []
+    for false in ((2, 3, 0), (0, 3, 1), (6, 3, 0)):  # 2 -> 5; another list; past the blocks
+        recency.linked_run[:] = false
+        assert any("not true of the links" in problem
+                   for problem in recency.problems(states, last_use))
 
 
 def test_a_touch_with_an_id_outside_the_blocks_changes_nothing(jit_backend: str) -> None:

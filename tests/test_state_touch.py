@@ -39,7 +39,7 @@ def _touch(ids: list[int], *, limit: int, pins: np.ndarray, chunk_pins: np.ndarr
     out = np.full(4, -7, dtype=np.int64)
     touch_kernel(batch, states, recency.list_of_state, last_use, tick, recency.prev,
                  recency.next, recency.head, recency.tail, np.zeros(batch.size, dtype=np.uint32),
-                 pins, chunk_pins, SHIFT, limit, out)
+                 pins, chunk_pins, SHIFT, limit, recency.linked_run, out)
     return out
 
 
@@ -162,3 +162,36 @@ def test_several_runs_are_each_pinned_by_their_whole_chunks_and_given_back_exact
     unpin_kernel(batch, np.zeros(batch.size, dtype=np.uint32), epoch, pins, chunk_pins, SHIFT,
                  int(out[2]))
     assert not pins.any() and not chunk_pins.any()
+
+
+@FIXTURE_OK
+@given(data=st.data())
+def test_a_touch_trusting_the_record_of_a_linked_run_moves_what_reading_the_links_moves(
+        jit_backend: str, data: st.DataObject) -> None:
+    """Through any touches (runs of consecutive ids, several runs, shuffled ids; pinning or
+    not), the record of a run linked in order stays true of the links, and each touch leaves
+    the links, stamps and pins exactly as the same touch with no record (which reads every
+    link): the record only spares reading them."""
+    recency, last_use, pins, chunk_pins = _fresh()
+    plain, plain_use, plain_pins, plain_chunks = _fresh()
+    for tick in range(1, data.draw(st.integers(1, 8), label="touches") + 1):
+        ids = data.draw(st.one_of(
+            st.builds(lambda a, n: list(range(a, min(a + n, N_BLOCKS))),
+                      st.integers(0, N_BLOCKS - 1), st.integers(1, N_BLOCKS)),
+            st.builds(_runs, st.just(data)),
+            st.permutations(range(N_BLOCKS)).map(lambda p: list(p[:5]))), label="ids")
+        if not ids:
+            continue
+        limit = data.draw(st.sampled_from([NO_PINNING, 50]), label="limit")
+        plain.linked_run[:] = (0, 0, -1)  # reads every link
+        out = _touch(ids, limit=limit, pins=pins, chunk_pins=chunk_pins, recency=recency,
+                     last_use=last_use, tick=tick)
+        plain_out = _touch(ids, limit=limit, pins=plain_pins, chunk_pins=plain_chunks,
+                           recency=plain, last_use=plain_use, tick=tick)
+        assert out.tolist() == plain_out.tolist()
+        for mine, theirs in ((recency.prev, plain.prev), (recency.next, plain.next),
+                             (recency.head, plain.head), (recency.tail, plain.tail),
+                             (last_use, plain_use), (pins, plain_pins),
+                             (chunk_pins, plain_chunks)):
+            assert mine.tolist() == theirs.tolist()
+        assert not recency.problems(np.zeros(N_BLOCKS, dtype=np.uint8), last_use)

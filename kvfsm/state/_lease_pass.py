@@ -37,6 +37,7 @@ from kvfsm.state._touch import (
     HI,
     LAST_USE,
     LEASE_KINDS,
+    LINKED_RUN,
     LIST_OF_STATE,
     LO,
     NEXT,
@@ -56,6 +57,7 @@ from kvfsm.state._touch import (
     _touch_loop,
     _touch_twin,
     leased_arrays,
+    no_linked_run,
     take_probed_loop,
     touch_inputs,
     unpin_loop,
@@ -86,7 +88,8 @@ def _take_twin(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64
         views = leased_arrays(arrays, g)
         _touch_twin(ids, views[STATES], views[LIST_OF_STATE], views[LAST_USE], tick + touched,
                     views[PREV], views[NEXT], views[HEAD], views[TAIL], seen, views[PINS],
-                    views[CHUNK_PINS], int(fixed[g, SHIFT]), max_pins, answers[g])
+                    views[CHUNK_PINS], int(fixed[g, SHIFT]), max_pins, views[LINKED_RUN],
+                    answers[g])
         if answers[g, OUTSIDE] >= 0 or answers[g, FULL] >= 0:
             result[:2] = (g, touched)
             return
@@ -162,7 +165,8 @@ def _take_example() -> tuple[object, ...]:
                            read_only(np.full(1, -1, dtype=np.int8)),
                            np.zeros(1, dtype=np.uint32), nodes, nodes.copy(), nodes.copy(),
                            nodes.copy(), np.zeros(1, dtype=np.uint16),
-                           np.zeros(1, dtype=np.uint16), read_only(np.zeros(1, np.uint32)))])
+                           np.zeros(1, dtype=np.uint16), read_only(np.zeros(1, np.uint32)),
+                           no_linked_run())])
     return (outs, rows, offsets, 0, fixed, arrays, 1, MAX_PINS,
             np.zeros((1, ANSWER_COLUMNS), dtype=np.int64), np.zeros(2, dtype=np.int64))
 
@@ -184,10 +188,10 @@ def _take_inputs(rng: np.random.Generator) -> tuple[object, ...]:
         # The last group points into the first: held where the first starts at its block 0 and
         # reaches ``hi * BLOCK // TARGET_BLOCK`` blocks.
         fixed[-1, TARGET:] = (0, int(rng.choice([16, 64])), 16)
-    # Per group STATES ... EPOCH (the take reads no epoch: zeros stand in).
+    # Per group STATES ... LINKED_RUN (the take reads no epoch: zeros stand in).
     arrays = lease_table([(each[1], each[2], each[3], each[5], each[6], each[7], each[8],
-                           each[10], each[11], np.zeros(each[3].size, dtype=np.uint32))
-                          for each in made], convert=True)
+                           each[10], each[11], np.zeros(each[3].size, dtype=np.uint32),
+                           each[14]) for each in made], convert=True)
     return (outs, rows, offsets, at, fixed, arrays, int(rng.integers(5, 9)), limit,
             np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64), np.full(2, -7, np.int64))
 
@@ -205,7 +209,7 @@ def _unpin_tables(groups: Sequence[tuple[NDArray[Any], NDArray[Any], NDArray[Any
 
     return lease_table([(stand_in(np.uint8), stand_in(np.int8), stand_in(np.uint32),
                          stand_in(np.int32), stand_in(np.int32), stand_in(np.int32),
-                         stand_in(np.int32), pins, chunk_pins, epoch)
+                         stand_in(np.int32), pins, chunk_pins, epoch, no_linked_run())
                         for epoch, pins, chunk_pins in groups], convert=True)
 
 
@@ -256,12 +260,13 @@ class LeaseArrays:
                               state.decl.block_size,
                               state.decl.block_size if target is None
                               else target.decl.block_size)
-        #: Every group's states, lists, stamps, links, pins and epochs (LEASE_KINDS per
-        #: group) as one address table: the passes take it as one argument.
+        #: Every group's states, lists, stamps, links, pins, epochs and run record
+        #: (LEASE_KINDS per group) as one address table: the passes take it as one argument.
         self.table = lease_table([
             (state.states, state.recency.list_of_state, state._blocks.last_use,
              state.recency.prev, state.recency.next, state.recency.head, state.recency.tail,
-             state._blocks.pins, state._blocks.chunk_pins, state.epoch)
+             state._blocks.pins, state._blocks.chunk_pins, state.epoch,
+             state.recency.linked_run)
             for state in self.groups])
         #: The answer of the last take (used under the owner's lock).
         self.result = np.zeros(2, dtype=np.int64)

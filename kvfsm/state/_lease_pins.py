@@ -247,7 +247,7 @@ def take_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32],
     (run_bound if bound else _matched)(
         state, touch_kernel, ids, state.states, recency.list_of_state, blocks.last_use,
         clock.now + 1, recency.prev, recency.next, recency.head, recency.tail, seen,
-        blocks.pins, blocks.chunk_pins, state.pin_shift, MAX_PINS, answer)
+        blocks.pins, blocks.chunk_pins, state.pin_shift, MAX_PINS, recency.linked_run, answer)
     outside, first, run, one_run = answer.tolist()
     if outside >= 0:
         raise KvfsmError(f"{state.name}: block ids must lie in [0, {state.n_blocks}), got "

@@ -38,7 +38,14 @@ from kvfsm._jit import kernel
 
 # NO_LIST is the lists' own value, defined beside the touch pass that reads it.
 from kvfsm.state._touch import NO_LIST as NO_LIST
-from kvfsm.state._touch import NO_PINNING, touch_kernel
+from kvfsm.state._touch import (
+    NO_PINNING,
+    RUN_COUNT,
+    RUN_FIRST,
+    RUN_LIST,
+    no_linked_run,
+    touch_kernel,
+)
 
 IdArray = NDArray[np.intp]
 #: Entries of a walk's first answer buffer (it doubles as answers need).
@@ -50,12 +57,19 @@ _NO_PINS: Final = np.zeros(0, dtype=np.uint16)
 
 def relink_loop(prev: NDArray[np.int32], next_: NDArray[np.int32], head: NDArray[np.int32],
                 tail: NDArray[np.int32], ids: IdArray, source: NDArray[np.int8],
-                dest: NDArray[np.int8]) -> None:
+                dest: NDArray[np.int8], linked_run: NDArray[np.int64]) -> None:
     """Per ``ids[i]`` in order: take it off list ``source[i]`` (none when -1), then append it
     at the tail of list ``dest[i]`` (none when -1). A touch gives the same list twice: the
-    block moves to the tail; an id given twice ends where its last entry puts it."""
+    block moves to the tail; an id given twice ends where its last entry puts it. An id inside
+    the run ``linked_run`` records as linked in order forgets the record (its move may break
+    the run's links; moving any other block changes none of them)."""
+    known_first = linked_run[RUN_FIRST]
+    known_end = known_first + linked_run[RUN_COUNT]
     for i in range(ids.size):
         block = ids[i]
+        if known_first <= block < known_end:
+            linked_run[RUN_FIRST], linked_run[RUN_COUNT], linked_run[RUN_LIST] = 0, 0, NO_LIST
+            known_first = known_end = 0
         old = source[i]
         if old >= 0:
             before = prev[block]
@@ -115,7 +129,8 @@ def random_lists(rng: np.random.Generator) -> tuple[
     head, tail = np.full(n_lists, -1, dtype=np.int32), np.full(n_lists, -1, dtype=np.int32)
     member = rng.integers(-1, n_lists, n).astype(np.int8)
     order = rng.permutation(n).astype(np.intp)
-    relink_loop(prev, next_, head, tail, order, np.full(n, -1, dtype=np.int8), member[order])
+    relink_loop(prev, next_, head, tail, order, np.full(n, -1, dtype=np.int8), member[order],
+                no_linked_run())
     return prev, next_, head, tail, member
 
 
@@ -123,7 +138,7 @@ def _relink_example() -> tuple[object, ...]:
     nodes = np.full(2, -1, dtype=np.int32)
     lists = np.full(1, -1, dtype=np.int8)
     return (nodes, nodes.copy(), nodes[:1].copy(), nodes[:1].copy(), np.zeros(1, dtype=np.intp),
-            lists, lists.copy())
+            lists, lists.copy(), no_linked_run())
 
 
 def _relink_inputs(rng: np.random.Generator) -> tuple[object, ...]:
@@ -137,7 +152,12 @@ def _relink_inputs(rng: np.random.Generator) -> tuple[object, ...]:
         source[i] = where[block]
         dest[i] = rng.integers(-1, head.size)
         where[block] = dest[i]
-    return prev, next_, head, tail, ids, source, dest
+    # A record of some run (the relink forgets it where an id lies in it; the record need not
+    # be true here: the relink reads no link by it).
+    first = int(rng.integers(0, prev.size))
+    linked_run = np.array([first, int(rng.integers(0, prev.size - first + 1)),
+                           int(rng.integers(-1, head.size))], dtype=np.int64)
+    return prev, next_, head, tail, ids, source, dest, linked_run
 
 
 def _walk_example() -> tuple[object, ...]:
@@ -191,6 +211,9 @@ class Recency:
         self.next = np.full(n, -1, dtype=np.int32)
         self.head = np.full(self.n_lists, -1, dtype=np.int32)
         self.tail = np.full(self.n_lists, -1, dtype=np.int32)
+        #: The record of one run of consecutive ids linked in order on one list
+        #: (:data:`~kvfsm.state._touch.RUN_FIRST` ...): a touch inside it reads no link.
+        self.linked_run = no_linked_run()
         self._counts = np.zeros(2, dtype=np.int64)
         self._out = np.zeros(4, dtype=np.int64)
         self._found = np.empty(_FIRST_BUFFER, dtype=np.intp)
@@ -200,7 +223,8 @@ class Recency:
     @property
     def nbytes(self) -> int:
         return (self.prev.nbytes + self.next.nbytes + self.head.nbytes + self.tail.nbytes
-                + self._found.nbytes + self._counts.nbytes + self._out.nbytes)
+                + self.linked_run.nbytes + self._found.nbytes + self._counts.nbytes
+                + self._out.nbytes)
 
     def moved(self, ids: IdArray, before: NDArray[np.uint8], after: NDArray[np.uint8]
               ) -> IdArray:
@@ -211,7 +235,7 @@ class Recency:
         if not changed.size:
             return ids[:0]
         relink_kernel(self.prev, self.next, self.head, self.tail, ids[changed],
-                      source[changed], dest[changed])
+                      source[changed], dest[changed], self.linked_run)
         joined: IdArray = ids[changed[dest[changed] != NO_LIST]]
         return joined
 
@@ -223,7 +247,7 @@ class Recency:
         the blocks, having changed nothing, or -1."""
         touch_kernel(ids, states, self.list_of_state, last_use, tick, self.prev, self.next,
                      self.head, self.tail, _NOTHING_SEEN, _NO_PINS, _NO_PINS, 0, NO_PINNING,
-                     self._out)
+                     self.linked_run, self._out)
         return int(self._out[0])
 
     def oldest(self, list_id: int, count: int, pins: NDArray[np.uint16],
@@ -295,4 +319,11 @@ class Recency:
         if younger.size:
             out.append(f"blocks {younger[:8].tolist()} are followed by blocks used before them "
                        "(last_use)")
+        first, count, listed = self.linked_run.tolist()
+        if count and not (first >= 0 and first + count <= self.n and
+                          (member[first:first + count] == listed).all() and
+                          (next_[first:first + count - 1] ==
+                           np.arange(first + 1, first + count)).all()):
+            out.append(f"the record of a run linked in order (ids {first}..{first + count - 1} "
+                       f"on list {listed}) is not true of the links")
         return out

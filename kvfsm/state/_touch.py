@@ -37,6 +37,23 @@ def chunk_bounds(first: int, count: int, shift: int) -> tuple[int, int]:
     return (first + (1 << shift) - 1) >> shift, (first + count) >> shift
 
 
+#: A group's record of one run of consecutive ids linked in order on one recency list
+#: (``linked_run``, int64): its first id, its length (0: no record) and its list. A touch that
+#: finds a batch of consecutive ids linked in order records them; a touch or a relink of any
+#: other batch holding an id of the run forgets it (only moving one of its blocks can break a
+#: link between two of them). A touch of ids inside the recorded run then knows they are
+#: linked in order without reading their links: a lease of a prompt leased before.
+RUN_FIRST: Final = 0
+RUN_COUNT: Final = 1
+RUN_LIST: Final = 2
+LINKED_RUN_SIZE: Final = 3
+
+
+def no_linked_run() -> NDArray[np.int64]:
+    """A new group's record: no run."""
+    return np.array([0, 0, NO_LIST], dtype=np.int64)
+
+
 #: ``out[2]`` of a pinning touch, and the ``run`` of its unpin: how the pins were taken.
 ONE_BY_ONE: Final = 0
 #: One run of consecutive ids: its whole chunks in ``chunk_pins``, its two ends one by one.
@@ -73,9 +90,13 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
                 next_: NDArray[np.int32], head: NDArray[np.int32], tail: NDArray[np.int32],
                 seen: NDArray[np.uint32], pins: NDArray[np.uint16],
                 chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
-                out: NDArray[np.int64]) -> None:
+                linked_run: NDArray[np.int64], out: NDArray[np.int64]) -> None:
     """Blocks ``ids`` were used at ``tick``, in batch order: each gets ``last_use`` ``tick``
     and, where its state (``states[block]``) puts it on a list, moves to that list's tail.
+    ``linked_run``: the group's record of a run linked in order (:data:`RUN_FIRST` ...):
+    consecutive ids inside it are known linked in order unread; a batch of consecutive ids
+    found linked in order becomes the record, and any other batch holding an id of the
+    recorded run forgets it.
 
     With ``max_pins`` above 0 the distinct ``ids`` (a lease's, seen at epochs ``seen``) are
     first pinned once more each: where they are one run of consecutive ids spanning at least
@@ -110,23 +131,35 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
     # moves). Blocks linked to each other share a list, so only the first's is looked up.
     run = False
     listed = -1
+    known_first, known_count = linked_run[RUN_FIRST], linked_run[RUN_COUNT]
+    known_end = known_first + known_count
+    # Some id of the batch lies in the recorded run (then the record is kept only where the
+    # batch becomes the record).
+    overlaps = False
     if consecutive:
         listed = list_of_state[states[first]]
+        overlaps = known_count > 0 and first < known_end and known_first < first + count
         if count > 1 and listed >= 0:
-            # Over a slice: indices from 0 need no negative-index check, so it vectorizes.
-            links = next_[first:first + count - 1]
-            linked = 0
-            for i in range(links.size):
-                linked |= links[i] - (first + i + 1)
-            run = linked == 0
+            if known_count > 0 and linked_run[RUN_LIST] == listed and \
+                    known_first <= first and first + count <= known_end:
+                run = True  # inside the recorded run: linked in order, no link read
+            else:
+                # Over a slice: indices from 0 need no negative-index check: it vectorizes.
+                links = next_[first:first + count - 1]
+                linked = 0
+                for i in range(links.size):
+                    linked |= links[i] - (first + i + 1)
+                run = linked == 0
     else:
-        # One pass checks the range and the run.
+        # One pass checks the range, the run and whether an id lies in the recorded run.
         run = count > 1
         for i in range(count):
             block = ids[i]
             if block < 0 or block >= n:
                 out[0] = i
                 return
+            if known_first <= block < known_end:
+                overlaps = True
             if not run:
                 continue
             if i == 0:
@@ -191,6 +224,13 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
                 i = j
         if chunked:
             out[2] = ONE_RUN if consecutive else RUNS
+    # The record: this batch where it is consecutive ids linked in order, else none where the
+    # batch holds an id of the recorded run (its moves may break the run's links).
+    if run and consecutive:
+        linked_run[RUN_FIRST], linked_run[RUN_COUNT], linked_run[RUN_LIST] = first, count, \
+            listed
+    elif overlaps:
+        linked_run[RUN_FIRST], linked_run[RUN_COUNT], linked_run[RUN_LIST] = 0, 0, NO_LIST
     if run:
         if consecutive:
             last_use[first:first + count] = tick
@@ -310,16 +350,17 @@ def _probed_ids(out: NDArray[np.int64], at_ids: int, at_epochs: int, lo: int, hi
 #: Per group, the arrays a lease's one-pass take and give-back read and write, in this order
 #: in their address table (:data:`LEASE_KINDS` says each one's dtype): the blocks' states,
 #: the recency list of each state, the blocks' use stamps, the lists' links, heads and tails,
-#: the blocks' and chunks' pins, and the blocks' epochs.
-STATES, LIST_OF_STATE, LAST_USE, PREV, NEXT, HEAD, TAIL, PINS, CHUNK_PINS, EPOCH = range(10)
+#: the blocks' and chunks' pins, the blocks' epochs, and the record of a run linked in order.
+STATES, LIST_OF_STATE, LAST_USE, PREV, NEXT, HEAD, TAIL, PINS, CHUNK_PINS, EPOCH, \
+    LINKED_RUN = range(11)
 LEASE_KINDS: Final[tuple[tuple[type[np.generic], int], ...]] = (
     (np.uint8, 1), (np.int8, 1), (np.uint32, 1), (np.int32, 1), (np.int32, 1), (np.int32, 1),
-    (np.int32, 1), (np.uint16, 1), (np.uint16, 1), (np.uint32, 1))
+    (np.int32, 1), (np.uint16, 1), (np.uint16, 1), (np.uint32, 1), (np.int64, 1))
 N_LEASE_ARRAYS: Final = len(LEASE_KINDS)
 
 
 def leased_arrays(arrays: NDArray[np.int64], g: int) -> tuple[NDArray[Any], ...]:
-    """Group ``g``'s arrays of a lease's address table, STATES ... EPOCH (plain-Python
+    """Group ``g``'s arrays of a lease's address table, STATES ... LINKED_RUN (plain-Python
     views, for the twins)."""
     return views(arrays, LEASE_KINDS, g * N_LEASE_ARRAYS)
 
@@ -337,8 +378,8 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np
     ``offsets[g][1]``. ``fixed[g]`` is what the group's declaration fixes (columns
     ``SHIFT`` ... ``TARGET_BLOCK``): its pin chunk shift, the position of the group its
     blocks point into (-1: none), and the two groups' block sizes. ``arrays`` addresses
-    every group's states, lists, stamps, links and pins (:data:`LEASE_KINDS` per group, an
-    address table: one argument instead of nine per group).
+    every group's states, lists, stamps, links, pins and run records (:data:`LEASE_KINDS`
+    per group, an address table: one argument instead of ten per group).
 
     First, no changes: an index group's usable rows point only at history blocks ending
     before them, which the lease must hold as blocks of the target group (from its block 0
@@ -377,7 +418,7 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np
                     vector_at(arrays, base + TAIL, np.int32), seen,
                     vector_at(arrays, base + PINS, np.uint16),
                     vector_at(arrays, base + CHUNK_PINS, np.uint16), fixed[g, SHIFT], max_pins,
-                    answer)
+                    vector_at(arrays, base + LINKED_RUN, np.int64), answer)
         if answer[OUTSIDE] >= 0 or answer[FULL] >= 0:
             result[0], result[1] = g, touched
             return
@@ -408,10 +449,10 @@ def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
                 next_: NDArray[np.int32], head: NDArray[np.int32], tail: NDArray[np.int32],
                 seen: NDArray[np.uint32], pins: NDArray[np.uint16],
                 chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
-                out: NDArray[np.int64]) -> None:
+                linked_run: NDArray[np.int64], out: NDArray[np.int64]) -> None:
     """:func:`_touch_loop` without numba: the range check, the pins, the stamps and each
     block's list as array operations, and only the moves of blocks on a list as a Python
-    loop."""
+    loop; the record of a run linked in order follows the same rule, every link read."""
     # Imported here: the recency lists' module uses this one's kernel.
     from kvfsm.state._recency import relink_loop
 
@@ -421,6 +462,14 @@ def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
         out[0] = outside[0]
         return
     count = ids.size
+    # Before any move: consecutive ids linked in order on one list become the record; any
+    # other batch holding an id of the recorded run forgets it.
+    known_first, known_count = int(linked_run[RUN_FIRST]), int(linked_run[RUN_COUNT])
+    overlaps = bool(((ids >= known_first) & (ids < known_first + known_count)).any())
+    listed_first = int(list_of_state[states[ids[0]]]) if count else NO_LIST
+    in_order = count > 1 and listed_first != NO_LIST and \
+        bool((ids == ids[0] + np.arange(count)).all()) and \
+        bool((next_[ids[:-1]] == ids[1:]).all())
     if max_pins > 0 and count:
         consecutive = bool((ids == ids[0] + np.arange(count)).all())
         out[3] = consecutive and bool((seen == seen[0]).all())
@@ -436,10 +485,15 @@ def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
             chunk_pins[chunks] += np.uint16(1)
             out[2] = ONE_RUN if consecutive else RUNS
         pins[ids[ends]] += np.uint16(1)
+    if in_order:
+        linked_run[:] = (ids[0], count, listed_first)
+    elif overlaps:
+        linked_run[:] = (0, 0, NO_LIST)
     last_use[ids] = tick
     lists = list_of_state[states[ids]]
     on = np.flatnonzero(lists != NO_LIST)
-    relink_loop(prev, next_, head, tail, ids[on], lists[on], lists[on])
+    # The record is this touch's own (set above): the relinks are not to forget it.
+    relink_loop(prev, next_, head, tail, ids[on], lists[on], lists[on], no_linked_run())
 
 
 def _touch_example() -> tuple[object, ...]:
@@ -449,7 +503,7 @@ def _touch_example() -> tuple[object, ...]:
             np.full(1, NO_LIST, dtype=np.int8), np.zeros(2, dtype=np.uint32), 1, nodes,
             nodes.copy(), nodes[:1].copy(), nodes[:1].copy(), np.zeros(1, dtype=np.uint32),
             np.zeros(2, dtype=np.uint16), np.zeros(1, dtype=np.uint16), 6, NO_PINNING,
-            np.zeros(4, dtype=np.int64))
+            no_linked_run(), np.zeros(4, dtype=np.int64))
 
 
 def run_ids(rng: np.random.Generator, n_blocks: int) -> IdArray:
@@ -479,18 +533,40 @@ def touch_inputs(rng: np.random.Generator, limit: int) -> tuple[object, ...]:
     with repeats, now and then one outside the blocks, or (a third of the time) a run of one
     list in list order, from anywhere in it to anywhere after (the splice path). With a pin
     ``limit`` above 0, a lease's pinning touch instead: distinct ids (often one run over
-    whole chunks), a few pins on them and their chunks, now and then one at the limit."""
-    from kvfsm.state._recency import random_lists
+    whole chunks), a few pins on them and their chunks, now and then one at the limit.
+    Half the time some consecutive ids are linked in order on one list and the record of a
+    linked run names some of them (a truthful record), and then the ids are often inside
+    it, or overlap it."""
+    from kvfsm.state._recency import random_lists, relink_loop
 
     prev, next_, head, tail, member = random_lists(rng)
     n = prev.size
+    linked_run = no_linked_run()
+    in_order: NDArray[np.intp] | None = None
+    if rng.random() < 0.5:
+        # Consecutive ids appended to one list's tail in order: linked so.
+        first = int(rng.integers(0, n))
+        in_order = np.arange(first, int(rng.integers(first + 1, n + 1)), dtype=np.intp)
+        listed = int(rng.integers(0, head.size))
+        relink_loop(prev, next_, head, tail, in_order, member[in_order],
+                    np.full(in_order.size, listed, dtype=np.int8), no_linked_run())
+        member[in_order] = listed
+        known = int(rng.integers(first, int(in_order[-1]) + 1))
+        linked_run[:] = (known, int(rng.integers(1, int(in_order[-1]) + 2 - known)), listed)
     list_of_state = np.arange(-1, head.size, dtype=np.int8)
     states = read_only((member + 1).astype(np.uint8))
     shift = int(rng.integers(1, 3))
     ids = rng.integers(0, n, int(rng.integers(0, 10))).astype(np.intp)
     if limit > 0:
         ids = run_ids(rng, n)
-    elif rng.random() < 1 / 3 and (member >= 0).any():
+    if in_order is not None and rng.random() < 0.5:
+        # Inside the record (no link read), or from inside it to past it.
+        start = int(rng.integers(linked_run[RUN_FIRST], linked_run[RUN_FIRST]
+                                 + linked_run[RUN_COUNT]))
+        end = int(rng.integers(start + 1, n + 1)) if rng.random() < 0.3 else \
+            int(rng.integers(start + 1, linked_run[RUN_FIRST] + linked_run[RUN_COUNT] + 1))
+        ids = np.arange(start, end, dtype=np.intp)
+    elif limit <= 0 and rng.random() < 1 / 3 and (member >= 0).any():
         block = int(rng.choice(np.flatnonzero(member >= 0)))
         run: list[int] = []
         while block >= 0 and len(run) < int(rng.integers(1, 8)):
@@ -506,7 +582,8 @@ def touch_inputs(rng: np.random.Generator, limit: int) -> tuple[object, ...]:
     chunk_pins = rng.integers(0, max(limit, 1) + 1, (n >> shift) + 1).astype(np.uint16)
     last_use = rng.integers(0, 5, n).astype(np.uint32)
     return (ids, states, list_of_state, last_use, int(rng.integers(5, 9)), prev, next_, head,
-            tail, seen, pins, chunk_pins, shift, limit, np.full(4, -7, dtype=np.int64))
+            tail, seen, pins, chunk_pins, shift, limit, linked_run,
+            np.full(4, -7, dtype=np.int64))
 
 
 touch_kernel = kernel(example=_touch_example, twin=_touch_twin,
