@@ -238,6 +238,20 @@ def test_seeded_fault_is_reported_by_its_invariant(name: str) -> None:
     assert raised.value.problems == tuple(problems)
 
 
+def test_a_false_record_of_a_run_linked_in_order_is_a_recency_fault() -> None:
+    """``recency_exact`` also holds the recency record to the links: one naming a block as
+    part of a run on a list it is not on (a touch would trust it and skip reading links) is
+    reported."""
+    sound = _sound()
+    group = sound.group("swa")
+    block = int(sound.swa[0])
+    listed = int(group.recency.list_of_state[group.states[block]])
+    _corrupt(group, "recency.linked_run", slice(None), np.array([block, 1, listed + 1]))
+    problems = sound.core.check_invariants()
+    assert any(p.startswith("swa: recency_exact: ") and "record of a run" in p
+               for p in problems), problems
+
+
 # -- the restore-time checksum guard -----------------------------------------------------------
 
 

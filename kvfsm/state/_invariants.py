@@ -157,7 +157,8 @@ CORE_INVARIANTS: tuple[CoreInvariant, ...] = (
     CoreInvariant("free_ids_exact", "the free-id stack holds exactly the free blocks",
                   _free_ids_exact),
     CoreInvariant("recency_exact", "each recency list holds exactly the blocks its states "
-                  "put there, least recently used first", _recency_exact),
+                  "put there, least recently used first; the record of a run linked in "
+                  "order is true of the links", _recency_exact),
     CoreInvariant("restores_counted", "the admission gate's count of restores in flight is "
                   "the number of blocks in restoring states", _restores_counted),
 )
