@@ -17,7 +17,11 @@ list is as recent as the latest touch), so every list is in non-decreasing ``las
 walking from the head meets blocks oldest first. A walk skips pinned and excluded blocks, so
 it costs the blocks it returns plus those it skips (pinned ones, the caller's own).
 
-Memory: 8 bytes per block (two int32), plus 8 per list.
+A touch finding consecutive ids linked in order (a prompt's blocks, touched together before)
+records that run (:attr:`Recency.linked_run`), so a later touch of ids inside it, a lease of a
+prompt leased before, reads none of their links; moving any block of the run forgets it.
+
+Memory: 8 bytes per block (two int32), plus 8 per list and 24 for the record.
 
 Backends: the loops are kernels (:mod:`kvfsm._jit`) whose twins are the loops themselves as
 plain Python (splicing lists has no NumPy form); each call touches only the blocks given or

@@ -46,11 +46,10 @@ def chunk_bounds(first: int, count: int, shift: int) -> tuple[int, int]:
 RUN_FIRST: Final = 0
 RUN_COUNT: Final = 1
 RUN_LIST: Final = 2
-LINKED_RUN_SIZE: Final = 3
 
 
 def no_linked_run() -> NDArray[np.int64]:
-    """A new group's record: no run."""
+    """A new group's record: no run (``RUN_FIRST``, ``RUN_COUNT``, ``RUN_LIST``)."""
     return np.array([0, 0, NO_LIST], dtype=np.int64)
 
 
