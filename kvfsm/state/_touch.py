@@ -465,12 +465,11 @@ def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
     # other batch holding an id of the recorded run forgets it.
     known_first, known_count = int(linked_run[RUN_FIRST]), int(linked_run[RUN_COUNT])
     overlaps = bool(((ids >= known_first) & (ids < known_first + known_count)).any())
+    consecutive = count > 0 and bool((ids == ids[0] + np.arange(count)).all())
     listed_first = int(list_of_state[states[ids[0]]]) if count else NO_LIST
-    in_order = count > 1 and listed_first != NO_LIST and \
-        bool((ids == ids[0] + np.arange(count)).all()) and \
+    in_order = count > 1 and listed_first != NO_LIST and consecutive and \
         bool((next_[ids[:-1]] == ids[1:]).all())
     if max_pins > 0 and count:
-        consecutive = bool((ids == ids[0] + np.arange(count)).all())
         out[3] = consecutive and bool((seen == seen[0]).all())
         inside, chunks = run_chunks(ids, shift)
         ends = ~inside
