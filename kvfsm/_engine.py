@@ -357,7 +357,10 @@ class Engine:
         # The lock taken here, not by @_locked, as in lookup: a server leases every verdict.
         with self._lock:
             self._leases.reap()
-            return self._leases.take(verdict, self._own(prompt), ttl_s=ttl_s)
+            probe = verdict.probe
+            if probe is None or probe.prompt is not prompt or probe.core() is not self.core:
+                prompt = self._own(prompt)  # else this core's lookup of it checked it
+            return self._leases.take(verdict, prompt, ttl_s=ttl_s)
 
     @property
     def leases_open(self) -> int:

@@ -417,3 +417,36 @@ def test_an_observer_without_read_runs_is_told_a_leases_runs_as_arrays() -> None
         expected = [(group, lease.blocks(group).tolist(), lease.epochs(group).tolist())
                     for group in lease.groups]
     assert seen.reads == expected
+
+
+class MovesOnly(Recorder):
+    """A recorder that says it takes no reads (as the metrics do)."""
+
+    observes_reads = False
+
+    def read(self, group: str, ids: NDArray[np.intp], epochs: NDArray[np.uint32]) -> None:
+        raise AssertionError("an observer that takes no reads was told of one")
+
+
+def test_an_observer_that_takes_no_reads_is_told_only_of_moves() -> None:
+    """An observer saying ``observes_reads = False`` sees every move but no read, reported or
+    leased; with only such observers attached the core says no reads are observed (a lease
+    then gathers none), and one that takes reads attached beside it is told as before."""
+    eng = Engine("deepseek_v4_like", CoreConfig(device_blocks=64, backend="numpy"))
+    moves = MovesOnly()
+    eng.core.add_observer(moves)
+    assert eng.core.observed and not eng.core.reads_observed
+    prompt = eng.prompt(np.random.default_rng(4).integers(0, 50_000, 161))
+    eng.commit(prompt)
+    assert moves.moves  # the commit's moves
+    with eng.lease(eng.lookup(prompt), prompt) as lease:
+        lease.validate()
+    eng.core.record_read("swa", lease.blocks("swa"))
+    seen = Recorder()
+    eng.core.add_observer(seen)
+    assert eng.core.reads_observed
+    with eng.lease(eng.lookup(prompt), prompt) as lease:
+        lease.validate()
+    assert [group for group, _, _ in seen.reads] == list(lease.groups)
+    eng.core.remove_observer(seen)
+    assert not eng.core.reads_observed

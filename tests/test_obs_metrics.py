@@ -7,6 +7,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("prometheus_client")
@@ -14,7 +15,7 @@ pytest.importorskip("prometheus_client")
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvfsm import EngineMetrics, KvfsmError
+from kvfsm import CoreConfig, Engine, EngineMetrics, KvfsmError
 from kvfsm.spec import GroupKind, Tier
 from tests.test_obs_eventlog import Recorder, run_workload
 
@@ -55,6 +56,18 @@ def test_transitions_count_every_block_moved(tmp_path: Path) -> None:
     assert {"allocate", "spill_begin", "restore_done", "evict"} <= {e for _, e in moved}
     for (group, event), count in moved.items():
         assert value(registry, "kvfsm_transitions_total", group=group, event=event) == count
+
+
+def test_the_metrics_take_no_reads_so_a_lease_gathers_none_for_them() -> None:
+    """Metrics count moves, not reads: an engine with metrics and no other observer reports
+    no reads observed (a validated lease then gathers no read to report)."""
+    eng = Engine("dense", CoreConfig(device_blocks=64, backend="numpy"),
+                 metrics=EngineMetrics(CollectorRegistry()))
+    assert eng.core.observed and not eng.core.reads_observed
+    prompt = eng.prompt(np.arange(65))
+    eng.commit(prompt)
+    with eng.lease(eng.lookup(prompt), prompt) as lease:
+        lease.validate()
 
 
 def test_restores_lease_refusals_and_admission_waits() -> None:

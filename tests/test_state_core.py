@@ -730,3 +730,30 @@ def test_changes_counts_every_move_and_recorded_failure_and_nothing_else() -> No
     core.unpin("attn", ids[:1])
     core.fire("attn", ids[2:], Event.EVICT)
     assert group.changes == settled + 2
+
+
+def test_the_core_change_count_is_the_sum_of_its_groups_changes() -> None:
+    """The core's ``change_count`` (shared by its groups) moves with every group's ``changes``
+    and with nothing else: a lease made from a lookup compares that one number to know no
+    group changed since."""
+    core = _core(DEEPSEEK)
+    counter = core.change_count
+    assert all(state.change_count is counter for state in core.groups.values())
+
+    def total() -> int:
+        return sum(state.changes for state in core.groups.values())
+
+    assert counter.total == total() == 0
+    names = list(core.groups)
+    for at, name in enumerate(names):
+        ids = _allocate(core, name, 2, first_key=100 * (at + 1))
+        assert counter.total == total() > 0
+        _complete(core, name, ids)
+        assert counter.total == total()
+        before = counter.total
+        core.touch(name, ids)
+        core.pin(name, ids[:1])
+        core.unpin(name, ids[:1])
+        assert counter.total == before  # no change to any block
+        core.record_checks(name, ids[:1], np.zeros(1, dtype=np.bool_))
+        assert counter.total == total() == before + 1

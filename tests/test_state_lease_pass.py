@@ -172,6 +172,13 @@ def test_lease_arrays_are_the_groups_own() -> None:
         assert held[EPOCH] is state.epoch and held[PREV] is state.recency.prev
         assert held[LINKED_RUN] is state.recency.linked_run
     assert arrays.fixed[2, 1] == 0  # the index points into the history, at position 0
+    assert arrays.clock is eng.core.clock and arrays.change_count is eng.core.change_count
+    names = ("history", "swa", "index")
+    assert LeaseArrays(order, names).names is names  # a probe's names, kept for identity
+    with pytest.raises(ValueError, match="not the groups'"):
+        LeaseArrays(order, ("swa", "history", "index"))
+    with pytest.raises(ValueError, match="at least one group"):
+        LeaseArrays([])
 
 
 def _pins_now(eng: Engine) -> dict[str, tuple[list[int], list[int]]]:

@@ -180,7 +180,7 @@ class Lease:
                 # The usual lease (open, in time, taken in one pass, no group changed since,
                 # so no block it holds moved): what _validate finds, without its checks.
                 core = book.core
-                if core.observed:
+                if core.reads_observed:
                     core.record_leased_reads(*probed.reads())
                 return
             try:
@@ -190,7 +190,7 @@ class Lease:
                 raise
             # The read about to happen, for the event log (replay checks its epochs).
             core = self._book.core
-            if not core.observed:
+            if not core.reads_observed:
                 return
             if self._probed is not None:
                 core.record_leased_reads(*self._probed.reads())

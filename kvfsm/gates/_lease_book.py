@@ -131,14 +131,14 @@ class LeaseBook:
         was of this prompt on this core and no group changed since (the usual lease); None
         where that cannot serve (nothing changed)."""
         probe = verdict.probe
-        if probe is None or probe.passes is None or not probe.exact or \
+        if probe is None or probe.call is None or probe.passes is None or not probe.exact or \
                 probe.prompt is not prompt or probe.tokens != verdict.usable_tokens or \
                 probe.core() is not self.core:
             return None
-        passes, arrays = probe.passes, self._arrays
-        if arrays is None or len(arrays.names) != len(passes):
-            arrays = self._arrays = arrays_for(self.core, arrays, passes)
-        return take_probed(arrays, passes, probe.at)
+        call, arrays = probe.call, self._arrays
+        if arrays is None or arrays.names is not call.names:
+            arrays = self._arrays = arrays_for(self.core, arrays, call.names)
+        return take_probed(arrays, call, probe.passes, probe.at)
 
     def _open_lease(self, tokens: int, held: tuple[_Held, ...] | ProbedHold,
                     ttl_s: float) -> Lease:

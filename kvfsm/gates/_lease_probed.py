@@ -34,6 +34,7 @@ from kvfsm.state._lease_pass import (
     LeaseArrays,
 )
 from kvfsm.state._touch import _probed_ids
+from kvfsm.verify import LeaseCall
 
 #: A lookup's pass per group: ``(name, spans, out, words, changes)`` (``Probe.passes``).
 Passes = Sequence[tuple[str, Any, NDArray[np.int64], Any, int]]
@@ -42,22 +43,21 @@ Passes = Sequence[tuple[str, Any, NDArray[np.int64], Any, int]]
 class ProbedHold(NamedTuple):
     """What a lease taken by :func:`take_probed` holds: the groups' arrays, the lookup's pass
     per group (its outputs hold the ids and epochs), the outputs and where in them the ids
-    and epochs start, and the answer row per group (columns of
+    and epochs start, the answer row per group (columns of
     :mod:`~kvfsm.state._lease_pass`: prompt blocks ``[LO, HI)``, how they were pinned,
-    whether they are one run at one epoch, the first id and epoch)."""
+    whether they are one run at one epoch, the first id and epoch), and the core's count of
+    changes to any group at the take."""
 
     arrays: LeaseArrays
     passes: Passes
     outs: tuple[NDArray[np.int64], ...]
     offsets: tuple[NDArray[np.int64], ...]
     answers: NDArray[np.int64]
+    changes: int
 
     def unchanged(self) -> bool:
-        """No group has changed since the take (so none of its blocks moved: O(groups))."""
-        for state, each in zip(self.arrays.groups, self.passes, strict=True):
-            if state.changes != each[4]:
-                return False
-        return True
+        """No group has changed since the take (so none of its blocks moved): O(1)."""
+        return self.arrays.change_count.total == self.changes
 
     def blocks(self, g: int, row: list[int]) -> tuple[NDArray[np.intp], NDArray[np.uint32]]:
         """The ids and epochs group ``g`` holds (its answer ``row``): views of the lookup's
@@ -98,41 +98,34 @@ class ProbedHold(NamedTuple):
                           len(self.outs) if groups is None else groups)
 
 
-def arrays_for(core: StateCore, known: LeaseArrays | None, passes: Passes) -> LeaseArrays:
-    """``known``, or the arrays of the groups of ``passes`` in their order gathered now (a
-    core's lookups keep one order: once per core; :func:`take_probed` checks the names)."""
-    if known is not None and len(known.names) == len(passes):
+def arrays_for(core: StateCore, known: LeaseArrays | None, names: tuple[str, ...]
+               ) -> LeaseArrays:
+    """``known`` where it was gathered for ``names`` (that tuple), else the arrays of the groups
+    ``names`` in that order gathered now (a core's lookups name them in one tuple: once per
+    core)."""
+    if known is not None and known.names is names:
         return known
-    return LeaseArrays([core.group(each[0]) for each in passes])
+    return LeaseArrays([core.group(name) for name in names], names)
 
 
-def take_probed(arrays: LeaseArrays, passes: Passes, at: int) -> ProbedHold | None:
-    """Pin and touch the blocks of every group of ``passes`` (a lookup's, at its candidate
-    ``at``) in one compiled call, where no group changed since the lookup: the hold. None
-    where some group changed, or an index group points past what the lease would hold of its
-    target (nothing changed: the caller checks the blocks afresh). A StateError (a block
-    already at ``MAX_PINS``) or KvfsmError (an id outside its group) where a group refused:
-    the groups before it stay marked used (their recency refreshed), nothing is pinned."""
-    groups = arrays.groups
-    if len(passes) != len(groups):
+def take_probed(arrays: LeaseArrays, call: LeaseCall, passes: Passes, at: int
+                ) -> ProbedHold | None:
+    """Pin and touch the blocks of every group of a lookup (``call`` and ``passes``, at its
+    candidate ``at``) in one compiled call, where no group changed since the lookup: the
+    hold. None where some group changed, or an index group points past what the lease would
+    hold of its target (nothing changed: the caller checks the blocks afresh). A StateError
+    (a block already at ``MAX_PINS``) or KvfsmError (an id outside its group) where a group
+    refused: the groups before it stay marked used (their recency refreshed), nothing is
+    pinned."""
+    if arrays.change_count.total != call.changes or arrays.names is not call.names:
         return None
-    # One loop checks each group and gathers its pass's output, spans rows and offsets.
-    outs, rows, offsets = [], [], []
-    for state, name, (passed, spans, out, _, changes) in zip(groups, arrays.names, passes,
-                                                                 strict=True):
-        if state.changes != changes or name != passed:
-            return None
-        outs.append(out)
-        rows.append(spans.rows)
-        offsets.append(spans.out_words)
-    held_outs, held_offsets = tuple(outs), tuple(offsets)
+    groups = arrays.groups
     answers = np.empty((len(groups), ANSWER_COLUMNS), dtype=np.int64)
-    clock = groups[0].clock
-    stop, touched = arrays.take(held_outs, tuple(rows), held_offsets, at, clock.now + 1,
-                                answers)
+    clock = arrays.clock
+    stop, touched = arrays.take(call.outs, call.rows, call.offsets, at, clock.now + 1, answers)
     if touched:
         clock.advance(touched)
-    hold = ProbedHold(arrays, passes, held_outs, held_offsets, answers)
+    hold = ProbedHold(arrays, passes, call.outs, call.offsets, answers, call.changes)
     if stop == TAKEN:
         return hold
     if stop < 0:

@@ -10,7 +10,7 @@ histograms) and the serving demo's exposition (``kvfsm_lookups``, ``kvfsm_hit_to
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -169,11 +169,12 @@ class EngineMetrics:
                     (group, event), self.transitions.labels(group, event.spec_name))
         child.inc(ids.shape[0])
 
-    def read(self, group: str, ids: NDArray[np.intp], epochs: NDArray[np.uint32]) -> None:
-        """Reads are not counted here (lease outcomes are)."""
+    #: Reads are not counted here (lease outcomes are): the core tells none (a lease with no
+    #: other observer then gathers no read to report).
+    observes_reads = False
 
-    def read_runs(self, runs: Sequence[tuple[str, int, int, int]]) -> None:
-        """Nor runs of reads (a validated lease's: one call, not one per group)."""
+    def read(self, group: str, ids: NDArray[np.intp], epochs: NDArray[np.uint32]) -> None:
+        """Never called (:attr:`observes_reads`); here for the observer protocol."""
 
     def exposition(self) -> bytes:
         """The registry's metrics in the Prometheus text format."""

@@ -37,6 +37,7 @@ from kvfsm.state._group import (
     RECLAIM_LIST,
     UNCHECKED,
     VERIFIED,
+    ChangeCount,
     CoreObserver,
     GroupState,
     IdArray,
@@ -209,8 +210,14 @@ class StateCore:
                               self.config.hash_function)
         #: The use counter behind ``last_use`` (shared with every group).
         self.clock = Clock()
+        #: Changes to any group, ever (shared with every group; see :class:`ChangeCount`).
+        self.change_count = ChangeCount()
         #: Told of every moved batch and reported read (shared with every group).
         self._observers: list[CoreObserver] = []
+        #: The observers told of reads (those that do not say ``observes_reads = False``),
+        #: each with its ``read_runs`` method or None, found once when it is attached.
+        self._read_observers: list[tuple[CoreObserver, Callable[[Sequence[LeasedRun]], None]
+                                         | None]] = []
         #: Restores in flight across the groups and their caps (shared with every group).
         self.restore_budget = RestoreBudget(self.config.max_restore_ops,
                                             self.config.max_restore_bytes)
@@ -252,6 +259,7 @@ class StateCore:
                 budget=self.restore_budget,
                 scratch=self._scratch,
                 clock=self.clock,
+                change_count=self.change_count,
                 pin_shift=self.config.pin_chunk_blocks.bit_length() - 1,
             )
         for state in groups.values():
@@ -387,19 +395,29 @@ class StateCore:
         if any(known is observer for known in self._observers):
             raise KvfsmError(f"{self.model.name}: observer {observer!r} is already attached")
         self._observers.append(observer)
+        if getattr(observer, "observes_reads", True):
+            self._read_observers.append((observer, getattr(observer, "read_runs", None)))
 
     def remove_observer(self, observer: CoreObserver) -> None:
         """Stop telling ``observer``; an observer not attached is an error."""
         for index, known in enumerate(self._observers):
             if known is observer:
                 del self._observers[index]
+                self._read_observers = [each for each in self._read_observers
+                                        if each[0] is not observer]
                 return
         raise KvfsmError(f"{self.model.name}: observer {observer!r} is not attached")
 
     @property
     def observed(self) -> bool:
-        """Some observer is attached (a caller may skip reporting reads when none is)."""
+        """Some observer is attached."""
         return bool(self._observers)
+
+    @property
+    def reads_observed(self) -> bool:
+        """Some attached observer is told of reads (a caller may skip gathering reads to
+        report when none is)."""
+        return bool(self._read_observers)
 
     def record_read(self, group: str, ids: ArrayLike) -> None:
         """Tell the observers that ``ids`` were read at their current epochs. Nothing changes
@@ -407,9 +425,9 @@ class StateCore:
         were readable at those epochs."""
         state = self.group(group)
         batch = self._ids(state, ids, unique=False)
-        if self._observers and batch.size:
+        if self._read_observers and batch.size:
             read, epochs = batch.copy(), state.epoch[batch]
-            for observer in self._observers:
+            for observer, _ in self._read_observers:
                 observer.read(group, read, epochs)
 
     def record_leased_reads(self, reads: Sequence[LeasedRead],
@@ -422,14 +440,13 @@ class StateCore:
         ``(group, first, count, epoch)`` in ``runs``, an observer with a ``read_runs`` method
         is told all of those in one call, with no array to scan (any other observer gets
         them as arrays)."""
-        if not self._observers:
+        if not self._read_observers:
             return
         # Runs are made once for every observer that takes them.
         every_run = runs if not reads else \
             [*runs, *[(group, int(ids[0]), ids.size, int(epochs[0]))
                       for group, ids, epochs, one_run in reads if one_run and ids.size]]
-        for observer in self._observers:
-            read_runs = getattr(observer, "read_runs", None)
+        for observer, read_runs in self._read_observers:
             for group, ids, epochs, one_run in reads:
                 if ids.size and not (one_run and read_runs is not None):
                     observer.read(group, ids, epochs)

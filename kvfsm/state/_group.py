@@ -107,7 +107,11 @@ class CoreObserver(Protocol):
         """``ids`` moved on ``event`` from state ids ``before`` to ``after``, now at ``epochs``."""
 
     def read(self, group: str, ids: IdArray, epochs: NDArray[np.uint32]) -> None:
-        """``ids`` were read at their current ``epochs`` (no state changed)."""
+        """``ids`` were read at their current ``epochs`` (no state changed). An observer
+        whose class sets ``observes_reads = False`` is never told of reads (a lease then
+        gathers none to report where no other observer is), and one with a
+        ``read_runs(runs)`` method is told of reads of consecutive ids at one epoch as
+        ``(group, first, count, epoch)`` runs, several in one call."""
 
 
 def _read_only(array: NDArray[Any]) -> NDArray[Any]:
@@ -148,6 +152,18 @@ class _Blocks:
         self.free_top = n
 
 
+
+class ChangeCount:
+    """Changes to any group of one core, ever (shared by its groups; each group's own count is
+    :attr:`GroupState.changes`). While it stays put no group changed, so what a lookup saw of
+    every group still holds: a lease made from the lookup checks one number, not one a group."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total = 0
+
+
 class GroupState:
     """Metadata of every block of one group, and the pools of its tiers."""
 
@@ -164,6 +180,7 @@ class GroupState:
         budget: RestoreBudget | None = None,
         scratch: Scratch | None = None,
         clock: Clock | None = None,
+        change_count: ChangeCount | None = None,
         pin_shift: int = PIN_CHUNK_SHIFT,
     ) -> None:
         self.decl = decl
@@ -218,6 +235,8 @@ class GroupState:
         #: what a lookup or a lease saw of its blocks still holds without looking again (an
         #: O(1) lease take and validate), even where something bypassed a lease's pins.
         self.changes = 0
+        #: The core's count of changes to any of its groups (shared by its groups).
+        self.change_count = ChangeCount() if change_count is None else change_count
         #: Working arrays for set operations on ids (shared by the core's groups).
         self.scratch = Scratch(n) if scratch is None else scratch
         #: Compiled entry points of the lease kernels, by kernel, bound to the types of this
@@ -437,6 +456,7 @@ class GroupState:
     def _on_moved(self, ids: IdArray, event: Event, before: NDArray[np.uint8]) -> None:
         blocks, initial = self._blocks, self.table.initial
         self.changes += 1
+        self.change_count.total += 1
         after = self.states[ids]
         restoring = self.table.restoring
         entered_restoring = int(restoring[after].sum()) - int(restoring[before].sum())
@@ -595,6 +615,7 @@ class GroupState:
         if failed.size:
             check[failed] = FAILED
             self.changes += 1
+            self.change_count.total += 1
         good = ids[passed]
         check[good[check[good] == UNCHECKED]] = VERIFIED
 

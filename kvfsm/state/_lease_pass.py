@@ -249,9 +249,20 @@ class LeaseArrays:
     order of the groups (a lookup's), gathered once: the arrays are each group's own for its
     life (made with the group, never replaced), and the table holds them."""
 
-    def __init__(self, groups: Sequence[GroupState]) -> None:
+    def __init__(self, groups: Sequence[GroupState], names: tuple[str, ...] | None = None
+                 ) -> None:
+        if not groups:
+            raise ValueError("a lease's arrays need at least one group")
         self.groups = tuple(groups)
-        self.names = tuple(state.name for state in self.groups)
+        #: The groups' names (``names`` itself where given: a lookup's probe names them in
+        #: one tuple, compared by identity).
+        self.names = tuple(state.name for state in self.groups) if names is None else names
+        if self.names != tuple(state.name for state in self.groups):
+            raise ValueError(f"names {self.names} are not the groups' "
+                             f"{[state.name for state in self.groups]}")
+        #: The core's use counter and count of changes to any group (shared by its groups).
+        self.clock = self.groups[0].clock
+        self.change_count = self.groups[0].change_count
         positions = {state.name: at for at, state in enumerate(self.groups)}
         self.fixed = np.zeros((len(self.groups), FIXED_COLUMNS), dtype=np.int64)
         for at, state in enumerate(self.groups):

@@ -27,6 +27,7 @@ from kvfsm.verify._types import (
     DeviceProfile,
     GroupVerdict,
     KernelLayouts,
+    LeaseCall,
     Level,
     Probe,
     ProbedGroup,
@@ -119,7 +120,8 @@ def lookup(
     last = n_tokens - 1 if n_tokens > 1 else 0  # the last prompt token is always computed
     step = layout.step
     count = last // step + 1
-    lengths, rows = layout.spans_at(n_tokens, count)
+    lengths, rows, cached_arrays = layout.spans_at(n_tokens, count)
+    span_arrays: _SpanArrays | None = cached_arrays
     capped = core.restore_budget.capped
     made: list[GroupEval] = []
     # Groups whose blocks point into another group come after it (the index check reads the
@@ -127,10 +129,12 @@ def lookup(
     for group, decl, target_at, known_here, spans in rows:
         high, low = prompt.words(decl.block_size)
         reads = (kernel_layouts.get(decl.name) if kernel_layouts else None) or decl.layout
+        if spans.n != high.size:  # the prompt's words end before its tokens: spans of its own
+            spans = spans_for(group, high.size, lengths, step)
+            span_arrays = None
         made.append(evaluate(
             group, high, low, lengths, level, profile,
-            made[target_at] if target_at >= 0 else None, checksums,
-            spans if spans.n == high.size else spans_for(group, high.size, lengths, step),
+            made[target_at] if target_at >= 0 else None, checksums, spans,
             statics_for(group, reads, profile, known_here), capped))
     every = tuple(made)
     hit_at, usable_at, after_at = _common_lasts(every)
@@ -172,18 +176,24 @@ def lookup(
     # One loop over the groups (not one per thing made of them): each group's figures, the
     # checksums it computed, and what a lease reads of it (its name, spans, pass output and
     # hash words, and its change count now: a lease finding it unchanged needs no second look).
-    groups, checks, found = [], [], []
+    groups, checks, found, outs = [], [], [], []
     for e in every:
         groups.append(_group_verdict(e, step, count))
         checked = e.checked
         if checked is not None:
             checks.append(Checks(e.decl.name, *checked))
         found.append((e.decl.name, e.spans, e._out, e.words, e.group.changes))
+        outs.append(e._out)
+    if span_arrays is None:
+        span_arrays = _span_arrays([e.spans for e in every])
     plan = _plan(evals, restorable) if restorable > usable else ()
+    # What a lease's one-pass take reads, gathered here, while it is in cache: every group's
+    # pass output, spans rows and output offsets, and the core's change count now.
+    call = LeaseCall(layout.names, tuple(outs), *span_arrays, layout.change_count.total)
     # Positional: the fields in declaration order (cheaper than keywords on every lookup).
     return Verdict(n_tokens, hit, usable, restorable, usable, level, tuple(groups),
                    tuple(reasons), plan, tuple(checks),
-                   _probe(layout.core, prompt, found, usable_at, usable))
+                   _probe(layout.core, prompt, found, usable_at, usable, call))
 
 
 @functools.lru_cache(maxsize=_MAX_CACHED)
@@ -206,14 +216,18 @@ class _Layout:
     the block sizes a prompt must keep and their LCM, which groups' hash chains are prefixes
     (for the block-boundary reason), and a weak reference to the core (for probes)."""
 
-    __slots__ = ("_spans", "block_sizes", "boundary", "core", "finest_prefix", "groups",
-                 "order", "prefix_at", "step")
+    __slots__ = ("_spans", "block_sizes", "boundary", "change_count", "core", "finest_prefix",
+                 "groups", "names", "order", "prefix_at", "step")
 
     def __init__(self, core: StateCore) -> None:
         self.core = weakref.ref(core)
+        #: The core's count of changes to any group (read once per lookup, for its probe).
+        self.change_count = core.change_count
         self.order = tuple(sorted(core.groups.values(), key=lambda g: g.rule.has_targets))
         statics: tuple[dict[tuple[int, int], Statics], ...] = tuple({} for _ in self.order)
         names = [group.decl.name for group in self.order]
+        #: The groups' names in lookup order (one tuple for every probe of this core).
+        self.names = tuple(names)
         #: Per group in lookup order: its state, its declaration, the position in this order
         #: of the group its blocks point into (-1: none; always an earlier one: a model's
         #: sparse index may not point into another sparse index) and its
@@ -230,24 +244,37 @@ class _Layout:
                                  default=0)
         #: A prefix group's chain may reach past the last candidate length it covers.
         self.boundary = bool(self.prefix_at) and self.step > self.finest_prefix
-        #: By prompt length in tokens: the candidate lengths and each group's spans over them
-        #: (a serving load repeats prompt lengths; one look-up instead of one per group).
-        self._spans: dict[int, tuple[NDArray[np.int64], tuple[_Row, ...]]] = {}
+        #: By prompt length in tokens: the candidate lengths, each group's spans over them
+        #: (a serving load repeats prompt lengths; one look-up instead of one per group), and
+        #: what a lease reads of those spans.
+        self._spans: dict[int, tuple[NDArray[np.int64], tuple[_Row, ...], _SpanArrays]] = {}
 
-    def spans_at(self, n_tokens: int, count: int) -> tuple[NDArray[np.int64], tuple[_Row, ...]]:
-        """The ``count`` candidate lengths of a prompt of ``n_tokens`` and per group in lookup
+    def spans_at(self, n_tokens: int, count: int
+                 ) -> tuple[NDArray[np.int64], tuple[_Row, ...], _SpanArrays]:
+        """The ``count`` candidate lengths of a prompt of ``n_tokens``; per group in lookup
         order its row of :attr:`groups` with its spans over them added, for the blocks such a
-        prompt has (cached)."""
+        prompt has; and per group those spans' rows and output offsets, each kind in one
+        tuple (what a lease's one-pass take reads). Cached."""
         known = self._spans.get(n_tokens)
         if known is None:
             if len(self._spans) >= _MAX_CACHED:
                 self._spans.clear()
             lengths = _candidates(count, self.step)
-            known = self._spans[n_tokens] = (lengths, tuple(
+            rows = tuple(
                 (group, decl, target_at, known_here,
                  spans_for(group, n_tokens // decl.block_size, lengths, self.step))
-                for group, decl, target_at, known_here in self.groups))
+                for group, decl, target_at, known_here in self.groups)
+            known = self._spans[n_tokens] = (lengths, rows, _span_arrays(
+                [row[4] for row in rows]))
         return known
+
+
+#: Per group in lookup order, its spans' rows and output offsets (each kind one tuple).
+_SpanArrays = tuple[tuple[NDArray[np.int64], ...], tuple[NDArray[np.int64], ...]]
+
+
+def _span_arrays(spans: list[Spans]) -> _SpanArrays:
+    return tuple(each.rows for each in spans), tuple(each.out_words for each in spans)
 
 
 #: The layout last asked for, with a weak reference to its core: most processes serve one
@@ -304,7 +331,7 @@ _Found = tuple[str, Spans, NDArray[np.int64], tuple[NDArray[np.uint64], NDArray[
 
 
 def _probe(core: weakref.ref[StateCore], prompt: Prompt, found: list[_Found], at: int,
-           tokens: int) -> Probe:
+           tokens: int, call: LeaseCall) -> Probe:
     """Per group, the blocks needed at candidate ``at`` (``tokens`` long), as found (made
     when a lease first asks; until then the verdict keeps only each group's pass output, with
     its ids and epochs, its hash words and needed spans, not the lookup's other arrays)."""
@@ -322,7 +349,7 @@ def _probe(core: weakref.ref[StateCore], prompt: Prompt, found: list[_Found], at
             made.append(ProbedGroup(name, lo, cut, hi, ids, epochs, last_words, changes))
         return tuple(made)
 
-    return Probe(core, tokens, groups, prompt, exact=True, passes=found, at=at)
+    return Probe(core, tokens, groups, prompt, exact=True, passes=found, at=at, call=call)
 
 
 #: The pass output holds ids as int64; where that is not ``intp`` they are viewed as it.

@@ -112,6 +112,19 @@ class ProbedGroup(NamedTuple):
         return id(self)
 
 
+class LeaseCall(NamedTuple):
+    """What a lease's one-pass take of a lookup's blocks reads, gathered by the lookup: the
+    groups' names in its order, per group its pass output, spans rows and output offsets (in
+    that order), and the core's count of changes to any group at the lookup (equal at the
+    take: no block moved since)."""
+
+    names: tuple[str, ...]
+    outs: tuple[NDArray[np.int64], ...]
+    rows: tuple[NDArray[np.int64], ...]
+    offsets: tuple[NDArray[np.int64], ...]
+    changes: int
+
+
 class Probe:
     """The blocks a verdict called usable, as its lookup found them, so a lease on it pins
     them without probing and checking them again: its epochs prove nothing moved since.
@@ -125,21 +138,23 @@ class Probe:
     ``passes``: per group in the lookup's order, ``(name, spans, out, words, changes)``, the
     group pass's output over its spans and the group's change count then, with ``at`` the
     candidate index of ``tokens`` (a lookup's probe: a lease on it reads the blocks straight
-    from the outputs, every group in one compiled call)."""
+    from the outputs, every group in one compiled call, whose arguments are ``call``)."""
 
-    __slots__ = ("_groups", "_make", "at", "core", "exact", "passes", "prompt", "tokens")
+    __slots__ = ("_groups", "_make", "at", "call", "core", "exact", "passes", "prompt",
+                 "tokens")
 
     def __init__(self, core: Callable[[], object], tokens: int,
                  groups: tuple[ProbedGroup, ...] | Callable[[], tuple[ProbedGroup, ...]],
                  prompt: object = None, *, exact: bool = False,
                  passes: Sequence[tuple[str, Any, NDArray[np.int64], Any, int]] | None = None,
-                 at: int = -1) -> None:
+                 at: int = -1, call: LeaseCall | None = None) -> None:
         self.core = core
         self.tokens = tokens
         self.prompt = prompt
         self.exact = exact
         self.passes = passes
         self.at = at
+        self.call = call
         self._groups = groups if isinstance(groups, tuple) else None
         self._make = None if isinstance(groups, tuple) else groups
 
