@@ -27,6 +27,7 @@ from kvfsm.gates import (
     GraphSignature,
     Lease,
     LeaseBook,
+    check_ttl,
 )
 from kvfsm.obs import EngineMetrics, EventLog
 from kvfsm.restore import RestoreExecutor, RestoreTicket
@@ -358,9 +359,35 @@ class Engine:
         with self._lock:
             self._leases.reap()
             probe = verdict.probe
-            if probe is None or probe.prompt is not prompt or probe.core() is not self.core:
-                prompt = self._own(prompt)  # else this core's lookup of it checked it
-            return self._leases.take(verdict, prompt, ttl_s=ttl_s)
+            if probe is not None and isinstance(prompt, Prompt) and probe.prompt is prompt \
+                    and probe.core() is self.core:
+                owned = prompt  # this core's lookup of it checked it
+            else:
+                owned = self._own(prompt)
+            return self._leases.take(verdict, owned, ttl_s=ttl_s)
+
+    def lookup_and_lease(
+        self,
+        prompt: Prompt | Sequence[int] | ArrayLike,
+        *,
+        level: Level | str | None = None,
+        priority: int = 0,
+        kernel_layouts: KernelLayouts | None = None,
+        drop_last_block: bool = False,
+        ttl_s: float = DEFAULT_LEASE_TTL_S,
+    ) -> tuple[Verdict, Lease]:
+        """:meth:`lookup` and :meth:`lease` of its verdict as one step under the engine's lock:
+        no other thread changes a block between the check and the pins, so the lease holds
+        exactly what the verdict called usable (it is never refused for a change since the
+        lookup), and it is taken straight from what the lookup found. What a server calls
+        for each request it is about to run (validate the lease right before the read,
+        release it after). A ``ttl_s`` that is not a number of seconds above 0 is a
+        KvfsmError before anything is looked up."""
+        check_ttl(ttl_s)
+        with self._lock:
+            verdict = self.lookup(prompt, level=level, priority=priority,
+                                  kernel_layouts=kernel_layouts, drop_last_block=drop_last_block)
+            return verdict, self._leases.take_looked_up(verdict, ttl_s)
 
     @property
     def leases_open(self) -> int:

@@ -14,7 +14,7 @@ from kvfsm.cli import main
 NO_TABLES = ("--lengths", "none", "--pool-sizes", "none")
 KEYS = ("tokens", "lookup_ms_median", "baseline_ms_median", "ratio_baseline_vs_lookup",
         "hash_ms_median", "lookup_ms_median_engine", "lookup_ms_median_metrics_log",
-        "lookup_ms_median_observed")
+        "lookup_ms_median_observed", "lookup_ms_median_stepped")
 
 
 def test_bench_lookup_figures() -> None:
@@ -30,6 +30,8 @@ def test_bench_lookup_figures() -> None:
         figures["lookup_ms_median_observed"] / figures["lookup_ms_median_engine"] - 1)
     assert figures["metrics_log_overhead"] == pytest.approx(
         figures["lookup_ms_median_metrics_log"] / figures["lookup_ms_median_engine"] - 1)
+    assert figures["observability_overhead_stepped"] == pytest.approx(
+        figures["lookup_ms_median_stepped"] / figures["lookup_ms_median_engine"] - 1)
     assert figures["lease_ms_median"] == pytest.approx(
         figures["lookup_ms_median_observed"] - figures["lookup_ms_median_metrics_log"])
     for step in ("take", "validate", "release"):
@@ -50,6 +52,7 @@ def test_bench_lookup_without_prometheus_says_why(monkeypatch: pytest.MonkeyPatc
     assert figures["lookup_ms_median_observed"] is None
     assert figures["observability_overhead_of_minima"] is None
     assert figures["observability_overhead_paired"] is None
+    assert figures["observability_overhead_stepped"] is None
     assert "prometheus-client" in str(figures["observed_skipped"])
 
 

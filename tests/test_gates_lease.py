@@ -140,6 +140,67 @@ def test_a_lease_from_the_probe_holds_what_a_fresh_probe_would(name: str) -> Non
     assert set(_pins(eng).values()) == {0}
 
 
+@pytest.mark.parametrize("name", ["dense", "gpt_oss_like", "deepseek_v4_like",
+                                  "qwen3_next_like"])
+def test_lookup_and_lease_is_the_lookup_and_its_lease(name: str) -> None:
+    """One step or two, the verdict and the lease are the same (every shipped model): the
+    same figures and reasons, the same blocks at the same epochs; both give back every pin
+    they took."""
+    eng = _engine(name)
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict, lease = eng.lookup_and_lease(prompt, ttl_s=5.0)
+    apart = eng.lookup(prompt)
+    assert attrs.evolve(verdict, probe=None) == attrs.evolve(apart, probe=None)
+    same_holdings_then_released(lease, eng.lease(apart, prompt))
+    assert set(_pins(eng).values()) == {0}
+    assert eng.leases_open == 0
+
+
+def test_lookup_and_lease_of_a_lookup_that_saw_a_checksum_fail() -> None:
+    """A lookup that records a checksum failure changed its group since it looked: the lease
+    is then taken group by group, and holds what the verdict called usable (short of the
+    failed block)."""
+    eng = _engine("dense")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    state = eng.core.group("attn")
+    block = block_id(eng, "attn", TEXT, 5)
+    state.pools[Tier.DEVICE].data[int(state.slot[Tier.DEVICE][block]), 0] ^= 0x10
+    before = state.changes
+    verdict, lease = eng.lookup_and_lease(prompt, level="full")
+    assert state.changes == before + 1  # the failure recorded
+    assert verdict.usable_tokens == lease.tokens == 5 * 16
+    assert lease.blocks("attn").tolist() == _ids(eng, "attn", range(5))
+    lease.validate()
+    lease.release()
+    assert _pins(eng) == {"attn": 0}
+
+
+@pytest.mark.parametrize("ttl", [0, -1.0, "1", True])
+def test_lookup_and_lease_refuses_a_bad_ttl_before_looking_up(ttl: object) -> None:
+    """A bad ttl is refused before the lookup: no checksum recorded, nothing pinned."""
+    eng = _engine("dense")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    check = eng.core.group("attn").check.copy()
+    with pytest.raises(KvfsmError, match="ttl_s"):
+        eng.lookup_and_lease(prompt, level="full", ttl_s=ttl)  # type: ignore[arg-type]
+    assert eng.core.group("attn").check.tolist() == check.tolist()
+    assert _pins(eng) == {"attn": 0} and eng.leases_open == 0
+
+
+def test_lookup_and_lease_takes_only_a_lookups_own_verdict() -> None:
+    """The book's one-step take refuses a verdict whose probe is not a lookup's."""
+    eng = _engine("dense")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    with pytest.raises(KvfsmError, match="verdict of a lookup"):
+        eng._leases.take_looked_up(attrs.evolve(verdict, probe=None))
+    assert _pins(eng) == {"attn": 0}
+
+
 def _pin_counts(eng: Engine) -> dict[str, tuple[list[int], list[int]]]:
     return {name: (state.block_pins.tolist(), state.chunk_pins.tolist())
             for name, state in eng.core.groups.items()}
@@ -748,8 +809,8 @@ def test_lease_pins_count_exactly_the_open_leases_over_each_block(
 
 
 #: Every public Engine method that touches the core.
-LOCKED = ["lookup", "commit", "give_back", "offload", "lease", "leases_open", "discover",
-          "spill_down", "restore", "close"]
+LOCKED = ["lookup", "commit", "give_back", "offload", "lease", "lookup_and_lease",
+          "leases_open", "discover", "spill_down", "restore", "close"]
 
 
 def _call(eng: Engine, method: str) -> Callable[[], object]:
@@ -760,6 +821,7 @@ def _call(eng: Engine, method: str) -> Callable[[], object]:
         "give_back": lambda: eng.give_back("attn", 1),
         "offload": lambda: eng.offload("attn", [block_id(eng, "attn", TEXT, 0)]),
         "lease": lambda: eng.lease(eng.lookup(prompt), prompt).release(),
+        "lookup_and_lease": lambda: eng.lookup_and_lease(prompt)[1].release(),
         "leases_open": lambda: eng.leases_open,
         "discover": lambda: eng.discover(prompt),
         "spill_down": lambda: eng.spill_down("attn", Tier.HOST, 1),

@@ -79,6 +79,8 @@ class Tally:
     lost_after_read: int = 0
     #: Leases refused because a block changed between the lookup and the lease.
     lost_before: int = 0
+    #: Leases taken in one step with their lookup (``lookup_and_lease``: never refused so).
+    one_step: int = 0
     evicted: int = 0
     #: Evictions, invalidations and spill completions the guards refused on pinned blocks.
     refused_pinned: int = 0
@@ -151,12 +153,17 @@ class Race:
             if self.stop.is_set():
                 return
             prompt = prompts[int(rng.integers(len(prompts)))]
-            verdict = self.eng.lookup(prompt)
-            try:
-                lease = self.eng.lease(verdict, prompt)
-            except LeaseLost:
-                self.tally.add(lost_before=1)
-                continue
+            if rng.random() < 0.5:
+                # Lookup and lease as one step: nothing can change between them.
+                _, lease = self.eng.lookup_and_lease(prompt)
+                self.tally.add(one_step=1)
+            else:
+                verdict = self.eng.lookup(prompt)
+                try:
+                    lease = self.eng.lease(verdict, prompt)
+                except LeaseLost:
+                    self.tally.add(lost_before=1)
+                    continue
             with lease:
                 lease.validate()
                 reads = [(name, self.core.read(name, lease.blocks(name)))
@@ -305,6 +312,7 @@ def test_readers_holding_leases_never_read_changed_blocks(model: str) -> None:
     assert tally.changed_reads == 0, tally
     assert tally.lost_after_read == 0, tally
     assert tally.reads > 0 and tally.evicted > 0 and tally.spilled > 0, tally
+    assert tally.one_step > 0, tally
     assert tally.restored + tally.committed > 0, tally
     if model == "deepseek_v4_like":
         assert tally.compressed > 0, tally

@@ -158,10 +158,12 @@ def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: in
               report: Progress) -> dict[str, float | str | None]:
     """``Engine.lookup`` (STANDARD level: the data checksums were verified by a first FULL
     lookup) on two engines holding the same prompt, one plain, one with Prometheus metrics
-    and a JSONL event log attached: each lookup alone, and with a lease taken on its verdict,
-    validated and released (what a serving step does before the kernel reads). Runs of the
-    three alternate, forwards then backwards, so a noisy machine disturbs them alike and no
-    path always runs after the same one; medians."""
+    and a JSONL event log attached: each lookup alone, and leased: the lookup and a lease of
+    its verdict in one step (``Engine.lookup_and_lease``), validated and released (what a
+    serving step does before the kernel reads). The lease's steps are timed on a fourth path
+    that takes them apart (``Engine.lookup``, then ``Engine.lease``, ``validate``,
+    ``release``). Runs of the four alternate, forwards then backwards, so a noisy machine
+    disturbs them alike and no path always runs after the same one; medians."""
     try:
         from prometheus_client import CollectorRegistry
     except ImportError:
@@ -183,10 +185,18 @@ def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: in
         def on() -> None:
             seen.lookup(seen_prompt, level=Level.STANDARD)
 
-        # The lease's steps, timed inside the leased runs (where its cost goes).
+        def on_leased() -> None:
+            _, lease = seen.lookup_and_lease(seen_prompt, level=Level.STANDARD)
+            try:
+                lease.validate()
+            finally:
+                lease.release()
+
+        # The lease's steps, each timed on the path that takes them apart (where its cost
+        # goes).
         steps: dict[str, list[float]] = {"take": [], "validate": [], "release": []}
 
-        def on_leased() -> None:
+        def on_stepped() -> None:
             verdict = seen.lookup(seen_prompt, level=Level.STANDARD)
             start = time.perf_counter()
             lease = seen.lease(verdict, seen_prompt)
@@ -201,8 +211,8 @@ def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: in
             steps["validate"].append(validated - taken)
             steps["release"].append(released - validated)
 
-        runs: dict[str, list[float]] = {"off": [], "on": [], "leased": []}
-        paths = (("off", off), ("on", on), ("leased", on_leased))
+        runs: dict[str, list[float]] = {"off": [], "on": [], "leased": [], "stepped": []}
+        paths = (("off", off), ("on", on), ("leased", on_leased), ("stepped", on_stepped))
         for _, run in paths:
             run()
         tell = report.runs("observed lookups")
@@ -216,7 +226,8 @@ def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: in
             tell(done, repeat)
         seen.close()
     plain.close()
-    off_s, on_s, leased_s = (statistics.median(runs[name]) for name in ("off", "on", "leased"))
+    off_s, on_s, leased_s, stepped_s = (statistics.median(runs[name])
+                                        for name in ("off", "on", "leased", "stepped"))
     # Each round's observed path against the plain one of the same round (run within a
     # millisecond of each other): a busy spell slows both, so their difference moves less
     # than either's median.
@@ -230,7 +241,10 @@ def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: in
         "observability_overhead": leased_s / off_s - 1,
         # What the lease itself adds (take, validate, release), from the same medians.
         "lease_ms_median": (leased_s - on_s) * 1e3,
-        # Each step of it, timed within the leased runs (right after their lookups).
+        # The same path with the lookup and the lease taken in two calls.
+        "lookup_ms_median_stepped": stepped_s * 1e3,
+        "observability_overhead_stepped": stepped_s / off_s - 1,
+        # Each step of the lease, timed on that path (right after its lookup).
         **{f"lease_{step}_ms_median": statistics.median(times) * 1e3
            for step, times in steps.items()},
         # The same from minima: on a shared machine busy spells move medians by more than a
@@ -246,7 +260,9 @@ def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: in
 
 _OBSERVED_KEYS = ("lookup_ms_median_engine", "lookup_ms_median_metrics_log",
                   "lookup_ms_median_observed", "metrics_log_overhead", "observability_overhead",
-                  "lease_ms_median", "lease_take_ms_median", "lease_validate_ms_median",
+                  "lease_ms_median", "lookup_ms_median_stepped",
+                  "observability_overhead_stepped", "lease_take_ms_median",
+                  "lease_validate_ms_median",
                   "lease_release_ms_median", "lookup_ms_min_engine", "lookup_ms_min_observed",
                   "observability_overhead_of_minima", "observed_minus_engine_ms_paired",
                   "observability_overhead_paired", "lease_take_ms_min",

@@ -10,7 +10,7 @@ from kvfsm.gates._graph import (
     check_graph,
 )
 from kvfsm.gates._lease import DEFAULT_LEASE_TTL_S, Lease
-from kvfsm.gates._lease_book import LeaseBook
+from kvfsm.gates._lease_book import LeaseBook, check_ttl
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
@@ -26,4 +26,5 @@ __all__ = [
     "LeaseBook",
     "SignatureError",
     "check_graph",
+    "check_ttl",
 ]

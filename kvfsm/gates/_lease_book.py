@@ -87,9 +87,7 @@ class LeaseBook:
         recency refreshed, nothing a verdict reads: an unchanged group's pins and its use
         are one pass).
         """
-        if ttl_s is not DEFAULT_LEASE_TTL_S and (
-                not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not ttl_s > 0):
-            raise KvfsmError(f"lease ttl_s must be a number of seconds > 0, got {ttl_s!r}")
+        check_ttl(ttl_s)
         tokens = verdict.usable_tokens
         if tokens > prompt.n_tokens:
             raise KvfsmError(f"the verdict covers {tokens} tokens but the prompt has only "
@@ -125,6 +123,25 @@ class LeaseBook:
             recorded = tuple(_record(self.core.group(name), ids, index, targets.get(name, []))
                              for name, (ids, index) in needed.items())
             return self._open_lease(tokens, recorded, ttl_s)
+
+    def take_looked_up(self, verdict: Verdict, ttl_s: float = DEFAULT_LEASE_TTL_S) -> Lease:
+        """:meth:`take` of the verdict of a lookup on this core just made, on its own prompt,
+        the owner's lock held since before that lookup (so nothing but the checksums it
+        recorded changed since: the one-pass take straight away). ``ttl_s`` is the caller's
+        to check first (:func:`check_ttl`): a bad one must not cost a lookup."""
+        probe = verdict.probe
+        if probe is None or probe.call is None or probe.passes is None or \
+                not isinstance(probe.prompt, Prompt):
+            raise KvfsmError("take_looked_up takes the verdict of a lookup, as it made it")
+        call = probe.call
+        with self.lock:
+            arrays = self._arrays
+            if arrays is None or arrays.names is not call.names:
+                arrays = self._arrays = arrays_for(self.core, arrays, call.names)
+            held = take_probed(arrays, call, probe.passes, probe.at)
+            if held is None:  # the lookup recorded a checksum failure: checked group by group
+                return self.take(verdict, probe.prompt, ttl_s=ttl_s)
+            return self._open_lease(verdict.usable_tokens, held, ttl_s)
 
     def _probed_at_once(self, verdict: Verdict, prompt: Prompt) -> ProbedHold | None:
         """The lease's holdings pinned in one pass over every group, where its verdict's lookup
@@ -265,6 +282,13 @@ class LeaseBook:
                 self.drop(lease)
             self._next_expiry = _NEVER
             return len(open_leases)
+
+
+def check_ttl(ttl_s: float) -> None:
+    """A KvfsmError unless ``ttl_s`` is a number of seconds above 0."""
+    if ttl_s is not DEFAULT_LEASE_TTL_S and (
+            not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not ttl_s > 0):
+        raise KvfsmError(f"lease ttl_s must be a number of seconds > 0, got {ttl_s!r}")
 
 
 def _targets_held(index: GroupState, rows: ProbedGroup, target: ProbedGroup) -> bool:
