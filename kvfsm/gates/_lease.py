@@ -176,7 +176,8 @@ class Lease:
         with book.lock:
             probed = self._probed
             if probed is not None and not self._released and \
-                    book.clock() < self.expires_at and probed.unchanged():
+                    book.clock() < self.expires_at and \
+                    probed.arrays.change_count.total == probed.changes:
                 # The usual lease (open, in time, taken in one pass, no group changed since,
                 # so no block it holds moved): what _validate finds, without its checks.
                 core = book.core
@@ -217,7 +218,14 @@ class Lease:
         """Give back the lease's pins (idempotent; safe from any thread)."""
         book = self._book
         with book.lock:
-            book.drop(self)
+            probed = self._probed
+            if probed is None or self._released:
+                book.drop(self)
+                return
+            # The usual lease: what book.drop and unpin do, without their calls.
+            book.forget(self)
+            self._released = True
+            probed.arrays.unpin(probed.outs, probed.offsets, probed.answers, len(probed.outs))
 
     def unpin(self, core: StateCore) -> None:
         """Give back the pins (the book calls this once, under its lock). A block pinned by

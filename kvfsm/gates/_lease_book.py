@@ -257,6 +257,10 @@ class LeaseBook:
             self._open.pop(id(lease), None)
             lease.unpin(self.core)
 
+    def forget(self, lease: Lease) -> None:
+        """Stop counting ``lease`` as open (its owner gives back its pins; the lock held)."""
+        self._open.pop(id(lease), None)
+
     def reap(self) -> int:
         """Release every expired lease's pins; returns how many. O(1) before the earliest
         expiry, so the engine calls it on every call."""

@@ -51,7 +51,7 @@ class ProbedHold(NamedTuple):
     arrays: LeaseArrays
     passes: Passes
     outs: tuple[NDArray[np.int64], ...]
-    offsets: tuple[NDArray[np.int64], ...]
+    offsets: NDArray[np.int64]
     answers: NDArray[np.int64]
     changes: int
 
@@ -122,7 +122,8 @@ def take_probed(arrays: LeaseArrays, call: LeaseCall, passes: Passes, at: int
     groups = arrays.groups
     answers = np.empty((len(groups), ANSWER_COLUMNS), dtype=np.int64)
     clock = arrays.clock
-    stop, touched = arrays.take(call.outs, call.rows, call.offsets, at, clock.now + 1, answers)
+    stop, touched = arrays.take(call.outs, call.bounds, call.offsets, at, clock.now + 1,
+                                answers)
     if touched:
         clock.advance(touched)
     hold = ProbedHold(arrays, passes, call.outs, call.offsets, answers, call.changes)

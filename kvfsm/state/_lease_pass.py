@@ -65,22 +65,22 @@ from kvfsm.state._touch import (
 )
 
 
-def _take_twin(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64], ...],
-               offsets: tuple[NDArray[np.int64], ...], at: int, fixed: NDArray[np.int64],
+def _take_twin(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
+               offsets: NDArray[np.int64], at: int, fixed: NDArray[np.int64],
                arrays: NDArray[np.int64], tick: int, max_pins: int, answers: NDArray[np.int64],
                result: NDArray[np.int64]) -> None:
     """:func:`take_probed_loop` with each group's touch as :func:`_touch_twin`."""
-    bounds = np.array([[row[0, at], row[2, at]] for row in rows], dtype=np.int64).reshape(-1, 2)
+    spans = bounds[:, :, at].reshape(-1, 2)
     result[:2] = (TAKEN, 0)
-    for g, (lo, hi) in enumerate(bounds.tolist()):
+    for g, (lo, hi) in enumerate(spans.tolist()):
         target = int(fixed[g, TARGET])
         if target >= 0 and hi > lo:
             reach = hi * int(fixed[g, BLOCK]) // int(fixed[g, TARGET_BLOCK])
-            if bounds[target, 0] != 0 or bounds[target, 1] < reach:
+            if spans[target, 0] != 0 or spans[target, 1] < reach:
                 result[0] = TARGETS_OUTSIDE
                 return
     touched = 0
-    for g, (lo, hi) in enumerate(bounds.tolist()):
+    for g, (lo, hi) in enumerate(spans.tolist()):
         answers[g] = (-1, -1, 0, 0, -1, 0, lo, hi)
         if hi <= lo:
             continue
@@ -99,7 +99,7 @@ def _take_twin(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64
 
 
 def _unpin_probed_twin(outs: tuple[NDArray[np.int64], ...],
-                       offsets: tuple[NDArray[np.int64], ...], fixed: NDArray[np.int64],
+                       offsets: NDArray[np.int64], fixed: NDArray[np.int64],
                        arrays: NDArray[np.int64], answers: NDArray[np.int64],
                        groups: int) -> None:
     """:func:`unpin_probed_loop` with each group's unpin as its NumPy twin."""
@@ -134,13 +134,15 @@ def lease_table(groups: Sequence[Sequence[NDArray[Any]]], *, convert: bool = Fal
 
 def _outputs(groups: Sequence[tuple[Any, Any]], at: int,
              rng: np.random.Generator | None
-             ) -> tuple[tuple[NDArray[np.int64], ...], tuple[NDArray[np.int64], ...],
-                        tuple[NDArray[np.int64], ...]]:
+             ) -> tuple[tuple[NDArray[np.int64], ...], NDArray[np.int64], NDArray[np.int64]]:
     """Pass outputs holding each group's ``(ids, epochs)`` at candidate ``at`` as a lookup
-    lays them out (scalars, then ids, then epochs two a word), with their spans rows and
-    offsets: the blocks start at a prompt block ``lo`` (0, or random with ``rng``)."""
-    outs, rows, offsets = [], [], []
-    for ids, epochs in groups:
+    lays them out (scalars, then ids, then epochs two a word), with every group's bounds
+    (``[lo, hi)`` per candidate) and offsets as a lookup's call gathers them: the blocks
+    start at a prompt block ``lo`` (0, or random with ``rng``)."""
+    outs = []
+    bounds = np.zeros((len(groups), 2, at + 1), dtype=np.int64)
+    offsets = np.zeros((len(groups), 2), dtype=np.int64)
+    for g, (ids, epochs) in enumerate(groups):
         lo = 0 if rng is None else int(rng.integers(0, 3))
         n = lo + ids.size + (0 if rng is None else int(rng.integers(0, 2)))
         at_ids = 2 + (0 if rng is None else int(rng.integers(0, 3)))
@@ -148,17 +150,15 @@ def _outputs(groups: Sequence[tuple[Any, Any]], at: int,
         out = np.zeros(at_epochs + (n + 1) // 2 + 1, dtype=np.int64)
         out[at_ids + lo:at_ids + lo + ids.size] = ids
         out[at_epochs:].view(np.uint32)[lo:lo + ids.size] = epochs
-        span = np.zeros((4, at + 1), dtype=np.int64)
-        span[0, at], span[1, at], span[2, at] = lo, lo, lo + ids.size
+        bounds[g, 0, at], bounds[g, 1, at] = lo, lo + ids.size
+        offsets[g] = (at_ids, at_epochs)
         outs.append(out)
-        rows.append(read_only(span))
-        offsets.append(read_only(np.array([at_ids, at_epochs], dtype=np.int64)))
-    return tuple(outs), tuple(rows), tuple(offsets)
+    return tuple(outs), read_only(bounds), read_only(offsets)
 
 
 def _take_example() -> tuple[object, ...]:
-    outs, rows, offsets = _outputs([(np.zeros(1, dtype=np.intp),
-                                     np.zeros(1, dtype=np.uint32))], 0, None)
+    outs, bounds, offsets = _outputs([(np.zeros(1, dtype=np.intp),
+                                       np.zeros(1, dtype=np.uint32))], 0, None)
     nodes = np.full(1, -1, dtype=np.int32)
     fixed = np.array([[6, -1, 16, 16]], dtype=np.int64)
     arrays = lease_table([(read_only(np.zeros(1, dtype=np.uint8)),
@@ -167,7 +167,7 @@ def _take_example() -> tuple[object, ...]:
                            nodes.copy(), np.zeros(1, dtype=np.uint16),
                            np.zeros(1, dtype=np.uint16), read_only(np.zeros(1, np.uint32)),
                            no_linked_run())])
-    return (outs, rows, offsets, 0, fixed, arrays, 1, MAX_PINS,
+    return (outs, bounds, offsets, 0, fixed, arrays, 1, MAX_PINS,
             np.zeros((1, ANSWER_COLUMNS), dtype=np.int64), np.zeros(2, dtype=np.int64))
 
 
@@ -180,7 +180,7 @@ def _take_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     limit = int(rng.integers(1, 4))
     made: list[tuple[Any, ...]] = [touch_inputs(rng, limit) for _ in range(count)]
     at = int(rng.integers(0, 2))
-    outs, rows, offsets = _outputs([(each[0], each[9]) for each in made], at, rng)
+    outs, bounds, offsets = _outputs([(each[0], each[9]) for each in made], at, rng)
     fixed = np.zeros((count, FIXED_COLUMNS), dtype=np.int64)
     for g, each in enumerate(made):
         fixed[g] = (each[12], -1, 16, 16)
@@ -192,7 +192,7 @@ def _take_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     arrays = lease_table([(each[1], each[2], each[3], each[5], each[6], each[7], each[8],
                            each[10], each[11], np.zeros(each[3].size, dtype=np.uint32),
                            each[14]) for each in made], convert=True)
-    return (outs, rows, offsets, at, fixed, arrays, int(rng.integers(5, 9)), limit,
+    return (outs, bounds, offsets, at, fixed, arrays, int(rng.integers(5, 9)), limit,
             np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64), np.full(2, -7, np.int64))
 
 
@@ -229,11 +229,12 @@ def _unpin_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     of them or only those before the one a take stopped at."""
     count = int(rng.integers(1, 4))
     made: list[tuple[Any, ...]] = [_pins_inputs(rng) for _ in range(count)]
-    outs, rows, offsets = _outputs([(each[0], each[1]) for each in made], 0, rng)
+    outs, bounds, offsets = _outputs([(each[0], each[1]) for each in made], 0, rng)
     answers = np.zeros((count, ANSWER_COLUMNS), dtype=np.int64)
     fixed = np.zeros((count, FIXED_COLUMNS), dtype=np.int64)
-    for g, (each, span) in enumerate(zip(made, rows, strict=True)):
-        answers[g, LO], answers[g, HI], answers[g, PINNED_AS] = span[0, 0], span[2, 0], each[6]
+    for g, each in enumerate(made):
+        answers[g, LO], answers[g, HI], answers[g, PINNED_AS] = bounds[g, 0, 0], \
+            bounds[g, 1, 0], each[6]
         fixed[g] = (each[5], -1, 16, 16)
     arrays = _unpin_tables([(each[2], each[3], each[4]) for each in made])
     return (outs, offsets, fixed, arrays, answers, int(rng.integers(0, count + 1)))
@@ -289,22 +290,22 @@ class LeaseArrays:
         self._take_entry: Callable[..., None] | None = None
         self._unpin_entry: Callable[..., None] | None = None
 
-    def take(self, outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64], ...],
-             offsets: tuple[NDArray[np.int64], ...], at: int, tick: int,
+    def take(self, outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
+             offsets: NDArray[np.int64], at: int, tick: int,
              answers: NDArray[np.int64]) -> tuple[int, int]:
         """:func:`take_probed_loop` over these groups; ``(result[0], result[1])``."""
         entry = self._take_entry
         if entry is not None and settings.enabled:
-            entry(outs, rows, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
+            entry(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
                   self.result)
         else:
-            call_bound(take_probed_kernel, self._entries, outs, rows, offsets, at, self.fixed,
+            call_bound(take_probed_kernel, self._entries, outs, bounds, offsets, at, self.fixed,
                        self.table, tick, MAX_PINS, answers, self.result)
             self._take_entry = self._entries.get(take_probed_kernel)
         stop, touched = self.result.tolist()
         return stop, touched
 
-    def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: tuple[NDArray[np.int64], ...],
+    def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
               answers: NDArray[np.int64], groups: int) -> None:
         """:func:`unpin_probed_loop` over the first ``groups`` of these groups."""
         entry = self._unpin_entry

@@ -364,17 +364,18 @@ def leased_arrays(arrays: NDArray[np.int64], g: int) -> tuple[NDArray[Any], ...]
     return views(arrays, LEASE_KINDS, g * N_LEASE_ARRAYS)
 
 
-def take_probed_loop(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np.int64], ...],
-                     offsets: tuple[NDArray[np.int64], ...], at: int, fixed: NDArray[np.int64],
+def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
+                     offsets: NDArray[np.int64], at: int, fixed: NDArray[np.int64],
                      arrays: NDArray[np.int64], tick: int, max_pins: int,
                      answers: NDArray[np.int64], result: NDArray[np.int64]) -> None:
     """A lease's pinning touch (:func:`_touch_loop`) of every group at once, on the blocks a
     lookup found usable at its candidate ``at`` (no group changed since: only the pin limit
     is left to check), so a lease costs one compiled call, not one per group.
 
-    Group ``g``'s blocks are prompt blocks ``[rows[g][0, at], rows[g][2, at])``, their ids
-    and epochs in the lookup's pass output ``outs[g]`` from words ``offsets[g][0]`` and
-    ``offsets[g][1]``. ``fixed[g]`` is what the group's declaration fixes (columns
+    Group ``g``'s blocks are prompt blocks ``[bounds[g, 0, at], bounds[g, 1, at])``, their
+    ids and epochs in the lookup's pass output ``outs[g]`` from words ``offsets[g, 0]`` and
+    ``offsets[g, 1]`` (every group's bounds and offsets in one array each: fewer arguments to
+    unbox on every lease). ``fixed[g]`` is what the group's declaration fixes (columns
     ``SHIFT`` ... ``TARGET_BLOCK``): its pin chunk shift, the position of the group its
     blocks point into (-1: none), and the two groups' block sizes. ``arrays`` addresses
     every group's states, lists, stamps, links, pins and run records (:data:`LEASE_KINDS`
@@ -392,21 +393,21 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np
     result[0], result[1] = TAKEN, 0
     for g in range(groups):
         target = fixed[g, TARGET]
-        lo, hi = rows[g][0, at], rows[g][2, at]
+        lo, hi = bounds[g, 0, at], bounds[g, 1, at]
         if target >= 0 and hi > lo:
             reach = hi * fixed[g, BLOCK] // fixed[g, TARGET_BLOCK]
-            if rows[target][0, at] != 0 or rows[target][2, at] < reach:
+            if bounds[target, 0, at] != 0 or bounds[target, 1, at] < reach:
                 result[0] = TARGETS_OUTSIDE
                 return
     touched = 0
     for g in range(groups):
         answer = answers[g]
-        lo, hi = rows[g][0, at], rows[g][2, at]
+        lo, hi = bounds[g, 0, at], bounds[g, 1, at]
         answer[OUTSIDE], answer[FULL], answer[PINNED_AS], answer[ONE_READ] = -1, -1, 0, 0
         answer[FIRST_ID], answer[FIRST_EPOCH], answer[LO], answer[HI] = -1, 0, lo, hi
         if hi <= lo:
             continue
-        ids, seen = _probed_ids(outs[g], offsets[g][0], offsets[g][1], lo, hi)
+        ids, seen = _probed_ids(outs[g], offsets[g, 0], offsets[g, 1], lo, hi)
         base = g * N_LEASE_ARRAYS
         _touch_loop(ids, vector_at(arrays, base + STATES, np.uint8),
                     vector_at(arrays, base + LIST_OF_STATE, np.int8),
@@ -426,7 +427,7 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], rows: tuple[NDArray[np
     result[1] = touched
 
 
-def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: tuple[NDArray[np.int64], ...],
+def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
                       fixed: NDArray[np.int64], arrays: NDArray[np.int64],
                       answers: NDArray[np.int64], groups: int) -> None:
     """Give back what :func:`take_probed_loop` pinned in its first ``groups`` groups (its
@@ -435,7 +436,7 @@ def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: tuple[NDArra
     for g in range(groups):
         lo, hi = answers[g, LO], answers[g, HI]
         if hi > lo:
-            ids, seen = _probed_ids(outs[g], offsets[g][0], offsets[g][1], lo, hi)
+            ids, seen = _probed_ids(outs[g], offsets[g, 0], offsets[g, 1], lo, hi)
             base = g * N_LEASE_ARRAYS
             unpin_loop(ids, seen, vector_at(arrays, base + EPOCH, np.uint32),
                        vector_at(arrays, base + PINS, np.uint16),

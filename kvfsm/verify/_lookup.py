@@ -188,7 +188,7 @@ def lookup(
         span_arrays = _span_arrays([e.spans for e in every])
     plan = _plan(evals, restorable) if restorable > usable else ()
     # What a lease's one-pass take reads, gathered here, while it is in cache: every group's
-    # pass output, spans rows and output offsets, and the core's change count now.
+    # pass output, bounds and output offsets, and the core's change count now.
     call = LeaseCall(layout.names, tuple(outs), *span_arrays, layout.change_count.total)
     # Positional: the fields in declaration order (cheaper than keywords on every lookup).
     return Verdict(n_tokens, hit, usable, restorable, usable, level, tuple(groups),
@@ -253,8 +253,8 @@ class _Layout:
                  ) -> tuple[NDArray[np.int64], tuple[_Row, ...], _SpanArrays]:
         """The ``count`` candidate lengths of a prompt of ``n_tokens``; per group in lookup
         order its row of :attr:`groups` with its spans over them added, for the blocks such a
-        prompt has; and per group those spans' rows and output offsets, each kind in one
-        tuple (what a lease's one-pass take reads). Cached."""
+        prompt has; and every group's bounds and output offsets (:func:`_span_arrays`: what a
+        lease's one-pass take reads). Cached."""
         known = self._spans.get(n_tokens)
         if known is None:
             if len(self._spans) >= _MAX_CACHED:
@@ -269,12 +269,19 @@ class _Layout:
         return known
 
 
-#: Per group in lookup order, its spans' rows and output offsets (each kind one tuple).
-_SpanArrays = tuple[tuple[NDArray[np.int64], ...], tuple[NDArray[np.int64], ...]]
+#: Every group's spans' bounds and output offsets, in lookup order (one array each).
+_SpanArrays = tuple[NDArray[np.int64], NDArray[np.int64]]
 
 
 def _span_arrays(spans: list[Spans]) -> _SpanArrays:
-    return tuple(each.rows for each in spans), tuple(each.out_words for each in spans)
+    """Per group in lookup order, the first and the end prompt block it needs at each
+    candidate length (``bounds[g, 0]``, ``bounds[g, 1]``), and where its pass output holds
+    ids and epochs (``offsets[g]``): what a lease's one-pass take reads of the spans, in two
+    arrays (read-only)."""
+    bounds = np.stack([each.bounds[::2] for each in spans])
+    offsets = np.stack([each.out_words for each in spans])
+    bounds.flags.writeable = offsets.flags.writeable = False
+    return bounds, offsets
 
 
 #: The layout last asked for, with a weak reference to its core: most processes serve one

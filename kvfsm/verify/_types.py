@@ -114,14 +114,15 @@ class ProbedGroup(NamedTuple):
 
 class LeaseCall(NamedTuple):
     """What a lease's one-pass take of a lookup's blocks reads, gathered by the lookup: the
-    groups' names in its order, per group its pass output, spans rows and output offsets (in
-    that order), and the core's count of changes to any group at the lookup (equal at the
-    take: no block moved since)."""
+    groups' names in its order; per group its pass output; every group's first and end
+    prompt block needed at each candidate length (``bounds[g, 0]``, ``bounds[g, 1]``) and
+    where its output holds ids and epochs (``offsets[g]``); and the core's count of changes
+    to any group at the lookup (equal at the take: no block moved since)."""
 
     names: tuple[str, ...]
     outs: tuple[NDArray[np.int64], ...]
-    rows: tuple[NDArray[np.int64], ...]
-    offsets: tuple[NDArray[np.int64], ...]
+    bounds: NDArray[np.int64]
+    offsets: NDArray[np.int64]
     changes: int
 
 
