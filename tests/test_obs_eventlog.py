@@ -18,6 +18,7 @@ from kvfsm.obs import FLUSH_EVERY, replay, table_digest
 from kvfsm.obs._eventlog import _one_run_line, _put_runs, _read_line, _run_read_line
 from kvfsm.spec import Event, Tier
 from kvfsm.state import StateCore
+from kvfsm.state._touch import FIRST_EPOCH, FIRST_ID, HI, LO
 from kvfsm.tiers import HEADER_BYTES, DiskTier
 from kvfsm.verify import Verdict
 
@@ -339,17 +340,24 @@ class RunRecorder(Recorder):
         self.run_calls.append(list(runs))
 
 
+def _committed_with(*observers: Any) -> tuple[Engine, Any]:
+    """A DeepSeek-style engine telling ``observers``, with a committed prompt of 1 025 tokens
+    (each group's blocks one run of ids)."""
+    eng = Engine(shipped_models()["deepseek_v4_like"],
+                 CoreConfig(device_blocks=256, host_blocks=0, backend="numpy"))
+    for observer in observers:
+        eng.core.add_observer(observer)
+    prompt = eng.prompt(np.arange(1025))
+    eng.commit(prompt)
+    return eng, prompt
+
+
 def test_a_validated_lease_tells_each_observer_its_reads_in_the_form_it_takes() -> None:
     """A validated lease over several groups tells an observer that takes runs all of its
     runs in one call, and one that takes only arrays each group's ids and epochs: the same
     reads either way."""
-    eng = Engine(shipped_models()["deepseek_v4_like"],
-                 CoreConfig(device_blocks=256, host_blocks=0, backend="numpy"))
     plain, runs = Recorder(), RunRecorder()
-    eng.core.add_observer(plain)
-    eng.core.add_observer(runs)
-    prompt = eng.prompt(np.arange(1025))
-    eng.commit(prompt)
+    eng, prompt = _committed_with(plain, runs)
     with eng.lease(eng.lookup(prompt), prompt) as lease:
         lease.validate()
     held = {group: (lease.blocks(group).tolist(), lease.epochs(group).tolist())
@@ -450,3 +458,89 @@ def test_an_observer_that_takes_no_reads_is_told_only_of_moves() -> None:
     assert [group for group, _, _ in seen.reads] == list(lease.groups)
     eng.core.remove_observer(seen)
     assert not eng.core.reads_observed
+
+
+class AnswerRecorder(RunRecorder):
+    """A recorder that also takes a lease's reads as its take's answer rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer_calls: list[tuple[tuple[str, ...], list[list[int]], int]] = []
+
+    def read_answer_runs(self, names: tuple[str, ...], answers: NDArray[np.int64],
+                         count: int) -> None:
+        self.answer_calls.append((names, answers.tolist(), count))
+
+
+def _two_run_engine(**observers: Any) -> tuple[Engine, Any]:
+    """A dense engine whose second prompt was committed while making room: its blocks are
+    two runs of ids (not one), the first prompt's one run given back."""
+    eng = Engine(shipped_models()["dense"],
+                 CoreConfig(device_blocks=200, host_blocks=0, backend="numpy"), **observers)
+    eng.commit(eng.prompt(np.random.default_rng(1).integers(0, 50_000, 2561)))
+    second = eng.prompt(np.random.default_rng(2).integers(0, 50_000, 2561))
+    assert eng.commit(second)["attn"].tolist() == list(range(120)) + list(range(160, 200))
+    return eng, second
+
+
+def test_a_lease_of_one_run_per_group_is_told_as_its_answer_rows() -> None:
+    """A validated lease whose every group holds one run at one epoch is told to an observer
+    taking answer rows in one call (names, rows, groups holding blocks), and to one taking
+    runs or arrays as before: the same blocks at the same epochs; a lease of two runs in a
+    group is told as arrays to every observer (never as rows that would misstate it)."""
+    rows, plain = AnswerRecorder(), Recorder()
+    eng, prompt = _committed_with(rows, plain)
+    _, lease = eng.lookup_and_lease(prompt)
+    with lease:
+        lease.validate()
+    held = {group: (lease.blocks(group).tolist(), lease.epochs(group).tolist())
+            for group in lease.groups}
+    ((names, answers, count),) = rows.answer_calls
+    assert names == tuple(lease.groups) and count == len(held)
+    told = {names[g]: (list(range(row[FIRST_ID], row[FIRST_ID] + row[HI] - row[LO])),
+                       [row[FIRST_EPOCH]] * (row[HI] - row[LO])) for g, row in enumerate(answers)}
+    assert told == held
+    assert {group: (ids, epochs) for group, ids, epochs in plain.reads} == held
+    assert rows.reads == [] and rows.run_calls == []
+
+    two, second = _two_run_engine()
+    rows, plain = AnswerRecorder(), Recorder()
+    two.core.add_observer(rows)
+    two.core.add_observer(plain)
+    _, lease = two.lookup_and_lease(second)
+    with lease:
+        lease.validate()
+        expected = [("attn", lease.blocks("attn").tolist(), lease.epochs("attn").tolist())]
+    assert rows.answer_calls == [] and rows.reads == plain.reads == expected
+
+
+def test_leases_told_as_answer_rows_are_logged_as_runs_in_order(tmp_path: Path) -> None:
+    """A log buffering leases' answer rows among moves and other reads writes each group's
+    run as the line a run read makes, every line numbered in turn: the same lines as a log
+    told the runs one by one, and it replays clean."""
+    paths = [tmp_path / "rows.jsonl", tmp_path / "runs.jsonl"]
+
+    class RunsOnly(EventLog):
+        read_answer_runs = None  # type: ignore[assignment]
+
+    for path, kind in zip(paths, (EventLog, RunsOnly), strict=True):
+        with kind(path, flush_every=7) as log:
+            eng, second = _two_run_engine(event_log=log)
+            for _ in range(3):
+                _, lease = eng.lookup_and_lease(second)  # two runs: told as arrays
+                with lease:
+                    lease.validate()
+                third = eng.prompt(np.random.default_rng(3).integers(0, 50_000, 161))
+                eng.commit(third)  # moves
+                _, lease = eng.lookup_and_lease(third)  # one run: told as rows
+                with lease:
+                    lease.validate()
+            log.flush()
+            assert log.records == len(path.read_text().splitlines()) - 1  # the header
+            eng.close()
+    written = [path.read_text().splitlines() for path in paths]
+    assert written[0] == written[1]
+    _, lines = records(paths[0])
+    assert [line["seq"] for line in lines] == list(range(len(lines)))
+    assert sum(line["type"] == "read" for line in lines) == 6
+    assert replay(paths[0]).accepted

@@ -182,7 +182,7 @@ class Lease:
                 # so no block it holds moved): what _validate finds, without its checks.
                 core = book.core
                 if core.reads_observed:
-                    core.record_leased_reads(*probed.reads())
+                    probed.report_read(core)
                 return
             try:
                 self._validate()
@@ -194,7 +194,7 @@ class Lease:
             if not core.reads_observed:
                 return
             if self._probed is not None:
-                core.record_leased_reads(*self._probed.reads())
+                self._probed.report_read(core)
                 return
             core.record_leased_reads([(held.state.name, held.ids, held.epochs, held.one_run)
                                       for held in self._held])

@@ -45,8 +45,9 @@ class ProbedHold(NamedTuple):
     per group (its outputs hold the ids and epochs), the outputs and where in them the ids
     and epochs start, the answer row per group (columns of
     :mod:`~kvfsm.state._lease_pass`: prompt blocks ``[LO, HI)``, how they were pinned,
-    whether they are one run at one epoch, the first id and epoch), and the core's count of
-    changes to any group at the take."""
+    whether they are one run at one epoch, the first id and epoch), the core's count of
+    changes to any group at the take, the groups holding blocks, and whether each of those
+    holds one run at one epoch (its read is then told from the answer rows alone)."""
 
     arrays: LeaseArrays
     passes: Passes
@@ -54,6 +55,8 @@ class ProbedHold(NamedTuple):
     offsets: NDArray[np.int64]
     answers: NDArray[np.int64]
     changes: int
+    holding: int
+    one_runs: bool
 
     def unchanged(self) -> bool:
         """No group has changed since the take (so none of its blocks moved): O(1)."""
@@ -74,6 +77,15 @@ class ProbedHold(NamedTuple):
             ids, epochs = self.blocks(g, row)
             made.append((row[LO], ids, epochs, row[PINNED_AS], bool(row[ONE_READ])))
         return made
+
+    def report_read(self, core: StateCore) -> None:
+        """Tell ``core``'s observers the read a validated lease is about to do: from the
+        answer rows alone where every group holds one run at one epoch (the usual lease),
+        else as :meth:`reads`."""
+        if self.one_runs:
+            core.record_lease_runs(self.arrays.names, self.answers, self.holding)
+        else:
+            core.record_leased_reads(*self.reads())
 
     def reads(self) -> tuple[list[LeasedRead], list[LeasedRun]]:
         """The read a validated lease reports: each group's blocks as a run where they are one
@@ -122,11 +134,12 @@ def take_probed(arrays: LeaseArrays, call: LeaseCall, passes: Passes, at: int
     groups = arrays.groups
     answers = np.empty((len(groups), ANSWER_COLUMNS), dtype=np.int64)
     clock = arrays.clock
-    stop, touched = arrays.take(call.outs, call.bounds, call.offsets, at, clock.now + 1,
-                                answers)
+    stop, touched, one_runs = arrays.take(call.outs, call.bounds, call.offsets, at,
+                                          clock.now + 1, answers)
     if touched:
         clock.advance(touched)
-    hold = ProbedHold(arrays, passes, call.outs, call.offsets, answers, call.changes)
+    hold = ProbedHold(arrays, passes, call.outs, call.offsets, answers, call.changes, touched,
+                      one_runs == touched)
     if stop == TAKEN:
         return hold
     if stop < 0:

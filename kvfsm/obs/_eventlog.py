@@ -7,8 +7,9 @@ one per reported read, each with a sequence number. On the hot path a batch cost
 the arrays the core hands over, appended to a list; lines are formatted and written every
 ``flush_every`` records and on :meth:`EventLog.flush`, :meth:`EventLog.close` or context exit.
 A read of consecutive ids at one epoch (a lease's, usually) is buffered as four numbers (or
-formatted as it is recorded, when it came as arrays), so the buffer never keeps a lease's
-arrays alive.
+formatted as it is recorded, when it came as arrays), and a lease whose every group read one
+such run as its take's small answer array (a row per group), so the buffer never keeps a
+lease's id or epoch arrays alive.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from kvfsm.fsm import CompiledTable
 from kvfsm.spec import Event
 from kvfsm.spec._vocabulary import POOLED_TIERS
 from kvfsm.state import GroupState, StateCore
+from kvfsm.state._touch import FIRST_EPOCH, FIRST_ID, HI, LO
 
 #: What the header's ``format`` says, and the version of the line layout below it.
 FORMAT: Final = "kvfsm-eventlog"
@@ -96,6 +98,11 @@ _Record = tuple[str, str, Event | None, NDArray[np.intp], NDArray[np.uint8] | No
 #: ``(group, first, count, epoch)``.
 _Run = tuple[str, int, int, int]
 _RUN_FIELDS: Final = 4
+#: A buffered lease's read of one run at one epoch per group holding blocks: the groups'
+#: names, the take's answer rows (:meth:`~kvfsm.state.StateCore.record_lease_runs`) and how
+#: many of them hold blocks (its lines).
+_AnswerRuns = tuple[tuple[str, ...], NDArray[np.int64], int]
+_ANSWER_FIELDS: Final = 3
 
 
 def _runs_example() -> tuple[object, ...]:
@@ -277,7 +284,9 @@ class EventLog:
         self._group_json: dict[str, str] = {}
         #: Records not written yet: a tuple of arrays, a read run, or a line already
         #: formatted.
-        self._buffer: list[_Record | _Run | str] = []
+        self._buffer: list[_Record | _Run | _AnswerRuns | str] = []
+        #: Lines the buffer will write (a lease's answer rows are one line per group).
+        self._buffered_lines = 0
         #: The answer array of the run check (used under the lock).
         self._answer = np.empty(2, dtype=np.int64)
         self._lock = threading.Lock()
@@ -338,12 +347,28 @@ class EventLog:
                 return
             self._buffer.extend(runs)
             self.records += len(runs)
+            self._buffered_lines += len(runs)
+            self._write_if_full()
+
+    def read_answer_runs(self, names: tuple[str, ...], answers: NDArray[np.int64],
+                         count: int) -> None:
+        """A lease's read of one run at one epoch in each of ``count`` groups, as the answer
+        rows of its take (:meth:`~kvfsm.state.StateCore.record_lease_runs`): buffered as they
+        are (a small array the lease never changes), a line per group holding blocks
+        formatted with the batch."""
+        with self._lock:
+            if self._file is None or self._error is not None:
+                return
+            self._buffer.append((names, answers, count))
+            self.records += count
+            self._buffered_lines += count
             self._write_if_full()
 
     def _append(self, record: _Record | _Run | str) -> None:
         """Buffer one record (the lock is held), writing the buffer once it is full."""
         self._buffer.append(record)
         self.records += 1
+        self._buffered_lines += 1
         self._write_if_full()
 
     def _write_if_full(self) -> None:
@@ -360,16 +385,26 @@ class EventLog:
         """Format and write the buffered records (the lock is held)."""
         if not self._buffer or self._file is None:
             return
-        first = self.records - len(self._buffer)
+        seq = self.records - self._buffered_lines
         lines = []
         group_json = self._group_json
-        for seq, record in enumerate(self._buffer, first):
+        for record in self._buffer:
             if isinstance(record, str):
                 lines.append(record)  # formatted when recorded
+                seq += 1
+                continue
+            if len(record) == _ANSWER_FIELDS:  # a lease's runs, as its answer rows
+                groups, answers, _ = record
+                for g, row in enumerate(answers.tolist()):
+                    if row[HI] > row[LO]:
+                        lines.append(_run_read_line(seq, group_json[groups[g]], row[FIRST_ID],
+                                                    row[HI] - row[LO], row[FIRST_EPOCH]))
+                        seq += 1
                 continue
             if len(record) == _RUN_FIELDS:  # a read of one run at one epoch
                 group, start, count, epoch = record
                 lines.append(_run_read_line(seq, group_json[group], start, count, epoch))
+                seq += 1
                 continue
             kind, group, event, ids, before, after, epochs = record
             if event is not None and before is not None and after is not None:
@@ -384,7 +419,9 @@ class EventLog:
                 # epoch, written as runs when that is shorter.
                 # (not one run at one epoch: :meth:`read` formatted those at once)
                 lines.append(_read_line(seq, group, ids, epochs))
+            seq += 1
         self._buffer.clear()
+        self._buffered_lines = 0
         self._file.write("\n".join(lines) + "\n")
         self._file.flush()
 
@@ -409,6 +446,7 @@ class EventLog:
             with self._lock:
                 file, self._file = self._file, None
                 self._buffer.clear()
+                self._buffered_lines = 0
             if file is not None:
                 file.close()
 

@@ -46,6 +46,7 @@ from kvfsm.state._group import (
 from kvfsm.state._hashing import XXH3_128, check_hash_function, hash_seed, join_words
 from kvfsm.state._recency import Clock
 from kvfsm.state._scratch import Scratch
+from kvfsm.state._touch import FIRST_EPOCH, FIRST_ID, HI, LO
 
 #: The low 64-bit word of a 128-bit key.
 _WORD = (1 << 64) - 1
@@ -60,6 +61,11 @@ LeasedRead = tuple[str, IdArray, NDArray[np.uint32], bool]
 #: A read of ``count`` consecutive ids from ``first``, all at ``epoch``: ``(group, first,
 #: count, epoch)``.
 LeasedRun = tuple[str, int, int, int]
+
+#: An observer told of reads, with its ``read_runs`` and ``read_answer_runs`` methods (None
+#: where it has none).
+_ReadObserver = tuple[CoreObserver, Callable[[Sequence[LeasedRun]], None] | None,
+                      Callable[[tuple[str, ...], NDArray[np.int64], int], None] | None]
 
 #: Backends a config may name.
 BACKENDS: Final = ("auto", "numpy", "cupy")
@@ -215,9 +221,9 @@ class StateCore:
         #: Told of every moved batch and reported read (shared with every group).
         self._observers: list[CoreObserver] = []
         #: The observers told of reads (those that do not say ``observes_reads = False``),
-        #: each with its ``read_runs`` method or None, found once when it is attached.
-        self._read_observers: list[tuple[CoreObserver, Callable[[Sequence[LeasedRun]], None]
-                                         | None]] = []
+        #: each with its ``read_runs`` and ``read_answer_runs`` methods or None, found once
+        #: when it is attached.
+        self._read_observers: list[_ReadObserver] = []
         #: Restores in flight across the groups and their caps (shared with every group).
         self.restore_budget = RestoreBudget(self.config.max_restore_ops,
                                             self.config.max_restore_bytes)
@@ -396,7 +402,8 @@ class StateCore:
             raise KvfsmError(f"{self.model.name}: observer {observer!r} is already attached")
         self._observers.append(observer)
         if getattr(observer, "observes_reads", True):
-            self._read_observers.append((observer, getattr(observer, "read_runs", None)))
+            self._read_observers.append((observer, getattr(observer, "read_runs", None),
+                                         getattr(observer, "read_answer_runs", None)))
 
     def remove_observer(self, observer: CoreObserver) -> None:
         """Stop telling ``observer``; an observer not attached is an error."""
@@ -427,7 +434,7 @@ class StateCore:
         batch = self._ids(state, ids, unique=False)
         if self._read_observers and batch.size:
             read, epochs = batch.copy(), state.epoch[batch]
-            for observer, _ in self._read_observers:
+            for observer, _, _ in self._read_observers:
                 observer.read(group, read, epochs)
 
     def record_leased_reads(self, reads: Sequence[LeasedRead],
@@ -446,7 +453,7 @@ class StateCore:
         every_run = runs if not reads else \
             [*runs, *[(group, int(ids[0]), ids.size, int(epochs[0]))
                       for group, ids, epochs, one_run in reads if one_run and ids.size]]
-        for observer, read_runs in self._read_observers:
+        for observer, read_runs, _ in self._read_observers:
             for group, ids, epochs, one_run in reads:
                 if ids.size and not (one_run and read_runs is not None):
                     observer.read(group, ids, epochs)
@@ -457,6 +464,30 @@ class StateCore:
             for group, first, count, epoch in runs:
                 observer.read(group, np.arange(first, first + count, dtype=np.intp),
                               np.full(count, epoch, dtype=np.uint32))
+
+    def record_lease_runs(self, names: tuple[str, ...], answers: NDArray[np.int64],
+                          count: int) -> None:
+        """:meth:`record_leased_reads` of a lease whose every group holding blocks holds one
+        run of consecutive ids at one epoch, given as the answer rows of its one-pass take
+        (``answers[g]``, columns of :mod:`kvfsm.state._touch`: prompt blocks ``[LO, HI)``,
+        the first id ``FIRST_ID`` and the epoch ``FIRST_EPOCH``; group ``g`` is
+        ``names[g]``; ``count`` rows hold blocks). An observer with a
+        ``read_answer_runs(names, answers, count)`` method is handed them as they are (the
+        array never changes: the lease keeps it); any other is told them as runs."""
+        runs: list[LeasedRun] | None = None
+        for observer, read_runs, read_answer_runs in self._read_observers:
+            if read_answer_runs is not None:
+                read_answer_runs(names, answers, count)
+                continue
+            if runs is None:
+                runs = [(names[g], row[FIRST_ID], row[HI] - row[LO], row[FIRST_EPOCH])
+                        for g, row in enumerate(answers.tolist()) if row[HI] > row[LO]]
+            if read_runs is not None:
+                read_runs(runs)
+                continue
+            for group, first, length, epoch in runs:
+                observer.read(group, np.arange(first, first + length, dtype=np.intp),
+                              np.full(length, epoch, dtype=np.uint32))
 
     def _dependents_of(self, group: str) -> Callable[[IdArray], None]:
         def invalidate(ids: IdArray) -> None:

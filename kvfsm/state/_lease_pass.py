@@ -71,7 +71,7 @@ def _take_twin(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
                result: NDArray[np.int64]) -> None:
     """:func:`take_probed_loop` with each group's touch as :func:`_touch_twin`."""
     spans = bounds[:, :, at].reshape(-1, 2)
-    result[:2] = (TAKEN, 0)
+    result[:3] = (TAKEN, 0, 0)
     for g, (lo, hi) in enumerate(spans.tolist()):
         target = int(fixed[g, TARGET])
         if target >= 0 and hi > lo:
@@ -95,6 +95,7 @@ def _take_twin(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
             return
         answers[g, FIRST_ID], answers[g, FIRST_EPOCH] = ids[0], seen[0]
         touched += 1
+        result[2] += answers[g, ONE_READ]
     result[1] = touched
 
 
@@ -168,7 +169,7 @@ def _take_example() -> tuple[object, ...]:
                            np.zeros(1, dtype=np.uint16), read_only(np.zeros(1, np.uint32)),
                            no_linked_run())])
     return (outs, bounds, offsets, 0, fixed, arrays, 1, MAX_PINS,
-            np.zeros((1, ANSWER_COLUMNS), dtype=np.int64), np.zeros(2, dtype=np.int64))
+            np.zeros((1, ANSWER_COLUMNS), dtype=np.int64), np.zeros(3, dtype=np.int64))
 
 
 def _take_inputs(rng: np.random.Generator) -> tuple[object, ...]:
@@ -193,7 +194,7 @@ def _take_inputs(rng: np.random.Generator) -> tuple[object, ...]:
                            each[10], each[11], np.zeros(each[3].size, dtype=np.uint32),
                            each[14]) for each in made], convert=True)
     return (outs, bounds, offsets, at, fixed, arrays, int(rng.integers(5, 9)), limit,
-            np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64), np.full(2, -7, np.int64))
+            np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64), np.full(3, -7, np.int64))
 
 
 take_probed_kernel = kernel(example=_take_example, twin=_take_twin, inputs=_take_inputs,
@@ -281,7 +282,7 @@ class LeaseArrays:
              state.recency.linked_run)
             for state in self.groups])
         #: The answer of the last take (used under the owner's lock).
-        self.result = np.zeros(2, dtype=np.int64)
+        self.result = np.zeros(3, dtype=np.int64)
         #: The passes' entry points, bound on their first calls (the arrays are these, and a
         #: lookup makes its outputs the same way every time).
         self._entries: dict[Kernel, Callable[..., None]] = {}
@@ -292,8 +293,8 @@ class LeaseArrays:
 
     def take(self, outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
              offsets: NDArray[np.int64], at: int, tick: int,
-             answers: NDArray[np.int64]) -> tuple[int, int]:
-        """:func:`take_probed_loop` over these groups; ``(result[0], result[1])``."""
+             answers: NDArray[np.int64]) -> tuple[int, int, int]:
+        """:func:`take_probed_loop` over these groups; ``(result[0], result[1], result[2])``."""
         entry = self._take_entry
         if entry is not None and settings.enabled:
             entry(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
@@ -302,8 +303,8 @@ class LeaseArrays:
             call_bound(take_probed_kernel, self._entries, outs, bounds, offsets, at, self.fixed,
                        self.table, tick, MAX_PINS, answers, self.result)
             self._take_entry = self._entries.get(take_probed_kernel)
-        stop, touched = self.result.tolist()
-        return stop, touched
+        stop, touched, one_reads = self.result.tolist()
+        return stop, touched, one_reads
 
     def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
               answers: NDArray[np.int64], groups: int) -> None:

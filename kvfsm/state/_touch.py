@@ -388,9 +388,11 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
     in ``result[1]``) with its answer row ``answers[g]`` (columns ``OUTSIDE`` ...
     ``HI``); the first refused (an id outside the group, a block at ``max_pins``) stops
     there with ``result[0] = g``: the groups before it stay pinned and touched, it and those
-    after are unchanged. Else ``result[0] = TAKEN``."""
+    after are unchanged. Else ``result[0] = TAKEN``. ``result[2]`` counts the touched
+    groups whose blocks are one run at one epoch (``ONE_READ``: when it is ``result[1]``,
+    the lease's read is reported from the answer rows alone)."""
     groups = len(outs)
-    result[0], result[1] = TAKEN, 0
+    result[0], result[1], result[2] = TAKEN, 0, 0
     for g in range(groups):
         target = fixed[g, TARGET]
         lo, hi = bounds[g, 0, at], bounds[g, 1, at]
@@ -424,6 +426,7 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
             return
         answer[FIRST_ID], answer[FIRST_EPOCH] = ids[0], seen[0]
         touched += 1
+        result[2] += answer[ONE_READ]
     result[1] = touched
 
 
