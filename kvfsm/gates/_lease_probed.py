@@ -136,10 +136,11 @@ def take_probed(arrays: LeaseArrays, call: LeaseCall, passes: Passes, at: int
     clock = arrays.clock
     stop, touched, one_runs = arrays.take(call.outs, call.bounds, call.offsets, at,
                                           clock.now + 1, answers)
-    if touched:
-        clock.advance(touched)
-    hold = ProbedHold(arrays, passes, call.outs, call.offsets, answers, call.changes, touched,
-                      one_runs == touched)
+    clock.now += touched  # the ticks the pass took (Clock.advance, one call less)
+    # Built as a tuple: a named tuple's own constructor is one more Python call.
+    hold: ProbedHold = tuple.__new__(ProbedHold, (
+        arrays, passes, call.outs, call.offsets, answers, call.changes, touched,
+        one_runs == touched))
     if stop == TAKEN:
         return hold
     if stop < 0:
