@@ -130,15 +130,14 @@ class LeaseBook:
         recorded changed since: the one-pass take straight away). ``ttl_s`` is the caller's
         to check first (:func:`check_ttl`): a bad one must not cost a lookup."""
         probe = verdict.probe
-        if probe is None or probe.call is None or probe.passes is None or \
+        if probe is None or probe.spans is None or probe.passes is None or \
                 not isinstance(probe.prompt, Prompt):
             raise KvfsmError("take_looked_up takes the verdict of a lookup, as it made it")
-        call = probe.call
         with self.lock:
             arrays = self._arrays
-            if arrays is None or arrays.names is not call.names:
-                arrays = self._arrays = arrays_for(self.core, arrays, call.names)
-            held = take_probed(arrays, call, probe.passes, probe.at)
+            if arrays is None or arrays.names is not probe.spans.names:
+                arrays = self._arrays = arrays_for(self.core, arrays, probe.spans.names)
+            held = take_probed(arrays, probe)
             if held is None:  # the lookup recorded a checksum failure: checked group by group
                 return self.take(verdict, probe.prompt, ttl_s=ttl_s)
             return self._open_lease(verdict.usable_tokens, held, ttl_s)
@@ -148,14 +147,14 @@ class LeaseBook:
         was of this prompt on this core and no group changed since (the usual lease); None
         where that cannot serve (nothing changed)."""
         probe = verdict.probe
-        if probe is None or probe.call is None or probe.passes is None or not probe.exact or \
+        if probe is None or probe.spans is None or probe.passes is None or not probe.exact or \
                 probe.prompt is not prompt or probe.tokens != verdict.usable_tokens or \
                 probe.core() is not self.core:
             return None
-        call, arrays = probe.call, self._arrays
-        if arrays is None or arrays.names is not call.names:
-            arrays = self._arrays = arrays_for(self.core, arrays, call.names)
-        return take_probed(arrays, call, probe.passes, probe.at)
+        arrays = self._arrays
+        if arrays is None or arrays.names is not probe.spans.names:
+            arrays = self._arrays = arrays_for(self.core, arrays, probe.spans.names)
+        return take_probed(arrays, probe)
 
     def _open_lease(self, tokens: int, held: tuple[_Held, ...] | ProbedHold,
                     ttl_s: float) -> Lease:

@@ -34,7 +34,7 @@ from kvfsm.state._lease_pass import (
     LeaseArrays,
 )
 from kvfsm.state._touch import _probed_ids
-from kvfsm.verify import LeaseCall
+from kvfsm.verify import Probe
 
 #: A lookup's pass per group: ``(name, spans, out, words, changes)`` (``Probe.passes``).
 Passes = Sequence[tuple[str, Any, NDArray[np.int64], Any, int]]
@@ -120,26 +120,28 @@ def arrays_for(core: StateCore, known: LeaseArrays | None, names: tuple[str, ...
     return LeaseArrays([core.group(name) for name in names], names)
 
 
-def take_probed(arrays: LeaseArrays, call: LeaseCall, passes: Passes, at: int
-                ) -> ProbedHold | None:
-    """Pin and touch the blocks of every group of a lookup (``call`` and ``passes``, at its
-    candidate ``at``) in one compiled call, where no group changed since the lookup: the
-    hold. None where some group changed, or an index group points past what the lease would
-    hold of its target (nothing changed: the caller checks the blocks afresh). A StateError
-    (a block already at ``MAX_PINS``) or KvfsmError (an id outside its group) where a group
-    refused: the groups before it stay marked used (their recency refreshed), nothing is
-    pinned."""
-    if arrays.change_count.total != call.changes or arrays.names is not call.names:
+def take_probed(arrays: LeaseArrays, probe: Probe) -> ProbedHold | None:
+    """Pin and touch the blocks of every group of a lookup's ``probe`` (its pass outputs, at
+    its candidate ``at``, where its ``spans`` say) in one compiled call, where no group
+    changed since the lookup: the hold. None where some group changed, or an index group
+    points past what the lease would hold of its target (nothing changed: the caller checks
+    the blocks afresh). A StateError (a block already at ``MAX_PINS``) or KvfsmError (an id
+    outside its group) where a group refused: the groups before it stay marked used (their
+    recency refreshed), nothing is pinned."""
+    spans, passes = probe.spans, probe.passes
+    assert spans is not None and passes is not None
+    if arrays.change_count.total != probe.changes or arrays.names is not spans.names:
         return None
+    outs = tuple([each[2] for each in passes])
     groups = arrays.groups
     answers = np.empty((len(groups), ANSWER_COLUMNS), dtype=np.int64)
     clock = arrays.clock
-    stop, touched, one_runs = arrays.take(call.outs, call.bounds, call.offsets, at,
+    stop, touched, one_runs = arrays.take(outs, spans.bounds, spans.offsets, probe.at,
                                           clock.now + 1, answers)
     clock.now += touched  # the ticks the pass took (Clock.advance, one call less)
     # Built as a tuple: a named tuple's own constructor is one more Python call.
     hold: ProbedHold = tuple.__new__(ProbedHold, (
-        arrays, passes, call.outs, call.offsets, answers, call.changes, touched,
+        arrays, passes, outs, spans.offsets, answers, probe.changes, touched,
         one_runs == touched))
     if stop == TAKEN:
         return hold

@@ -27,7 +27,7 @@ from kvfsm.verify._types import (
     DeviceProfile,
     GroupVerdict,
     KernelLayouts,
-    LeaseCall,
+    LeaseSpans,
     Level,
     Probe,
     ProbedGroup,
@@ -120,8 +120,8 @@ def lookup(
     last = n_tokens - 1 if n_tokens > 1 else 0  # the last prompt token is always computed
     step = layout.step
     count = last // step + 1
-    lengths, rows, cached_arrays = layout.spans_at(n_tokens, count)
-    span_arrays: _SpanArrays | None = cached_arrays
+    lengths, rows, cached_spans = layout.spans_at(n_tokens, count)
+    lease_spans: LeaseSpans | None = cached_spans
     capped = core.restore_budget.capped
     made: list[GroupEval] = []
     # Groups whose blocks point into another group come after it (the index check reads the
@@ -131,7 +131,7 @@ def lookup(
         reads = (kernel_layouts.get(decl.name) if kernel_layouts else None) or decl.layout
         if spans.n != high.size:  # the prompt's words end before its tokens: spans of its own
             spans = spans_for(group, high.size, lengths, step)
-            span_arrays = None
+            lease_spans = None
         made.append(evaluate(
             group, high, low, lengths, level, profile,
             made[target_at] if target_at >= 0 else None, checksums, spans,
@@ -176,24 +176,20 @@ def lookup(
     # One loop over the groups (not one per thing made of them): each group's figures, the
     # checksums it computed, and what a lease reads of it (its name, spans, pass output and
     # hash words, and its change count now: a lease finding it unchanged needs no second look).
-    groups, checks, found, outs = [], [], [], []
+    groups, checks, found = [], [], []
     for e in every:
         groups.append(_group_verdict(e, step, count))
         checked = e.checked
         if checked is not None:
             checks.append(Checks(e.decl.name, *checked))
         found.append((e.decl.name, e.spans, e._out, e.words, e.group.changes))
-        outs.append(e._out)
-    if span_arrays is None:
-        span_arrays = _span_arrays([e.spans for e in every])
+    if lease_spans is None:
+        lease_spans = _lease_spans(layout.names, [e.spans for e in every])
     plan = _plan(evals, restorable) if restorable > usable else ()
-    # What a lease's one-pass take reads, gathered here, while it is in cache: every group's
-    # pass output, bounds and output offsets, and the core's change count now.
-    call = LeaseCall(layout.names, tuple(outs), *span_arrays, layout.change_count.total)
     # Positional: the fields in declaration order (cheaper than keywords on every lookup).
     return Verdict(n_tokens, hit, usable, restorable, usable, level, tuple(groups),
                    tuple(reasons), plan, tuple(checks),
-                   _probe(layout.core, prompt, found, usable_at, usable, call))
+                   _probe(layout, prompt, found, usable_at, usable, lease_spans))
 
 
 @functools.lru_cache(maxsize=_MAX_CACHED)
@@ -247,13 +243,13 @@ class _Layout:
         #: By prompt length in tokens: the candidate lengths, each group's spans over them
         #: (a serving load repeats prompt lengths; one look-up instead of one per group), and
         #: what a lease reads of those spans.
-        self._spans: dict[int, tuple[NDArray[np.int64], tuple[_Row, ...], _SpanArrays]] = {}
+        self._spans: dict[int, tuple[NDArray[np.int64], tuple[_Row, ...], LeaseSpans]] = {}
 
     def spans_at(self, n_tokens: int, count: int
-                 ) -> tuple[NDArray[np.int64], tuple[_Row, ...], _SpanArrays]:
+                 ) -> tuple[NDArray[np.int64], tuple[_Row, ...], LeaseSpans]:
         """The ``count`` candidate lengths of a prompt of ``n_tokens``; per group in lookup
         order its row of :attr:`groups` with its spans over them added, for the blocks such a
-        prompt has; and every group's bounds and output offsets (:func:`_span_arrays`: what a
+        prompt has; and every group's bounds and output offsets (:func:`_lease_spans`: what a
         lease's one-pass take reads). Cached."""
         known = self._spans.get(n_tokens)
         if known is None:
@@ -264,16 +260,12 @@ class _Layout:
                 (group, decl, target_at, known_here,
                  spans_for(group, n_tokens // decl.block_size, lengths, self.step))
                 for group, decl, target_at, known_here in self.groups)
-            known = self._spans[n_tokens] = (lengths, rows, _span_arrays(
-                [row[4] for row in rows]))
+            known = self._spans[n_tokens] = (lengths, rows, _lease_spans(
+                self.names, [row[4] for row in rows]))
         return known
 
 
-#: Every group's spans' bounds and output offsets, in lookup order (one array each).
-_SpanArrays = tuple[NDArray[np.int64], NDArray[np.int64]]
-
-
-def _span_arrays(spans: list[Spans]) -> _SpanArrays:
+def _lease_spans(names: tuple[str, ...], spans: list[Spans]) -> LeaseSpans:
     """Per group in lookup order, the first and the end prompt block it needs at each
     candidate length (``bounds[g, 0]``, ``bounds[g, 1]``), and where its pass output holds
     ids and epochs (``offsets[g]``): what a lease's one-pass take reads of the spans, in two
@@ -281,7 +273,7 @@ def _span_arrays(spans: list[Spans]) -> _SpanArrays:
     bounds = np.stack([each.bounds[::2] for each in spans])
     offsets = np.stack([each.out_words for each in spans])
     bounds.flags.writeable = offsets.flags.writeable = False
-    return bounds, offsets
+    return LeaseSpans(names, bounds, offsets)
 
 
 #: The layout last asked for, with a weak reference to its core: most processes serve one
@@ -337,8 +329,8 @@ def _and(evals: tuple[GroupEval, ...], row: int) -> NDArray[np.bool_]:
 _Found = tuple[str, Spans, NDArray[np.int64], tuple[NDArray[np.uint64], NDArray[np.uint64]], int]
 
 
-def _probe(core: weakref.ref[StateCore], prompt: Prompt, found: list[_Found], at: int,
-           tokens: int, call: LeaseCall) -> Probe:
+def _probe(layout: _Layout, prompt: Prompt, found: list[_Found], at: int, tokens: int,
+           lease_spans: LeaseSpans) -> Probe:
     """Per group, the blocks needed at candidate ``at`` (``tokens`` long), as found (made
     when a lease first asks; until then the verdict keeps only each group's pass output, with
     its ids and epochs, its hash words and needed spans, not the lookup's other arrays)."""
@@ -356,7 +348,9 @@ def _probe(core: weakref.ref[StateCore], prompt: Prompt, found: list[_Found], at
             made.append(ProbedGroup(name, lo, cut, hi, ids, epochs, last_words, changes))
         return tuple(made)
 
-    return Probe(core, tokens, groups, prompt, exact=True, passes=found, at=at, call=call)
+    # The core's change count now: a lease finding it unchanged needs no second look.
+    return Probe(layout.core, tokens, groups, prompt, exact=True, passes=found, at=at,
+                 spans=lease_spans, changes=layout.change_count.total)
 
 
 #: The pass output holds ids as int64; where that is not ``intp`` they are viewed as it.

@@ -112,18 +112,16 @@ class ProbedGroup(NamedTuple):
         return id(self)
 
 
-class LeaseCall(NamedTuple):
-    """What a lease's one-pass take of a lookup's blocks reads, gathered by the lookup: the
-    groups' names in its order; per group its pass output; every group's first and end
-    prompt block needed at each candidate length (``bounds[g, 0]``, ``bounds[g, 1]``) and
-    where its output holds ids and epochs (``offsets[g]``); and the core's count of changes
-    to any group at the lookup (equal at the take: no block moved since)."""
+class LeaseSpans(NamedTuple):
+    """What a lease's one-pass take reads of a lookup's spans, made once per prompt length
+    (the same object for every lookup of that length): the groups' names in lookup order,
+    every group's first and end prompt block needed at each candidate length
+    (``bounds[g, 0]``, ``bounds[g, 1]``), and where its pass output holds ids and epochs
+    (``offsets[g]``), read-only."""
 
     names: tuple[str, ...]
-    outs: tuple[NDArray[np.int64], ...]
     bounds: NDArray[np.int64]
     offsets: NDArray[np.int64]
-    changes: int
 
 
 class Probe:
@@ -139,23 +137,25 @@ class Probe:
     ``passes``: per group in the lookup's order, ``(name, spans, out, words, changes)``, the
     group pass's output over its spans and the group's change count then, with ``at`` the
     candidate index of ``tokens`` (a lookup's probe: a lease on it reads the blocks straight
-    from the outputs, every group in one compiled call, whose arguments are ``call``)."""
+    from the outputs, every group in one compiled call, with ``spans`` saying where, while
+    the core's count of changes to any group is still ``changes``)."""
 
-    __slots__ = ("_groups", "_make", "at", "call", "core", "exact", "passes", "prompt",
-                 "tokens")
+    __slots__ = ("_groups", "_make", "at", "changes", "core", "exact", "passes", "prompt",
+                 "spans", "tokens")
 
     def __init__(self, core: Callable[[], object], tokens: int,
                  groups: tuple[ProbedGroup, ...] | Callable[[], tuple[ProbedGroup, ...]],
                  prompt: object = None, *, exact: bool = False,
                  passes: Sequence[tuple[str, Any, NDArray[np.int64], Any, int]] | None = None,
-                 at: int = -1, call: LeaseCall | None = None) -> None:
+                 at: int = -1, spans: LeaseSpans | None = None, changes: int = -1) -> None:
         self.core = core
         self.tokens = tokens
         self.prompt = prompt
         self.exact = exact
         self.passes = passes
         self.at = at
-        self.call = call
+        self.spans = spans
+        self.changes = changes
         self._groups = groups if isinstance(groups, tuple) else None
         self._make = None if isinstance(groups, tuple) else groups
 
