@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from kvfsm import (
     CoreConfig,
     Engine,
+    ForeignPromptError,
     GuardRejected,
     KvfsmError,
     Lease,
@@ -187,6 +188,22 @@ def test_lookup_and_lease_refuses_a_bad_ttl_before_looking_up(ttl: object) -> No
     with pytest.raises(KvfsmError, match="ttl_s"):
         eng.lookup_and_lease(prompt, level="full", ttl_s=ttl)  # type: ignore[arg-type]
     assert eng.core.group("attn").check.tolist() == check.tolist()
+    assert _pins(eng) == {"attn": 0} and eng.leases_open == 0
+
+
+def test_lookup_and_lease_of_token_ids_or_a_foreign_prompt() -> None:
+    """Token ids are made a prompt of the engine's, as for ``lookup``; a prompt made for
+    another engine is refused before anything is pinned."""
+    eng = _engine("dense")
+    eng.commit(eng.prompt(TEXT))
+    verdict, lease = eng.lookup_and_lease(TEXT.tolist())
+    with lease:
+        assert lease.tokens == verdict.usable_tokens == 320
+        lease.validate()
+    other = Engine(shipped_models()["dense"],
+                   CoreConfig(device_blocks=64, backend="numpy", cache_salt="other"))
+    with pytest.raises(ForeignPromptError):
+        eng.lookup_and_lease(other.prompt(TEXT))
     assert _pins(eng) == {"attn": 0} and eng.leases_open == 0
 
 
