@@ -215,7 +215,11 @@ def test_lookup_and_lease_takes_only_a_lookups_own_verdict() -> None:
     verdict = eng.lookup(prompt)
     with pytest.raises(KvfsmError, match="verdict of a lookup"):
         eng._leases.take_looked_up(attrs.evolve(verdict, probe=None))
-    assert _pins(eng) == {"attn": 0}
+    other = _engine("dense")
+    other.commit(other.prompt(TEXT))
+    with pytest.raises(KvfsmError, match="on this core"):
+        eng._leases.take_looked_up(other.lookup(other.prompt(TEXT)))
+    assert _pins(eng) == {"attn": 0} and _pins(other) == {"attn": 0}
 
 
 def _pin_counts(eng: Engine) -> dict[str, tuple[list[int], list[int]]]:

@@ -131,8 +131,9 @@ class LeaseBook:
         to check first (:func:`check_ttl`): a bad one must not cost a lookup."""
         probe = verdict.probe
         if probe is None or probe.spans is None or probe.passes is None or \
-                not isinstance(probe.prompt, Prompt):
-            raise KvfsmError("take_looked_up takes the verdict of a lookup, as it made it")
+                not isinstance(probe.prompt, Prompt) or probe.core() is not self.core:
+            raise KvfsmError("take_looked_up takes the verdict of a lookup on this core, as it "
+                             "made it")
         with self.lock:
             arrays = self._arrays
             if arrays is None or arrays.names is not probe.spans.names:
