@@ -798,22 +798,25 @@ def test_a_moved_end_block_keeps_its_new_owners_pin_when_the_lease_goes() -> Non
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.booleans()), min_size=1, max_size=30),
+@given(st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.booleans()), min_size=1,
+                max_size=30),
        st.lists(st.integers(1, 150), min_size=4, max_size=4), st.sampled_from([1, 4, 64]))
 def test_lease_pins_count_exactly_the_open_leases_over_each_block(
-        steps: list[tuple[int, bool]], lengths: list[int], chunk: int) -> None:
-    """Whatever mix of long and short prompts is leased and released, in any order, and
-    whatever the chunk size, each block holds exactly as many pins as open leases cover it
-    (runs by whole chunks, short or broken runs block by block), and none once every lease
-    is gone."""
+        steps: list[tuple[int, bool, bool]], lengths: list[int], chunk: int) -> None:
+    """Whatever mix of long and short prompts is leased (with its lookup or after it) and
+    released, in any order, and whatever the chunk size, each block holds exactly as many
+    pins as open leases cover it (runs by whole chunks, short or broken runs block by block),
+    and none once every lease is gone."""
     eng = _run_engine(chunk)
     prompts = [_long_prompt(eng, length, seed=10 + i) for i, length in enumerate(lengths)]
     group = eng.core.group("attn")
     open_leases: list[tuple[Lease, np.ndarray]] = []
-    for which, take in steps:
+    for which, take, one_step in steps:
         if take or not open_leases:
             prompt, ids = prompts[which]
-            open_leases.append((eng.lease(eng.lookup(prompt), prompt), ids))
+            lease = eng.lookup_and_lease(prompt)[1] if one_step else \
+                eng.lease(eng.lookup(prompt), prompt)
+            open_leases.append((lease, ids))
         else:
             lease, _ = open_leases.pop(which % len(open_leases))
             lease.release()
