@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from kvfsm._errors import KvfsmError, LeaseLost
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
 from kvfsm.gates._lease import DEFAULT_LEASE_TTL_S, Lease, _Held
-from kvfsm.gates._lease_probed import ProbedHold, arrays_for, take_probed
+from kvfsm.gates._lease_probed import ProbedHold, take_probed
 from kvfsm.state import FAILED, MAX_PINS, NO_TARGET, GroupState, StateCore, StateError
 from kvfsm.state._lease_pass import LeaseArrays
 from kvfsm.state._lease_pins import (
@@ -135,10 +135,7 @@ class LeaseBook:
             raise KvfsmError("take_looked_up takes the verdict of a lookup on this core, as it "
                              "made it")
         with self.lock:
-            arrays = self._arrays
-            if arrays is None or arrays.names is not probe.spans.names:
-                arrays = self._arrays = arrays_for(self.core, arrays, probe.spans.names)
-            held = take_probed(arrays, probe)
+            held = take_probed(self._arrays_named(probe.spans.names), probe)
             if held is None:  # the lookup recorded a checksum failure: checked group by group
                 return self.take(verdict, probe.prompt, ttl_s=ttl_s)
             return self._open_lease(verdict.usable_tokens, held, ttl_s)
@@ -152,10 +149,15 @@ class LeaseBook:
                 probe.prompt is not prompt or probe.tokens != verdict.usable_tokens or \
                 probe.core() is not self.core:
             return None
+        return take_probed(self._arrays_named(probe.spans.names), probe)
+
+    def _arrays_named(self, names: tuple[str, ...]) -> LeaseArrays:
+        """The core's groups' arrays in the order of ``names`` (a lookup's tuple), gathered on
+        the first take and kept while lookups name the groups with that tuple."""
         arrays = self._arrays
-        if arrays is None or arrays.names is not probe.spans.names:
-            arrays = self._arrays = arrays_for(self.core, arrays, probe.spans.names)
-        return take_probed(arrays, probe)
+        if arrays is None or arrays.names is not names:
+            arrays = self._arrays = LeaseArrays([self.core.group(name) for name in names], names)
+        return arrays
 
     def _open_lease(self, tokens: int, held: tuple[_Held, ...] | ProbedHold,
                     ttl_s: float) -> Lease:

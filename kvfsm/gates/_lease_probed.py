@@ -110,16 +110,6 @@ class ProbedHold(NamedTuple):
                           len(self.outs) if groups is None else groups)
 
 
-def arrays_for(core: StateCore, known: LeaseArrays | None, names: tuple[str, ...]
-               ) -> LeaseArrays:
-    """``known`` where it was gathered for ``names`` (that tuple), else the arrays of the groups
-    ``names`` in that order gathered now (a core's lookups name them in one tuple: once per
-    core)."""
-    if known is not None and known.names is names:
-        return known
-    return LeaseArrays([core.group(name) for name in names], names)
-
-
 def take_probed(arrays: LeaseArrays, probe: Probe) -> ProbedHold | None:
     """Pin and touch the blocks of every group of a lookup's ``probe`` (its pass outputs, at
     its candidate ``at``, where its ``spans`` say) in one compiled call, where no group
@@ -157,4 +147,4 @@ def take_probed(arrays: LeaseArrays, probe: Probe) -> ProbedHold | None:
                      f"{int(ids[row[FULL]])}); nothing was pinned")
 
 
-__all__ = ["ProbedHold", "arrays_for", "take_probed"]
+__all__ = ["ProbedHold", "take_probed"]

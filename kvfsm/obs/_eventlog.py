@@ -32,7 +32,7 @@ from kvfsm.fsm import CompiledTable
 from kvfsm.spec import Event
 from kvfsm.spec._vocabulary import POOLED_TIERS
 from kvfsm.state import GroupState, StateCore
-from kvfsm.state._touch import FIRST_EPOCH, FIRST_ID, HI, LO
+from kvfsm.state._core import answer_runs
 
 #: What the header's ``format`` says, and the version of the line layout below it.
 FORMAT: Final = "kvfsm-eventlog"
@@ -395,11 +395,9 @@ class EventLog:
                 continue
             if len(record) == _ANSWER_FIELDS:  # a lease's runs, as its answer rows
                 groups, answers, _ = record
-                for g, row in enumerate(answers.tolist()):
-                    if row[HI] > row[LO]:
-                        lines.append(_run_read_line(seq, group_json[groups[g]], row[FIRST_ID],
-                                                    row[HI] - row[LO], row[FIRST_EPOCH]))
-                        seq += 1
+                for group, start, count, epoch in answer_runs(groups, answers):
+                    lines.append(_run_read_line(seq, group_json[group], start, count, epoch))
+                    seq += 1
                 continue
             if len(record) == _RUN_FIELDS:  # a read of one run at one epoch
                 group, start, count, epoch = record

@@ -62,6 +62,13 @@ LeasedRead = tuple[str, IdArray, NDArray[np.uint32], bool]
 #: count, epoch)``.
 LeasedRun = tuple[str, int, int, int]
 
+def answer_runs(names: tuple[str, ...], answers: NDArray[np.int64]) -> list[LeasedRun]:
+    """The runs a lease's one-pass take answer rows spell, one per group holding blocks:
+    ``(names[g], first id, count, epoch)`` (see :meth:`StateCore.record_lease_runs`)."""
+    return [(names[g], row[FIRST_ID], row[HI] - row[LO], row[FIRST_EPOCH])
+            for g, row in enumerate(answers.tolist()) if row[HI] > row[LO]]
+
+
 #: An observer told of reads, with its ``read_runs`` and ``read_answer_runs`` methods (None
 #: where it has none).
 _ReadObserver = tuple[CoreObserver, Callable[[Sequence[LeasedRun]], None] | None,
@@ -480,8 +487,7 @@ class StateCore:
                 read_answer_runs(names, answers, count)
                 continue
             if runs is None:
-                runs = [(names[g], row[FIRST_ID], row[HI] - row[LO], row[FIRST_EPOCH])
-                        for g, row in enumerate(answers.tolist()) if row[HI] > row[LO]]
+                runs = answer_runs(names, answers)
             if read_runs is not None:
                 read_runs(runs)
                 continue
