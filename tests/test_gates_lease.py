@@ -227,6 +227,26 @@ def _pin_counts(eng: Engine) -> dict[str, tuple[list[int], list[int]]]:
             for name, state in eng.core.groups.items()}
 
 
+@pytest.mark.parametrize("name", sorted(shipped_models()))
+def test_a_lookups_probe_shows_the_blocks_its_lease_pins(name: str) -> None:
+    """A lookup's probe makes its per-group view from the lookup's pass outputs when first
+    asked, once: per group, the ids and epochs a lease on the verdict pins and records."""
+    eng = _engine(name)
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    probe = verdict.probe
+    assert isinstance(probe, Probe) and probe.exact and probe.tokens == verdict.usable_tokens
+    groups = probe.groups
+    assert probe.groups is groups
+    assert sorted(group.group for group in groups) == sorted(eng.core.groups)
+    with eng.lease(verdict, prompt) as lease:
+        for group in groups:
+            assert lease.blocks(group.group).tolist() == group.ids.tolist()
+            assert lease.epochs(group.group).tolist() == group.epochs.tolist()
+            assert lease.indices(group.group).tolist() == list(range(group.lo, group.hi))
+
+
 def test_a_probe_made_by_hand_is_leased_with_its_arrays_types_matched() -> None:
     """A probe made by hand (strided ids, copied epochs) is not a lookup's own output: its
     lease's passes match its arrays' types rather than run through the entry points each

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 import numpy as np
@@ -329,28 +329,53 @@ def _and(evals: tuple[GroupEval, ...], row: int) -> NDArray[np.bool_]:
 _Found = tuple[str, Spans, NDArray[np.int64], tuple[NDArray[np.uint64], NDArray[np.uint64]], int]
 
 
+class _LookupProbe(Probe):
+    """A lookup's :class:`Probe`: its per-group views are made from its pass outputs
+    (``passes``) at its candidate ``at`` when a lease first asks for them (most leases read
+    the outputs directly; many verdicts are never leased). Made by :func:`_probe` without
+    the base class's keyword constructor or a closure per lookup (a third of a microsecond
+    of a short prompt's lookup)."""
+
+    __slots__ = ()
+
+    @property
+    def groups(self) -> tuple[ProbedGroup, ...]:
+        made = self._groups
+        if made is None:
+            made = self._groups = _probed_groups(self.passes or (), self.at)
+        return made
+
+
+def _probed_groups(found: Sequence[_Found], at: int) -> tuple[ProbedGroup, ...]:
+    """Per group, the blocks needed at candidate ``at``, as its pass output holds them."""
+    made = []
+    for name, spans, out, (high, low), changes in found:
+        lo, cut, hi = spans.bounds[:, at].tolist()
+        ids_at, epochs_at, bytes_at, _ = spans.out_at
+        ids = out[ids_at + lo : ids_at + hi]
+        if _IDS_VIEWED:
+            ids = ids.view(np.intp)
+        epochs = out[epochs_at:bytes_at].view(np.uint32)[lo:hi]
+        last_words = (high.item(hi - 1), low.item(hi - 1)) if hi > lo else None
+        made.append(ProbedGroup(name, lo, cut, hi, ids, epochs, last_words, changes))
+    return tuple(made)
+
+
+_new_probe = object.__new__
+
+
 def _probe(layout: _Layout, prompt: Prompt, found: list[_Found], at: int, tokens: int,
            lease_spans: LeaseSpans) -> Probe:
-    """Per group, the blocks needed at candidate ``at`` (``tokens`` long), as found (made
-    when a lease first asks; until then the verdict keeps only each group's pass output, with
-    its ids and epochs, its hash words and needed spans, not the lookup's other arrays)."""
-
-    def groups() -> tuple[ProbedGroup, ...]:
-        made = []
-        for name, spans, out, (high, low), changes in found:
-            lo, cut, hi = spans.bounds[:, at].tolist()
-            ids_at, epochs_at, bytes_at, _ = spans.out_at
-            ids = out[ids_at + lo : ids_at + hi]
-            if _IDS_VIEWED:
-                ids = ids.view(np.intp)
-            epochs = out[epochs_at:bytes_at].view(np.uint32)[lo:hi]
-            last_words = (high.item(hi - 1), low.item(hi - 1)) if hi > lo else None
-            made.append(ProbedGroup(name, lo, cut, hi, ids, epochs, last_words, changes))
-        return tuple(made)
-
+    """Per group, the blocks needed at candidate ``at`` (``tokens`` long), as found: until a
+    lease asks, the verdict keeps only each group's pass output, with its ids and epochs,
+    its hash words and needed spans, not the lookup's other arrays."""
+    probe = _new_probe(_LookupProbe)
+    probe.core, probe.tokens, probe.prompt, probe.exact = layout.core, tokens, prompt, True
+    probe.passes, probe.at, probe.spans = found, at, lease_spans
     # The core's change count now: a lease finding it unchanged needs no second look.
-    return Probe(layout.core, tokens, groups, prompt, exact=True, passes=found, at=at,
-                 spans=lease_spans, changes=layout.change_count.total)
+    probe.changes = layout.change_count.total
+    probe._groups = probe._make = None
+    return probe
 
 
 #: The pass output holds ids as int64; where that is not ``intp`` they are viewed as it.
