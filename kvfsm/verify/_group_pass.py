@@ -78,7 +78,9 @@ CHAIN_BLOCKS: Final = 0
 NEEDS_CHECKSUMS: Final = 1
 #: 1 when the plan changes what is usable somewhere (``after`` differs from ``now`` inputs).
 PLAN_CHANGES: Final = 2
-#: 1 when ``asked`` holds the restores the plan asks for per length (the caller keeps it).
+#: 1 when ``asked`` holds the restores the plan asks for per length (the caller keeps it);
+#: 0: ``asked`` is not written (one int64 a candidate length: at long prompts a sizeable
+#: share of what a lookup writes).
 ASKED_KEPT: Final = 3
 #: Last candidate index where ``hit`` / ``now`` / ``after`` is True (0 when none).
 LARGEST_HIT: Final = 4
@@ -160,8 +162,9 @@ def _consts_tables(consts: NDArray[np.int64]) -> tuple[NDArray[np.int64], ...]:
 def out_offsets(n: int, count: int) -> tuple[int, int, int, int]:
     """Where the parts of the pass's one output ``out`` (int64) lie for ``n`` blocks and
     ``count`` candidate lengths, in words: the scalars (at 0), the restores asked per length
-    (at N_SCALARS), then the block ids, the epochs (uint32, two a word), the bytes (a fact
-    byte per block, then the N_FLAGS rows of ``max(n, count)`` bools), and the total size."""
+    (at N_SCALARS; written only where ASKED_KEPT), then the block ids, the epochs (uint32,
+    two a word), the bytes (a fact byte per block, then the N_FLAGS rows of ``max(n,
+    count)`` bools), and the total size."""
     ids_at = N_SCALARS + count
     epochs_at = ids_at + n
     bytes_at = epochs_at + (n + 1) // 2
@@ -420,7 +423,6 @@ def _group_pass_twin(
     after_cmp[:] = (now_cmp | (movable & ((facts & TO_COMPRESSED) != 0))) & settled_ok
     hit[:] = usable_over(lo, cut, hi, base, found, found)
     now[:] = usable_over(lo, cut, hi, base, now_raw, now_cmp)
-    asked[:] = 0
     if np.array_equal(after_raw, now_raw) and np.array_equal(after_cmp, now_cmp):
         after[:] = now
     else:
@@ -702,7 +704,6 @@ def group_pass(
         hit[k] = hit_here
         now[k] = now_here
         after[k] = now_here
-        asked[k] = 0
         if hit_here:
             largest_hit = k
         if now_here:
