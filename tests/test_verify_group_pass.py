@@ -24,7 +24,7 @@ from kvfsm.verify._block_facts import (
     TO_RAW,
     WHOLE,
 )
-from kvfsm.verify._group_eval import GroupEval
+from kvfsm.verify._group_eval import GroupEval, _prefix_step
 from kvfsm.verify._group_pass import (
     CHECKS_IGNORED,
     FIT,
@@ -66,7 +66,7 @@ def _rows_of(refs: list[list[int]], ids: list[int], history_settled: list[bool]
         np.array(refs, dtype=np.int32), np.zeros((n_blocks, len(refs[0])), np.uint32),
         np.zeros(4, np.uint32), np.zeros(4, np.uint8), np.arange(4, dtype=np.int32), consts,
         history_of(np.arange(4, dtype=np.intp), np.array(history_settled, dtype=np.bool_), 1),
-        4, np.ones(0, np.bool_), np.array([[0], [0], [n], [1]], dtype=np.int64),
+        4, np.ones(0, np.bool_), np.array([[0], [0], [n], [1]], dtype=np.int64), 0,
         CHECKS_IGNORED, False, True, all(history_settled), 0, False,
         np.empty(out_offsets(n, 1)[3], np.int64))
 
@@ -222,3 +222,24 @@ def test_a_run_broken_by_a_recommitted_block_finds_the_block_the_table_maps() ->
     assert verdict.hit_tokens == 160
     (found,) = (group.ids for group in verdict.probe.groups)  # type: ignore[union-attr]
     assert found.tolist() == again.tolist()
+
+
+def test_a_raw_prefix_spans_are_known_by_their_step_and_no_others_are() -> None:
+    """Full attention needs every block before a length's end, raw: its spans are
+    ``0, 0, k * step, served`` and the pass computes them from the step. A window past its
+    width starts after block 0 and is read as it is; so are spans with any length unserved."""
+    eng = engine(DENSE)
+    prompt = eng.prompt(tokens(161))
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    ((_, spans, _, _, _),) = verdict.probe.passes  # type: ignore[union-attr]
+    assert spans.prefix_step == 1
+    assert spans.lo.tolist() == [0] * 11 and spans.hi.tolist() == list(range(11))
+    rows = np.array(spans.rows)
+    assert _prefix_step(rows) == 1
+    for row, value in ((0, 1), (1, 1), (3, 0)):
+        changed = rows.copy()
+        changed[row, 5] = value
+        assert _prefix_step(changed) == 0
+    assert _prefix_step(np.stack([np.zeros(4), np.zeros(4), np.arange(4) * 3,
+                                  np.ones(4)]).astype(np.int64)) == 3

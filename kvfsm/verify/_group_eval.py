@@ -260,6 +260,10 @@ class Spans:
         #: array: the pass's ``spans`` (rows SPAN_*).
         self.rows = np.stack([self.lo, self.cut, self.hi, self.base]).astype(np.int64)
         self.rows.setflags(write=False)
+        #: Above 0 where the spans are a raw prefix's (every length served, nothing before
+        #: its first block or compressed, ``hi`` this step times the length's index): the
+        #: pass computes them instead of reading them.
+        self.prefix_step = _prefix_step(self.rows)
         #: ``lo``, ``cut`` and ``hi`` as one read-only ``[3, lengths]`` array.
         self.bounds = self.rows[:3]
         #: Where the group pass's output over these spans puts the block ids, the epochs and
@@ -270,6 +274,18 @@ class Spans:
         #: over every group reads them there).
         self.out_words = np.array(self.out_at[:2], dtype=np.int64)
         self.out_words.setflags(write=False)
+
+
+def _prefix_step(rows: NDArray[np.int64]) -> int:
+    """The step of ``hi`` where the spans ``rows`` are a raw prefix's (see
+    :attr:`Spans.prefix_step`), else 0."""
+    lo, cut, hi, base = rows
+    if hi.size < 2 or lo.any() or cut.any() or not base.all():
+        return 0
+    step = int(hi[1])
+    if step <= 0 or not np.array_equal(hi, np.arange(hi.size, dtype=np.int64) * step):
+        return 0
+    return step
 
 
 #: Spans by (group declaration, prompt blocks, candidate count, step), shared: a kind's rule
@@ -475,13 +491,13 @@ class GroupEval:
             if fixed is not None:
                 args: tuple[Any, ...] = (
                     high, low, fixed, history_out, n_history, _NO_CHECKED, spans.rows,
-                    check_mode, False, self._has_index, all_settled, self._budget,
-                    self._capped, out)
+                    spans.prefix_step, check_mode, False, self._has_index, all_settled,
+                    self._budget, self._capped, out)
                 kernel = group_pass_fixed
             else:
                 args = (high, low, *statics.arrays, history_out, n_history, _NO_CHECKED,
-                        spans.rows, check_mode, False, self._has_index, all_settled,
-                        self._budget, self._capped, out)
+                        spans.rows, spans.prefix_step, check_mode, False, self._has_index,
+                        all_settled, self._budget, self._capped, out)
                 kernel = group_pass
             run = statics.entry
             if run is None:
@@ -489,9 +505,9 @@ class GroupEval:
             run(*args)
         else:
             args = (high, low, *statics.arrays, history_out, n_history,
-                    _NO_CHECKED if checked_ok is None else checked_ok, spans.rows, check_mode,
-                    checked_ok is not None, self._has_index, all_settled, self._budget,
-                    self._capped, out)
+                    _NO_CHECKED if checked_ok is None else checked_ok, spans.rows,
+                    spans.prefix_step, check_mode, checked_ok is not None, self._has_index,
+                    all_settled, self._budget, self._capped, out)
             if jit_settings.enabled:
                 group_pass.compiled(*args)
             else:

@@ -220,7 +220,7 @@ def _group_pass_example() -> tuple[object, ...]:
         one_u8, read_only(np.full((1, 1), -1, dtype=np.int32)),
         read_only(np.zeros((1, 1), np.uint32)), one_u32, one_u8, one_i32, consts,
         np.zeros(out_offsets(0, 1)[3], np.int64), 0, np.ones(1, dtype=np.bool_),
-        read_only(np.zeros((N_SPAN_ROWS, 1), np.int64)),
+        read_only(np.zeros((N_SPAN_ROWS, 1), np.int64)), 0,
         CHECKS_RECORDED, False, False, True, 0, False,
         # Zeros, not empty: the padding after the last row is never written, and two runs
         # of the example are compared whole.
@@ -289,6 +289,14 @@ def _group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     cut = np.minimum(rng.integers(0, n + 1, n_lengths), hi)
     lo = np.minimum(rng.integers(0, n + 1, n_lengths), cut)
     base = rng.random(n_lengths) < 0.9
+    prefix_step = 0
+    if rng.random() < 0.3:
+        # A raw prefix's spans (full attention): every block before length k's end, raw.
+        prefix_step = int(rng.integers(1, 3))
+        n_lengths = min(n_lengths, n // prefix_step + 1)
+        hi = np.arange(n_lengths, dtype=np.int64) * prefix_step
+        cut, lo = np.zeros_like(hi), np.zeros_like(hi)
+        base = np.ones(n_lengths, dtype=np.bool_)
     target_settled_compressed = bool(rng.random() < 0.5)
     consts = pack_consts(
         full_sub_mask, bool(rng.random() < 0.8), int(rng.choice([16, 64])),
@@ -312,7 +320,7 @@ def _group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
         read_only(rng.integers(0, n_states, n_targets).astype(np.uint8)),
         read_only(target_position), consts, history, n_history,
         rng.random(n) < 0.8, read_only(np.stack([lo, cut, hi, base]).astype(np.int64)),
-        int(rng.integers(0, 2)), bool(rng.random() < 0.3), has_index,
+        prefix_step, int(rng.integers(0, 2)), bool(rng.random() < 0.3), has_index,
         bool(history_settled.all()), int(rng.integers(BUDGET_UNKNOWN, 6)),
         bool(rng.random() < 0.5),
         np.empty(out_offsets(n, n_lengths)[3], dtype=np.int64))
@@ -347,7 +355,7 @@ def _group_pass_twin(
     target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
     target_position: NDArray[np.int32], consts: NDArray[np.int64],
     history: NDArray[np.int64], n_history: int, checked_ok: Bools, spans: NDArray[np.int64],
-    check_mode: int,
+    prefix_step: int, check_mode: int,
     use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
     capped: bool, out: NDArray[np.int64],
 ) -> None:
@@ -456,7 +464,7 @@ def group_pass(
     target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
     target_position: NDArray[np.int32], consts: NDArray[np.int64],
     history: NDArray[np.int64], n_history: int, checked_ok: Bools, spans: NDArray[np.int64],
-    check_mode: int,
+    prefix_step: int, check_mode: int,
     use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
     capped: bool, out: NDArray[np.int64],
 ) -> None:
@@ -477,8 +485,10 @@ def group_pass(
     before it; ``history_all_settled``, every history block of the prompt is settled (no
     plan step will move an index target); ``budget`` and ``capped``, the restores the
     admission gate lets begin now (or BUDGET_UNKNOWN) and whether the core-wide budget has
-    caps. Everything it writes goes to ``out``, laid out as :func:`out_offsets` says (one
-    allocation a call)."""
+    caps. ``prefix_step`` above 0 says the spans are a raw prefix's (``lo`` and ``cut`` 0,
+    ``hi`` ``k * prefix_step`` at length ``k``, every length served): the pass computes them
+    instead of reading them (the twin reads them). Everything it writes goes to ``out``,
+    laid out as :func:`out_offsets` says (one allocation a call)."""
     n, count = high.size, spans.shape[1]
     # The parts of ``out`` (out_offsets; the same arithmetic, inline for the compiler).
     width = max(n, count)
@@ -696,8 +706,15 @@ def group_pass(
     scalars[ALL_SETTLED] = all_settled
     largest_hit = largest_now = 0
     for k in range(count):
-        start, middle, end = lo[k], cut[k], hi[k]
-        served = base[k] != 0
+        if prefix_step:
+            # A raw prefix's spans, known without reading them (at long prompts four int64
+            # reads a length are much of what this loop costs).
+            start = middle = 0
+            end = k * prefix_step
+            served = True
+        else:
+            start, middle, end = lo[k], cut[k], hi[k]
+            served = base[k] != 0
         hit_here = served and missing[end] == missing[start]
         now_here = served and raw_bad[end] == raw_bad[middle] and \
             cmp_bad[middle] == cmp_bad[start]
@@ -778,13 +795,15 @@ def _fixed_args(args: tuple[object, ...]) -> tuple[object, ...]:
 
 def _group_pass_fixed_twin(
     high: Words, low: Words, fixed: NDArray[np.int64], history: NDArray[np.int64],
-    n_history: int, checked_ok: Bools, spans: NDArray[np.int64], check_mode: int,
+    n_history: int, checked_ok: Bools, spans: NDArray[np.int64], prefix_step: int,
+    check_mode: int,
     use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
     capped: bool, out: NDArray[np.int64],
 ) -> None:
     """:func:`group_pass_fixed` in NumPy: the twin of the pass over the addressed arrays."""
     twin: Any = _group_pass_twin  # the sixteen arrays come as one tuple, typed loosely
-    twin(high, low, *views(fixed, FIXED_KINDS), history, n_history, checked_ok, spans, check_mode,
+    twin(high, low, *views(fixed, FIXED_KINDS), history, n_history, checked_ok, spans,
+         prefix_step, check_mode,
          use_checked_ok, has_index, history_all_settled, budget, capped, out)
 
 
@@ -802,7 +821,8 @@ def _group_pass_fixed_example() -> tuple[object, ...]:
         calls=(_group_pass_loop,))
 def group_pass_fixed(
     high: Words, low: Words, fixed: NDArray[np.int64], history: NDArray[np.int64],
-    n_history: int, checked_ok: Bools, spans: NDArray[np.int64], check_mode: int,
+    n_history: int, checked_ok: Bools, spans: NDArray[np.int64], prefix_step: int,
+    check_mode: int,
     use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
     capped: bool, out: NDArray[np.int64],
 ) -> None:
@@ -818,5 +838,5 @@ def group_pass_fixed(
         matrix_at(fixed, 10, np.int32), matrix_at(fixed, 11, np.uint32),
         vector_at(fixed, 12, np.uint32), vector_at(fixed, 13, np.uint8),
         vector_at(fixed, 14, np.int32), vector_at(fixed, 15, np.int64),
-        history, n_history, checked_ok, spans, check_mode, use_checked_ok, has_index,
-        history_all_settled, budget, capped, out)
+        history, n_history, checked_ok, spans, prefix_step, check_mode, use_checked_ok,
+        has_index, history_all_settled, budget, capped, out)
