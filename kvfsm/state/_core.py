@@ -62,6 +62,7 @@ LeasedRead = tuple[str, IdArray, NDArray[np.uint32], bool]
 #: count, epoch)``.
 LeasedRun = tuple[str, int, int, int]
 
+
 def answer_runs(names: tuple[str, ...], answers: NDArray[np.int64]) -> list[LeasedRun]:
     """The runs a lease's one-pass take answer rows spell, one per group holding blocks:
     ``(names[g], first id, count, epoch)`` (see :meth:`StateCore.record_lease_runs`)."""
