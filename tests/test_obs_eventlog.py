@@ -15,7 +15,8 @@ from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, Engine, EventLog, GuardRejected, KvfsmError, shipped_models
 from kvfsm.obs import FLUSH_EVERY, replay, table_digest
-from kvfsm.obs._eventlog import _one_run_line, _put_runs, _read_line, _run_read_line
+from kvfsm.obs._eventlog import _one_run_line, _put_runs, _read_line
+from kvfsm.obs._read_lines import run_read_line
 from kvfsm.spec import Event, Tier
 from kvfsm.state import StateCore
 from kvfsm.state._touch import FIRST_EPOCH, FIRST_ID, HI, LO
@@ -325,7 +326,7 @@ def test_a_read_told_as_one_run_is_written_as_the_arrays_would_be(count: int) ->
     writes the very line the arrays would have made."""
     ids = np.arange(40, 40 + count, dtype=np.intp)
     epochs = np.full(count, 6, dtype=np.uint32)
-    line = _run_read_line(3, json.dumps("swa"), 40, count, 6)
+    line = run_read_line(3, json.dumps("swa"), 40, count, 6)
     assert json.loads(line) == _general_read(3, "swa", ids, epochs)
 
 

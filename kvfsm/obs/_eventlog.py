@@ -29,10 +29,11 @@ from numpy.typing import NDArray
 from kvfsm._errors import KvfsmError
 from kvfsm._jit import kernel
 from kvfsm.fsm import CompiledTable
+from kvfsm.obs._read_lines import READ, name_table, run_lines, run_read_line
 from kvfsm.spec import Event
 from kvfsm.spec._vocabulary import POOLED_TIERS
 from kvfsm.state import GroupState, StateCore
-from kvfsm.state._core import answer_runs
+from kvfsm.state._touch import FIRST_EPOCH, FIRST_ID, HI, LO
 
 #: What the header's ``format`` says, and the version of the line layout below it.
 FORMAT: Final = "kvfsm-eventlog"
@@ -43,7 +44,6 @@ READABLE_VERSIONS: Final = frozenset({1, 2})
 FLUSH_EVERY: Final = 1024
 #: The ``type`` of a line after the header.
 MOVE: Final = "move"
-READ: Final = "read"
 
 _COMPACT: Final = (",", ":")
 
@@ -200,18 +200,6 @@ def one_run_kernel(ids: NDArray[np.intp], epochs: NDArray[np.uint32],
     out[0], out[1] = off == 0, differ == 0
 
 
-def _run_read_line(seq: int, group_json: str, first: int, count: int, epoch: int) -> str:
-    """The line of a read of ``count`` consecutive ids from ``first``, all at ``epoch``, as
-    the general formatter writes it (runs where they are shorter) without building it."""
-    if count > 2:
-        return (f'{{"seq":{seq},"type":"{READ}","group":{group_json},'
-                f'"ids_runs":[[{first},{count}]],"epochs_runs":[[{epoch},{count}]]}}')
-    ids = ",".join(str(first + i) for i in range(count))
-    epochs = ",".join([str(epoch)] * count)
-    return (f'{{"seq":{seq},"type":"{READ}","group":{group_json},"ids":[{ids}],'
-            f'"epochs":[{epochs}]}}')
-
-
 def _one_run_line(seq: int, group_json: str, ids: NDArray[np.intp],
                   epochs: NDArray[np.uint32], answer: NDArray[np.int64]) -> str | None:
     """The line of a read of consecutive ids at one epoch (a lease's usual read), written
@@ -219,7 +207,7 @@ def _one_run_line(seq: int, group_json: str, ids: NDArray[np.intp],
     if ids.size > 2 and ids.size == epochs.size:
         one_run_kernel(ids, epochs, answer)
         if answer[0] and answer[1]:
-            return _run_read_line(seq, group_json, int(ids[0]), ids.size, int(epochs[0]))
+            return run_read_line(seq, group_json, int(ids[0]), ids.size, int(epochs[0]))
     return None
 
 
@@ -287,6 +275,12 @@ class EventLog:
         self._buffer: list[_Record | _Run | _AnswerRuns | str] = []
         #: Lines the buffer will write (a lease's answer rows are one line per group).
         self._buffered_lines = 0
+        #: Each group's place in the core's order, and the names as JSON packed for the
+        #: compiled formatter (:func:`~kvfsm.obs._read_lines.run_lines`).
+        self._group_code: dict[str, int] = {}
+        self._name_bytes, self._name_starts = name_table([])
+        #: The group places of each order of names a lease's answer rows came in.
+        self._codes_of: dict[tuple[str, ...], NDArray[np.int64]] = {}
         #: The answer array of the run check (used under the lock).
         self._answer = np.empty(2, dtype=np.int64)
         self._lock = threading.Lock()
@@ -311,6 +305,8 @@ class EventLog:
         self._names = {name: np.array(state.table.lifecycle.state_names, dtype=object)
                        for name, state in core.groups.items()}
         self._group_json = {name: json.dumps(name) for name in core.groups}
+        self._group_code = {name: code for code, name in enumerate(core.groups)}
+        self._name_bytes, self._name_starts = name_table(list(self._group_json.values()))
         # Buffered with the records: it reaches the file with the first flush.
         self._file.write(json.dumps(header(core), separators=_COMPACT) + "\n")
         core.add_observer(self)
@@ -386,22 +382,24 @@ class EventLog:
         if not self._buffer or self._file is None:
             return
         seq = self.records - self._buffered_lines
-        lines = []
+        lines: list[str] = []
         group_json = self._group_json
+        # Leases' answer rows in a row, formatted together in one compiled pass.
+        leased: list[_AnswerRuns] = []
         for record in self._buffer:
+            if not isinstance(record, str) and len(record) == _ANSWER_FIELDS:
+                leased.append(record)
+                continue
+            if leased:
+                seq = self._leased_lines(leased, seq, lines)
+                leased.clear()
             if isinstance(record, str):
                 lines.append(record)  # formatted when recorded
                 seq += 1
                 continue
-            if len(record) == _ANSWER_FIELDS:  # a lease's runs, as its answer rows
-                groups, answers, _ = record
-                for group, start, count, epoch in answer_runs(groups, answers):
-                    lines.append(_run_read_line(seq, group_json[group], start, count, epoch))
-                    seq += 1
-                continue
             if len(record) == _RUN_FIELDS:  # a read of one run at one epoch
                 group, start, count, epoch = record
-                lines.append(_run_read_line(seq, group_json[group], start, count, epoch))
+                lines.append(run_read_line(seq, group_json[group], start, count, epoch))
                 seq += 1
                 continue
             kind, group, event, ids, before, after, epochs = record
@@ -418,10 +416,33 @@ class EventLog:
                 # (not one run at one epoch: :meth:`read` formatted those at once)
                 lines.append(_read_line(seq, group, ids, epochs))
             seq += 1
+        if leased:
+            self._leased_lines(leased, seq, lines)
         self._buffer.clear()
         self._buffered_lines = 0
         self._file.write("\n".join(lines) + "\n")
         self._file.flush()
+
+    def _leased_lines(self, leased: list[_AnswerRuns], seq: int, lines: list[str]) -> int:
+        """Append the lines of leases' reads given as their answer rows (a line per group
+        holding blocks, numbered from ``seq``) as one piece; the next number."""
+        codes_of = self._codes_of
+        codes = []
+        for names, _, _ in leased:
+            known = codes_of.get(names)
+            if known is None:
+                known = codes_of[names] = np.array([self._group_code[name] for name in names],
+                                                   dtype=np.int64)
+            codes.append(known)
+        answers = np.concatenate([each for _, each, _ in leased])
+        counts = answers[:, HI] - answers[:, LO]
+        holding = counts > 0
+        rows = np.stack((np.concatenate(codes)[holding], answers[holding, FIRST_ID],
+                         counts[holding], answers[holding, FIRST_EPOCH]), axis=1)
+        written = int(rows.shape[0])
+        if written:
+            lines.append(run_lines(rows, seq, self._name_bytes, self._name_starts))
+        return seq + written
 
     def flush(self) -> None:
         """Write every buffered record now; raises a write error kept from the hot path."""
