@@ -18,7 +18,8 @@ KEYS = ("tokens", "lookup_ms_median", "baseline_ms_median", "ratio_baseline_vs_l
 
 
 def test_bench_lookup_figures() -> None:
-    figures = bench_lookup(tokens=4096, repeat=3)
+    figures = bench_lookup(tokens=4096, repeat=3, observed_rounds=5)
+    assert figures["observed_rounds"] == 5
     for key in KEYS:
         assert figures[key] > 0, key
     assert figures["lookup_numpy_ms_median"] > 0
@@ -48,7 +49,7 @@ def test_bench_lookup_without_prometheus_says_why(monkeypatch: pytest.MonkeyPatc
     import sys
 
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
-    figures = bench_lookup(tokens=1024, repeat=1)
+    figures = bench_lookup(tokens=1024, repeat=1, observed_rounds=1)
     assert figures["lookup_ms_median_observed"] is None
     assert figures["observability_overhead_of_minima"] is None
     assert figures["observability_overhead_paired"] is None
@@ -74,8 +75,11 @@ def test_cli_bench_lookup_reports_progress_on_stderr(capsys: pytest.CaptureFixtu
 
 
 def test_bench_lookup_refuses_empty_prompts() -> None:
-    with pytest.raises(KvfsmError, match=r"bench lookup: tokens and repeat must be >= 1, got 0, 3"):
+    with pytest.raises(KvfsmError, match=r"bench lookup: tokens, repeat and observed_rounds "
+                       r"must be >= 1, got 0, 3, 801"):
         bench_lookup(tokens=0, repeat=3)
+    with pytest.raises(KvfsmError, match=r"must be >= 1, got 1024, 3, 0"):
+        bench_lookup(tokens=1024, repeat=3, observed_rounds=0)
 
 
 def test_bench_lookup_counts_runs_of_long_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,7 +87,7 @@ def test_bench_lookup_counts_runs_of_long_measurements(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(_timing, "RUN_LINE_INTERVAL_S", 0.0)  # every measurement counts as long
     lines: list[str] = []
-    bench_lookup(tokens=1024, repeat=3, progress=lines.append)
+    bench_lookup(tokens=1024, repeat=3, progress=lines.append, observed_rounds=3)
     assert "bench lookup: hit-only baseline: 3/3 runs" in lines
     assert "bench lookup: hashing: 2/3 runs" in lines
 

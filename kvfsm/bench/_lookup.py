@@ -28,19 +28,27 @@ LENGTHS = (1_024, 4_096, 16_384, 65_536, 131_072, 524_288)
 POOL_SIZES = (10_000, 100_000, 1_000_000)
 #: Prompt tokens of the pool-size table (fits the smallest pool; long enough to matter).
 POOL_TOKENS = 16_384
+#: Rounds of the observability measurement (each times four paths once, about a millisecond
+#: at 131 072 tokens): its figure is a difference of a few percent between two medians, and
+#: on a shared machine 41 rounds scattered it by as much as itself; 801 hold it within about
+#: a percent.
+OBSERVED_ROUNDS = 801
 
 
 def bench_lookup(
     *, tokens: int = 131_072, repeat: int = 41, progress: ProgressFn | None = None,
     lengths: Sequence[int] = (), pool_sizes: Sequence[int] = (),
+    observed_rounds: int = OBSERVED_ROUNDS,
 ) -> dict[str, object]:
     """Median lookup latency over the DeepSeek-style model (every group, every layer at FULL
     level minus data checksums; with checksums, and with the NumPy twins of the compiled
     kernels, reported too), against a baseline that walks each group's blocks one by one in
     Python checking only the hash, like a hit-only cache. ``progress`` takes a line per phase
-    and, on long measurements, run counts (nothing is reported without it)."""
-    if tokens < 1 or repeat < 1:
-        raise KvfsmError(f"bench lookup: tokens and repeat must be >= 1, got {tokens}, {repeat}")
+    and, on long measurements, run counts (nothing is reported without it). The cost of
+    metrics, event log and leases is measured over ``observed_rounds`` rounds."""
+    if tokens < 1 or repeat < 1 or observed_rounds < 1:
+        raise KvfsmError(f"bench lookup: tokens, repeat and observed_rounds must be >= 1, got "
+                         f"{tokens}, {repeat}, {observed_rounds}")
     report = Progress("bench lookup", progress)
     report.phase(f"building an engine for {tokens} tokens")
     model = shipped_models()["deepseek_v4_like"]
@@ -102,7 +110,7 @@ def bench_lookup(
     report.phase("hit-only baseline walk")
     baseline_s = median_seconds(baseline, repeat=repeat, on_run=report.runs("hit-only baseline"))
     report.phase("engine lookups with metrics, event log and leases on vs off")
-    observed = _observed(model, blocks, text, repeat, report)
+    observed = _observed(model, blocks, text, observed_rounds, report)
     return {
         "model": model.name,
         "tokens": tokens,
@@ -157,36 +165,46 @@ def _lengths(model: ModelDecl, lengths: Sequence[int], repeat: int, report: Prog
 def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: int,
               report: Progress) -> dict[str, float | str | None]:
     """``Engine.lookup`` (STANDARD level: the data checksums were verified by a first FULL
-    lookup) on two engines holding the same prompt, one plain, one with Prometheus metrics
-    and a JSONL event log attached: each lookup alone, and leased: the lookup and a lease of
-    its verdict in one step (``Engine.lookup_and_lease``), validated and released (what a
-    serving step does before the kernel reads). The lease's steps are timed on a fourth path
-    that takes them apart (``Engine.lookup``, then ``Engine.lease``, ``validate``,
-    ``release``). Runs of the four alternate, forwards then backwards, so a noisy machine
-    disturbs them alike and no path always runs after the same one; medians."""
+    lookup) of one engine holding the prompt, with Prometheus metrics and a JSONL event log
+    attached or not (detached between runs, outside the timing): each lookup alone, plain
+    and observed, and leased: the lookup and a lease of its verdict in one step
+    (``Engine.lookup_and_lease``), validated and released (what a serving step does before
+    the kernel reads). The lease's steps are timed on a fourth path that takes them apart
+    (``Engine.lookup``, then ``Engine.lease``, ``validate``, ``release``).
+
+    One engine, so every path reads the same arrays: two engines holding the same prompt
+    differed by a few percent on their own (where their arrays lay), as much as the figure
+    measured. Each round runs the four in an order drawn anew (seeded), so on average every
+    path follows every other alike (a path right after a lease finds the lease's code and
+    data in cache); medians."""
     try:
         from prometheus_client import CollectorRegistry
     except ImportError:
         return dict.fromkeys(_OBSERVED_KEYS, None) | {
             "observed_skipped": 'prometheus-client is not installed (pip install "kvfsm[metrics]")'}
     config = CoreConfig(device_blocks=blocks, host_blocks=0, backend="numpy")
-    plain = Engine(model, config)
+    metrics = EngineMetrics(CollectorRegistry())
     with tempfile.TemporaryDirectory(prefix="kvfsm-bench-lookup-") as root, \
             EventLog(Path(root) / "events.jsonl") as log:
-        seen = Engine(model, config, metrics=EngineMetrics(CollectorRegistry()), event_log=log)
-        plain_prompt, seen_prompt = plain.prompt(text), seen.prompt(text)
-        for engine, prompt in ((plain, plain_prompt), (seen, seen_prompt)):
-            engine.commit(prompt)
-            engine.lookup(prompt, level=Level.FULL)  # checksums verified: STANDARD skips them
+        engine = Engine(model, config, metrics=metrics, event_log=log)
+        prompt = engine.prompt(text)
+        engine.commit(prompt)
+        engine.lookup(prompt, level=Level.FULL)  # checksums verified: STANDARD skips them
+        observers = (log, metrics)
 
-        def off() -> None:
-            plain.lookup(plain_prompt, level=Level.STANDARD)
+        def observe(on: bool) -> None:
+            """Metrics and log attached (as the engine was made) or detached."""
+            if (engine.metrics is not None) == on:
+                return
+            for observer in observers:
+                (engine.core.add_observer if on else engine.core.remove_observer)(observer)
+            engine.metrics = metrics if on else None
 
-        def on() -> None:
-            seen.lookup(seen_prompt, level=Level.STANDARD)
+        def lookup() -> None:
+            engine.lookup(prompt, level=Level.STANDARD)
 
-        def on_leased() -> None:
-            _, lease = seen.lookup_and_lease(seen_prompt, level=Level.STANDARD)
+        def leased() -> None:
+            _, lease = engine.lookup_and_lease(prompt, level=Level.STANDARD)
             try:
                 lease.validate()
             finally:
@@ -196,10 +214,10 @@ def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: in
         # goes).
         steps: dict[str, list[float]] = {"take": [], "validate": [], "release": []}
 
-        def on_stepped() -> None:
-            verdict = seen.lookup(seen_prompt, level=Level.STANDARD)
+        def stepped() -> None:
+            verdict = engine.lookup(prompt, level=Level.STANDARD)
             start = time.perf_counter()
-            lease = seen.lease(verdict, seen_prompt)
+            lease = engine.lease(verdict, prompt)
             taken = time.perf_counter()
             try:
                 lease.validate()
@@ -212,20 +230,24 @@ def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: in
             steps["release"].append(released - validated)
 
         runs: dict[str, list[float]] = {"off": [], "on": [], "leased": [], "stepped": []}
-        paths = (("off", off), ("on", on), ("leased", on_leased), ("stepped", on_stepped))
-        for _, run in paths:
+        # Each path: its run and whether metrics and log are attached for it.
+        paths = (("off", lookup, False), ("on", lookup, True), ("leased", leased, True),
+                 ("stepped", stepped, True))
+        for _, run, on in paths:
+            observe(on)
             run()
+        order = np.random.default_rng(0)
         tell = report.runs("observed lookups")
         for done in range(1, repeat + 1):
-            # Forwards, then backwards: no path always follows the same one (a lease's passes
-            # leave its engine's arrays in cache, and the next path pays for evicting them).
-            for name, run in paths if done % 2 else paths[::-1]:
+            for at in order.permutation(len(paths)).tolist():
+                name, run, on = paths[at]
+                observe(on)
                 start = time.perf_counter()
                 run()
                 runs[name].append(time.perf_counter() - start)
             tell(done, repeat)
-        seen.close()
-    plain.close()
+        observe(True)
+        engine.close()
     off_s, on_s, leased_s, stepped_s = (statistics.median(runs[name])
                                         for name in ("off", "on", "leased", "stepped"))
     # Each round's observed path against the plain one of the same round (run within a
@@ -234,6 +256,7 @@ def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: in
     paired_s = statistics.median(leased - off for leased, off in
                                  zip(runs["leased"], runs["off"], strict=True))
     return {
+        "observed_rounds": repeat,
         "lookup_ms_median_engine": off_s * 1e3,
         "lookup_ms_median_metrics_log": on_s * 1e3,
         "lookup_ms_median_observed": leased_s * 1e3,
@@ -258,7 +281,7 @@ def _observed(model: ModelDecl, blocks: int, text: NDArray[np.int64], repeat: in
     }
 
 
-_OBSERVED_KEYS = ("lookup_ms_median_engine", "lookup_ms_median_metrics_log",
+_OBSERVED_KEYS = ("observed_rounds", "lookup_ms_median_engine", "lookup_ms_median_metrics_log",
                   "lookup_ms_median_observed", "metrics_log_overhead", "observability_overhead",
                   "lease_ms_median", "lookup_ms_median_stepped",
                   "observability_overhead_stepped", "lease_take_ms_median",
