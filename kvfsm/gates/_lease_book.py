@@ -135,7 +135,10 @@ class LeaseBook:
             raise KvfsmError("take_looked_up takes the verdict of a lookup on this core, as it "
                              "made it")
         with self.lock:
-            held = take_probed(self._arrays_named(probe.spans.names), probe)
+            names = probe.spans.names
+            arrays = self._arrays
+            held = take_probed(arrays if arrays is not None and arrays.names is names
+                               else self._arrays_named(names), probe)
             if held is None:  # the lookup recorded a checksum failure: checked group by group
                 return self.take(verdict, probe.prompt, ttl_s=ttl_s)
             return self._open_lease(verdict.usable_tokens, held, ttl_s)

@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
+from kvfsm._jit import settings as jit_settings
 from kvfsm.state import MAX_PINS, StateCore, StateError
 from kvfsm.state._core import LeasedRead, LeasedRun
 from kvfsm.state._lease_pass import (
@@ -126,8 +127,17 @@ def take_probed(arrays: LeaseArrays, probe: Probe) -> ProbedHold | None:
     groups = arrays.groups
     answers = np.empty((len(groups), ANSWER_COLUMNS), dtype=np.int64)
     clock = arrays.clock
-    stop, touched, one_runs = arrays.take(outs, spans.bounds, spans.offsets, probe.at,
-                                          clock.now + 1, answers)
+    entry = arrays.take_entry
+    if entry is not None and jit_settings.enabled:
+        # LeaseArrays.take's call without its frame: right after a long lookup each frame
+        # costs cache misses, and a server takes a lease on every request.
+        result = arrays.result
+        entry(outs, spans.bounds, spans.offsets, probe.at, arrays.fixed, arrays.table,
+              clock.now + 1, MAX_PINS, answers, result)
+        stop, touched, one_runs = result.tolist()
+    else:
+        stop, touched, one_runs = arrays.take(outs, spans.bounds, spans.offsets, probe.at,
+                                              clock.now + 1, answers)
     clock.now += touched  # the ticks the pass took (Clock.advance, one call less)
     # Built as a tuple: a named tuple's own constructor is one more Python call.
     hold: ProbedHold = tuple.__new__(ProbedHold, (
