@@ -15,11 +15,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError, LeaseLost
+from kvfsm._jit import settings as jit_settings
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
 from kvfsm.gates._lease import DEFAULT_LEASE_TTL_S, Lease, _Held
-from kvfsm.gates._lease_probed import ProbedHold, take_probed
+from kvfsm.gates._lease_probed import ProbedHold, refuse_probed
 from kvfsm.state import FAILED, MAX_PINS, NO_TARGET, GroupState, StateCore, StateError
-from kvfsm.state._lease_pass import LeaseArrays
+from kvfsm.state._lease_pass import ANSWER_COLUMNS, TAKEN, LeaseArrays
 from kvfsm.state._lease_pins import (
     CHECK_FAILED,
     MOVED,
@@ -30,7 +31,7 @@ from kvfsm.state._lease_pins import (
     take_unchanged,
     unpin_unmoved,
 )
-from kvfsm.verify import ProbedGroup, Prompt, Verdict
+from kvfsm.verify import Probe, ProbedGroup, Prompt, Verdict
 
 IdArray = NDArray[np.intp]
 
@@ -93,9 +94,10 @@ class LeaseBook:
             raise KvfsmError(f"the verdict covers {tokens} tokens but the prompt has only "
                              f"{prompt.n_tokens}: not this prompt's verdict")
         with self.lock:
-            held: tuple[_Held, ...] | ProbedHold | None = self._probed_at_once(verdict, prompt)
-            if held is None:
-                held = self._probed(verdict, prompt)
+            at_once = self._probed_at_once(verdict, prompt, ttl_s)
+            if at_once is not None:
+                return at_once
+            held = self._probed(verdict, prompt)
             if held is not None:
                 return self._open_lease(tokens, held, ttl_s)
             try:
@@ -135,24 +137,68 @@ class LeaseBook:
             raise KvfsmError("take_looked_up takes the verdict of a lookup on this core, as it "
                              "made it")
         with self.lock:
-            names = probe.spans.names
-            arrays = self._arrays
-            held = take_probed(arrays if arrays is not None and arrays.names is names
-                               else self._arrays_named(names), probe)
-            if held is None:  # the lookup recorded a checksum failure: checked group by group
+            lease = self._take_probed(probe, verdict.usable_tokens, ttl_s)
+            if lease is None:  # the lookup recorded a checksum failure: checked group by group
                 return self.take(verdict, probe.prompt, ttl_s=ttl_s)
-            return self._open_lease(verdict.usable_tokens, held, ttl_s)
+            return lease
 
-    def _probed_at_once(self, verdict: Verdict, prompt: Prompt) -> ProbedHold | None:
-        """The lease's holdings pinned in one pass over every group, where its verdict's lookup
-        was of this prompt on this core and no group changed since (the usual lease); None
-        where that cannot serve (nothing changed)."""
+    def _probed_at_once(self, verdict: Verdict, prompt: Prompt, ttl_s: float) -> Lease | None:
+        """The lease pinned in one pass over every group, where its verdict's lookup was of
+        this prompt on this core and no group changed since (the usual lease); None where
+        that cannot serve (nothing changed)."""
         probe = verdict.probe
         if probe is None or probe.spans is None or probe.passes is None or not probe.exact or \
                 probe.prompt is not prompt or probe.tokens != verdict.usable_tokens or \
                 probe.core() is not self.core:
             return None
-        return take_probed(self._arrays_named(probe.spans.names), probe)
+        return self._take_probed(probe, verdict.usable_tokens, ttl_s)
+
+    def _take_probed(self, probe: Probe, tokens: int, ttl_s: float) -> Lease | None:
+        """The lease of ``tokens`` made by pinning and touching the blocks of every group of a
+        lookup's ``probe`` (its pass outputs, at its candidate ``at``, where its ``spans``
+        say) in one compiled call, where no group changed since the lookup. None where some
+        group changed, or an index group points past what the lease would hold of its
+        target (nothing changed: the caller checks the blocks afresh). A StateError (a block
+        already at ``MAX_PINS``) or KvfsmError (an id outside its group) where a group
+        refused: the groups before it stay marked used (their recency refreshed), nothing
+        is pinned. One frame from the lookup's outputs to the open lease: a server takes a
+        lease on every request, right after a long lookup, where each frame costs cache
+        misses."""
+        spans, passes = probe.spans, probe.passes
+        assert spans is not None and passes is not None
+        arrays = self._arrays
+        if arrays is None or arrays.names is not spans.names:
+            arrays = self._arrays_named(spans.names)
+        if arrays.change_count.total != probe.changes:
+            return None
+        outs = tuple([each[2] for each in passes])
+        answers = np.empty((len(outs), ANSWER_COLUMNS), dtype=np.int64)
+        clock = arrays.clock
+        entry = arrays.take_entry
+        if entry is not None and jit_settings.enabled:
+            # LeaseArrays.take's call without its frame.
+            result = arrays.result
+            entry(outs, spans.bounds, spans.offsets, probe.at, arrays.fixed, arrays.table,
+                  clock.now + 1, MAX_PINS, answers, result)
+            stop, touched, one_runs = result.tolist()
+        else:
+            stop, touched, one_runs = arrays.take(outs, spans.bounds, spans.offsets, probe.at,
+                                                  clock.now + 1, answers)
+        clock.now += touched  # the ticks the pass took (Clock.advance, one call less)
+        # Built as a tuple: a named tuple's own constructor is one more Python call.
+        hold: ProbedHold = tuple.__new__(ProbedHold, (
+            arrays, passes, outs, spans.offsets, answers, probe.changes, touched,
+            one_runs == touched))
+        if stop != TAKEN:
+            if stop < 0:
+                return None  # an index's targets outside what is held: checked afresh
+            refuse_probed(hold, stop)
+        # _open_lease, inline.
+        lease = Lease(self, tokens, hold, self.clock() + ttl_s)
+        self._open[id(lease)] = lease
+        if lease.expires_at < self._next_expiry:
+            self._next_expiry = lease.expires_at
+        return lease
 
     def _arrays_named(self, names: tuple[str, ...]) -> LeaseArrays:
         """The core's groups' arrays in the order of ``names`` (a lookup's tuple), gathered on

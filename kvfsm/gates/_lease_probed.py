@@ -18,11 +18,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm._jit import settings as jit_settings
 from kvfsm.state import MAX_PINS, StateCore, StateError
 from kvfsm.state._core import LeasedRead, LeasedRun
 from kvfsm.state._lease_pass import (
-    ANSWER_COLUMNS,
     FIRST_EPOCH,
     FIRST_ID,
     FULL,
@@ -31,20 +29,18 @@ from kvfsm.state._lease_pass import (
     ONE_READ,
     OUTSIDE,
     PINNED_AS,
-    TAKEN,
     LeaseArrays,
 )
 from kvfsm.state._touch import _probed_ids
-from kvfsm.verify import Probe
 
 #: A lookup's pass per group: ``(name, spans, out, words, changes)`` (``Probe.passes``).
 Passes = Sequence[tuple[str, Any, NDArray[np.int64], Any, int]]
 
 
 class ProbedHold(NamedTuple):
-    """What a lease taken by :func:`take_probed` holds: the groups' arrays, the lookup's pass
-    per group (its outputs hold the ids and epochs), the outputs and where in them the ids
-    and epochs start, the answer row per group (columns of
+    """What a lease taken in one pass (``LeaseBook._take_probed``) holds: the groups'
+    arrays, the lookup's pass per group (its outputs hold the ids and epochs), the outputs
+    and where in them the ids and epochs start, the answer row per group (columns of
     :mod:`~kvfsm.state._lease_pass`: prompt blocks ``[LO, HI)``, how they were pinned,
     whether they are one run at one epoch, the first id and epoch), the core's count of
     changes to any group at the take, the groups holding blocks, and whether each of those
@@ -111,44 +107,12 @@ class ProbedHold(NamedTuple):
                           len(self.outs) if groups is None else groups)
 
 
-def take_probed(arrays: LeaseArrays, probe: Probe) -> ProbedHold | None:
-    """Pin and touch the blocks of every group of a lookup's ``probe`` (its pass outputs, at
-    its candidate ``at``, where its ``spans`` say) in one compiled call, where no group
-    changed since the lookup: the hold. None where some group changed, or an index group
-    points past what the lease would hold of its target (nothing changed: the caller checks
-    the blocks afresh). A StateError (a block already at ``MAX_PINS``) or KvfsmError (an id
-    outside its group) where a group refused: the groups before it stay marked used (their
-    recency refreshed), nothing is pinned."""
-    spans, passes = probe.spans, probe.passes
-    assert spans is not None and passes is not None
-    if arrays.change_count.total != probe.changes or arrays.names is not spans.names:
-        return None
-    outs = tuple([each[2] for each in passes])
-    groups = arrays.groups
-    answers = np.empty((len(groups), ANSWER_COLUMNS), dtype=np.int64)
-    clock = arrays.clock
-    entry = arrays.take_entry
-    if entry is not None and jit_settings.enabled:
-        # LeaseArrays.take's call without its frame: right after a long lookup each frame
-        # costs cache misses, and a server takes a lease on every request.
-        result = arrays.result
-        entry(outs, spans.bounds, spans.offsets, probe.at, arrays.fixed, arrays.table,
-              clock.now + 1, MAX_PINS, answers, result)
-        stop, touched, one_runs = result.tolist()
-    else:
-        stop, touched, one_runs = arrays.take(outs, spans.bounds, spans.offsets, probe.at,
-                                              clock.now + 1, answers)
-    clock.now += touched  # the ticks the pass took (Clock.advance, one call less)
-    # Built as a tuple: a named tuple's own constructor is one more Python call.
-    hold: ProbedHold = tuple.__new__(ProbedHold, (
-        arrays, passes, outs, spans.offsets, answers, probe.changes, touched,
-        one_runs == touched))
-    if stop == TAKEN:
-        return hold
-    if stop < 0:
-        return None  # an index's targets outside what is held: checked afresh
+def refuse_probed(hold: ProbedHold, stop: int) -> None:
+    """Raise why group ``stop`` refused a one-pass take (:attr:`LeaseArrays.take` answered
+    ``stop`` for it), after giving back the pins of the groups before it: a KvfsmError (an id
+    outside its group) or a StateError (a block already at ``MAX_PINS``)."""
     hold.unpin(stop)
-    state, row = groups[stop], answers[stop].tolist()
+    state, row = hold.arrays.groups[stop], hold.answers[stop].tolist()
     ids, _ = hold.blocks(stop, row)
     if row[OUTSIDE] >= 0:
         raise KvfsmError(f"{state.name}: block ids must lie in [0, {state.n_blocks}), got "
@@ -157,4 +121,4 @@ def take_probed(arrays: LeaseArrays, probe: Probe) -> ProbedHold | None:
                      f"{int(ids[row[FULL]])}); nothing was pinned")
 
 
-__all__ = ["ProbedHold", "take_probed"]
+__all__ = ["ProbedHold", "refuse_probed"]
