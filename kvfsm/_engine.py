@@ -383,10 +383,19 @@ class Engine:
         for each request it is about to run (validate the lease right before the read,
         release it after). A ``ttl_s`` that is not a number of seconds above 0 is a
         KvfsmError before anything is looked up."""
-        check_ttl(ttl_s)
+        if ttl_s is not DEFAULT_LEASE_TTL_S:
+            check_ttl(ttl_s)
         with self._lock:
             verdict = self.lookup(prompt, level=level, priority=priority,
                                   kernel_layouts=kernel_layouts, drop_last_block=drop_last_block)
+            # The lookup just made, under this lock: the one-pass take straight away (a frame
+            # and take_looked_up's checks fewer, right after a long lookup); the book checks
+            # it where that cannot serve (a checksum failure recorded since, no probe).
+            probe = verdict.probe
+            if probe is not None and probe.spans is not None and probe.passes is not None:
+                lease = self._leases.take_probed(probe, verdict.usable_tokens, ttl_s)
+                if lease is not None:
+                    return verdict, lease
             return verdict, self._leases.take_looked_up(verdict, ttl_s)
 
     @property

@@ -137,7 +137,7 @@ class LeaseBook:
             raise KvfsmError("take_looked_up takes the verdict of a lookup on this core, as it "
                              "made it")
         with self.lock:
-            lease = self._take_probed(probe, verdict.usable_tokens, ttl_s)
+            lease = self.take_probed(probe, verdict.usable_tokens, ttl_s)
             if lease is None:  # the lookup recorded a checksum failure: checked group by group
                 return self.take(verdict, probe.prompt, ttl_s=ttl_s)
             return lease
@@ -151,9 +151,9 @@ class LeaseBook:
                 probe.prompt is not prompt or probe.tokens != verdict.usable_tokens or \
                 probe.core() is not self.core:
             return None
-        return self._take_probed(probe, verdict.usable_tokens, ttl_s)
+        return self.take_probed(probe, verdict.usable_tokens, ttl_s)
 
-    def _take_probed(self, probe: Probe, tokens: int, ttl_s: float) -> Lease | None:
+    def take_probed(self, probe: Probe, tokens: int, ttl_s: float) -> Lease | None:
         """The lease of ``tokens`` made by pinning and touching the blocks of every group of a
         lookup's ``probe`` (its pass outputs, at its candidate ``at``, where its ``spans``
         say) in one compiled call, where no group changed since the lookup. None where some
@@ -163,7 +163,8 @@ class LeaseBook:
         refused: the groups before it stay marked used (their recency refreshed), nothing
         is pinned. One frame from the lookup's outputs to the open lease: a server takes a
         lease on every request, right after a long lookup, where each frame costs cache
-        misses."""
+        misses. For an owner holding its lock since its own lookup on this core made
+        ``probe`` (:meth:`take_looked_up` and :meth:`take` check that first)."""
         spans, passes = probe.spans, probe.passes
         assert spans is not None and passes is not None
         arrays = self._arrays
