@@ -355,10 +355,12 @@ class EventLog:
         with self._lock:
             if self._file is None or self._error is not None:
                 return
-            self._buffer.append((names, answers, count))
+            buffer = self._buffer
+            buffer.append((names, answers, count))
             self.records += count
             self._buffered_lines += count
-            self._write_if_full()
+            if len(buffer) >= self.flush_every:  # _write_if_full, a frame fewer per lease
+                self._write_if_full()
 
     def _append(self, record: _Record | _Run | str) -> None:
         """Buffer one record (the lock is held), writing the buffer once it is full."""
