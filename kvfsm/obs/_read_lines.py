@@ -84,8 +84,8 @@ def _put_piece(out: NDArray[np.uint8], at: int, source: NDArray[np.uint8],
 
 def _lines_example() -> tuple[object, ...]:
     return (np.zeros((1, 4), dtype=np.int64), 0, _PIECE_BYTES[:2], np.array([0, 2], np.int64),
-            _PIECE_BYTES, _PIECE_STARTS, np.empty(256, dtype=np.uint8),
-            np.empty(1, dtype=np.int64))
+            _PIECE_BYTES, _PIECE_STARTS, np.zeros(256, dtype=np.uint8),
+            np.zeros(1, dtype=np.int64))
 
 
 def _lines_inputs(rng: np.random.Generator) -> tuple[object, ...]:
@@ -98,8 +98,8 @@ def _lines_inputs(rng: np.random.Generator) -> tuple[object, ...]:
                      rng.integers(1, 6, size), rng.integers(0, top, size)], axis=1)
     name_bytes, name_starts = name_table(names)
     return (rows.astype(np.int64), int(rng.integers(0, top)), name_bytes, name_starts,
-            _PIECE_BYTES, _PIECE_STARTS, np.empty(line_bound(rows.shape[0], name_starts),
-                                                  dtype=np.uint8), np.empty(1, dtype=np.int64))
+            _PIECE_BYTES, _PIECE_STARTS, np.zeros(line_bound(rows.shape[0], name_starts),
+                                                  dtype=np.uint8), np.zeros(1, dtype=np.int64))
 
 
 def _run_lines_twin(rows: NDArray[np.int64], seq: int, name_bytes: NDArray[np.uint8],
