@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,6 +36,13 @@ import numpy as np
 #: Environment variable that disables compiled kernels when set to 0 / false / no / off.
 ENV_VAR = "KVFSM_JIT"
 _OFF = frozenset({"0", "false", "no", "off"})
+
+
+def _numba_installed() -> bool:
+    """numba is installed and the environment does not disable it (found, not imported)."""
+    if os.environ.get(ENV_VAR, "").strip().lower() in _OFF:
+        return False
+    return importlib.util.find_spec("numba") is not None
 
 
 @functools.cache
@@ -56,26 +64,27 @@ class JitSettings:
     and whether entry points bound to argument types check them on every call
     (``check_entries``: the test suite turns it on; see :meth:`Kernel.entry`)."""
 
+    #: Kernels run compiled: a plain attribute (every kernel call reads it, and a property is
+    #: a Python call each time; a class with ``__getattr__`` loses CPython's fast attribute
+    #: reads), set where numba is installed without importing it (a quarter of a second that
+    #: commands without lookups should not pay). :func:`warm_up` turns it off where numba is
+    #: installed but fails to import; :meth:`__setattr__` refuses turning it on where numba
+    #: is unavailable.
+    enabled: bool
+
     def __init__(self) -> None:
-        self._enabled: bool | None = None
         self.check_entries = False
+        object.__setattr__(self, "enabled", _numba_installed())
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "enabled" and value and not self.available:
+            raise ValueError(f"compiled kernels are unavailable (numba missing or {ENV_VAR}=0)")
+        object.__setattr__(self, name, value)
 
     @property
     def available(self) -> bool:
         """numba can be imported and the environment does not disable it."""
         return _numba() is not None
-
-    @property
-    def enabled(self) -> bool:
-        if self._enabled is None:
-            self._enabled = self.available
-        return self._enabled
-
-    @enabled.setter
-    def enabled(self, value: bool) -> None:
-        if value and not self.available:
-            raise ValueError(f"compiled kernels are unavailable (numba missing or {ENV_VAR}=0)")
-        self._enabled = value
 
     @contextlib.contextmanager
     def using(self, enabled: bool) -> Iterator[None]:
@@ -251,6 +260,9 @@ def warm_up() -> None:
     """Compile (or load from the disk cache) every kernel, so no request pays for it. Cheap once
     done: each call then runs a kernel on a few elements."""
     if not settings.enabled:
+        return
+    if not settings.available:  # installed, but it fails to import: the NumPy twins serve
+        settings.enabled = False
         return
     for each in _KERNELS:
         each.compiled(*each.example())

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -105,6 +106,35 @@ def test_disabled_by_environment_falls_back_to_numpy() -> None:
         print(settings.backend, eng.lookup(text).usable_tokens, "numba" in sys.modules, refused)
     """, KVFSM_JIT="0")
     assert out == "numpy 384 False True"
+
+
+def test_a_numba_that_fails_to_import_leaves_the_numpy_twins_serving(tmp_path: Path) -> None:
+    """numba found installed but failing to import (a broken wheel): kernels start enabled
+    (found without importing it), an engine's warm-up finds the failure and turns them off,
+    and lookups answer through the NumPy twins."""
+    broken = tmp_path / "numba"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise ImportError('a broken numba')\n")
+    out = _python("""
+        import numpy as np
+        from kvfsm import Engine, shipped_models
+        from kvfsm._jit import settings
+        from kvfsm.state import CoreConfig
+        found = settings.enabled
+        eng = Engine(shipped_models()["deepseek_v4_like"],
+                     CoreConfig(device_blocks=64, host_blocks=0, backend="numpy"))
+        text = np.arange(400)
+        eng.commit(eng.prompt(text))
+        print(found, settings.enabled, settings.backend, eng.lookup(text).usable_tokens)
+    """, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    assert out == "True False numpy 384"
+
+
+def test_reading_whether_kernels_are_compiled_is_an_attribute_read() -> None:
+    """``settings.enabled`` is read on every kernel call: a plain attribute (no property, no
+    ``__getattr__``), still refusing to be turned on where numba is unavailable."""
+    assert "enabled" in vars(jit) and "enabled" not in vars(type(jit))
+    assert not hasattr(type(jit), "__getattr__")
 
 
 def test_without_numba_a_kernel_runs_its_twin_and_compiling_says_why() -> None:
