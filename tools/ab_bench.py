@@ -108,9 +108,15 @@ def _timed(call: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def worker(model: str, tokens: int, path: str, observed: bool) -> None:
-    """Serve bursts: read a round count per line on stdin, answer one JSON line per burst."""
+def worker(model: str, tokens: int, path: str, observed: bool, cpu: int | None) -> None:
+    """Serve bursts: read a round count per line on stdin, answer one JSON line per burst.
+    ``cpu``: the one CPU to run on (both workers share it: the cores of a shared machine can
+    differ in speed by half, and a worker the scheduler placed on the slower one would read
+    slower throughout)."""
     import numpy as np
+
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
 
     with tempfile.TemporaryDirectory(prefix="kvfsm-ab-") as root:
         plain, leased, observe = _engine_and_calls(model, tokens, observed, Path(root))
@@ -147,6 +153,8 @@ def _spawn(checkout: Path, args: argparse.Namespace) -> subprocess.Popen[str]:
         [str(checkout), *filter(None, [os.environ.get("PYTHONPATH")])]))
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--path", args.path,
                "--model", args.model, "--tokens", str(args.tokens)]
+    if args.cpu is not None:
+        command += ["--cpu", str(args.cpu)]
     if args.observed:
         command.append("--observed")
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -161,9 +169,13 @@ def _quartiles(values: Sequence[float]) -> list[float]:
 
 def compare(before: Path, after: Path, *, path: str = "lookup", observed: bool = False,
             model: str = "deepseek_v4_like", tokens: int = 131_072, bursts: int = 30,
-            per_burst: int = 100, progress: Callable[[str], None] | None = None
-            ) -> dict[str, Any]:
-    """Alternated bursts of the two checkouts' workers; the report (see the module doc)."""
+            per_burst: int = 100, cpu: int | None = -1,
+            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Alternated bursts of the two checkouts' workers; the report (see the module doc).
+    ``cpu``: the CPU both workers run on (-1: the last this process may use; None: wherever
+    the scheduler puts them)."""
+    if cpu == -1:
+        cpu = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     for checkout in (before, after):
         if not (checkout / "kvfsm" / "__init__.py").is_file():
             raise SystemExit(f"ab_bench: {checkout} holds no kvfsm package")
@@ -171,7 +183,7 @@ def compare(before: Path, after: Path, *, path: str = "lookup", observed: bool =
         raise SystemExit(f"ab_bench: path must be one of {PATHS}, got {path!r}")
     if bursts < 1 or per_burst < 1 or tokens < 2:
         raise SystemExit("ab_bench: bursts and per-burst must be >= 1 and tokens >= 2")
-    args = argparse.Namespace(path=path, observed=observed, model=model, tokens=tokens)
+    args = argparse.Namespace(path=path, observed=observed, model=model, tokens=tokens, cpu=cpu)
     sides = {"before": _spawn(before, args), "after": _spawn(after, args)}
     results: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     try:
@@ -194,7 +206,8 @@ def compare(before: Path, after: Path, *, path: str = "lookup", observed: bool =
                 worker_process.stdin.close()
             worker_process.wait()
     report: dict[str, Any] = {"path": path, "observed": observed, "model": model,
-                              "tokens": tokens, "bursts": bursts, "per_burst": per_burst}
+                              "tokens": tokens, "bursts": bursts, "per_burst": per_burst,
+                              "cpu": cpu}
     for name in ("before", "after"):
         report[f"{name}_lookup_us"] = statistics.median(
             each["median"] for each in results[name]) * 1e6
@@ -226,17 +239,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=131_072)
     parser.add_argument("--bursts", type=int, default=30)
     parser.add_argument("--per-burst", type=int, default=100)
+    parser.add_argument("--cpu", type=int, default=-1,
+                        help="the CPU both workers run on (-1: the last one allowed; "
+                             "pass another to compare cores)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.model, args.tokens, args.path, args.observed)
+        worker(args.model, args.tokens, args.path, args.observed,
+               None if args.cpu < 0 else args.cpu)
         return 0
     if args.before is None or args.after is None:
         parser.error("give the two checkouts, BEFORE and AFTER")
     report = compare(args.before.resolve(), args.after.resolve(), path=args.path,
                      observed=args.observed, model=args.model, tokens=args.tokens,
-                     bursts=args.bursts, per_burst=args.per_burst,
+                     bursts=args.bursts, per_burst=args.per_burst, cpu=args.cpu,
                      progress=lambda line: print(line, file=sys.stderr))
     if args.json:
         print(json.dumps(report, indent=2))
