@@ -130,6 +130,15 @@ class Kernel:
         self.__name__ = function.__name__
         self._compiled: Callable[..., None] | None = None
 
+    def _compiled_or_off(self) -> Callable[..., None] | None:
+        """The compiled version, or None where numba was found installed but fails to import:
+        compiled kernels are then turned off (every call site falls back to the twins),
+        whether or not an engine's :func:`warm_up` found it first."""
+        if self._compiled is None and not settings.available:
+            settings.enabled = False
+            return None
+        return self._compiled or self.compiled
+
     @property
     def compiled(self) -> Callable[..., None]:
         if self._compiled is None:
@@ -156,7 +165,9 @@ class Kernel:
         dimension as if it had the bound one, unchecked. Where
         :attr:`JitSettings.check_entries` is on (the test suite), the returned callable checks
         every call's types against the bound ones and raises a TypeError on a difference."""
-        dispatcher: Any = self._compiled or self.compiled  # a numba Dispatcher
+        dispatcher: Any = self._compiled_or_off()  # a numba Dispatcher
+        if dispatcher is None:
+            return self.twin  # numba fails to import: the twin takes the same arguments
         typeof = _numba().typeof
         types = tuple(typeof(arg) for arg in args)
         call: Callable[..., None] = dispatcher.compile(types)
@@ -180,7 +191,7 @@ class Kernel:
     def __call__(self, *args: Any) -> None:
         # The one dispatch: a property read, as call sites did before kernels owned their twins.
         if settings.enabled:
-            (self._compiled or self.compiled)(*args)
+            (self._compiled or self._compiled_or_off() or self.twin)(*args)
         else:
             self.twin(*args)
 

@@ -128,6 +128,18 @@ def test_a_numba_that_fails_to_import_leaves_the_numpy_twins_serving(tmp_path: P
         print(found, settings.enabled, settings.backend, eng.lookup(text).usable_tokens)
     """, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
     assert out == "True False numpy 384"
+    # Without an engine's warm-up: the first kernel call or entry point finds it, and the
+    # twins serve from then on.
+    out = _python("""
+        from kvfsm._jit import settings
+        from kvfsm.state._hashtable import probe_kernel
+        args = probe_kernel.example()
+        found = settings.enabled
+        probe_kernel(*args)
+        entry = probe_kernel.entry(*probe_kernel.example())
+        print(found, settings.enabled, entry is probe_kernel.twin, args[5].tolist())
+    """, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    assert out == "True False True [-1]"
 
 
 def test_reading_whether_kernels_are_compiled_is_an_attribute_read() -> None:
