@@ -383,8 +383,7 @@ class Engine:
         for each request it is about to run (validate the lease right before the read,
         release it after). A ``ttl_s`` that is not a number of seconds above 0 is a
         KvfsmError before anything is looked up."""
-        if ttl_s is not DEFAULT_LEASE_TTL_S:
-            check_ttl(ttl_s)
+        check_ttl(ttl_s)
         with self._lock:
             verdict = self.lookup(prompt, level=level, priority=priority,
                                   kernel_layouts=kernel_layouts, drop_last_block=drop_last_block)

@@ -24,7 +24,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError, LeaseLost
-from kvfsm._jit import settings as jit_settings
 from kvfsm.gates._lease_probed import ProbedHold
 from kvfsm.state import GroupState, StateCore, StateError
 from kvfsm.state._lease_pass import HI, LO
@@ -227,17 +226,10 @@ class Lease:
             if probed is None or self._released:
                 book.drop(self)
                 return
-            # The usual lease: what book.drop and unpin do, with four calls fewer (right
-            # after a long lookup each costs cache misses).
-            book._open.pop(id(self), None)
+            # The usual lease: what book.drop and unpin do, with two calls fewer.
+            book.forget(self)
             self._released = True
-            arrays = probed.arrays
-            entry = arrays.unpin_entry
-            if entry is not None and jit_settings.enabled:
-                entry(probed.outs, probed.offsets, arrays.fixed, arrays.table, probed.answers,
-                      len(probed.outs))
-            else:
-                probed.unpin()
+            probed.unpin()
 
     def unpin(self, core: StateCore) -> None:
         """Give back the pins (the book calls this once, under its lock). A block pinned by

@@ -15,7 +15,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError, LeaseLost
-from kvfsm._jit import settings as jit_settings
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
 from kvfsm.gates._lease import DEFAULT_LEASE_TTL_S, Lease, _Held
 from kvfsm.gates._lease_probed import ProbedHold, refuse_probed
@@ -175,16 +174,8 @@ class LeaseBook:
         outs = tuple([each[2] for each in passes])
         answers = np.empty((len(outs), ANSWER_COLUMNS), dtype=np.int64)
         clock = arrays.clock
-        entry = arrays.take_entry
-        if entry is not None and jit_settings.enabled:
-            # LeaseArrays.take's call without its frame.
-            result = arrays.result
-            entry(outs, spans.bounds, spans.offsets, probe.at, arrays.fixed, arrays.table,
-                  clock.now + 1, MAX_PINS, answers, result)
-            stop, touched, one_runs = result.tolist()
-        else:
-            stop, touched, one_runs = arrays.take(outs, spans.bounds, spans.offsets, probe.at,
-                                                  clock.now + 1, answers)
+        stop, touched, one_runs = arrays.take(outs, spans.bounds, spans.offsets, probe.at,
+                                              clock.now + 1, answers)
         clock.now += touched  # the ticks the pass took (Clock.advance, one call less)
         # Built as a tuple: a named tuple's own constructor is one more Python call.
         hold: ProbedHold = tuple.__new__(ProbedHold, (

@@ -12,7 +12,7 @@ keeps those outputs and the pass's answer rows, and makes per-group views only w
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 from numpy.typing import NDArray
@@ -107,7 +107,7 @@ class ProbedHold(NamedTuple):
                           len(self.outs) if groups is None else groups)
 
 
-def refuse_probed(hold: ProbedHold, stop: int) -> None:
+def refuse_probed(hold: ProbedHold, stop: int) -> NoReturn:
     """Raise why group ``stop`` refused a one-pass take (:attr:`LeaseArrays.take` answered
     ``stop`` for it), after giving back the pins of the groups before it: a KvfsmError (an id
     outside its group) or a StateError (a block already at ``MAX_PINS``)."""

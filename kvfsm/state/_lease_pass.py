@@ -286,38 +286,36 @@ class LeaseArrays:
         #: The passes' entry points, bound on their first calls (the arrays are these, and a
         #: lookup makes its outputs the same way every time).
         self._entries: dict[Kernel, Callable[..., None]] = {}
-        #: The same two, once bound, as attributes (None before): a lease calls each once,
-        #: right after a lookup that pushed the dict and the generic call path out of the
-        #: caches, and the usual take and release call them straight (with these arrays, as
-        #: :meth:`take` and :meth:`unpin` do, where compiled kernels are on).
-        self.take_entry: Callable[..., None] | None = None
-        self.unpin_entry: Callable[..., None] | None = None
+        #: The same two, once bound, as attributes: a lease calls each once, right after a
+        #: lookup that pushed the dict and the generic call path out of the caches.
+        self._take_entry: Callable[..., None] | None = None
+        self._unpin_entry: Callable[..., None] | None = None
 
     def take(self, outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
              offsets: NDArray[np.int64], at: int, tick: int,
              answers: NDArray[np.int64]) -> tuple[int, int, int]:
         """:func:`take_probed_loop` over these groups; ``(result[0], result[1], result[2])``."""
-        entry = self.take_entry
+        entry = self._take_entry
         if entry is not None and settings.enabled:
             entry(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
                   self.result)
         else:
             call_bound(take_probed_kernel, self._entries, outs, bounds, offsets, at, self.fixed,
                        self.table, tick, MAX_PINS, answers, self.result)
-            self.take_entry = self._entries.get(take_probed_kernel)
+            self._take_entry = self._entries.get(take_probed_kernel)
         stop, touched, one_reads = self.result.tolist()
         return stop, touched, one_reads
 
     def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
               answers: NDArray[np.int64], groups: int) -> None:
         """:func:`unpin_probed_loop` over the first ``groups`` of these groups."""
-        entry = self.unpin_entry
+        entry = self._unpin_entry
         if entry is not None and settings.enabled:
             entry(outs, offsets, self.fixed, self.table, answers, groups)
             return
         call_bound(unpin_probed_kernel, self._entries, outs, offsets, self.fixed, self.table,
                    answers, groups)
-        self.unpin_entry = self._entries.get(unpin_probed_kernel)
+        self._unpin_entry = self._entries.get(unpin_probed_kernel)
 
 
 __all__ = ["ANSWER_COLUMNS", "FIRST_EPOCH", "FIRST_ID", "FULL", "HI", "LO", "ONE_READ",
