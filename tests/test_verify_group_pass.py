@@ -28,6 +28,7 @@ from kvfsm.verify._group_eval import GroupEval, _prefix_step
 from kvfsm.verify._group_pass import (
     CHECKS_IGNORED,
     FIT,
+    ONE_RUN_BLOCKS,
     SETTLED_OK,
     group_pass,
     history_of,
@@ -243,3 +244,37 @@ def test_a_raw_prefix_spans_are_known_by_their_step_and_no_others_are() -> None:
         assert _prefix_step(changed) == 0
     assert _prefix_step(np.stack([np.zeros(4), np.zeros(4), np.arange(4) * 3,
                                   np.ones(4)]).astype(np.int64)) == 3
+
+
+@pytest.mark.usefixtures("jit_backend")
+def test_one_run_blocks_counts_the_chain_where_it_is_one_run_at_one_epoch() -> None:
+    """ONE_RUN_BLOCKS (what a lease over the lookup's blocks trusts instead of reading their
+    ids and epochs again): the blocks the chain found up to its first miss, where they are
+    consecutive ids all at the first one's epoch; 0 where any is another id or epoch."""
+    eng = engine(DENSE)
+    prompt = eng.prompt(tokens(161))
+    eng.commit(prompt)  # ten blocks allocated in one batch: consecutive ids
+    core = eng.core
+    group = core.group("attn")
+
+    def counted(high: np.ndarray, low: np.ndarray) -> int:
+        evaluated = GroupEval(core, group, high, low, np.zeros(1, dtype=np.int64),
+                              level=Level.FULL, kernel_layout=None, profile=DeviceProfile(),
+                              checksums=False)
+        return int(evaluated._out[ONE_RUN_BLOCKS])
+
+    high, low = (words[:10].copy() for words in prompt.words(16))
+    ids = core.lookup_words("attn", high, low)
+    assert ids.tolist() == list(range(int(ids[0]), int(ids[0]) + 10))
+    assert counted(high, low) == 10
+    missing = high.copy()
+    missing[7] ^= np.uint64(1)  # the chain ends at block 7: the run before it still counts
+    assert counted(missing, low) == 7
+    swapped_high, swapped_low = high.copy(), low.copy()
+    for words in (swapped_high, swapped_low):
+        words[[5, 6]] = words[[6, 5]]  # found, but not in id order
+    assert counted(swapped_high, swapped_low) == 0
+    core.fire("attn", [int(ids[3])], Event.SPILL_BEGIN)
+    core.fire("attn", [int(ids[3])], Event.SPILL_DONE)  # block 3 moved: another epoch
+    assert int(group.epoch[ids[3]]) != int(group.epoch[ids[0]])
+    assert counted(high, low) == 0

@@ -54,7 +54,7 @@ from kvfsm.state._touch import (
     TARGET_BLOCK,
     TARGETS_OUTSIDE,
     _probed_ids,
-    _touch_loop,
+    _touch_known,
     _touch_twin,
     leased_arrays,
     no_linked_run,
@@ -139,10 +139,12 @@ def _outputs(groups: Sequence[tuple[Any, Any]], at: int,
     """Pass outputs holding each group's ``(ids, epochs)`` at candidate ``at`` as a lookup
     lays them out (scalars, then ids, then epochs two a word), with every group's bounds
     (``[lo, hi)`` per candidate) and offsets as a lookup's call gathers them: the blocks
-    start at a prompt block ``lo`` (0, or random with ``rng``)."""
+    start at a prompt block ``lo`` (0, or random with ``rng``). Word 0 counts the blocks
+    that are one run at one epoch, as a lookup counts them (with ``rng``
+    the offsets point at it only now and then: -1 says nothing is known)."""
     outs = []
     bounds = np.zeros((len(groups), 2, at + 1), dtype=np.int64)
-    offsets = np.zeros((len(groups), 2), dtype=np.int64)
+    offsets = np.zeros((len(groups), 3), dtype=np.int64)
     for g, (ids, epochs) in enumerate(groups):
         lo = 0 if rng is None else int(rng.integers(0, 3))
         n = lo + ids.size + (0 if rng is None else int(rng.integers(0, 2)))
@@ -151,10 +153,22 @@ def _outputs(groups: Sequence[tuple[Any, Any]], at: int,
         out = np.zeros(at_epochs + (n + 1) // 2 + 1, dtype=np.int64)
         out[at_ids + lo:at_ids + lo + ids.size] = ids
         out[at_epochs:].view(np.uint32)[lo:lo + ids.size] = epochs
+        out[0] = _one_run_blocks(out[at_ids:at_epochs], out[at_epochs:].view(np.uint32)[:n])
         bounds[g, 0, at], bounds[g, 1, at] = lo, lo + ids.size
-        offsets[g] = (at_ids, at_epochs)
+        offsets[g] = (at_ids, at_epochs, 0 if rng is None or rng.random() < 0.7 else -1)
         outs.append(out)
     return tuple(outs), read_only(bounds), read_only(offsets)
+
+
+def _one_run_blocks(ids: NDArray[np.int64], epochs: NDArray[np.uint32]) -> int:
+    """As a lookup's pass counts them: the blocks before the first missing one where they
+    are one run of consecutive ids at the first's epoch, else 0."""
+    found = ids >= 0
+    chain = ids.size if found.all() else int(np.argmin(found))
+    if chain == 0:
+        return 0
+    run = (ids[:chain] == ids[0] + np.arange(chain)) & (epochs[:chain] == epochs[0])
+    return chain if run.all() else 0
 
 
 def _take_example() -> tuple[object, ...]:
@@ -198,7 +212,7 @@ def _take_inputs(rng: np.random.Generator) -> tuple[object, ...]:
 
 
 take_probed_kernel = kernel(example=_take_example, twin=_take_twin, inputs=_take_inputs,
-                            calls=(_probed_ids, _touch_loop))(take_probed_loop)
+                            calls=(_probed_ids, _touch_known))(take_probed_loop)
 
 
 def _unpin_tables(groups: Sequence[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]

@@ -90,6 +90,17 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
                 seen: NDArray[np.uint32], pins: NDArray[np.uint16],
                 chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
                 linked_run: NDArray[np.int64], out: NDArray[np.int64]) -> None:
+    """:func:`_touch_known` of a batch nothing is known of."""
+    _touch_known(ids, states, list_of_state, last_use, tick, prev, next_, head, tail, seen,
+                 pins, chunk_pins, shift, max_pins, linked_run, out, False)
+
+
+def _touch_known(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],
+                 last_use: NDArray[np.uint32], tick: int, prev: NDArray[np.int32],
+                 next_: NDArray[np.int32], head: NDArray[np.int32], tail: NDArray[np.int32],
+                 seen: NDArray[np.uint32], pins: NDArray[np.uint16],
+                 chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
+                 linked_run: NDArray[np.int64], out: NDArray[np.int64], one_run: bool) -> None:
     """Blocks ``ids`` were used at ``tick``, in batch order: each gets ``last_use`` ``tick``
     and, where its state (``states[block]``) puts it on a list, moves to that list's tail.
     ``linked_run``: the group's record of a run linked in order (:data:`RUN_FIRST` ...):
@@ -111,7 +122,11 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
     ``out[0]``: -1, or the index of the first id outside the blocks, and then nothing
     changes. No gathers, masks or index lists: the range and run check, then (pinning) the
     limits and the pins, then the moves; a batch that is one run of one list in batch order
-    is spliced to the tail whole."""
+    is spliced to the tail whole.
+
+    ``one_run``: the caller knows the ids are consecutive and ``seen`` all one value (a
+    lookup counted them so), and neither is read here: the range of the run is checked
+    from its ends."""
     n = last_use.size
     out[0], out[1], out[2], out[3] = -1, -1, 0, 0
     count = ids.size
@@ -121,8 +136,9 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
     # Consecutive ids in range (a lease's usual batch): branch-free passes, which vectorize,
     # over the ids and their links.
     off = 0
-    for i in range(count):
-        off |= ids[i] - (first + i)
+    if not one_run:
+        for i in range(count):
+            off |= ids[i] - (first + i)
     consecutive = off == 0 and first >= 0 and first + count <= n
     # Whether the batch is one run of one list in batch order: a lease touches a prompt's
     # blocks, which usually sit so (touched together before), and moving each to the tail in
@@ -168,9 +184,10 @@ def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
                 run = next_[ids[i - 1]] == block
     if max_pins > 0:
         differ = 0
-        base = seen[0]
-        for i in range(seen.size):
-            differ |= seen[i] ^ base
+        if not one_run:
+            base = seen[0]
+            for i in range(seen.size):
+                differ |= seen[i] ^ base
         out[3] = consecutive and differ == 0
         # Each maximal run of consecutive ids (all of them where they are consecutive: no
         # scan for breaks) pinned by the whole chunks inside it, its ends and every id of a
@@ -368,16 +385,19 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
                      offsets: NDArray[np.int64], at: int, fixed: NDArray[np.int64],
                      arrays: NDArray[np.int64], tick: int, max_pins: int,
                      answers: NDArray[np.int64], result: NDArray[np.int64]) -> None:
-    """A lease's pinning touch (:func:`_touch_loop`) of every group at once, on the blocks a
+    """A lease's pinning touch (:func:`_touch_known`) of every group at once, on the blocks a
     lookup found usable at its candidate ``at`` (no group changed since: only the pin limit
     is left to check), so a lease costs one compiled call, not one per group.
 
     Group ``g``'s blocks are prompt blocks ``[bounds[g, 0, at], bounds[g, 1, at])``, their
     ids and epochs in the lookup's pass output ``outs[g]`` from words ``offsets[g, 0]`` and
-    ``offsets[g, 1]`` (every group's bounds and offsets in one array each: fewer arguments to
-    unbox on every lease). ``fixed[g]`` is what the group's declaration fixes (columns
-    ``SHIFT`` ... ``TARGET_BLOCK``): its pin chunk shift, the position of the group its
-    blocks point into (-1: none), and the two groups' block sizes. ``arrays`` addresses
+    ``offsets[g, 1]``; word ``offsets[g, 2]`` of it (-1: none) counts the prompt blocks from
+    the first that the lookup found one run of consecutive ids at one epoch, so a span
+    inside them is pinned and touched without reading its ids and epochs (every group's
+    bounds and offsets in one array each: fewer arguments to unbox on every lease).
+    ``fixed[g]`` is what the group's declaration fixes (columns ``SHIFT`` ...
+    ``TARGET_BLOCK``): its pin chunk shift, the position of the group its blocks point into
+    (-1: none), and the two groups' block sizes. ``arrays`` addresses
     every group's states, lists, stamps, links, pins and run records (:data:`LEASE_KINDS`
     per group, an address table: one argument instead of ten per group).
 
@@ -410,8 +430,10 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
         if hi <= lo:
             continue
         ids, seen = _probed_ids(outs[g], offsets[g, 0], offsets[g, 1], lo, hi)
+        run_at = offsets[g, 2]
+        one_run = run_at >= 0 and hi <= outs[g][run_at]
         base = g * N_LEASE_ARRAYS
-        _touch_loop(ids, vector_at(arrays, base + STATES, np.uint8),
+        _touch_known(ids, vector_at(arrays, base + STATES, np.uint8),
                     vector_at(arrays, base + LIST_OF_STATE, np.int8),
                     vector_at(arrays, base + LAST_USE, np.uint32), tick + touched,
                     vector_at(arrays, base + PREV, np.int32),
@@ -420,7 +442,7 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
                     vector_at(arrays, base + TAIL, np.int32), seen,
                     vector_at(arrays, base + PINS, np.uint16),
                     vector_at(arrays, base + CHUNK_PINS, np.uint16), fixed[g, SHIFT], max_pins,
-                    vector_at(arrays, base + LINKED_RUN, np.int64), answer)
+                    vector_at(arrays, base + LINKED_RUN, np.int64), answer, one_run)
         if answer[OUTSIDE] >= 0 or answer[FULL] >= 0:
             result[0], result[1] = g, touched
             return
@@ -589,4 +611,4 @@ def touch_inputs(rng: np.random.Generator, limit: int) -> tuple[object, ...]:
 
 
 touch_kernel = kernel(example=_touch_example, twin=_touch_twin,
-                      inputs=_touch_inputs)(_touch_loop)
+                      inputs=_touch_inputs, calls=(_touch_known,))(_touch_loop)

@@ -48,6 +48,7 @@ from kvfsm.verify._group_pass import (
     NOW,
     NOW_CMP,
     NOW_RAW,
+    ONE_RUN_BLOCKS,
     PLAN_CHANGES,
     RESTORES_TOTAL,
     group_pass,
@@ -80,7 +81,7 @@ _NO_CHECKED = np.ones(0, dtype=np.bool_)
 #: The pass's scalars in the order :class:`GroupEval` unpacks them (all at once: cheaper than
 #: indexing each on every lookup).
 _SCALAR_ORDER = (CHAIN_BLOCKS, NEEDS_CHECKSUMS, PLAN_CHANGES, ASKED_KEPT, LARGEST_HIT,
-                 LARGEST_NOW, LARGEST_AFTER, ALL_SETTLED, RESTORES_TOTAL)
+                 LARGEST_NOW, LARGEST_AFTER, ALL_SETTLED, RESTORES_TOTAL, ONE_RUN_BLOCKS)
 assert tuple(range(N_SCALARS)) == _SCALAR_ORDER, "GroupEval unpacks the scalars in this order"
 #: The levels the evaluation compares against (a module global reads faster than an enum's
 #: member on every lookup).
@@ -270,9 +271,10 @@ class Spans:
         #: the bytes, and its size (out_offsets).
         self.out_at = out_offsets(n, self.lo.size)
         self.out_size = self.out_at[3]
-        #: Where the block ids and the epochs start, as an array (a lease's one compiled pass
+        #: Where the block ids and the epochs start, and the word counting the blocks from
+        #: the first that are one run at one epoch, as an array (a lease's one compiled pass
         #: over every group reads them there).
-        self.out_words = np.array(self.out_at[:2], dtype=np.int64)
+        self.out_words = np.array((*self.out_at[:2], ONE_RUN_BLOCKS), dtype=np.int64)
         self.out_words.setflags(write=False)
 
 
@@ -413,7 +415,7 @@ class GroupEval:
             self._recorded_checks = False
             scalars = self._pass(checked_ok, CHECKS_IGNORED)
         # The scalars in their order (_SCALAR_ORDER), unpacked at once.
-        chain, _, _, asked_kept, largest_hit, largest_now, largest_after, all_settled, _ = \
+        chain, _, _, asked_kept, largest_hit, largest_now, largest_after, all_settled, _, _ = \
             scalars
         self.chain_tokens: int = chain * decl.block_size
         if asked_kept:

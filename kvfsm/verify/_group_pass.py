@@ -90,7 +90,11 @@ LARGEST_AFTER: Final = 6
 ALL_SETTLED: Final = 7
 #: Restores the plan asks for over the whole prompt (0 where it changes nothing).
 RESTORES_TOTAL: Final = 8
-N_SCALARS: Final = 9
+#: CHAIN_BLOCKS where the chain's blocks are one run of consecutive ids, every one at the
+#: first's epoch, else 0: a lease over blocks among them pins and reads one run at one epoch
+#: without reading their ids and epochs again (checked here while they are in cache).
+ONE_RUN_BLOCKS: Final = 9
+N_SCALARS: Final = 10
 
 #: ``budget`` not looked up: the pass filters nothing by it (keeping the restores asked only
 #: where the budget has caps); the caller compares RESTORES_TOTAL with its budget and passes
@@ -387,6 +391,10 @@ def _group_pass_twin(
     sound = (facts & SOUND) == SOUND
     scalars[:] = 0
     scalars[CHAIN_BLOCKS] = int(np.argmin(found)) if not found.all() else n
+    chain = int(scalars[CHAIN_BLOCKS])
+    if chain and (ids[:chain] == ids[0] + np.arange(chain)).all() and \
+            (epochs[:chain] == epochs[0]).all():
+        scalars[ONE_RUN_BLOCKS] = chain
     # Layers 1 and 4: the caller's combined checks, or the recorded checks.
     if use_checked_ok:
         ok = checked_ok.copy()
@@ -697,6 +705,14 @@ def group_pass(
         cmp_bad[i + 1] = cmp_count
         missing[i + 1] = missing_count
     scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
+    # The blocks the chain found, where they are one run at one epoch (ONE_RUN_BLOCKS; a
+    # branch-free loop over what was just written, which vectorizes).
+    differ = 0
+    if chain_blocks > 0:
+        run_first, run_epoch = ids[0], epochs[0]
+        for i in range(chain_blocks):
+            differ |= (ids[i] - (run_first + i)) | (epochs[i] ^ run_epoch)
+    scalars[ONE_RUN_BLOCKS] = chain_blocks if differ == 0 else 0
     settled_form = consts[P_SETTLED_FORM] != 0
     all_settled = True
     for i in range(n):

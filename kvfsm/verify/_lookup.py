@@ -268,8 +268,8 @@ class _Layout:
 def _lease_spans(names: tuple[str, ...], spans: list[Spans]) -> LeaseSpans:
     """Per group in lookup order, the first and the end prompt block it needs at each
     candidate length (``bounds[g, 0]``, ``bounds[g, 1]``), and where its pass output holds
-    ids and epochs (``offsets[g]``): what a lease's one-pass take reads of the spans, in two
-    arrays (read-only)."""
+    ids, epochs and the count of blocks that are one run at one epoch (``offsets[g]``): what
+    a lease's one-pass take reads of the spans, in two arrays (read-only)."""
     bounds = np.stack([each.bounds[::2] for each in spans])
     offsets = np.stack([each.out_words for each in spans])
     bounds.flags.writeable = offsets.flags.writeable = False

@@ -116,8 +116,9 @@ class LeaseSpans(NamedTuple):
     """What a lease's one-pass take reads of a lookup's spans, made once per prompt length
     (the same object for every lookup of that length): the groups' names in lookup order,
     every group's first and end prompt block needed at each candidate length
-    (``bounds[g, 0]``, ``bounds[g, 1]``), and where its pass output holds ids and epochs
-    (``offsets[g]``), read-only."""
+    (``bounds[g, 0]``, ``bounds[g, 1]``), and where its pass output holds ids, epochs and
+    the count of its blocks from the first that are one run at one epoch (``offsets[g]``),
+    read-only."""
 
     names: tuple[str, ...]
     bounds: NDArray[np.int64]
