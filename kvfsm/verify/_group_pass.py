@@ -596,7 +596,8 @@ def group_pass(
     scalars[CHAIN_BLOCKS] = n
     changes = False
     # Prefix counts (int32: a prompt has far fewer blocks): bad raw / compressed / missing,
-    # in the scratch (each entry past the first is written before it is read).
+    # in the scratch (each entry past the first is written before it is read); a raw
+    # prefix's spans need only where the first missing and first bad raw blocks are.
     counts = scratch[counts_at:epochs_scratch_at].view(np.int32)
     raw_bad, cmp_bad, missing = counts[: n + 1], counts[n + 1 : 2 * n + 2], \
         counts[2 * n + 2 : 3 * n + 3]
@@ -620,6 +621,8 @@ def group_pass(
     # index's neighbouring rows often hold the same references; -1: none).
     fit_block = -1
     raw_count = cmp_count = missing_count = 0
+    # Blocks before the first bad raw one and before the first missing one.
+    first_raw_bad = first_missing = 0
     chain_blocks, needs_checksums = n, False
     for i in range(n):
         block = ids[i]
@@ -701,9 +704,12 @@ def group_pass(
         raw_count += not is_raw
         cmp_count += not is_cmp
         missing_count += block < 0
-        raw_bad[i + 1] = raw_count
-        cmp_bad[i + 1] = cmp_count
-        missing[i + 1] = missing_count
+        first_raw_bad += raw_count == 0
+        first_missing += missing_count == 0
+        if not prefix_step:
+            raw_bad[i + 1] = raw_count
+            cmp_bad[i + 1] = cmp_count
+            missing[i + 1] = missing_count
     scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
     # The blocks the chain found, where they are one run at one epoch (ONE_RUN_BLOCKS; a
     # branch-free loop over what was just written, which vectorizes).
@@ -713,34 +719,35 @@ def group_pass(
         for i in range(chain_blocks):
             differ |= (ids[i] - (run_first + i)) | (epochs[i] ^ run_epoch)
     scalars[ONE_RUN_BLOCKS] = chain_blocks if differ == 0 else 0
-    settled_form = consts[P_SETTLED_FORM] != 0
-    all_settled = True
-    for i in range(n):
-        if not (now_cmp[i] if settled_form else now_raw[i]):
-            all_settled = False
-            break
-    scalars[ALL_SETTLED] = all_settled
+    # Every block usable now in the form the kind settles in: none counted bad in it.
+    scalars[ALL_SETTLED] = (cmp_count if consts[P_SETTLED_FORM] != 0 else raw_count) == 0
     largest_hit = largest_now = 0
-    for k in range(count):
-        if prefix_step:
-            # A raw prefix's spans, known without reading them (at long prompts four int64
-            # reads a length are much of what this loop costs).
-            start = middle = 0
-            end = k * prefix_step
-            served = True
-        else:
+    if prefix_step and count:
+        # A raw prefix's spans (length k: blocks [0, k * prefix_step), every length served):
+        # a length is hit (usable) up to the first missing (bad) block, so each row is true
+        # up to a point and false after it, and is filled so.
+        largest_hit = min(count - 1, first_missing // prefix_step)
+        largest_now = min(count - 1, first_raw_bad // prefix_step)
+        hit[:largest_hit + 1] = True
+        hit[largest_hit + 1:count] = False
+        now[:largest_now + 1] = True
+        now[largest_now + 1:count] = False
+        after[:largest_now + 1] = True
+        after[largest_now + 1:count] = False
+    else:
+        for k in range(count):
             start, middle, end = lo[k], cut[k], hi[k]
             served = base[k] != 0
-        hit_here = served and missing[end] == missing[start]
-        now_here = served and raw_bad[end] == raw_bad[middle] and \
-            cmp_bad[middle] == cmp_bad[start]
-        hit[k] = hit_here
-        now[k] = now_here
-        after[k] = now_here
-        if hit_here:
-            largest_hit = k
-        if now_here:
-            largest_now = k
+            hit_here = served and missing[end] == missing[start]
+            now_here = served and raw_bad[end] == raw_bad[middle] and \
+                cmp_bad[middle] == cmp_bad[start]
+            hit[k] = hit_here
+            now[k] = now_here
+            after[k] = now_here
+            if hit_here:
+                largest_hit = k
+            if now_here:
+                largest_now = k
     scalars[LARGEST_HIT], scalars[LARGEST_NOW] = largest_hit, largest_now
     scalars[LARGEST_AFTER] = largest_now
     scalars[PLAN_CHANGES] = changes
