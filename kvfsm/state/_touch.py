@@ -434,15 +434,15 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
         one_run = run_at >= 0 and hi <= outs[g][run_at]
         base = g * N_LEASE_ARRAYS
         _touch_known(ids, vector_at(arrays, base + STATES, np.uint8),
-                    vector_at(arrays, base + LIST_OF_STATE, np.int8),
-                    vector_at(arrays, base + LAST_USE, np.uint32), tick + touched,
-                    vector_at(arrays, base + PREV, np.int32),
-                    vector_at(arrays, base + NEXT, np.int32),
-                    vector_at(arrays, base + HEAD, np.int32),
-                    vector_at(arrays, base + TAIL, np.int32), seen,
-                    vector_at(arrays, base + PINS, np.uint16),
-                    vector_at(arrays, base + CHUNK_PINS, np.uint16), fixed[g, SHIFT], max_pins,
-                    vector_at(arrays, base + LINKED_RUN, np.int64), answer, one_run)
+                     vector_at(arrays, base + LIST_OF_STATE, np.int8),
+                     vector_at(arrays, base + LAST_USE, np.uint32), tick + touched,
+                     vector_at(arrays, base + PREV, np.int32),
+                     vector_at(arrays, base + NEXT, np.int32),
+                     vector_at(arrays, base + HEAD, np.int32),
+                     vector_at(arrays, base + TAIL, np.int32), seen,
+                     vector_at(arrays, base + PINS, np.uint16),
+                     vector_at(arrays, base + CHUNK_PINS, np.uint16), fixed[g, SHIFT], max_pins,
+                     vector_at(arrays, base + LINKED_RUN, np.int64), answer, one_run)
         if answer[OUTSIDE] >= 0 or answer[FULL] >= 0:
             result[0], result[1] = g, touched
             return
