@@ -58,6 +58,7 @@ from kvfsm.state._touch import (
     _touch_twin,
     leased_arrays,
     no_linked_run,
+    one_run_blocks,
     take_probed_loop,
     touch_inputs,
     unpin_loop,
@@ -153,22 +154,11 @@ def _outputs(groups: Sequence[tuple[Any, Any]], at: int,
         out = np.zeros(at_epochs + (n + 1) // 2 + 1, dtype=np.int64)
         out[at_ids + lo:at_ids + lo + ids.size] = ids
         out[at_epochs:].view(np.uint32)[lo:lo + ids.size] = epochs
-        out[0] = _one_run_blocks(out[at_ids:at_epochs], out[at_epochs:].view(np.uint32)[:n])
+        out[0] = one_run_blocks(out[at_ids:at_epochs], out[at_epochs:].view(np.uint32)[:n])
         bounds[g, 0, at], bounds[g, 1, at] = lo, lo + ids.size
         offsets[g] = (at_ids, at_epochs, 0 if rng is None or rng.random() < 0.7 else -1)
         outs.append(out)
     return tuple(outs), read_only(bounds), read_only(offsets)
-
-
-def _one_run_blocks(ids: NDArray[np.int64], epochs: NDArray[np.uint32]) -> int:
-    """As a lookup's pass counts them: the blocks before the first missing one where they
-    are one run of consecutive ids at the first's epoch, else 0."""
-    found = ids >= 0
-    chain = ids.size if found.all() else int(np.argmin(found))
-    if chain == 0:
-        return 0
-    run = (ids[:chain] == ids[0] + np.arange(chain)) & (epochs[:chain] == epochs[0])
-    return chain if run.all() else 0
 
 
 def _take_example() -> tuple[object, ...]:

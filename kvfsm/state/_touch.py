@@ -356,6 +356,18 @@ TAKEN: Final = -1
 TARGETS_OUTSIDE: Final = -2
 
 
+def one_run_blocks(ids: NDArray[np.int64], epochs: NDArray[np.uint32]) -> int:
+    """What a take may trust of a lookup's blocks (ids, -1 where missing, and their epochs):
+    the blocks before the first missing one where they are one run of consecutive ids at
+    the first's epoch, else 0 (NumPy; the lookup's compiled pass counts the same)."""
+    found = ids >= 0
+    chain = ids.size if found.all() else int(np.argmin(found))
+    if chain == 0:
+        return 0
+    run = (ids[:chain] == ids[0] + np.arange(chain)) & (epochs[:chain] == epochs[0])
+    return chain if run.all() else 0
+
+
 def _probed_ids(out: NDArray[np.int64], at_ids: int, at_epochs: int, lo: int, hi: int
                 ) -> tuple[NDArray[np.int64], NDArray[np.uint32]]:
     """The ids and epochs a lookup's group pass wrote to ``out`` for prompt blocks

@@ -39,6 +39,7 @@ from kvfsm.state._hashtable import (
     probe_inputs,
     probe_twin,
 )
+from kvfsm.state._touch import one_run_blocks
 from kvfsm.verify._block_facts import (
     CODE_SHIFT,
     FOUND,
@@ -391,10 +392,7 @@ def _group_pass_twin(
     sound = (facts & SOUND) == SOUND
     scalars[:] = 0
     scalars[CHAIN_BLOCKS] = int(np.argmin(found)) if not found.all() else n
-    chain = int(scalars[CHAIN_BLOCKS])
-    if chain and (ids[:chain] == ids[0] + np.arange(chain)).all() and \
-            (epochs[:chain] == epochs[0]).all():
-        scalars[ONE_RUN_BLOCKS] = chain
+    scalars[ONE_RUN_BLOCKS] = one_run_blocks(ids, epochs)
     # Layers 1 and 4: the caller's combined checks, or the recorded checks.
     if use_checked_ok:
         ok = checked_ok.copy()
@@ -621,8 +619,8 @@ def group_pass(
     # index's neighbouring rows often hold the same references; -1: none).
     fit_block = -1
     raw_count = cmp_count = missing_count = 0
-    # Blocks before the first bad raw one and before the first missing one.
-    first_raw_bad = first_missing = 0
+    # Blocks before the first bad raw one (before the first missing one: chain_blocks).
+    first_raw_bad = 0
     chain_blocks, needs_checksums = n, False
     for i in range(n):
         block = ids[i]
@@ -705,7 +703,6 @@ def group_pass(
         cmp_count += not is_cmp
         missing_count += block < 0
         first_raw_bad += raw_count == 0
-        first_missing += missing_count == 0
         if not prefix_step:
             raw_bad[i + 1] = raw_count
             cmp_bad[i + 1] = cmp_count
@@ -726,7 +723,7 @@ def group_pass(
         # A raw prefix's spans (length k: blocks [0, k * prefix_step), every length served):
         # a length is hit (usable) up to the first missing (bad) block, so each row is true
         # up to a point and false after it, and is filled so.
-        largest_hit = min(count - 1, first_missing // prefix_step)
+        largest_hit = min(count - 1, chain_blocks // prefix_step)
         largest_now = min(count - 1, first_raw_bad // prefix_step)
         hit[:largest_hit + 1] = True
         hit[largest_hit + 1:count] = False
