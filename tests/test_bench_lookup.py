@@ -110,3 +110,18 @@ def test_bench_lookup_tables_per_length_and_pool_size(capsys: pytest.CaptureFixt
 def test_cli_bench_lookup_refuses_bad_sizes(text: str) -> None:
     with pytest.raises(SystemExit):
         main(["bench", "lookup", "--lengths", text])
+
+
+@pytest.mark.parametrize(("lengths", "pool_sizes", "match"), [
+    ((1024, 0), (), "lengths must be >= 1"),
+    ((), (5,), "smallest pool holds 5"),
+])
+def test_bad_table_arguments_are_refused_before_anything_is_measured(
+        lengths: tuple[int, ...], pool_sizes: tuple[int, ...], match: str) -> None:
+    """A length below 1 or a pool too small for the pool table's prompt is a KvfsmError
+    before the first phase starts, not after minutes of measuring the rest."""
+    phases: list[str] = []
+    with pytest.raises(KvfsmError, match=match):
+        bench_lookup(tokens=4096, repeat=1, observed_rounds=1, lengths=lengths,
+                     pool_sizes=pool_sizes, progress=phases.append)
+    assert phases == []

@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
 from kvfsm._jit import settings as jit
-from kvfsm.bench._pools import bench_pool_sizes
+from kvfsm.bench._pools import bench_pool_sizes, check_pool_sizes
 from kvfsm.bench._timing import Progress, ProgressFn, median_seconds
 from kvfsm.obs import EngineMetrics, EventLog
 from kvfsm.spec import ModelDecl, shipped_models
@@ -49,6 +49,12 @@ def bench_lookup(
     if tokens < 1 or repeat < 1 or observed_rounds < 1:
         raise KvfsmError(f"bench lookup: tokens, repeat and observed_rounds must be >= 1, got "
                          f"{tokens}, {repeat}, {observed_rounds}")
+    # Every table's arguments checked before the first (long) measurement starts.
+    bad_lengths = [length for length in lengths if int(length) < 1]
+    if bad_lengths:
+        raise KvfsmError(f"bench lookup: lengths must be >= 1, got {bad_lengths}")
+    if pool_sizes:
+        check_pool_sizes(pool_sizes, POOL_TOKENS)
     report = Progress("bench lookup", progress)
     report.phase(f"building an engine for {tokens} tokens")
     model = shipped_models()["deepseek_v4_like"]
@@ -136,8 +142,6 @@ def _lengths(model: ModelDecl, lengths: Sequence[int], repeat: int, report: Prog
     table: dict[str, dict[str, float | int]] = {}
     finest = min(g.block_size for g in model.groups)
     for tokens in sorted({int(length) for length in lengths}):
-        if tokens < 1:
-            raise KvfsmError(f"bench lookup: lengths must be >= 1, got {tokens}")
         report.phase(f"lookup at {tokens} tokens")
         engine = Engine(model, CoreConfig(device_blocks=tokens // finest + 8, host_blocks=0,
                                           backend="numpy"))

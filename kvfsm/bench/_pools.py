@@ -43,6 +43,25 @@ WARMUP = 2
 VOCAB = 100_000
 
 
+def check_pool_sizes(pool_sizes: Sequence[int], tokens: int, repeat: int = 1) -> list[int]:
+    """The distinct ``pool_sizes`` ascending, or a KvfsmError naming what is wrong: none
+    given, ``tokens`` or ``repeat`` below 1, or a pool too small for one ``tokens`` prompt
+    (checked before any engine is built, so a caller running longer work first can fail
+    fast)."""
+    sizes = sorted({int(size) for size in pool_sizes})
+    if not sizes or repeat < 1 or tokens < 1:
+        raise KvfsmError(f"bench pools: need pool sizes, tokens >= 1 and repeat >= 1; got "
+                         f"{list(pool_sizes)}, {tokens}, {repeat}")
+    finest = min(group.block_size for group in shipped_models()[MODEL].groups)
+    # The history group spills SPILL_BATCH blocks at most: a prompt shorter than that spills
+    # all of its history blocks.
+    needed = tokens // finest + 1
+    if sizes[0] < needed:
+        raise KvfsmError(f"bench pools: a {tokens}-token prompt needs {needed} blocks per "
+                         f"group; the smallest pool holds {sizes[0]}")
+    return sizes
+
+
 def bench_pool_sizes(
     *,
     pool_sizes: Sequence[int] = (10_000, 100_000, 1_000_000),
@@ -54,18 +73,8 @@ def bench_pool_sizes(
     per group in the device pool and in the host pool), and per operation the ratio of its
     cost at the largest pool to its cost at the smallest (``<op>_ratio_max_vs_min_pool``;
     1.0 is flat). ``progress`` takes a line per pool size (nothing is reported without it)."""
-    sizes = sorted({int(size) for size in pool_sizes})
-    if not sizes or repeat < 1 or tokens < 1:
-        raise KvfsmError(f"bench pools: need pool sizes, tokens >= 1 and repeat >= 1; got "
-                         f"{list(pool_sizes)}, {tokens}, {repeat}")
+    sizes = check_pool_sizes(pool_sizes, tokens, repeat)
     model = shipped_models()[MODEL]
-    finest = min(group.block_size for group in model.groups)
-    # The history group spills SPILL_BATCH blocks at most: a prompt shorter than that spills
-    # all of its history blocks.
-    needed = tokens // finest + 1
-    if sizes[0] < needed:
-        raise KvfsmError(f"bench pools: a {tokens}-token prompt needs {needed} blocks per "
-                         f"group; the smallest pool holds {sizes[0]}")
     report = Progress("bench pools", progress)
     started = time.perf_counter()
     engines: dict[int, Engine] = {}
