@@ -28,7 +28,7 @@ from kvfsm.spec._models import DTYPES
 from kvfsm.spec._vocabulary import STORED_TIERS
 from kvfsm.state import GroupState, StateCore
 from kvfsm.verify import Prompt, RestoreStep, Shortfall, Verdict
-from kvfsm.verify._lookup import MAX_LISTED
+from kvfsm.verify._why import MAX_LISTED
 
 #: What every graph mismatch tells the caller to do instead of replaying.
 INSTEAD = "eager only, or re-plan"

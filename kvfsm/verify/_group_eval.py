@@ -61,6 +61,7 @@ from kvfsm.verify._group_pass import (
 from kvfsm.verify._index_check import IndexCheck
 from kvfsm.verify._paths import RestorePaths, restore_paths
 from kvfsm.verify._types import DeviceProfile, GroupVerdict, Level
+from kvfsm.verify._why import Codes, reason_codes
 
 Bools = NDArray[np.bool_]
 
@@ -248,6 +249,14 @@ class Spans:
     def __init__(self, need: Needed, n: int) -> None:
         #: The prompt's blocks the spans are clipped to.
         self.n = n
+        #: ``lo``, ``cut`` and ``hi`` as the kind needs them, not clipped (a block from ``n``
+        #: on is missing), as one read-only ``[3, lengths]`` array, and per length whether
+        #: the kind can serve it at all (None: every length): what reasons read.
+        self.needed = np.stack([need.lo, need.cut, need.hi]).astype(np.int64)
+        self.needed.setflags(write=False)
+        self.servable = None if need.servable is None else need.servable.astype(np.bool_)
+        if self.servable is not None:
+            self.servable.setflags(write=False)
         self.hi = np.minimum(need.hi, n)
         self.cut = np.minimum(need.cut, self.hi)
         self.lo = np.minimum(need.lo, self.cut)
@@ -622,32 +631,65 @@ class GroupEval:
 
     # -- reasons ---------------------------------------------------------------------------
 
+    def _need(self, length: int) -> tuple[int, int, int, bool]:
+        """Blocks ``[lo, hi)`` needed at ``length`` (not clipped to the prompt's), those before
+        ``cut`` compressed, and whether the kind can serve ``length`` at all: read off the
+        spans at a candidate length, else asked of the kind's rule."""
+        lengths = self.lengths
+        at = int(lengths.searchsorted(length))
+        if at < lengths.size and lengths[at] == length:
+            lo, cut, hi = self.spans.needed[:, at].tolist()
+            servable = self.spans.servable
+            return lo, cut, hi, servable is None or bool(servable[at])
+        need = self.rule.needed(self.decl, np.array([length], dtype=np.int64))
+        return int(need.lo[0]), int(need.cut[0]), int(need.hi[0]), \
+            need.servable is None or bool(need.servable[0])
+
     def needed(self, length: int) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
         """Block indices needed at ``length`` and, per block, whether it must be compressed."""
-        need = self.rule.needed(self.decl, np.array([length], dtype=np.int64))
-        index = np.arange(int(need.lo[0]), int(need.hi[0]), dtype=np.int64)
-        return index, index < int(need.cut[0])
+        lo, cut, hi, _ = self._need(length)
+        index = np.arange(lo, hi, dtype=np.int64)
+        return index, index < cut
 
     def servable(self, length: int) -> bool:
         """The kind can serve ``length`` at all (whatever its blocks)."""
-        need = self.rule.needed(self.decl, np.array([length], dtype=np.int64))
-        return need.servable is None or bool(need.servable[0])
+        return self._need(length)[3]
 
     def failing(self, length: int) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
-        """The needed blocks at ``length`` that are not usable now, and their needed form."""
-        index, compressed = self.needed(length)
-        index_in = index < self.n
-        ok = np.zeros(index.size, dtype=np.bool_)
-        inside = index[index_in]
-        ok[index_in] = np.where(compressed[index_in], self.now_cmp[inside], self.now_raw[inside])
-        return index[~ok], compressed[~ok]
+        """The needed blocks at ``length`` that are not usable now, in order, and their needed
+        form: slices of the usable-now rows (a block from the prompt's last on is missing)."""
+        lo, cut, hi, _ = self._need(length)
+        cut = min(max(cut, lo), hi)
+        n = self.n
+        parts = []
+        for start, end, usable in ((lo, cut, self.now_cmp), (cut, hi, self.now_raw)):
+            inside_end = min(end, n)
+            if start < inside_end:
+                parts.append(start + np.flatnonzero(~usable[start:inside_end]))
+            if max(start, n) < end:
+                parts.append(np.arange(max(start, n), end))
+        index = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        return index, index < cut
 
     def state(self, index: int) -> int:
         """The lifecycle state of the prompt's block ``index`` (found blocks only)."""
         return int(self.group.states[self.ids[index]])
 
+    def reason_codes(self, index: NDArray[np.int64], compressed: Bools) -> Codes:
+        """Why each block ``index[i]`` is not usable now in its needed form, as codes
+        (:data:`~kvfsm.verify._why.BY_CODE`; 0 where it is): :meth:`reason` of many blocks
+        at once, for listing them."""
+        return reason_codes(
+            index, compressed, n=self.n, facts=self.facts, ids=self.ids, group=self.group,
+            paths=self.paths, missing=self.rule.missing, index_check=self.index,
+            align_ok=self.align_ok, checksum_ok=self.checksum_ok,
+            recorded_checks=self.checksum_ok is None and self._recorded_checks)
+
     def reason(self, index: int, compressed: bool) -> Reason | None:
-        """Why block ``index`` is not usable now in the needed form (None when it is)."""
+        """Why block ``index`` is not usable now in the needed form (None when it is): the
+        first check it fails, in the order the layers apply. One block, read as the rule
+        states it (a verdict's per-group stop); :meth:`reason_codes` answers the same for
+        many blocks in array operations, and a test holds the two to each other."""
         if index >= self.n:
             return self.rule.missing
         facts = int(self.facts[index])
@@ -657,8 +699,9 @@ class GroupEval:
             return Reason.POSITION_CONFLICT
         if not facts & WHOLE:
             return Reason.SUB_BLOCKS_MISSING
-        if self.index is not None and not self.index.fit[index]:
-            return self.index.reason(index)
+        index_check = self.index
+        if index_check is not None and not index_check.fit[index]:
+            return index_check.reason(index)
         table = self.group.table
         state = self.state(index)
         in_flight = bool(table.in_flight[state])

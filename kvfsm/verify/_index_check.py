@@ -73,7 +73,14 @@ class IndexCheck:
 
     def reason(self, row: int) -> Reason:
         """Why row ``row`` failed: a stale or dead target, or a target not of this prompt."""
-        target, block = self.target, self.ids[row : row + 1]
+        stale = bool(self.stale_rows(np.array([row], dtype=np.int64))[0])
+        return Reason.INDEX_STALE if stale else Reason.GROUP_GAP
+
+    def stale_rows(self, rows: NDArray[np.int64]) -> Bools:
+        """Per failed row of ``rows``: some reference is stale or dead (else its targets are
+        current but not all of this prompt's history: a group gap)."""
+        target, block = self.target, self.ids[rows]
         refs = _refs(self.group.refs_target[block], self.group.refs_epoch[block], target.n_blocks)
         stale = _stale(refs, target.epoch, target.states, target.table.hashed)
-        return Reason.INDEX_STALE if bool(stale.any()) else Reason.GROUP_GAP
+        rows_stale: Bools = np.asarray(stale.any(axis=1))
+        return rows_stale

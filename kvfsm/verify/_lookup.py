@@ -36,9 +36,7 @@ from kvfsm.verify._types import (
     Shortfall,
     Verdict,
 )
-
-#: At most this many block-level shortfalls are listed per group and reason.
-MAX_LISTED = 16
+from kvfsm.verify._why import BY_CODE, listed
 
 _DEFAULT_PROFILE = DeviceProfile()
 _LAYOUTS: weakref.WeakKeyDictionary[StateCore, _Layout] = weakref.WeakKeyDictionary()
@@ -434,7 +432,9 @@ def _group_verdict(e: GroupEval, step: int, count: int) -> GroupVerdict:
 
 
 def _shortfalls(evals: dict[str, GroupEval], length: int, usable: int) -> list[Shortfall]:
-    """Every block-level reason why the prompt is not usable at ``length`` (the hit)."""
+    """Every block-level reason why the prompt is not usable at ``length`` (the hit): per
+    group and reason its first :data:`MAX_LISTED` blocks, in block order (every failing
+    block classified at once: a miss of thousands of blocks lists a few dozen)."""
     out: list[Shortfall] = []
     if length <= usable:
         return out
@@ -444,14 +444,15 @@ def _shortfalls(evals: dict[str, GroupEval], length: int, usable: int) -> list[S
                                  detail=e.rule.unservable_detail(e.decl, length)))
             continue
         index, compressed = e.failing(length)
-        counts: dict[Reason, int] = {}
-        for i, c in zip(index.tolist(), compressed.tolist(), strict=True):
-            why = e.reason(i, c)
-            if why is None or counts.get(why, 0) >= MAX_LISTED:
-                continue
-            counts[why] = counts.get(why, 0) + 1
-            block = int(e.ids[i]) if i < e.n else -1
-            out.append(Shortfall(why, name, i, block))
+        codes = e.reason_codes(index, compressed)
+        shown = listed(codes)
+        if not shown.size:
+            continue
+        ids, n = e.ids, e.n
+        for i, code in zip(index[shown].tolist(), codes[shown].tolist(), strict=True):
+            why = BY_CODE[code]
+            assert why is not None  # listed() leaves out code 0
+            out.append(Shortfall(why, name, i, int(ids[i]) if i < n else -1))
     return out
 
 

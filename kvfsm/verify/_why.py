@@ -1,0 +1,137 @@
+"""Why blocks are not usable: the reasons of many failing blocks of one group at once.
+
+A verdict lists, per group and reason, the first :data:`MAX_LISTED` blocks that fail. Each
+block's reason is the first check it fails, in the order the layers apply (found, placed,
+whole, the index's references, what its state allows in the needed form, layout, alignment,
+checksum). Here that order is applied to every failing block together, a few array operations
+per check, so a lookup that misses thousands of blocks (a prompt whose second half is new, a
+prefix spilled to host) costs array work over them and a Python object per *listed* block,
+not a Python call per failing block.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm._reasons import Reason
+from kvfsm.fsm import FORM_COMPRESSED as COMPRESSED
+from kvfsm.fsm import FORM_RAW as RAW
+from kvfsm.spec import Tier
+from kvfsm.state import FAILED, GroupState
+from kvfsm.verify._block_facts import FOUND, LAYOUT, PLACED, READABLE, WHOLE
+from kvfsm.verify._index_check import IndexCheck
+from kvfsm.verify._paths import RestorePaths
+
+Bools = NDArray[np.bool_]
+Codes = NDArray[np.int16]
+
+#: At most this many block-level shortfalls are listed per group and reason.
+MAX_LISTED: Final = 16
+
+#: A reason's code is its position here; code 0: the block is usable in the needed form.
+BY_CODE: Final[tuple[Reason | None, ...]] = (None, *Reason)
+CODE: Final[dict[Reason | None, int]] = {reason: code for code, reason in enumerate(BY_CODE)}
+
+
+class _Classes:
+    """Codes of one batch of blocks, filled check by check: a block keeps the code of the
+    first check it fails (``pending``: not named by any check yet)."""
+
+    __slots__ = ("codes", "pending")
+
+    def __init__(self, size: int) -> None:
+        self.codes: Codes = np.zeros(size, dtype=np.int16)
+        self.pending: Bools = np.ones(size, dtype=np.bool_)
+
+    def name(self, fails: Bools, reason: Reason | None) -> bool:
+        """Blocks still pending that fail ``fails`` get ``reason``; whether any is left."""
+        named = self.pending & fails
+        self.codes[named] = CODE[reason]
+        self.pending &= ~named
+        return bool(self.pending.any())
+
+
+def reason_codes(
+    index: NDArray[np.int64],
+    compressed: Bools,
+    *,
+    n: int,
+    facts: NDArray[np.uint8],
+    ids: NDArray[np.intp],
+    group: GroupState,
+    paths: RestorePaths,
+    missing: Reason | None,
+    index_check: IndexCheck | None,
+    align_ok: Bools | None,
+    checksum_ok: Bools | None,
+    recorded_checks: bool,
+) -> Codes:
+    """Per block ``index[i]`` of the prompt (needed compressed where ``compressed[i]``), the
+    code (:data:`BY_CODE`) of the first check it fails, 0 where it passes every one.
+
+    ``n``: the prompt's blocks of the group (an index from ``n`` on is missing); ``facts``
+    and ``ids``: the group pass's fact bytes and block ids; ``missing``: the kind's reason for
+    a needed block that is not in the hash map; ``index_check``: a sparse index's reference
+    checks (None: the group has none); ``align_ok`` and ``checksum_ok``: layers 4 and 1 per
+    block where this lookup computed them; ``recorded_checks``: a block whose recorded check
+    failed at its epoch fails layer 1."""
+    classes = _Classes(index.size)
+    if not index.size:
+        return classes.codes
+    inside = index < n
+    at = np.where(inside, index, 0)
+    block_facts = np.where(inside, facts[at] if n else 0, 0).astype(np.uint8)
+    if not classes.name(~inside | (block_facts & FOUND == 0), missing):
+        return classes.codes
+    if not classes.name(block_facts & PLACED == 0, Reason.POSITION_CONFLICT):
+        return classes.codes
+    if not classes.name(block_facts & WHOLE == 0, Reason.SUB_BLOCKS_MISSING):
+        return classes.codes
+    if index_check is not None:
+        rows = np.flatnonzero(classes.pending & ~index_check.fit[at])
+        if rows.size:
+            stale = np.zeros(index.size, dtype=np.bool_)
+            stale[rows] = index_check.stale_rows(index[rows])
+            unfit = np.zeros(index.size, dtype=np.bool_)
+            unfit[rows] = True
+            classes.name(stale, Reason.INDEX_STALE)
+            if not classes.name(unfit, Reason.GROUP_GAP):
+                return classes.codes
+    # What the state allows: only found blocks are left, so their ids are real.
+    table = group.table
+    states = group.states[np.where(classes.pending, ids[at], 0)]
+    in_flight = table.in_flight[states]
+    unreadable = block_facts & READABLE == 0
+    if not (classes.name(unreadable & in_flight, Reason.RESTORE_IN_FLIGHT)
+            and classes.name(unreadable & (table.residency[states] > int(Tier.DEVICE)),
+                             Reason.NOT_RESIDENT)
+            and classes.name(unreadable, Reason.NOT_CACHED)):
+        return classes.codes
+    form = paths.form[states]
+    not_compressed = compressed & (form != COMPRESSED)
+    if not (classes.name(not_compressed & in_flight, Reason.MID_COMPRESSION)
+            and classes.name(not_compressed, Reason.COMPRESSED_INCOMPLETE)
+            and classes.name(~compressed & (form != RAW), Reason.TAIL_MISSING)
+            and classes.name(block_facts & LAYOUT == 0, Reason.LAYOUT_MISMATCH)):
+        return classes.codes
+    if align_ok is not None and not classes.name(~align_ok[at], Reason.MISALIGNED):
+        return classes.codes
+    if checksum_ok is not None:
+        classes.name(~checksum_ok[at], Reason.CHECKSUM_MISMATCH)
+    elif recorded_checks:
+        failed = group.check[np.where(classes.pending, ids[at], 0)] == FAILED
+        classes.name(failed, Reason.CHECKSUM_MISMATCH)  # seen failing by an earlier lookup
+    return classes.codes
+
+
+def listed(codes: Codes, limit: int = MAX_LISTED) -> NDArray[np.intp]:
+    """Positions, in order, of the first ``limit`` blocks of each reason (code 0 never)."""
+    order = np.argsort(codes, kind="stable")  # by reason, each in block order
+    by_reason = codes[order]
+    size = codes.size
+    starts = np.flatnonzero(np.concatenate(([True], by_reason[1:] != by_reason[:-1])))
+    rank = np.arange(size) - np.repeat(starts, np.diff(np.append(starts, size)))
+    return np.sort(order[(rank < limit) & (by_reason != 0)])
