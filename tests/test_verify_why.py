@@ -102,6 +102,8 @@ def test_the_batch_names_each_block_as_the_one_block_rule_does(
             assert index.tolist() == needed[~usable].tolist(), (e.decl.name, length)
             assert form.tolist() == compressed[~usable].tolist(), (e.decl.name, length)
             assert e.servable(length) == (need.servable is None or bool(need.servable[0]))
+            first = e.first_failing(length)
+            assert first == ((int(index[0]), bool(form[0])) if index.size else None)
             codes = e.reason_codes(needed, compressed)
             assert [BY_CODE[code] for code in codes.tolist()] == [
                 e.reason(i, c) for i, c in zip(needed.tolist(), compressed.tolist(),

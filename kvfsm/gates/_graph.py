@@ -295,8 +295,10 @@ def check_graph(core: StateCore, prompt: Prompt, verdict: Verdict,
                                  dtype=np.bool_)[group.layout_id[safe]]
             for kind, ok in (("tier", tier_ok), ("layout", layout_ok)):
                 for i in np.flatnonzero(found & ~ok).tolist():
+                    if listed[kind] >= MAX_LISTED:
+                        break  # the kind's list is full: the rest are not read
                     index = lo + i
-                    if (kind, index) in seen or listed[kind] >= MAX_LISTED:
+                    if (kind, index) in seen:
                         continue
                     seen.add((kind, index))
                     listed[kind] += 1

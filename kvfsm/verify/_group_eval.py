@@ -671,6 +671,23 @@ class GroupEval:
         index = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         return index, index < cut
 
+    def first_failing(self, length: int) -> tuple[int, bool] | None:
+        """The first of :meth:`failing` (its index and needed form), found without listing
+        the others; None where every needed block is usable now."""
+        lo, cut, hi, _ = self._need(length)
+        cut = min(max(cut, lo), hi)
+        n = self.n
+        for start, end, usable, compressed in ((lo, cut, self.now_cmp, True),
+                                               (cut, hi, self.now_raw, False)):
+            inside_end = min(end, n)
+            if start < inside_end:
+                first = start + int(usable[start:inside_end].argmin())  # the first False
+                if not usable[first]:
+                    return first, compressed
+            if max(start, n) < end:
+                return max(start, n), compressed
+        return None
+
     def state(self, index: int) -> int:
         """The lifecycle state of the prompt's block ``index`` (found blocks only)."""
         return int(self.group.states[self.ids[index]])

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm.spec import Form, GroupDecl, Layout, Tier
+from kvfsm.spec import Event, Form, GroupDecl, Layout, Tier
 from kvfsm.state import GroupState, StateCore
 from kvfsm.verify._group_eval import GroupEval, Spans, Statics, evaluate, spans_for, statics_for
 from kvfsm.verify._group_pass import AFTER, HIT, NOW
@@ -165,12 +165,14 @@ def lookup(
     # Why not the hit, and why not the whole prompt (the windows of the two differ).
     evals = {e.decl.name: e for e in every} if usable < final or restorable > usable else {}
     if usable < final:
-        listed = set()
-        for length in (hit, final):
-            for shortfall in _shortfalls(evals, length, usable):
-                if shortfall not in listed:
-                    listed.add(shortfall)
-                    reasons.append(shortfall)
+        at_hit = _shortfalls(evals, hit, usable)  # none where the hit is usable
+        reasons += at_hit
+        if final != hit:
+            at_final = _shortfalls(evals, final, usable)
+            if at_hit:  # each block named once (hashing a shortfall is not free)
+                named = set(at_hit)
+                at_final = [shortfall for shortfall in at_final if shortfall not in named]
+            reasons += at_final
     # One loop over the groups (not one per thing made of them): each group's figures, the
     # checksums it computed, and what a lease reads of it (its name, spans, pass output and
     # hash words, and its change count now: a lease finding it unchanged needs no second look).
@@ -412,9 +414,9 @@ def _group_verdict(e: GroupEval, step: int, count: int) -> GroupVerdict:
         if not e.servable(probe):
             stop = e.rule.unservable
         else:
-            index, compressed = e.failing(probe)
-            if index.size:
-                stop = e.reason(int(index[0]), bool(compressed[0]))
+            first = e.first_failing(probe)
+            if first is not None:
+                stop = e.reason(*first)
         if stop is None:
             stop = e.rule.unservable or Reason.NOT_CACHED
     # A value: shared between the group's verdicts (kept with its statics, which are the
@@ -457,16 +459,26 @@ def _shortfalls(evals: dict[str, GroupEval], length: int, usable: int) -> list[S
 
 
 def _plan(evals: dict[str, GroupEval], length: int) -> tuple[RestoreStep, ...]:
-    """The restores (paths from the table) that make every block needed at ``length`` usable."""
+    """The restores (paths from the table) that make every block needed at ``length`` usable:
+    the blocks' states in one gather, each distinct state's path, name and tier once."""
     steps: list[RestoreStep] = []
     for name, e in evals.items():
         index, compressed = e.failing(length)
+        if not index.size:
+            continue
+        ids = e.ids[index]
+        table = e.group.table
+        states = e.group.states[ids]
         paths = e.paths
-        for i, c in zip(index.tolist(), compressed.tolist(), strict=True):
-            state = e.state(i)
-            path = paths.path(state, Form.COMPRESSED if c else Form.RAW)
-            residency = int(e.group.table.residency[state])
-            steps.append(RestoreStep(
-                name, i, int(e.ids[i]), e.group.table.state_name(state),
-                Tier(residency) if residency >= 0 else None, path or ()))
+        # Per (state, needed compressed): the step's state name, tier and path.
+        known: dict[tuple[int, bool], tuple[str, Tier | None, tuple[Event, ...]]] = {}
+        for i, block, state, residency, c in zip(
+                index.tolist(), ids.tolist(), states.tolist(),
+                table.residency[states].tolist(), compressed.tolist(), strict=True):
+            made = known.get((state, c))
+            if made is None:
+                made = known[state, c] = (
+                    table.state_name(state), Tier(residency) if residency >= 0 else None,
+                    paths.path(state, Form.COMPRESSED if c else Form.RAW) or ())
+            steps.append(RestoreStep(name, i, block, *made))
     return tuple(steps)

@@ -129,9 +129,11 @@ def reason_codes(
 
 def listed(codes: Codes, limit: int = MAX_LISTED) -> NDArray[np.intp]:
     """Positions, in order, of the first ``limit`` blocks of each reason (code 0 never)."""
+    size = codes.size
+    if not size or bool((codes == codes[0]).all()):  # one reason (a miss): no sort
+        return np.arange(min(size, limit) if size and codes[0] else 0)
     order = np.argsort(codes, kind="stable")  # by reason, each in block order
     by_reason = codes[order]
-    size = codes.size
     starts = np.flatnonzero(np.concatenate(([True], by_reason[1:] != by_reason[:-1])))
     rank = np.arange(size) - np.repeat(starts, np.diff(np.append(starts, size)))
     return np.sort(order[(rank < limit) & (by_reason != 0)])
