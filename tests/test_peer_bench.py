@@ -18,7 +18,7 @@ from tests.tool_modules import load_tool
 TINY = ["--lengths", "40,64", "--rounds", "2", "--samples", "3", "--hash-tokens", "64"]
 ROW_KEYS = {"kvfsm_ms", "kvfsm_full_nochecksum_ms", "vllm_ms", "sglang_ms", "vllm_ratio",
             "sglang_ratio", "vllm_ratio_vs_full_nochecksum", "sglang_ratio_vs_full_nochecksum",
-            "vllm_ratio_rounds", "sglang_ratio_rounds", "hit_tokens"}
+            "vllm_ratio_rounds", "sglang_ratio_rounds", "hit_tokens", "cached_tokens"}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,8 @@ def test_absent_peers_give_null_ratios_with_reasons(
         tool: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     report = run_json(tool, capsys)
     assert set(report) == {"lengths", "hash", "versions", "skipped", "block_tokens",
-                           "window_tokens", "rounds", "samples"}
+                           "window_tokens", "rounds", "samples", "cached_fraction"}
+    assert report["cached_fraction"] == 1.0
     assert set(report["lengths"]) == {"40", "64"}
     for configs in report["lengths"].values():
         assert set(configs) == {"full", "full_swa"}
@@ -77,6 +78,21 @@ def test_kvfsm_finds_the_prompt_minus_its_last_token(
     assert report["lengths"]["40"]["full"]["hit_tokens"] == {"kvfsm": 32}
     # 64 tokens: the last token is computed, so the fourth block is not usable.
     assert report["lengths"]["64"]["full_swa"]["hit_tokens"] == {"kvfsm": 48}
+
+
+@pytest.mark.usefixtures("no_peers")
+def test_a_cached_fraction_times_a_partial_hit_of_the_cached_blocks(
+        tool: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    """With ``--cached-fraction 0.5`` every side caches the prompt's first half in whole
+    blocks and looks up all of it: kvfsm finds exactly that half usable; 0 caches nothing."""
+    report = run_json(tool, capsys, "--cached-fraction", "0.5")
+    assert report["cached_fraction"] == 0.5
+    # 40 tokens: half is 20, one whole block; 64: two.
+    assert report["lengths"]["40"]["full"]["cached_tokens"] == 16
+    assert report["lengths"]["40"]["full"]["hit_tokens"] == {"kvfsm": 16}
+    assert report["lengths"]["64"]["full_swa"]["hit_tokens"] == {"kvfsm": 32}
+    report = run_json(tool, capsys, "--cached-fraction", "0")
+    assert report["lengths"]["64"]["full"]["hit_tokens"] == {"kvfsm": 0}
 
 
 @pytest.mark.usefixtures("no_peers")
@@ -132,6 +148,7 @@ def test_torchvision_placeholder_answers_any_name(
     (["--lengths", "1"], "--lengths: each length must be >= 2"),
     (["--lengths", "a,b"], "--lengths: comma-separated token counts"),
     (["--rounds", "0"], "expected a positive integer"),
+    (["--cached-fraction", "1.5"], "--cached-fraction: a number from 0 to 1"),
 ])
 def test_bad_arguments_exit_2_saying_which(
         tool: ModuleType, capsys: pytest.CaptureFixture[str], argv: list[str], says: str) -> None:

@@ -1,13 +1,16 @@
 """Time prefix-cache lookups of vLLM and SGLang beside kvfsm's, on the same prompts.
 
 Usage: ``python tools/peer_bench.py [--lengths 1024,4096,...] [--rounds 7] [--samples 45]
-[--json]``, run with the Python of an environment where the peers are importable (see the
-performance docs for its install lines); a peer that does not import is skipped with the reason,
-and its ratios are null. The tool installs nothing.
+[--cached-fraction 1.0] [--json]``, run with the Python of an environment where the peers are
+importable (see the performance docs for its install lines); a peer that does not import is
+skipped with the reason, and its ratios are null. The tool installs nothing.
 
 Per prompt length and per configuration (``full``: one full-attention group; ``full_swa``: full
 attention plus a sliding window of 4096 tokens), every side caches the same prompt (random token
-ids, fixed seed, block/page 16) and is then asked for the longest usable prefix of that prompt:
+ids, fixed seed, block/page 16) and is then asked for the longest usable prefix of that prompt.
+With ``--cached-fraction F`` below 1 every side caches only the prompt's first ``F`` (whole
+blocks) and is asked about the whole prompt: a partial hit, whose lookup also says (kvfsm) why
+the rest is not usable.
 
 - kvfsm: ``Engine.lookup(prompt, level=STANDARD)`` on an engine whose blocks a first FULL lookup
   verified (so no data checksum is recomputed: vLLM computes none either); also reported, the
@@ -293,14 +296,17 @@ def pool_blocks(tokens: int, groups: int) -> int:
     return max(POOL_BLOCKS, groups * (tokens // BLOCK_TOKENS + 2))
 
 
-def kvfsm_calls(config: str, tokens: NDArray[np.int64]) -> dict[str, Call]:
+def kvfsm_calls(config: str, tokens: NDArray[np.int64], cached: int | None = None
+                ) -> dict[str, Call]:
     """The two kvfsm calls timed: the engine lookup and the core's FULL lookup without
-    checksums, on an engine holding the prompt."""
+    checksums, on an engine holding the prompt's first ``cached`` tokens (None: all)."""
     model = kvfsm_model(config)
     engine = Engine(model, CoreConfig(device_blocks=pool_blocks(tokens.size, 1), host_blocks=0,
                                       backend="numpy"))
     prompt = engine.prompt(tokens)
-    engine.commit(prompt)
+    cached = tokens.size if cached is None else cached
+    if cached:
+        engine.commit(prompt if cached == tokens.size else engine.prompt(tokens[:cached]))
     engine.lookup(prompt, level=Level.FULL)  # verifies the checksums: STANDARD skips them now
 
     def engine_lookup() -> object:
@@ -321,9 +327,10 @@ def kvfsm_hit(call: Call) -> int:
 HitCall = Callable[[], int]
 
 
-def vllm_call(names: dict[str, Any], config: str, tokens: list[int]) -> tuple[Call, HitCall]:
-    """vLLM's ``get_computed_blocks`` on a manager holding the prompt's blocks (cached, freed),
-    and a call returning the tokens it found."""
+def vllm_call(names: dict[str, Any], config: str, tokens: list[int], cached: int | None = None
+              ) -> tuple[Call, HitCall]:
+    """vLLM's ``get_computed_blocks`` on a manager holding the blocks of the prompt's first
+    ``cached`` tokens (None: all; cached, freed), and a call returning the tokens it found."""
     spec_args = {"block_size": BLOCK_TOKENS, "num_kv_heads": VLLM_HEADS,
                  "head_size": VLLM_HEAD_SIZE, "dtype": names["float16"]}
     groups = [names["KVCacheGroupSpec"]([VLLM_LAYER["full"]],
@@ -341,18 +348,20 @@ def vllm_call(names: dict[str, Any], config: str, tokens: list[int]) -> tuple[Ca
     names["init_none_hash"](names["sha256"])
     hasher = names["get_request_block_hasher"](BLOCK_TOKENS, names["sha256"])
 
-    def request(request_id: str) -> Any:
-        return names["Request"](request_id, list(tokens), names["SamplingParams"](max_tokens=1),
+    def request(request_id: str, ids: list[int]) -> Any:
+        return names["Request"](request_id, list(ids), names["SamplingParams"](max_tokens=1),
                                 None, block_hasher=hasher)
 
     # The first request's prefill: every block allocated and cached, then freed (its blocks
     # stay in the prefix cache, evictable).
-    first = request("prefill")
-    if manager.allocate_slots(first, len(tokens)) is None:
-        raise RuntimeError(f"vLLM: no room for {len(tokens)} tokens in {blocks} blocks")
-    first.num_computed_tokens = len(tokens)
-    manager.free(first)
-    probe = request("lookup")
+    cached = len(tokens) if cached is None else cached
+    if cached:
+        first = request("prefill", tokens[:cached])
+        if manager.allocate_slots(first, cached) is None:
+            raise RuntimeError(f"vLLM: no room for {cached} tokens in {blocks} blocks")
+        first.num_computed_tokens = cached
+        manager.free(first)
+    probe = request("lookup", tokens)
 
     def get_computed_blocks() -> object:
         return manager.get_computed_blocks(probe)
@@ -363,14 +372,17 @@ def vllm_call(names: dict[str, Any], config: str, tokens: list[int]) -> tuple[Ca
     return get_computed_blocks, hit
 
 
-def sglang_call(names: dict[str, Any], tokens: list[int]) -> tuple[Call, HitCall]:
-    """SGLang's ``RadixCache.match_prefix`` on a tree holding the prompt (one insert), and a
-    call returning the tokens it found."""
+def sglang_call(names: dict[str, Any], tokens: list[int], cached: int | None = None
+                ) -> tuple[Call, HitCall]:
+    """SGLang's ``RadixCache.match_prefix`` on a tree holding the prompt's first ``cached``
+    tokens (None: all; one insert), and a call returning the tokens it found."""
     tree = names["RadixCache"].create_simulated(page_size=BLOCK_TOKENS)
     ids = array("q", tokens)
     torch = names["torch"]
-    tree.insert(names["InsertParams"](key=names["RadixKey"](ids),
-                                      value=torch.arange(len(tokens), dtype=torch.int64)))
+    cached = len(tokens) if cached is None else cached
+    if cached:
+        tree.insert(names["InsertParams"](key=names["RadixKey"](ids[:cached]),
+                                          value=torch.arange(cached, dtype=torch.int64)))
     # The scheduler's key: the whole prompt, capped one token short, no copy.
     params = names["MatchPrefixParams"](key=names["RadixKey"](ids, limit=len(tokens) - 1))
 
@@ -431,21 +443,31 @@ def _ratio_range(peer: list[float] | None, ours: list[float]) -> list[float] | N
     return [round(min(ratios), 3), round(max(ratios), 3)]
 
 
+def cached_tokens(length: int, fraction: float) -> int:
+    """The tokens every side caches of a prompt of ``length``: all of it at ``fraction`` 1,
+    else its first ``fraction`` in whole blocks."""
+    if fraction >= 1:
+        return length
+    return int(length * fraction) // BLOCK_TOKENS * BLOCK_TOKENS
+
+
 def measure_length(peers: Peers, config: str, length: int, *, rounds: int, samples: int,
-                   progress: Callable[[str], None]) -> dict[str, Any]:
+                   progress: Callable[[str], None], cached_fraction: float = 1.0
+                   ) -> dict[str, Any]:
     """One length of one configuration: every side's median and the ratios."""
     tokens = np.random.default_rng(PROMPT_SEED).integers(0, VOCABULARY, length)
     as_list = tokens.tolist()
+    cached = cached_tokens(length, cached_fraction)
     progress(f"{config} {length}: building the sides")
-    calls = kvfsm_calls(config, tokens)
+    calls = kvfsm_calls(config, tokens, cached)
     hits = {"kvfsm": kvfsm_hit(calls["kvfsm"])}
     skipped: dict[str, str] = {}
     if peers.vllm is not None:
-        calls["vllm"], hit = vllm_call(peers.vllm, config, as_list)
+        calls["vllm"], hit = vllm_call(peers.vllm, config, as_list, cached)
         hits["vllm"] = hit()
     if peers.sglang is not None:
         if config == "full":
-            calls["sglang"], hit = sglang_call(peers.sglang, as_list)
+            calls["sglang"], hit = sglang_call(peers.sglang, as_list, cached)
             hits["sglang"] = hit()
         else:
             skipped["sglang"] = ("RadixCache is full attention only (SGLang serves sliding "
@@ -471,6 +493,7 @@ def measure_length(peers: Peers, config: str, length: int, *, rounds: int, sampl
         "vllm_ratio_rounds": _ratio_range(vllm_rounds, our_rounds),
         "sglang_ratio_rounds": _ratio_range(sglang_rounds, our_rounds),
         "hit_tokens": hits,
+        "cached_tokens": cached,
     }
     if skipped:
         row["skipped"] = skipped
@@ -520,21 +543,22 @@ def measure_hashing(peers: Peers, *, tokens: int, rounds: int,
 
 
 def run(lengths: Sequence[int], *, rounds: int, samples: int, hash_tokens: int,
-        skip: Sequence[str] = (), progress: Callable[[str], None] | None = None
-        ) -> dict[str, Any]:
-    """The whole report: per length and configuration, every side's median and the ratios;
-    the hashing comparison; the versions; the peers skipped and why."""
+        skip: Sequence[str] = (), progress: Callable[[str], None] | None = None,
+        cached_fraction: float = 1.0) -> dict[str, Any]:
+    """The whole report: per length and configuration, every side's median and the ratios
+    (each side caching the prompt's first ``cached_fraction``); the hashing comparison; the
+    versions; the peers skipped and why."""
     say = progress or (lambda line: None)
     peers = import_peers(skip)
     for name, why in peers.skipped.items():
         say(f"{name} skipped: {why}")
     report: dict[str, Any] = {"lengths": {}, "block_tokens": BLOCK_TOKENS,
                               "window_tokens": WINDOW_TOKENS, "rounds": rounds,
-                              "samples": samples}
+                              "samples": samples, "cached_fraction": cached_fraction}
     for length in lengths:
         report["lengths"][str(length)] = {
             config: measure_length(peers, config, length, rounds=rounds, samples=samples,
-                                   progress=say)
+                                   progress=say, cached_fraction=cached_fraction)
             for config in CONFIGS
         }
     report["hash"] = measure_hashing(peers, tokens=hash_tokens, rounds=rounds, progress=say)
@@ -586,6 +610,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(
+            f"--cached-fraction: a number from 0 to 1, got {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=_lengths, default=list(DEFAULT_LENGTHS),
@@ -597,10 +632,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="prompt length of the hashing comparison")
     parser.add_argument("--skip", choices=("vllm", "sglang"), action="append", default=[],
                         help="leave a peer out even if it imports")
+    parser.add_argument("--cached-fraction", type=_fraction, default=1.0,
+                        help="every side caches this fraction of the prompt (whole blocks) "
+                             "and looks up all of it: 1, a full hit; below 1, a partial hit")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     report = run(args.lengths, rounds=args.rounds, samples=args.samples,
                  hash_tokens=args.hash_tokens, skip=args.skip,
+                 cached_fraction=args.cached_fraction,
                  progress=lambda line: print(f"peer bench: {line}", file=sys.stderr,
                                              flush=True))
     print(json.dumps(report, indent=2) if args.json else table(report))
