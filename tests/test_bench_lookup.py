@@ -101,6 +101,9 @@ def test_bench_lookup_tables_per_length_and_pool_size(capsys: pytest.CaptureFixt
     assert set(figures["lengths"]) == {"1024", "2048"}
     for row in figures["lengths"].values():
         assert row["lookup_ms_median"] > 0 and row["usable_tokens"] > 0
+        # The partial hit: a prompt sharing the committed one's first half uses at most it.
+        assert row["partial_lookup_ms_median"] > 0
+        assert 0 <= row["partial_usable_tokens"] <= row["usable_tokens"] // 2 + 1
     pools = figures["pool_sizes"]
     assert pools["pool_sizes"] == [2000, 4000]
     assert pools["lookup_ratio_max_vs_min_pool"] > 0

@@ -138,7 +138,9 @@ def bench_lookup(
 def _lengths(model: ModelDecl, lengths: Sequence[int], repeat: int, report: Progress
              ) -> dict[str, dict[str, float | int]]:
     """Per prompt length: the median lookup (every group, every check, FULL minus data
-    checksums, as the headline figure) of a committed prompt, and the hashing of it."""
+    checksums, as the headline figure) of a committed prompt, the hashing of it, and the
+    same lookup of a prompt sharing only its first half (a partial hit: usable half, the
+    rest explained)."""
     table: dict[str, dict[str, float | int]] = {}
     finest = min(g.block_size for g in model.groups)
     for tokens in sorted({int(length) for length in lengths}):
@@ -156,12 +158,24 @@ def _lengths(model: ModelDecl, lengths: Sequence[int], repeat: int, report: Prog
         def hashing(engine: Engine = engine, text: NDArray[np.int64] = text) -> None:
             engine.prompt(text)
 
+        # The committed prompt's first half, then tokens it does not have.
+        other = np.random.default_rng(tokens + 1).integers(0, 100_000, text.size)
+        other[: text.size // 2] = text[: text.size // 2]
+        half = engine.prompt(other)
+
+        def partial(engine: Engine = engine, prompt: Prompt = half) -> None:
+            lookup(engine.core, prompt, level=Level.FULL, checksums=False)
+
         lookup_s = median_seconds(verdict, repeat=runs)
+        partial_s = median_seconds(partial, repeat=runs)
         hash_s = median_seconds(hashing, repeat=max(runs // 8, 3))
         usable = lookup(engine.core, prompt, level=Level.FULL, checksums=False).usable_tokens
-        table[str(tokens)] = {"lookup_ms_median": lookup_s * 1e3,
-                              "hash_ms_median": hash_s * 1e3, "usable_tokens": usable,
-                              "us_per_1k_tokens": lookup_s * 1e6 / (tokens / 1024)}
+        table[str(tokens)] = {
+            "lookup_ms_median": lookup_s * 1e3, "hash_ms_median": hash_s * 1e3,
+            "usable_tokens": usable, "us_per_1k_tokens": lookup_s * 1e6 / (tokens / 1024),
+            "partial_lookup_ms_median": partial_s * 1e3,
+            "partial_usable_tokens": lookup(engine.core, half, level=Level.FULL,
+                                            checksums=False).usable_tokens}
         engine.close()
     return table
 

@@ -351,6 +351,8 @@ class GroupEval:
     #: Per candidate length: restores the plan for it begins (kept only where the core-wide
     #: restore budget has caps and the plan restores something; else None).
     restores_asked: NDArray[np.int64] | None = None
+    #: What the kind needs at each length a verdict asked about (:meth:`_need`; None until).
+    _needs: dict[int, tuple[int, int, int, bool]] | None = None
 
     def __init__(
         self,
@@ -634,16 +636,26 @@ class GroupEval:
     def _need(self, length: int) -> tuple[int, int, int, bool]:
         """Blocks ``[lo, hi)`` needed at ``length`` (not clipped to the prompt's), those before
         ``cut`` compressed, and whether the kind can serve ``length`` at all: read off the
-        spans at a candidate length, else asked of the kind's rule."""
+        spans at a candidate length, else asked of the kind's rule (kept per length: a
+        verdict asks of the same few lengths several times)."""
+        needs = self._needs
+        if needs is None:
+            needs = self._needs = {}
+        known = needs.get(length)
+        if known is not None:
+            return known
         lengths = self.lengths
         at = int(lengths.searchsorted(length))
         if at < lengths.size and lengths[at] == length:
             lo, cut, hi = self.spans.needed[:, at].tolist()
             servable = self.spans.servable
-            return lo, cut, hi, servable is None or bool(servable[at])
-        need = self.rule.needed(self.decl, np.array([length], dtype=np.int64))
-        return int(need.lo[0]), int(need.cut[0]), int(need.hi[0]), \
-            need.servable is None or bool(need.servable[0])
+            known = lo, cut, hi, servable is None or bool(servable[at])
+        else:
+            need = self.rule.needed(self.decl, np.array([length], dtype=np.int64))
+            known = int(need.lo[0]), int(need.cut[0]), int(need.hi[0]), \
+                need.servable is None or bool(need.servable[0])
+        needs[length] = known
+        return known
 
     def needed(self, length: int) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
         """Block indices needed at ``length`` and, per block, whether it must be compressed."""
@@ -655,37 +667,46 @@ class GroupEval:
         """The kind can serve ``length`` at all (whatever its blocks)."""
         return self._need(length)[3]
 
+    def _forms(self, length: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """The blocks needed at ``length`` by form, in order: ``(start, end, flag row)`` for
+        the compressed ones, then the raw ones."""
+        lo, cut, hi, _ = self._need(length)
+        cut = min(max(cut, lo), hi)
+        return (lo, cut, NOW_CMP), (cut, hi, NOW_RAW)
+
     def failing(self, length: int) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
         """The needed blocks at ``length`` that are not usable now, in order, and their needed
         form: slices of the usable-now rows (a block from the prompt's last on is missing)."""
-        lo, cut, hi, _ = self._need(length)
-        cut = min(max(cut, lo), hi)
         n = self.n
         parts = []
-        for start, end, usable in ((lo, cut, self.now_cmp), (cut, hi, self.now_raw)):
+        forms = self._forms(length)
+        for start, end, row in forms:
             inside_end = min(end, n)
             if start < inside_end:
-                parts.append(start + np.flatnonzero(~usable[start:inside_end]))
+                usable = self._flag_row(row, inside_end)[start:]
+                parts.append(start + np.flatnonzero(~usable))
             if max(start, n) < end:
                 parts.append(np.arange(max(start, n), end))
-        index = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-        return index, index < cut
+        if not parts:
+            index = np.zeros(0, dtype=np.int64)
+        else:
+            index = (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(
+                np.int64, copy=False)
+        return index, index < forms[0][1]  # before the compressed blocks' end
 
     def first_failing(self, length: int) -> tuple[int, bool] | None:
         """The first of :meth:`failing` (its index and needed form), found without listing
         the others; None where every needed block is usable now."""
-        lo, cut, hi, _ = self._need(length)
-        cut = min(max(cut, lo), hi)
         n = self.n
-        for start, end, usable, compressed in ((lo, cut, self.now_cmp, True),
-                                               (cut, hi, self.now_raw, False)):
+        for start, end, row in self._forms(length):
             inside_end = min(end, n)
             if start < inside_end:
-                first = start + int(usable[start:inside_end].argmin())  # the first False
+                usable = self._flag_row(row, inside_end)
+                first = start + int(usable[start:].argmin())  # the first False
                 if not usable[first]:
-                    return first, compressed
+                    return first, row == NOW_CMP
             if max(start, n) < end:
-                return max(start, n), compressed
+                return max(start, n), row == NOW_CMP
         return None
 
     def state(self, index: int) -> int:

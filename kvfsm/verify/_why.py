@@ -42,9 +42,9 @@ class _Classes:
 
     __slots__ = ("codes", "pending")
 
-    def __init__(self, size: int) -> None:
-        self.codes: Codes = np.zeros(size, dtype=np.int16)
-        self.pending: Bools = np.ones(size, dtype=np.bool_)
+    def __init__(self, codes: Codes, pending: Bools) -> None:
+        self.codes = codes
+        self.pending = pending
 
     def name(self, fails: Bools, reason: Reason | None) -> bool:
         """Blocks still pending that fail ``fails`` get ``reason``; whether any is left."""
@@ -78,13 +78,15 @@ def reason_codes(
     checks (None: the group has none); ``align_ok`` and ``checksum_ok``: layers 4 and 1 per
     block where this lookup computed them; ``recorded_checks``: a block whose recorded check
     failed at its epoch fails layer 1."""
-    classes = _Classes(index.size)
-    if not index.size:
-        return classes.codes
-    inside = index < n
-    at = np.where(inside, index, 0)
-    block_facts = np.where(inside, facts[at] if n else 0, 0).astype(np.uint8)
-    if not classes.name(~inside | (block_facts & FOUND == 0), missing):
+    if not index.size or not n:  # none, or every one missing
+        return np.full(index.size, CODE[missing], dtype=np.int16)
+    # The first check over every block at once (most are missing in a long miss): a block
+    # from the prompt's last on reads the last block's facts, and is missing anyway.
+    at = np.minimum(index, n - 1)
+    block_facts = facts[at]
+    missing_now = (index >= n) | (block_facts & FOUND == 0)
+    classes = _Classes(np.where(missing_now, CODE[missing], 0).astype(np.int16), ~missing_now)
+    if not classes.pending.any():
         return classes.codes
     if not classes.name(block_facts & PLACED == 0, Reason.POSITION_CONFLICT):
         return classes.codes
