@@ -3,32 +3,29 @@ rule, and the verdict's listing of them: the first few blocks of each reason, in
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvfsm import Engine, KvfsmError
+from kvfsm import Engine
 from kvfsm.spec import ModelDecl
 from kvfsm.verify import Level, Reason
 from kvfsm.verify._group_eval import GroupEval
 from kvfsm.verify._why import BY_CODE, MAX_LISTED, listed
-from tests.strategies import legal_events
 from tests.verify_models import (
     DEEPSEEK,
     DENSE,
     FOUR,
     GPT_OSS,
     HISTORY_SWA,
-    PROMPTS,
     QWEN,
     SWA_ONLY,
     TWO_SIZES,
     block_id,
-    drive,
     engine,
+    reached,
+    spilled_miss,
     tokens,
 )
 
@@ -53,23 +50,6 @@ def evaluations(eng: Engine, text: np.ndarray, level: Level
     return lengths, list(made.values())
 
 
-def fire_legal(eng: Engine, data: st.DataObject, steps: int) -> None:
-    """Fire ``steps`` events, each one the spec has a row for in its block's state (spills,
-    restores, compressions begun and finished or failed, evictions), on live blocks."""
-    for _ in range(steps):
-        name = data.draw(st.sampled_from(sorted(eng.core.groups)), label="group")
-        group = eng.core.group(name)
-        live = np.flatnonzero(group.states != group.table.initial)
-        if not live.size:
-            continue
-        block = int(data.draw(st.sampled_from(live.tolist()), label="block"))
-        events = legal_events(group.table.lifecycle,
-                              group.table.state_name(int(group.states[block])))
-        if events:
-            with contextlib.suppress(KvfsmError):  # a guard refused it: nothing changed
-                eng.core.fire(name, [block], data.draw(st.sampled_from(events), label="event"))
-
-
 @settings(deadline=None)
 @given(data=st.data(), decl=st.sampled_from(MODELS),
        level=st.sampled_from([Level.FULL, Level.STANDARD, Level.FAST]))
@@ -80,14 +60,7 @@ def test_the_batch_names_each_block_as_the_one_block_rule_does(
     candidate length and at lengths between them: the blocks ``failing`` returns are exactly
     the needed blocks not usable now in their form, in block order, and the batch's reason
     of each needed block (failing or not) is the one-block rule's, None for a usable one."""
-    eng = engine(decl, device=data.draw(st.sampled_from([16, 64]), label="device blocks"))
-    text = data.draw(st.sampled_from(PROMPTS), label="prompt")
-    text = text[: data.draw(st.integers(1, text.size), label="cut")]
-    if data.draw(st.booleans(), label="committed first"):
-        with contextlib.suppress(KvfsmError):
-            eng.commit(eng.prompt(text[: data.draw(st.integers(1, text.size), label="kept")]))
-    drive(eng, data, data.draw(st.integers(0, 10), label="steps"))
-    fire_legal(eng, data, data.draw(st.integers(0, 12), label="legal events"))
+    eng, text = reached(data, decl)
     lengths, made = evaluations(eng, text, level)
     between = data.draw(st.lists(st.integers(0, text.size), max_size=3), label="between")
     for e in made:
@@ -129,13 +102,7 @@ def test_a_long_miss_lists_the_first_blocks_of_each_reason_in_order() -> None:
     """A prompt whose cached blocks were spilled to host and whose second half was never
     cached: the verdict lists the first MAX_LISTED spilled blocks (not resident) and the
     first MAX_LISTED missing ones (not cached), in block order, each once, with their ids."""
-    eng = engine(DENSE, device=64, host=32)
-    text = tokens(60 * 16 + 1)
-    eng.commit(eng.prompt(text[: 30 * 16]))
-    spilled = [block_id(eng, "attn", text, index) for index in range(5, 25)]
-    for event in ("spill_begin", "spill_done"):
-        eng.core.fire("attn", spilled, event)
-    verdict = eng.lookup(text)
+    _, verdict, spilled = spilled_miss()
     assert (verdict.hit_tokens, verdict.usable_tokens, verdict.restorable_tokens) == (
         480, 80, 480)
     blocks = [(s.reason, s.block_index, s.block_id) for s in verdict.reasons

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from kvfsm import Engine, KvfsmError, Lease
 from kvfsm.spec import Event, ModelDecl, Tier, parse_model
 from kvfsm.state import NO_TARGET, CoreConfig
-from kvfsm.verify import DeviceProfile
+from kvfsm.verify import DeviceProfile, Verdict
+from tests.strategies import legal_events
 
 LAYOUT = """
 [groups.layout]
@@ -170,3 +171,48 @@ def same_holdings_then_released(first: Lease, second: Lease) -> None:
     second.validate()
     first.release()
     second.release()
+
+
+def fire_legal(eng: Engine, data: st.DataObject, steps: int) -> None:
+    """Fire ``steps`` events, each one the spec has a row for in its block's state (spills,
+    restores, compressions begun and finished or failed, evictions), on live blocks."""
+    for _ in range(steps):
+        name = data.draw(st.sampled_from(sorted(eng.core.groups)), label="group")
+        group = eng.core.group(name)
+        live = np.flatnonzero(group.states != group.table.initial)
+        if not live.size:
+            continue
+        block = int(data.draw(st.sampled_from(live.tolist()), label="block"))
+        events = legal_events(group.table.lifecycle,
+                              group.table.state_name(int(group.states[block])))
+        if events:
+            with contextlib.suppress(KvfsmError):  # a guard refused it: nothing changed
+                eng.core.fire(name, [block], data.draw(st.sampled_from(events), label="event"))
+
+
+def reached(data: st.DataObject, decl: ModelDecl, steps: int = 10, legal: int = 12
+            ) -> tuple[Engine, np.ndarray]:
+    """An engine of ``decl`` in a state drawn from what its API can reach (a prompt cached
+    whole, in part or not at all, then up to ``steps`` random operations of :func:`drive` and
+    up to ``legal`` events of :func:`fire_legal`), and the prompt text drawn."""
+    eng = engine(decl, device=data.draw(st.sampled_from([16, 64]), label="device blocks"))
+    text = data.draw(st.sampled_from(PROMPTS), label="prompt")
+    text = text[: data.draw(st.integers(1, text.size), label="cut")]
+    if data.draw(st.booleans(), label="committed first"):
+        with contextlib.suppress(KvfsmError):
+            eng.commit(eng.prompt(text[: data.draw(st.integers(1, text.size), label="kept")]))
+    drive(eng, data, data.draw(st.integers(0, steps), label="steps"))
+    fire_legal(eng, data, data.draw(st.integers(0, legal), label="legal events"))
+    return eng, text
+
+
+def spilled_miss() -> tuple[Engine, Verdict, list[int]]:
+    """A DENSE engine whose 60-block prompt was cached up to block 30, blocks 5..24 of it
+    since spilled to host; the lookup of that prompt and the spilled blocks' ids."""
+    eng = engine(DENSE, device=64, host=32)
+    text = tokens(60 * 16 + 1)
+    eng.commit(eng.prompt(text[: 30 * 16]))
+    spilled = [block_id(eng, "attn", text, index) for index in range(5, 25)]
+    for event in ("spill_begin", "spill_done"):
+        eng.core.fire("attn", spilled, event)
+    return eng, eng.lookup(text), spilled

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -328,6 +328,20 @@ def usable_at(spans: Spans, ok_raw: Bools, ok_cmp: Bools) -> Bools:
     return usable_over(spans.lo, spans.cut, spans.hi, spans.base, ok_raw, ok_cmp)
 
 
+class Frozen(NamedTuple):
+    """What explaining a group's verdict reads besides the pass's output, as it was when the
+    verdict was made (:meth:`GroupEval.freeze`): the group's table, each prompt block's
+    lifecycle state (0 where missing), whether its recorded data check failed (None: not
+    read), and for a sparse index whether each row that fails its reference check has a
+    stale or dead reference (None: the group has no index). A later change to the core
+    cannot alter an explanation made from it."""
+
+    table: CompiledTable
+    states: NDArray[np.uint8]
+    failed_checks: Bools | None
+    stale: Bools | None
+
+
 class GroupEval:
     """Facts about the prompt's blocks of one group, and its usable vectors (one
     :func:`~kvfsm.verify._group_pass.group_pass` call, which probes the hash table too; a
@@ -353,6 +367,8 @@ class GroupEval:
     restores_asked: NDArray[np.int64] | None = None
     #: What the kind needs at each length a verdict asked about (:meth:`_need`; None until).
     _needs: dict[int, tuple[int, int, int, bool]] | None = None
+    #: The snapshot explanations read (:meth:`freeze`; None until).
+    _frozen: Frozen | None = None
 
     def __init__(
         self,
@@ -709,19 +725,45 @@ class GroupEval:
                 return max(start, n), row == NOW_CMP
         return None
 
+    def freeze(self) -> Frozen:
+        """The snapshot every explanation of this evaluation reads (taken now, on the first
+        call): what :meth:`reason`, :meth:`reason_codes` and :meth:`state` read of the core
+        besides the pass's output. A lookup takes it before it returns, so a verdict's
+        reasons and plan, made when first read, say what was so at the lookup."""
+        frozen = self._frozen
+        if frozen is None:
+            group = self.group
+            ids = self.ids
+            safe = np.where(ids >= 0, ids, 0)
+            failed = None
+            if self.checksum_ok is None and self._recorded_checks:
+                failed = group.check[safe] == FAILED
+            stale = None
+            index_check = self.index
+            if index_check is not None:
+                stale = np.zeros(self.n, dtype=np.bool_)
+                rows = np.flatnonzero(~index_check.fit & (ids >= 0))
+                if rows.size:
+                    stale[rows] = index_check.stale_rows(rows)
+            frozen = self._frozen = Frozen(group.table, group.states[safe], failed, stale)
+        return frozen
+
     def state(self, index: int) -> int:
-        """The lifecycle state of the prompt's block ``index`` (found blocks only)."""
-        return int(self.group.states[self.ids[index]])
+        """The lifecycle state of the prompt's block ``index`` (found blocks only), as it was
+        when the evaluation was frozen."""
+        return int(self.freeze().states[index])
 
     def reason_codes(self, index: NDArray[np.int64], compressed: Bools) -> Codes:
         """Why each block ``index[i]`` is not usable now in its needed form, as codes
         (:data:`~kvfsm.verify._why.BY_CODE`; 0 where it is): :meth:`reason` of many blocks
         at once, for listing them."""
+        frozen = self.freeze()
         return reason_codes(
-            index, compressed, n=self.n, facts=self.facts, ids=self.ids, group=self.group,
-            paths=self.paths, missing=self.rule.missing, index_check=self.index,
-            align_ok=self.align_ok, checksum_ok=self.checksum_ok,
-            recorded_checks=self.checksum_ok is None and self._recorded_checks)
+            index, compressed, n=self.n, facts=self.facts, states=frozen.states,
+            table=frozen.table, paths=self.paths, missing=self.rule.missing,
+            fit=self._flag_row(FIT, self.n) if frozen.stale is not None else None,
+            stale=frozen.stale, align_ok=self.align_ok, checksum_ok=self.checksum_ok,
+            failed_checks=frozen.failed_checks)
 
     def reason(self, index: int, compressed: bool) -> Reason | None:
         """Why block ``index`` is not usable now in the needed form (None when it is): the
@@ -737,11 +779,11 @@ class GroupEval:
             return Reason.POSITION_CONFLICT
         if not facts & WHOLE:
             return Reason.SUB_BLOCKS_MISSING
-        index_check = self.index
-        if index_check is not None and not index_check.fit[index]:
-            return index_check.reason(index)
-        table = self.group.table
-        state = self.state(index)
+        frozen = self.freeze()
+        if frozen.stale is not None and not self._flag_row(FIT, self.n)[index]:
+            return Reason.INDEX_STALE if frozen.stale[index] else Reason.GROUP_GAP
+        table = frozen.table
+        state = int(frozen.states[index])
         in_flight = bool(table.in_flight[state])
         if not facts & READABLE:
             if in_flight:
@@ -759,8 +801,7 @@ class GroupEval:
             return Reason.MISALIGNED
         if self.checksum_ok is not None and not self.checksum_ok[index]:
             return Reason.CHECKSUM_MISMATCH
-        if self.checksum_ok is None and self._recorded_checks and \
-                int(self.group.check[self.ids[index]]) == FAILED:
+        if frozen.failed_checks is not None and frozen.failed_checks[index]:
             return Reason.CHECKSUM_MISMATCH  # seen failing by an earlier lookup
         return None
 

@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from kvfsm._errors import KvfsmError
 from kvfsm.spec import Event, Form, GroupDecl, Layout, Tier
 from kvfsm.state import GroupState, StateCore
+from kvfsm.verify._explained import Explanation, explained_later
 from kvfsm.verify._group_eval import GroupEval, Spans, Statics, evaluate, spans_for, statics_for
 from kvfsm.verify._group_pass import AFTER, HIT, NOW
 from kvfsm.verify._prompt import Prompt
@@ -162,8 +163,44 @@ def lookup(
                 f"multiples of {step}, the LCM of their block sizes")))
     if hit == final and hit > 0:
         reasons.append(_prompt_end(hit))
-    # Why not the hit, and why not the whole prompt (the windows of the two differ).
-    evals = {e.decl.name: e for e in every} if usable < final or restorable > usable else {}
+    # Something to explain (a shortfall, a plan): each group's stop, the reasons and the plan
+    # are made when first read, from the pass outputs and a snapshot taken now.
+    explain = usable < final or restorable > usable
+    # One loop over the groups (not one per thing made of them): each group's figures, the
+    # checksums it computed, and what a lease reads of it (its name, spans, pass output and
+    # hash words, and its change count now: a lease finding it unchanged needs no second look).
+    groups, checks, found = [], [], []
+    for e in every:
+        if explain:
+            e.freeze()
+        else:
+            groups.append(_group_verdict(e, step, count))
+        checked = e.checked
+        if checked is not None:
+            checks.append(Checks(e.decl.name, *checked))
+        found.append((e.decl.name, e.spans, e._out, e.words, e.group.changes))
+    if lease_spans is None:
+        lease_spans = _lease_spans(layout.names, [e.spans for e in every])
+    probe = _probe(layout, prompt, found, usable_at, usable, lease_spans)
+    if explain:
+        return explained_later(
+            {"prompt_tokens": n_tokens, "hit_tokens": hit, "usable_tokens": usable,
+             "restorable_tokens": restorable, "recompute_from": usable, "level": level,
+             "checks": tuple(checks), "probe": probe},
+            functools.partial(_explain, every, step, count, hit, final, usable, restorable,
+                              tuple(reasons)))
+    # Positional: the fields in declaration order (cheaper than keywords on every lookup).
+    return Verdict(n_tokens, hit, usable, restorable, usable, level, tuple(groups),
+                   tuple(reasons), (), tuple(checks), probe)
+
+
+def _explain(every: tuple[GroupEval, ...], step: int, count: int, hit: int, final: int,
+             usable: int, restorable: int, head: tuple[Shortfall, ...]) -> Explanation:
+    """A verdict's groups, reasons (after ``head``, the prompt-level ones) and plan, from its
+    groups' evaluations (frozen at the lookup): why not the hit, and why not the whole prompt
+    (the windows of the two differ), each block named once."""
+    evals = {e.decl.name: e for e in every}
+    reasons = list(head)
     if usable < final:
         at_hit = _shortfalls(evals, hit, usable)  # none where the hit is usable
         reasons += at_hit
@@ -173,23 +210,9 @@ def lookup(
                 named = set(at_hit)
                 at_final = [shortfall for shortfall in at_final if shortfall not in named]
             reasons += at_final
-    # One loop over the groups (not one per thing made of them): each group's figures, the
-    # checksums it computed, and what a lease reads of it (its name, spans, pass output and
-    # hash words, and its change count now: a lease finding it unchanged needs no second look).
-    groups, checks, found = [], [], []
-    for e in every:
-        groups.append(_group_verdict(e, step, count))
-        checked = e.checked
-        if checked is not None:
-            checks.append(Checks(e.decl.name, *checked))
-        found.append((e.decl.name, e.spans, e._out, e.words, e.group.changes))
-    if lease_spans is None:
-        lease_spans = _lease_spans(layout.names, [e.spans for e in every])
+    groups = tuple([_group_verdict(e, step, count) for e in every])
     plan = _plan(evals, restorable) if restorable > usable else ()
-    # Positional: the fields in declaration order (cheaper than keywords on every lookup).
-    return Verdict(n_tokens, hit, usable, restorable, usable, level, tuple(groups),
-                   tuple(reasons), plan, tuple(checks),
-                   _probe(layout, prompt, found, usable_at, usable, lease_spans))
+    return groups, tuple(reasons), plan
 
 
 @functools.lru_cache(maxsize=_MAX_CACHED)
@@ -467,8 +490,8 @@ def _plan(evals: dict[str, GroupEval], length: int) -> tuple[RestoreStep, ...]:
         if not index.size:
             continue
         ids = e.ids[index]
-        table = e.group.table
-        states = e.group.states[ids]
+        table, states_at, _, _ = e.freeze()
+        states = states_at[index]
         paths = e.paths
         # Per (state, needed compressed): the step's state name, tier and path.
         known: dict[tuple[int, bool], tuple[str, Tier | None, tuple[Event, ...]]] = {}

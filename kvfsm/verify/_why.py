@@ -19,10 +19,9 @@ from numpy.typing import NDArray
 from kvfsm._reasons import Reason
 from kvfsm.fsm import FORM_COMPRESSED as COMPRESSED
 from kvfsm.fsm import FORM_RAW as RAW
+from kvfsm.fsm import CompiledTable
 from kvfsm.spec import Tier
-from kvfsm.state import FAILED, GroupState
 from kvfsm.verify._block_facts import FOUND, LAYOUT, PLACED, READABLE, WHOLE
-from kvfsm.verify._index_check import IndexCheck
 from kvfsm.verify._paths import RestorePaths
 
 Bools = NDArray[np.bool_]
@@ -60,24 +59,26 @@ def reason_codes(
     *,
     n: int,
     facts: NDArray[np.uint8],
-    ids: NDArray[np.intp],
-    group: GroupState,
+    states: NDArray[np.uint8],
+    table: CompiledTable,
     paths: RestorePaths,
     missing: Reason | None,
-    index_check: IndexCheck | None,
+    fit: Bools | None,
+    stale: Bools | None,
     align_ok: Bools | None,
     checksum_ok: Bools | None,
-    recorded_checks: bool,
+    failed_checks: Bools | None,
 ) -> Codes:
     """Per block ``index[i]`` of the prompt (needed compressed where ``compressed[i]``), the
     code (:data:`BY_CODE`) of the first check it fails, 0 where it passes every one.
 
-    ``n``: the prompt's blocks of the group (an index from ``n`` on is missing); ``facts``
-    and ``ids``: the group pass's fact bytes and block ids; ``missing``: the kind's reason for
-    a needed block that is not in the hash map; ``index_check``: a sparse index's reference
-    checks (None: the group has none); ``align_ok`` and ``checksum_ok``: layers 4 and 1 per
-    block where this lookup computed them; ``recorded_checks``: a block whose recorded check
-    failed at its epoch fails layer 1."""
+    Per prompt block (``n`` of them; an index from ``n`` on is missing): ``facts``, the group
+    pass's fact bytes; ``states``, the lifecycle states in ``table`` (read where found);
+    ``fit`` and ``stale``, a sparse index's reference checks and, where they fail, whether a
+    reference is stale or dead (None: the group has no index); ``align_ok`` and
+    ``checksum_ok``, layers 4 and 1 where the lookup computed them; ``failed_checks``, the
+    recorded check failed at the block's epoch (None: not read). ``missing``: the kind's
+    reason for a needed block that is not in the hash map."""
     if not index.size or not n:  # none, or every one missing
         return np.full(index.size, CODE[missing], dtype=np.int16)
     # The first check over every block at once (most are missing in a long miss): a block
@@ -92,27 +93,21 @@ def reason_codes(
         return classes.codes
     if not classes.name(block_facts & WHOLE == 0, Reason.SUB_BLOCKS_MISSING):
         return classes.codes
-    if index_check is not None:
-        rows = np.flatnonzero(classes.pending & ~index_check.fit[at])
-        if rows.size:
-            stale = np.zeros(index.size, dtype=np.bool_)
-            stale[rows] = index_check.stale_rows(index[rows])
-            unfit = np.zeros(index.size, dtype=np.bool_)
-            unfit[rows] = True
-            classes.name(stale, Reason.INDEX_STALE)
-            if not classes.name(unfit, Reason.GROUP_GAP):
-                return classes.codes
-    # What the state allows: only found blocks are left, so their ids are real.
-    table = group.table
-    states = group.states[np.where(classes.pending, ids[at], 0)]
-    in_flight = table.in_flight[states]
+    if fit is not None and stale is not None:
+        unfit = ~fit[at]
+        classes.name(unfit & stale[at], Reason.INDEX_STALE)
+        if not classes.name(unfit, Reason.GROUP_GAP):
+            return classes.codes
+    # What the state allows (only found blocks are left: their states are real).
+    block_states = states[at]
+    in_flight = table.in_flight[block_states]
     unreadable = block_facts & READABLE == 0
     if not (classes.name(unreadable & in_flight, Reason.RESTORE_IN_FLIGHT)
-            and classes.name(unreadable & (table.residency[states] > int(Tier.DEVICE)),
+            and classes.name(unreadable & (table.residency[block_states] > int(Tier.DEVICE)),
                              Reason.NOT_RESIDENT)
             and classes.name(unreadable, Reason.NOT_CACHED)):
         return classes.codes
-    form = paths.form[states]
+    form = paths.form[block_states]
     not_compressed = compressed & (form != COMPRESSED)
     if not (classes.name(not_compressed & in_flight, Reason.MID_COMPRESSION)
             and classes.name(not_compressed, Reason.COMPRESSED_INCOMPLETE)
@@ -123,9 +118,8 @@ def reason_codes(
         return classes.codes
     if checksum_ok is not None:
         classes.name(~checksum_ok[at], Reason.CHECKSUM_MISMATCH)
-    elif recorded_checks:
-        failed = group.check[np.where(classes.pending, ids[at], 0)] == FAILED
-        classes.name(failed, Reason.CHECKSUM_MISMATCH)  # seen failing by an earlier lookup
+    elif failed_checks is not None:
+        classes.name(failed_checks[at], Reason.CHECKSUM_MISMATCH)  # seen failing before
     return classes.codes
 
 
