@@ -5,6 +5,7 @@ Verdict."""
 from __future__ import annotations
 
 import pickle
+import threading
 
 import attrs
 import numpy as np
@@ -78,3 +79,35 @@ def test_explaining_once_is_enough() -> None:
     _engine, verdict, _ = spilled_miss()
     assert verdict.plan is verdict.plan and verdict.reasons is verdict.reasons
     assert np.array_equal([step.block_index for step in verdict.plan], np.arange(5, 25))
+
+
+def test_threads_reading_an_explanation_while_the_core_changes_agree() -> None:
+    """Several threads read one verdict's explanation for the first time at once while
+    another restores the blocks it names: every reader sees the explanation of the lookup's
+    moment, equal to one read at once."""
+    eng, first, spilled = spilled_miss()
+    assert first.probe is not None
+    prompt = first.probe.prompt  # the prompt the lookup read
+    expected = (first.groups, first.reasons, first.plan)
+    unread = eng.lookup(prompt)
+    start = threading.Barrier(5)
+    seen: list[tuple[object, ...]] = []
+
+    def reader() -> None:
+        start.wait()
+        seen.append((unread.groups, unread.reasons, unread.plan))
+
+    def restorer() -> None:
+        start.wait()
+        for event in ("restore_begin", "restore_done"):
+            with eng.lock:
+                eng.core.fire("attn", spilled, event)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    threads.append(threading.Thread(target=restorer))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == [expected] * 4
+    assert eng.lookup(prompt).usable_tokens > unread.usable_tokens  # restored since
