@@ -573,3 +573,26 @@ def test_an_engine_of_the_wrong_kind_of_model_or_config_is_a_kvfsm_error(
         model: object, config: object, named: str) -> None:
     with pytest.raises(KvfsmError, match=named):
         Engine(model, config)  # type: ignore[arg-type]
+
+
+def test_a_closed_engine_that_served_lookups_is_freed_once_dropped() -> None:
+    """Lookups keep a per-core view of the groups: with the core, not in a module-level map
+    whose values would hold every core ever looked up (and its pools) alive."""
+    import gc
+    import weakref
+
+    from tests.verify_models import DENSE, engine, tokens
+
+    def served() -> weakref.ref[object]:
+        eng = engine(DENSE)
+        text = tokens(100)
+        eng.commit(eng.prompt(text))
+        assert eng.lookup(text).usable_tokens == 96
+        core = weakref.ref(eng.core)
+        eng.close()
+        return core
+
+    first = served()
+    second = served()  # the lookup module's last-used core is now this one
+    gc.collect()
+    assert first() is None and second() is None

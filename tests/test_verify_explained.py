@@ -4,8 +4,10 @@ Verdict."""
 
 from __future__ import annotations
 
+import gc
 import pickle
 import threading
+import weakref
 
 import attrs
 import numpy as np
@@ -111,3 +113,16 @@ def test_threads_reading_an_explanation_while_the_core_changes_agree() -> None:
         thread.join()
     assert seen == [expected] * 4
     assert eng.lookup(prompt).usable_tokens > unread.usable_tokens  # restored since
+
+
+def test_a_verdict_explained_later_does_not_keep_its_engine_alive() -> None:
+    """An engine closed and dropped while a verdict of it is still unexplained is freed; the
+    verdict explains itself from its snapshot afterwards."""
+    eng, verdict, spilled = spilled_miss()
+    core = weakref.ref(eng.core)
+    eng.close()
+    del eng
+    gc.collect()
+    assert core() is None
+    assert [s.block_id for s in verdict.reasons_of(Reason.NOT_RESIDENT)] == spilled[:16]
+    assert [step.block_id for step in verdict.plan] == spilled

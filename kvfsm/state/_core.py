@@ -226,6 +226,10 @@ class StateCore:
         self.clock = Clock()
         #: Changes to any group, ever (shared with every group; see :class:`ChangeCount`).
         self.change_count = ChangeCount()
+        #: What the layers above keep per core (a lookup's view of the groups), by their own
+        #: keys. Kept here, it goes with the core: a module-level map from cores to values
+        #: that hold the core's groups would keep every core it ever saw alive.
+        self.caches: dict[str, object] = {}
         #: Told of every moved batch and reported read (shared with every group).
         self._observers: list[CoreObserver] = []
         #: The observers told of reads (those that do not say ``observes_reads = False``),

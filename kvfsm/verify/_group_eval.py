@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -340,6 +340,17 @@ class Frozen(NamedTuple):
     states: NDArray[np.uint8]
     failed_checks: Bools | None
     stale: Bools | None
+
+
+class _Kept(NamedTuple):
+    """What explaining an evaluation reads of its group and of the group's statics once the
+    lookup is over (:meth:`GroupEval.detach`), under the names both have."""
+
+    rule: KindRule
+    name: str
+    paths: RestorePaths
+    verdicts: dict[tuple[int, int, int, Reason | None], GroupVerdict]
+    settled_compressed: bool
 
 
 class GroupEval:
@@ -747,6 +758,19 @@ class GroupEval:
                     stale[rows] = index_check.stale_rows(rows)
             frozen = self._frozen = Frozen(group.table, group.states[safe], failed, stale)
         return frozen
+
+    def detach(self) -> None:
+        """Let go of the group's live state and of its statics' arrays and pool, after
+        :meth:`freeze` has read what explaining needs of them: an evaluation a verdict keeps
+        to explain itself later holds the pass's output and the snapshot, not the core."""
+        self.freeze()
+        statics = self._statics
+        kept = _Kept(self.group.rule, self.group.name, statics.paths, statics.verdicts,
+                     statics.settled_compressed)
+        # Read afterwards only through the names the group and the statics share with it.
+        self.group = cast(GroupState, kept)
+        self._statics = cast(Statics, kept)
+        self._history = None
 
     def state(self, index: int) -> int:
         """The lifecycle state of the prompt's block ``index`` (found blocks only), as it was

@@ -40,7 +40,8 @@ from kvfsm.verify._types import (
 from kvfsm.verify._why import BY_CODE, listed
 
 _DEFAULT_PROFILE = DeviceProfile()
-_LAYOUTS: weakref.WeakKeyDictionary[StateCore, _Layout] = weakref.WeakKeyDictionary()
+#: The key of a core's :class:`_Layout` in its ``caches``.
+_LAYOUT_KEY = "verify.lookup.layout"
 #: Candidate lengths by (count, step), shared read-only: most prompts of a serving load have
 #: a few hundred distinct lengths.
 _CANDIDATES: dict[tuple[int, int], NDArray[np.int64]] = {}
@@ -171,9 +172,7 @@ def lookup(
     # hash words, and its change count now: a lease finding it unchanged needs no second look).
     groups, checks, found = [], [], []
     for e in every:
-        if explain:
-            e.freeze()
-        else:
+        if not explain:
             groups.append(_group_verdict(e, step, count))
         checked = e.checked
         if checked is not None:
@@ -183,6 +182,10 @@ def lookup(
         lease_spans = _lease_spans(layout.names, [e.spans for e in every])
     probe = _probe(layout, prompt, found, usable_at, usable, lease_spans)
     if explain:
+        for e in every:
+            e.freeze()  # every snapshot first: an index's reads its target group
+        for e in every:
+            e.detach()  # then the core let go
         return explained_later(
             {"prompt_tokens": n_tokens, "hit_tokens": hit, "usable_tokens": usable,
              "restorable_tokens": restorable, "recompute_from": usable, "level": level,
@@ -235,8 +238,8 @@ class _Layout:
     the block sizes a prompt must keep and their LCM, which groups' hash chains are prefixes
     (for the block-boundary reason), and a weak reference to the core (for probes)."""
 
-    __slots__ = ("_spans", "block_sizes", "boundary", "change_count", "core", "finest_prefix",
-                 "groups", "names", "order", "prefix_at", "step")
+    __slots__ = ("__weakref__", "_spans", "block_sizes", "boundary", "change_count", "core",
+                 "finest_prefix", "groups", "names", "order", "prefix_at", "step")
 
     def __init__(self, core: StateCore) -> None:
         self.core = weakref.ref(core)
@@ -299,21 +302,24 @@ def _lease_spans(names: tuple[str, ...], spans: list[Spans]) -> LeaseSpans:
     return LeaseSpans(names, bounds, offsets)
 
 
-#: The layout last asked for, with a weak reference to its core: most processes serve one
-#: engine, whose lookups then skip the weak dictionary.
-_LAST_LAYOUT: tuple[weakref.ref[StateCore], _Layout] | None = None
+#: The layout last asked for and its core, both weakly: most processes serve one engine,
+#: whose lookups then skip the core's caches; a dropped engine is not kept.
+_LAST_LAYOUT: tuple[weakref.ref[StateCore], weakref.ref[_Layout]] | None = None
 
 
 def _layout_of(core: StateCore) -> _Layout:
-    """The core's :class:`_Layout` (cached per core)."""
+    """The core's :class:`_Layout` (kept in the core's ``caches``)."""
     global _LAST_LAYOUT
     last = _LAST_LAYOUT
     if last is not None and last[0]() is core:
-        return last[1]
-    known = _LAYOUTS.get(core)
-    if known is None:
-        known = _LAYOUTS[core] = _Layout(core)
-    _LAST_LAYOUT = (known.core, known)
+        layout = last[1]()
+        if layout is not None:
+            return layout
+    known = core.caches.get(_LAYOUT_KEY)
+    if not isinstance(known, _Layout):
+        known = _Layout(core)
+        core.caches[_LAYOUT_KEY] = known
+    _LAST_LAYOUT = (known.core, weakref.ref(known))
     return known
 
 
