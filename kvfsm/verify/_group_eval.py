@@ -745,18 +745,21 @@ class GroupEval:
         if frozen is None:
             group = self.group
             ids = self.ids
-            safe = np.where(ids >= 0, ids, 0)
+            # A missing block's id (-1) wraps to the last block: read for no found block.
             failed = None
             if self.checksum_ok is None and self._recorded_checks:
-                failed = group.check[safe] == FAILED
+                failed = group.check.take(ids, mode="wrap") == FAILED
             stale = None
-            index_check = self.index
-            if index_check is not None:
+            if self._has_index and self._history is not None:
                 stale = np.zeros(self.n, dtype=np.bool_)
-                rows = np.flatnonzero(~index_check.fit & (ids >= 0))
+                rows = np.flatnonzero(~self._flag_row(FIT, self.n))
+                rows = rows[ids[rows] >= 0]  # found rows whose references failed
                 if rows.size:
+                    index_check = self.index
+                    assert index_check is not None
                     stale[rows] = index_check.stale_rows(rows)
-            frozen = self._frozen = Frozen(group.table, group.states[safe], failed, stale)
+            frozen = self._frozen = Frozen(group.table, group.states.take(ids, mode="wrap"),
+                                           failed, stale)
         return frozen
 
     def detach(self) -> None:
