@@ -74,10 +74,6 @@ class ExplainedLater(Verdict):
             return NotImplemented
         return all(getattr(self, name) == getattr(other, name) for name in _COMPARED)
 
-    def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
     __hash__ = Verdict.__hash__
 
     def __repr__(self) -> str:

@@ -350,7 +350,6 @@ class _Kept(NamedTuple):
     name: str
     paths: RestorePaths
     verdicts: dict[tuple[int, int, int, Reason | None], GroupVerdict]
-    settled_compressed: bool
 
 
 class GroupEval:
@@ -653,11 +652,6 @@ class GroupEval:
         safe = np.where(self.ids >= 0, self.ids, 0)
         return IndexCheck(self.group, safe, self._flag_row(FIT, self.n))
 
-    @property
-    def settled(self) -> Bools:
-        """Per block: usable now in the form its kind settles in (no plan step will touch it)."""
-        return self._flag_row(NOW_CMP if self._statics.settled_compressed else NOW_RAW, self.n)
-
     # -- reasons ---------------------------------------------------------------------------
 
     def _need(self, length: int) -> tuple[int, int, int, bool]:
@@ -683,12 +677,6 @@ class GroupEval:
                 need.servable is None or bool(need.servable[0])
         needs[length] = known
         return known
-
-    def needed(self, length: int) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
-        """Block indices needed at ``length`` and, per block, whether it must be compressed."""
-        lo, cut, hi, _ = self._need(length)
-        index = np.arange(lo, hi, dtype=np.int64)
-        return index, index < cut
 
     def servable(self, length: int) -> bool:
         """The kind can serve ``length`` at all (whatever its blocks)."""
@@ -738,7 +726,7 @@ class GroupEval:
 
     def freeze(self) -> Frozen:
         """The snapshot every explanation of this evaluation reads (taken now, on the first
-        call): what :meth:`reason`, :meth:`reason_codes` and :meth:`state` read of the core
+        call): what :meth:`reason` and :meth:`reason_codes` read of the core
         besides the pass's output. A lookup takes it before it returns, so a verdict's
         reasons and plan, made when first read, say what was so at the lookup."""
         frozen = self._frozen
@@ -768,17 +756,11 @@ class GroupEval:
         to explain itself later holds the pass's output and the snapshot, not the core."""
         self.freeze()
         statics = self._statics
-        kept = _Kept(self.group.rule, self.group.name, statics.paths, statics.verdicts,
-                     statics.settled_compressed)
+        kept = _Kept(self.group.rule, self.group.name, statics.paths, statics.verdicts)
         # Read afterwards only through the names the group and the statics share with it.
         self.group = cast(GroupState, kept)
         self._statics = cast(Statics, kept)
         self._history = None
-
-    def state(self, index: int) -> int:
-        """The lifecycle state of the prompt's block ``index`` (found blocks only), as it was
-        when the evaluation was frozen."""
-        return int(self.freeze().states[index])
 
     def reason_codes(self, index: NDArray[np.int64], compressed: Bools) -> Codes:
         """Why each block ``index[i]`` is not usable now in its needed form, as codes
