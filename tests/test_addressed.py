@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kvfsm._addressed import ENTRY, AddressTable, address_table, array_at
 from kvfsm._jit import settings as jit
-from kvfsm.verify import Level, _group_eval
+from kvfsm.verify import Level, _statics
 from kvfsm.verify._group_pass import FIXED_KINDS, pack_fixed
 from tests.verify_models import DEEPSEEK, FOUR, GPT_OSS, PROMPTS, drive, engine
 
@@ -84,7 +84,7 @@ def test_every_shipped_groups_fixed_arrays_pack_into_a_table(decl: Any) -> None:
     eng = engine(decl, device=24, host=6)
     eng.lookup(PROMPTS[0])
     for group in eng.core.groups.values():
-        statics = _group_eval.statics_for(group, group.decl.layout, eng.profile)
+        statics = _statics.statics_for(group, group.decl.layout, eng.profile)
         assert statics.fixed is not None, group.name
         assert len(statics.fixed.held) == len(FIXED_KINDS)
         assert pack_fixed(statics.arrays) is not None
@@ -106,7 +106,7 @@ def test_a_lookup_through_address_tables_answers_as_one_through_the_arrays(
     with jit.using(True):
         through_tables = _core_lookup(eng, prompt, level)
         every = [statics for group in eng.core.groups.values()
-                 for statics in _group_eval._STATICS.get(group, {}).values()]
+                 for statics in _statics._STATICS.get(group, {}).values()]
         every += [statics for known in _known_statics(eng) for statics in known.values()]
         kept = [(statics, statics.fixed, statics.entry) for statics in every]
         try:

@@ -553,7 +553,7 @@ def test_a_verdict_with_a_hand_written_plan_is_reported(monkeypatch: pytest.Monk
     def wrong(table: CompiledTable) -> RestorePaths:
         return _HandWritten(table, "host", Form.RAW, (Event.RESTORE_BEGIN,))
 
-    monkeypatch.setattr("kvfsm.verify._group_eval.restore_paths", wrong)
+    monkeypatch.setattr("kvfsm.verify._statics.restore_paths", wrong)
     problems = verdict_problems(eng.core, prompt, eng.lookup(prompt))
     assert any("ends in 'restoring_host'" in p for p in problems), problems
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 # Imported for their kernels: each registers itself in _KERNELS.
 import kvfsm.state._hashtable
 import kvfsm.verify._group_pass
+import kvfsm.verify._snapshot
 from kvfsm._addressed import AddressTable
 from kvfsm._jit import _KERNELS, Kernel, warm_up
 from kvfsm._jit import settings as jit
@@ -37,6 +38,7 @@ needs_numba = pytest.mark.skipif(not jit.available, reason="numba is not install
 LOOKUP_KERNELS = {
     kvfsm.state._hashtable.probe_kernel,
     kvfsm.verify._group_pass.group_pass,
+    kvfsm.verify._snapshot.take_snapshot,
 }
 
 

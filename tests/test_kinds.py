@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kvfsm.kinds import RULES, rule_of
 from kvfsm.spec import Event, GroupDecl, GroupKind, Layout
-from kvfsm.verify._group_eval import Spans, usable_at
+from kvfsm.verify._spans import Spans, usable_at
 
 LAYOUT = Layout(("block", "token", "dim"), 256, 0)
 

@@ -24,7 +24,7 @@ from kvfsm.verify._block_facts import (
     TO_RAW,
     WHOLE,
 )
-from kvfsm.verify._group_eval import GroupEval, _prefix_step
+from kvfsm.verify._group_eval import GroupEval
 from kvfsm.verify._group_pass import (
     CHECKS_IGNORED,
     FIT,
@@ -37,6 +37,7 @@ from kvfsm.verify._group_pass import (
     pack_consts,
 )
 from kvfsm.verify._paths import restore_paths
+from kvfsm.verify._spans import _prefix_step
 from tests.verify_models import DENSE, engine, tokens
 
 #: Every state readable raw (the restore-path code's low bit).

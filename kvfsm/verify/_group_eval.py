@@ -9,8 +9,6 @@ afterwards, only for the lengths a verdict explains.
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -21,10 +19,9 @@ from kvfsm._reasons import Reason
 from kvfsm.fsm import FORM_COMPRESSED as COMPRESSED
 from kvfsm.fsm import FORM_RAW as RAW
 from kvfsm.fsm import CompiledTable
-from kvfsm.kinds import KindRule, Needed
+from kvfsm.kinds import KindRule
 from kvfsm.memory import SlotPool
-from kvfsm.memory._backend import data_ptr
-from kvfsm.spec import Form, Layout, Tier
+from kvfsm.spec import Layout, Tier
 from kvfsm.state import FAILED, UNCHECKED, GroupState, StateCore
 from kvfsm.verify._block_facts import FOUND, LAYOUT, PLACED, READABLE, WHOLE
 from kvfsm.verify._group_pass import (
@@ -51,30 +48,23 @@ from kvfsm.verify._group_pass import (
     ONE_RUN_BLOCKS,
     PLAN_CHANGES,
     RESTORES_TOTAL,
+    SNAPSHOT_FAILED,
+    SNAPSHOT_ROWS,
+    SNAPSHOT_STATE,
     group_pass,
     group_pass_fixed,
-    out_offsets,
-    pack_consts,
-    pack_fixed,
-    usable_over,
+    snapshot_at,
 )
 from kvfsm.verify._index_check import IndexCheck
-from kvfsm.verify._paths import RestorePaths, restore_paths
+from kvfsm.verify._paths import RestorePaths
+from kvfsm.verify._snapshot import take_snapshot
+from kvfsm.verify._spans import Spans
+from kvfsm.verify._statics import Statics, slots_aligned, statics_for
 from kvfsm.verify._types import DeviceProfile, GroupVerdict, Level
 from kvfsm.verify._why import Codes, reason_codes
 
 Bools = NDArray[np.bool_]
 
-# Stand-ins for a group without an index (the pass reads none of them; read-only like the
-# core's arrays, so the call compiles to the same version): its references and its target
-# group's epochs, states and positions.
-_NO_TARGETS = (np.full((1, 1), -1, dtype=np.int32), np.zeros((1, 1), dtype=np.uint32),
-               np.zeros(1, dtype=np.uint32), np.zeros(1, dtype=np.uint8),
-               np.full(1, -1, dtype=np.int32))
-for _stand_in in _NO_TARGETS:
-    _stand_in.flags.writeable = False
-#: The target states' "hashed" table of a group without an index (never read).
-_NO_HASHED = np.ones(1, dtype=np.bool_)
 #: The ``history`` of a group without an index (a pass output of no blocks; never read).
 _NO_HISTORY = np.zeros(N_SCALARS + 1, dtype=np.int64)
 #: ``checked_ok`` when the pass is not asked to read it (it then reads none of it).
@@ -87,128 +77,8 @@ assert tuple(range(N_SCALARS)) == _SCALAR_ORDER, "GroupEval unpacks the scalars 
 #: The levels the evaluation compares against (a module global reads faster than an enum's
 #: member on every lookup).
 _FULL, _FAST = Level.FULL, Level.FAST
-#: Statics kept per group: one per reading layout and device profile a caller uses.
-_MAX_STATICS = 64
 
 
-class Statics:
-    """What every lookup of one group under one reading layout and device profile passes to
-    the group pass unchanged: the group's metadata arrays (fixed buffers the core writes in
-    place), the per-layout and per-state facts, the index's references and its target group's
-    arrays, and the parameters that never change. Made once; :func:`statics_for` makes a new
-    one when something it was made from is replaced (the table, a new recorded layout)."""
-
-    __slots__ = ("aligned", "arrays", "entry", "fixed", "layout_ok", "made_from", "paths", "pool",
-                 "restore_aligned", "settled_compressed", "table", "verdicts")
-
-    paths: RestorePaths
-
-    def __init__(self, group: GroupState, reads: Layout, profile: DeviceProfile,
-                 made_from: tuple[Layout, DeviceProfile, CompiledTable, RestorePaths, int,
-                                  CompiledTable | None]) -> None:
-        self.made_from = made_from
-        self.table = group.hash_map
-        self.paths = paths = made_from[3]
-        self.pool = pool = group.pools[Tier.DEVICE]
-        #: Per layout id of the group: the reading kernel's layout accepts it.
-        self.layout_ok = layout_ok = np.array([layout == reads for layout in group.layouts],
-                                              dtype=np.bool_)
-        layout_ok.setflags(write=False)
-        #: Restored blocks land aligned for the profile / every device slot already meets it.
-        self.restore_aligned = alignment_guaranteed(pool, profile)
-        self.aligned = _aligned_by_construction(pool, profile)
-        target = group.target
-        targets: tuple[NDArray[Any], ...] = _NO_TARGETS
-        hashed, sizes = _NO_HASHED, (1, 1)  # sizes of a non-index group
-        target_settled_compressed = False
-        if target is not None:
-            sizes = (target.decl.block_size, group.decl.block_size)
-            targets = (group.refs_target, group.refs_epoch, target.epoch, target.states,
-                       target.position)
-            hashed = target.table.hashed
-            target_settled_compressed = target.rule.settled_form is Form.COMPRESSED
-        #: The group's kind settles in the compressed form (else raw).
-        self.settled_compressed = group.rule.settled_form is Form.COMPRESSED
-        consts = pack_consts(group.full_sub_mask, self.restore_aligned, *sizes,
-                             self.settled_compressed, layout_ok, paths.code,
-                             paths.restores_by_form, hashed, target_settled_compressed)
-        #: The group's figures (GroupVerdict) by (hit, usable, restorable, stop), shared
-        #: between verdicts: values.
-        self.verdicts: dict[tuple[int, int, int, Reason | None], GroupVerdict] = {}
-        table = self.table
-        #: The pass's arguments after the prompt's words, up to the prompt's history: the hash
-        #: table, the group's metadata, its index references and their targets, the consts.
-        self.arrays = (table.slots, table.block_high, table.block_low, table.mapped,
-                       group.states,
-                       group.epoch, group.position, group.sub_blocks, group.layout_id,
-                       group.check, *targets, consts)
-        #: The same arrays as one address table (None where one is laid out otherwise): a
-        #: compiled first pass takes them so, one argument instead of sixteen.
-        self.fixed = pack_fixed(self.arrays)
-        #: The compiled pass's entry point for the argument types of a first pass with these
-        #: arrays (bound on the first compiled pass; None until): the arrays are these, and
-        #: every other argument is made the same way on every lookup (see ``_pass``).
-        self.entry: Callable[..., None] | None = None
-
-
-#: Per group (weakly): its statics by the ids of the reading layout and device profile.
-_STATICS: weakref.WeakKeyDictionary[GroupState, dict[tuple[int, int], Statics]] = \
-    weakref.WeakKeyDictionary()
-
-
-def statics_for(group: GroupState, reads: Layout, profile: DeviceProfile,
-                known_here: dict[tuple[int, int], Statics] | None = None) -> Statics:
-    """The group's :class:`Statics` for the layout ``reads`` and ``profile`` (cached in
-    ``known_here``, the group's own cache when None). Identity checks only: made again when
-    the group's table, its target's table or the restore paths derived from them are
-    replaced, or the group records a new layout."""
-    if known_here is None:
-        known_here = _STATICS.get(group)
-        if known_here is None:
-            known_here = _STATICS[group] = {}
-    key = (id(reads), id(profile))
-    known = known_here.get(key)
-    table, target = group.table, group.target
-    paths = restore_paths(table)
-    target_table = None if target is None else target.table
-    if known is not None:
-        was = known.made_from
-        if was[0] is reads and was[1] is profile and was[2] is table and was[3] is paths \
-                and was[4] == len(group.layouts) and was[5] is target_table:
-            return known
-    if len(known_here) >= _MAX_STATICS:
-        known_here.clear()
-    known = known_here[key] = Statics(
-        group, reads, profile, (reads, profile, table, paths, len(group.layouts), target_table))
-    return known
-
-
-def _aligned_by_construction(pool: SlotPool, profile: DeviceProfile) -> bool:
-    """Every slot of ``pool`` meets ``profile``: its base and stride are multiples of the
-    base alignment and its stride of the size alignment (layer 4 then has nothing to check)."""
-    return data_ptr(pool.data) % profile.base_alignment == 0 and \
-        pool.stride % profile.base_alignment == 0 and pool.stride % profile.size_alignment == 0
-
-
-def alignment_guaranteed(pool: SlotPool, profile: DeviceProfile) -> bool:
-    """The pool's construction already satisfies the profile for every slot."""
-    return pool.alignment % profile.base_alignment == 0 and \
-        pool.stride % profile.size_alignment == 0
-
-
-def _aligned(pool: SlotPool, profile: DeviceProfile, slots: NDArray[np.int32],
-             readable: Bools) -> Bools | None:
-    """Layer 4 per prompt block: the device address and size of each readable block meet the
-    profile (None: all do). address = base + slot * stride: when base and stride are both
-    multiples of the required alignment every slot is aligned, exactly; else check each."""
-    base = data_ptr(pool.data)
-    sized = pool.stride % profile.size_alignment == 0
-    if base % profile.base_alignment == 0 and pool.stride % profile.base_alignment == 0:
-        return None if sized else ~readable
-    address = np.int64(base) + pool.offsets(slots)
-    ok = np.ones(readable.size, dtype=np.bool_)
-    ok[readable] = (address % profile.base_alignment == 0) & sized
-    return ok
 
 
 def _checksums(group: GroupState, pool: SlotPool, level: Level, slots: NDArray[np.int32],
@@ -242,114 +112,20 @@ def _both(first: Bools | None, second: Bools | None) -> Bools | None:
     return first & second
 
 
-class Spans:
-    """A kind's needed block spans at every candidate length, clipped to the ``n`` blocks the
-    prompt has, with what every "usable at L" evaluation of the group shares computed once."""
-
-    def __init__(self, need: Needed, n: int) -> None:
-        #: The prompt's blocks the spans are clipped to.
-        self.n = n
-        #: ``lo``, ``cut`` and ``hi`` as the kind needs them, not clipped (a block from ``n``
-        #: on is missing), as one read-only ``[3, lengths]`` array, and per length whether
-        #: the kind can serve it at all (None: every length): what reasons read.
-        self.needed = np.stack([need.lo, need.cut, need.hi]).astype(np.int64)
-        self.needed.setflags(write=False)
-        self.servable = None if need.servable is None else need.servable.astype(np.bool_)
-        if self.servable is not None:
-            self.servable.setflags(write=False)
-        self.hi = np.minimum(need.hi, n)
-        self.cut = np.minimum(need.cut, self.hi)
-        self.lo = np.minimum(need.lo, self.cut)
-        #: Every needed block exists in the prompt (an empty span needs none), and the kind
-        #: can serve the length at all.
-        inside = (need.hi <= n) | (need.lo >= need.hi)
-        self.base: Bools = inside if need.servable is None else inside & need.servable
-        self.base.setflags(write=False)
-        self.reads_compressed = bool((self.lo < self.cut).any())
-        #: ``lo``, ``cut``, ``hi`` and ``base`` (0 or 1) as one read-only ``[4, lengths]``
-        #: array: the pass's ``spans`` (rows SPAN_*).
-        self.rows = np.stack([self.lo, self.cut, self.hi, self.base]).astype(np.int64)
-        self.rows.setflags(write=False)
-        #: Above 0 where the spans are a raw prefix's (every length served, nothing before
-        #: its first block or compressed, ``hi`` this step times the length's index): the
-        #: pass computes them instead of reading them.
-        self.prefix_step = _prefix_step(self.rows)
-        #: ``lo``, ``cut`` and ``hi`` as one read-only ``[3, lengths]`` array.
-        self.bounds = self.rows[:3]
-        #: Where the group pass's output over these spans puts the block ids, the epochs and
-        #: the bytes, and its size (out_offsets).
-        self.out_at = out_offsets(n, self.lo.size)
-        self.out_size = self.out_at[3]
-        #: Where the block ids and the epochs start, and the word counting the blocks from
-        #: the first that are one run at one epoch, as an array (a lease's one compiled pass
-        #: over every group reads them there).
-        self.out_words = np.array((*self.out_at[:2], ONE_RUN_BLOCKS), dtype=np.int64)
-        self.out_words.setflags(write=False)
-
-
-def _prefix_step(rows: NDArray[np.int64]) -> int:
-    """The step of ``hi`` where the spans ``rows`` are a raw prefix's (see
-    :attr:`Spans.prefix_step`), else 0."""
-    lo, cut, hi, base = rows
-    if hi.size < 2 or lo.any() or cut.any() or not base.all():
-        return 0
-    step = int(hi[1])
-    if step <= 0 or not np.array_equal(hi, np.arange(hi.size, dtype=np.int64) * step):
-        return 0
-    return step
-
-
-#: Spans by (group declaration, prompt blocks, candidate count, step), shared: a kind's rule
-#: is a function of these alone, and a serving load repeats prompt lengths.
-_SPANS: dict[tuple[int, int, int, int], tuple[object, Spans]] = {}
-_MAX_SPANS = 4096
-
-
-def spans_for(group: GroupState, n: int, lengths: NDArray[np.int64], step: int) -> Spans:
-    """The group's spans over ``lengths`` (``[0, step, ...]``) for a prompt of ``n`` blocks."""
-    decl = group.decl
-    key = (id(decl), n, lengths.size, step)
-    known = _SPANS.get(key)
-    if known is not None and known[0] is decl:
-        return known[1]
-    if len(_SPANS) >= _MAX_SPANS:
-        _SPANS.clear()
-    spans = Spans(group.rule.needed(decl, lengths), n)
-    for array in (spans.lo, spans.cut, spans.hi):
-        array.setflags(write=False)
-    _SPANS[key] = (decl, spans)
-    return spans
-
-
-def usable_at(spans: Spans, ok_raw: Bools, ok_cmp: Bools) -> Bools:
-    """Per candidate length: every block the kind needs there is ok in its form: ``ok_cmp``
-    over ``[lo, cut)``, ``ok_raw`` over ``[cut, hi)``. O(n + lengths) with prefix sums, exact
-    for kinds whose needed blocks are not a prefix (the pass's NumPy twin, for one vector)."""
-    return usable_over(spans.lo, spans.cut, spans.hi, spans.base, ok_raw, ok_cmp)
 
 
 class Frozen(NamedTuple):
-    """What explaining a group's verdict reads besides the pass's output, as it was when the
-    verdict was made (:meth:`GroupEval.freeze`): the group's table, each prompt block's
-    lifecycle state (0 where missing), whether its recorded data check failed (None: not
-    read), and for a sparse index whether each row that fails its reference check has a
-    stale or dead reference (None: the group has no index). A later change to the core
-    cannot alter an explanation made from it."""
+    """What explaining a group's verdict reads of the core, as it was when the verdict was
+    made (:meth:`GroupEval.freeze`): the group's table, each prompt block's lifecycle state
+    (0 where missing), whether its recorded data check failed (None: not read), and for a
+    sparse index whether each row that fails its reference check has a stale or dead
+    reference (None: the group has no index). A later change to the core cannot alter an
+    explanation made from it."""
 
     table: CompiledTable
     states: NDArray[np.uint8]
     failed_checks: Bools | None
     stale: Bools | None
-
-
-class _Kept(NamedTuple):
-    """What explaining an evaluation reads of its group and of the group's statics once the
-    lookup is over (:meth:`GroupEval.detach`), under the names both have."""
-
-    rule: KindRule
-    name: str
-    paths: RestorePaths
-    verdicts: dict[tuple[int, int, int, Reason | None], GroupVerdict]
 
 
 class GroupEval:
@@ -377,7 +153,10 @@ class GroupEval:
     restores_asked: NDArray[np.int64] | None = None
     #: What the kind needs at each length a verdict asked about (:meth:`_need`; None until).
     _needs: dict[int, tuple[int, int, int, bool]] | None = None
-    #: The snapshot explanations read (:meth:`freeze`; None until).
+    #: What the snapshot adds to the pass's output: the group's table and an index's stale
+    #: rows (:meth:`freeze`; None until).
+    _snapshot: tuple[CompiledTable, Bools | None] | None = None
+    #: The snapshot as explanations read it (:meth:`frozen`; None until).
     _frozen: Frozen | None = None
 
     def __init__(
@@ -442,7 +221,7 @@ class GroupEval:
                 readable_ids = ids[readable]
                 slots = group.slot[Tier.DEVICE][readable_ids]
                 if check_alignment:
-                    self.align_ok = _aligned(statics.pool, profile, slots, readable)
+                    self.align_ok = slots_aligned(statics.pool, profile, slots, readable)
                 if checksums:
                     self.checksum_ok, made, passed = _checksums(group, statics.pool, level,
                                                                 slots, readable_ids, readable)
@@ -724,30 +503,46 @@ class GroupEval:
                 return max(start, n), row == NOW_CMP
         return None
 
-    def freeze(self) -> Frozen:
-        """The snapshot every explanation of this evaluation reads (taken now, on the first
-        call): what :meth:`reason` and :meth:`reason_codes` read of the core
-        besides the pass's output. A lookup takes it before it returns, so a verdict's
-        reasons and plan, made when first read, say what was so at the lookup."""
-        frozen = self._frozen
-        if frozen is None:
-            group = self.group
+    def freeze(self) -> None:
+        """Take the snapshot every explanation of this evaluation reads (:meth:`frozen`):
+        what :meth:`reason` and :meth:`reason_codes` read of the core. A lookup takes it
+        before it returns, so a verdict's reasons and plan, made when first read, say what
+        was so at the lookup: the blocks' states and recorded checks copied into the pass
+        output's snapshot rows (one compiled call), the group's table and, for a sparse
+        index with rows whose references failed, whether each is stale."""
+        if self._snapshot is not None:
+            return
+        group = self.group
+        record_failed = self.checksum_ok is None and self._recorded_checks
+        take_snapshot(self._out, self.n, self.lengths.size, group.states, group.check,
+                      record_failed)
+        stale = None
+        if self._has_index and self._history is not None:
+            stale = np.zeros(self.n, dtype=np.bool_)
             ids = self.ids
-            # A missing block's id (-1) wraps to the last block: read for no found block.
-            failed = None
-            if self.checksum_ok is None and self._recorded_checks:
-                failed = group.check.take(ids, mode="wrap") == FAILED
-            stale = None
-            if self._has_index and self._history is not None:
-                stale = np.zeros(self.n, dtype=np.bool_)
-                rows = np.flatnonzero(~self._flag_row(FIT, self.n))
-                rows = rows[ids[rows] >= 0]  # found rows whose references failed
-                if rows.size:
-                    index_check = self.index
-                    assert index_check is not None
-                    stale[rows] = index_check.stale_rows(rows)
-            frozen = self._frozen = Frozen(group.table, group.states.take(ids, mode="wrap"),
-                                           failed, stale)
+            rows = np.flatnonzero(~self._flag_row(FIT, self.n))
+            rows = rows[ids[rows] >= 0]  # found rows whose references failed
+            if rows.size:
+                index_check = self.index
+                assert index_check is not None
+                stale[rows] = index_check.stale_rows(rows)
+        self._snapshot = (group.table, stale)
+
+    def frozen(self) -> Frozen:
+        """The snapshot (:meth:`freeze`, taken on the first call where the lookup did not)."""
+        frozen = self._frozen
+        if frozen is not None:
+            return frozen
+        self.freeze()
+        assert self._snapshot is not None
+        table, stale = self._snapshot
+        n = self.n
+        at = snapshot_at(n, self.lengths.size)
+        rows = self._bytes()[at : at + SNAPSHOT_ROWS * n].reshape(SNAPSHOT_ROWS, n)
+        failed = None
+        if self.checksum_ok is None and self._recorded_checks:
+            failed = rows[SNAPSHOT_FAILED].view(np.bool_)
+        frozen = self._frozen = Frozen(table, rows[SNAPSHOT_STATE], failed, stale)
         return frozen
 
     def detach(self) -> None:
@@ -755,8 +550,7 @@ class GroupEval:
         :meth:`freeze` has read what explaining needs of them: an evaluation a verdict keeps
         to explain itself later holds the pass's output and the snapshot, not the core."""
         self.freeze()
-        statics = self._statics
-        kept = _Kept(self.group.rule, self.group.name, statics.paths, statics.verdicts)
+        kept = self._statics.kept
         # Read afterwards only through the names the group and the statics share with it.
         self.group = cast(GroupState, kept)
         self._statics = cast(Statics, kept)
@@ -766,7 +560,7 @@ class GroupEval:
         """Why each block ``index[i]`` is not usable now in its needed form, as codes
         (:data:`~kvfsm.verify._why.BY_CODE`; 0 where it is): :meth:`reason` of many blocks
         at once, for listing them."""
-        frozen = self.freeze()
+        frozen = self.frozen()
         return reason_codes(
             index, compressed, n=self.n, facts=self.facts, states=frozen.states,
             table=frozen.table, paths=self.paths, missing=self.rule.missing,
@@ -788,7 +582,7 @@ class GroupEval:
             return Reason.POSITION_CONFLICT
         if not facts & WHOLE:
             return Reason.SUB_BLOCKS_MISSING
-        frozen = self.freeze()
+        frozen = self.frozen()
         if frozen.stale is not None and not self._flag_row(FIT, self.n)[index]:
             return Reason.INDEX_STALE if frozen.stale[index] else Reason.GROUP_GAP
         table = frozen.table

@@ -169,11 +169,25 @@ def out_offsets(n: int, count: int) -> tuple[int, int, int, int]:
     ``count`` candidate lengths, in words: the scalars (at 0), the restores asked per length
     (at N_SCALARS; written only where ASKED_KEPT), then the block ids, the epochs (uint32,
     two a word), the bytes (a fact byte per block, then the N_FLAGS rows of ``max(n,
-    count)`` bools), and the total size."""
+    count)`` bools, then the snapshot: :func:`snapshot_at`), and the total size."""
     ids_at = N_SCALARS + count
     epochs_at = ids_at + n
     bytes_at = epochs_at + (n + 1) // 2
-    return ids_at, epochs_at, bytes_at, bytes_at + (n + N_FLAGS * max(n, count) + 7) // 8
+    return ids_at, epochs_at, bytes_at, \
+        bytes_at + (snapshot_at(n, count) + SNAPSHOT_ROWS * n + 7) // 8
+
+
+#: Per block, after the flag rows, what explaining a verdict later reads of the core as it
+#: was at the lookup: the block's lifecycle state (0 where missing), and whether its recorded
+#: check had failed. Not written by the pass (a full hit, most lookups, never reads them): a
+#: lookup with something to explain copies them in (:mod:`kvfsm.verify._snapshot`).
+SNAPSHOT_STATE, SNAPSHOT_FAILED = range(2)
+SNAPSHOT_ROWS: Final = 2
+
+
+def snapshot_at(n: int, count: int) -> int:
+    """Where the snapshot rows (``n`` bytes each, SNAPSHOT_*) start in the output's bytes."""
+    return n + N_FLAGS * max(n, count)
 
 
 def out_views(out: NDArray[np.int64], n: int, count: int
@@ -187,6 +201,15 @@ def out_views(out: NDArray[np.int64], n: int, count: int
     return (out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at].view(np.intp),
             out[epochs_at:bytes_at].view(np.uint32)[:n], raw[:n],
             raw[n : n + N_FLAGS * width].view(np.bool_).reshape(N_FLAGS, width))
+
+
+def snapshot_rows(out: NDArray[np.int64], n: int, count: int) -> NDArray[np.uint8]:
+    """The snapshot rows of ``out`` (SNAPSHOT_*, ``n`` bytes each) as one
+    ``[SNAPSHOT_ROWS, n]`` view."""
+    _, _, bytes_at, _ = out_offsets(n, count)
+    at = snapshot_at(n, count)
+    rows: NDArray[np.uint8] = out[bytes_at:].view(np.uint8)[at : at + SNAPSHOT_ROWS * n]
+    return rows.reshape(SNAPSHOT_ROWS, n)
 
 
 def _history_views(history: NDArray[np.int64], n_history: int, count: int,

@@ -20,9 +20,11 @@ from kvfsm._errors import KvfsmError
 from kvfsm.spec import Event, Form, GroupDecl, Layout, Tier
 from kvfsm.state import GroupState, StateCore
 from kvfsm.verify._explained import Explanation, explained_later
-from kvfsm.verify._group_eval import GroupEval, Spans, Statics, evaluate, spans_for, statics_for
+from kvfsm.verify._group_eval import GroupEval, evaluate
 from kvfsm.verify._group_pass import AFTER, HIT, NOW
 from kvfsm.verify._prompt import Prompt
+from kvfsm.verify._spans import Spans, spans_for
+from kvfsm.verify._statics import Statics, statics_for
 from kvfsm.verify._types import (
     Checks,
     DeviceProfile,
@@ -496,7 +498,7 @@ def _plan(evals: dict[str, GroupEval], length: int) -> tuple[RestoreStep, ...]:
         if not index.size:
             continue
         ids = e.ids[index]
-        table, states_at, _, _ = e.freeze()
+        table, states_at, _, _ = e.frozen()
         states = states_at[index]
         paths = e.paths
         # Per (state, needed compressed): the step's state name, tier and path.
