@@ -6,7 +6,7 @@ forty array operations and a Python object per listed block, several times the n
 prompts. A scheduler asks about every waiting request every step and mostly reads only the
 numbers, so a verdict with something to explain is an :class:`ExplainedLater`: its ``groups``,
 ``reasons`` and ``plan`` are made on first read, from the lookup's pass outputs and a snapshot
-of what else they read (each group's :meth:`~kvfsm.verify._group_eval.GroupEval.freeze`, taken
+of what else they read (each group's :meth:`~kvfsm.verify._pass_output.PassOutput.freeze`, taken
 before the lookup returns), so a change to the core after the lookup cannot alter them. Once
 made they are plain fields: equality, hashing, ``repr``, ``attrs.evolve`` and pickling see the
 values.

@@ -42,7 +42,8 @@ _NO_HASHED = np.ones(1, dtype=np.bool_)
 
 class _Kept(NamedTuple):
     """What explaining an evaluation reads of its group and of the group's statics once the
-    lookup is over (:meth:`GroupEval.detach`), under the names both have."""
+    lookup is over (:meth:`~kvfsm.verify._pass_output.PassOutput.detach`), under the names
+    both have."""
 
     rule: KindRule
     name: str
@@ -99,7 +100,8 @@ class Statics:
         #: between verdicts: values.
         self.verdicts: dict[tuple[int, int, int, Reason | None], GroupVerdict] = {}
         #: What an evaluation keeps of the group and of these statics once its lookup is over
-        #: (:meth:`GroupEval.detach`): the same for every evaluation made with them.
+        #: (:meth:`~kvfsm.verify._pass_output.PassOutput.detach`): the same for every
+        #: evaluation made with them.
         self.kept = _Kept(group.rule, group.name, paths, self.verdicts)
         table = self.table
         #: The pass's arguments after the prompt's words, up to the prompt's history: the hash
