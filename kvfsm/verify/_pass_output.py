@@ -33,9 +33,8 @@ from kvfsm.verify._group_pass import (
     NOW_CMP,
     NOW_RAW,
     SNAPSHOT_FAILED,
-    SNAPSHOT_ROWS,
     SNAPSHOT_STATE,
-    snapshot_at,
+    snapshot_rows,
 )
 from kvfsm.verify._index_check import IndexCheck
 from kvfsm.verify._paths import RestorePaths
@@ -60,7 +59,6 @@ class Frozen(NamedTuple):
     states: NDArray[np.uint8]
     failed_checks: Bools | None
     stale: Bools | None
-
 
 
 class PassOutput:
@@ -93,9 +91,9 @@ class PassOutput:
     checksum_ok: Bools | None = None
     #: What the kind needs at each length a verdict asked about (:meth:`_need`; None until).
     _needs: dict[int, tuple[int, int, int, bool]] | None = None
-    #: What the snapshot adds to the pass's output: the group's table and an index's stale
-    #: rows (:meth:`freeze`; None until).
-    _snapshot: tuple[CompiledTable, Bools | None] | None = None
+    #: What the snapshot adds to the pass's output: the group's table, an index's stale rows,
+    #: and whether the recorded checks were copied (:meth:`freeze`; None until).
+    _snapshot: tuple[CompiledTable, Bools | None, bool] | None = None
     #: The snapshot as explanations read it (:meth:`frozen`; None until).
     _frozen: Frozen | None = None
 
@@ -301,7 +299,7 @@ class PassOutput:
                 index_check = self.index
                 assert index_check is not None
                 stale[rows] = index_check.stale_rows(rows)
-        self._snapshot = (group.table, stale)
+        self._snapshot = (group.table, stale, record_failed)
 
     def frozen(self) -> Frozen:
         """The snapshot (:meth:`freeze`, taken on the first call where the lookup did not)."""
@@ -310,13 +308,9 @@ class PassOutput:
             return frozen
         self.freeze()
         assert self._snapshot is not None
-        table, stale = self._snapshot
-        n = self.n
-        at = snapshot_at(n, self.lengths.size)
-        rows = self._bytes()[at : at + SNAPSHOT_ROWS * n].reshape(SNAPSHOT_ROWS, n)
-        failed = None
-        if self.checksum_ok is None and self._recorded_checks:
-            failed = rows[SNAPSHOT_FAILED].view(np.bool_)
+        table, stale, record_failed = self._snapshot
+        rows = snapshot_rows(self._out, self.n, self.lengths.size)
+        failed = rows[SNAPSHOT_FAILED].view(np.bool_) if record_failed else None
         frozen = self._frozen = Frozen(table, rows[SNAPSHOT_STATE], failed, stale)
         return frozen
 
