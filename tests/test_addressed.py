@@ -127,5 +127,5 @@ def _core_lookup(eng: Any, prompt: Any, level: Level) -> Any:
 
 def _known_statics(eng: Any) -> list[dict[Any, Any]]:
     """The statics caches of the lookup's layout of ``eng``'s core."""
-    from kvfsm.verify._lookup import _layout_of
-    return [known_here for _, _, _, known_here in _layout_of(eng.core).groups]
+    from kvfsm.verify._lookup_layout import layout_of
+    return [known_here for _, _, _, known_here in layout_of(eng.core).groups]

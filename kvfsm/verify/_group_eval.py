@@ -141,8 +141,9 @@ class GroupEval(PassOutput):
                   lengths: NDArray[np.int64], level: Level, profile: DeviceProfile,
                   history: GroupEval | None, checksums: bool, spans: Spans, statics: Statics,
                   capped: bool) -> None:
-        """The evaluation itself, from arguments already checked (:func:`evaluate` calls it
-        directly: a lookup makes one per group, and every keyword costs on that path)."""
+        """The evaluation itself, from arguments already checked (a lookup calls it directly on
+        an instance made by ``_new_eval``: it makes one per group, and every keyword costs on
+        that path)."""
         self.group = group
         self.decl = decl = group.decl
         self.lengths = lengths
@@ -279,18 +280,6 @@ class GroupEval(PassOutput):
         return scalars
 
 
-
-def evaluate(group: GroupState, high: NDArray[np.uint64], low: NDArray[np.uint64],
-             lengths: NDArray[np.int64], level: Level, profile: DeviceProfile,
-             history: GroupEval | None, checksums: bool, spans: Spans, statics: Statics,
-             capped: bool) -> GroupEval:
-    """A :class:`GroupEval` from arguments a lookup has already made and checked: ``spans``
-    for these ``high.size`` blocks and ``lengths``, ``statics`` the group's for the layout
-    read and ``profile`` (what the constructor checks and fills in, skipped)."""
-    evaluation = _new_eval(GroupEval)
-    evaluation._evaluate(group, high, low, lengths, level, profile, history, checksums, spans,
-                         statics, capped)
-    return evaluation
-
-
+#: Makes an evaluation without its constructor's checks (a lookup fills it through
+#: :meth:`GroupEval._evaluate` from arguments it has already made and checked).
 _new_eval = object.__new__

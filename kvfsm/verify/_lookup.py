@@ -9,22 +9,27 @@ groups shrink each other's candidates.
 from __future__ import annotations
 
 import functools
-import weakref
-from collections.abc import Mapping, Sequence
-from typing import Final
+from collections.abc import Mapping
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
 from kvfsm.spec import Event, Form, GroupDecl, Layout, Tier
-from kvfsm.state import GroupState, StateCore
+from kvfsm.state import StateCore
 from kvfsm.verify._explained import Explanation, explained_later
-from kvfsm.verify._group_eval import GroupEval, evaluate
+from kvfsm.verify._group_eval import GroupEval, _new_eval
 from kvfsm.verify._group_pass import AFTER, HIT, NOW
+from kvfsm.verify._lookup_layout import (
+    MAX_CACHED,
+    LookupLayout,
+    layout_of,
+    lease_spans_of,
+    make_probe,
+)
 from kvfsm.verify._prompt import Prompt
-from kvfsm.verify._spans import Spans, spans_for
-from kvfsm.verify._statics import Statics, statics_for
+from kvfsm.verify._spans import spans_for
+from kvfsm.verify._statics import statics_for
 from kvfsm.verify._types import (
     Checks,
     DeviceProfile,
@@ -32,8 +37,6 @@ from kvfsm.verify._types import (
     KernelLayouts,
     LeaseSpans,
     Level,
-    Probe,
-    ProbedGroup,
     Reason,
     RestoreStep,
     Shortfall,
@@ -42,25 +45,6 @@ from kvfsm.verify._types import (
 from kvfsm.verify._why import BY_CODE, listed
 
 _DEFAULT_PROFILE = DeviceProfile()
-#: The key of a core's :class:`_Layout` in its ``caches``.
-_LAYOUT_KEY = "verify.lookup.layout"
-#: Candidate lengths by (count, step), shared read-only: most prompts of a serving load have
-#: a few hundred distinct lengths.
-_CANDIDATES: dict[tuple[int, int], NDArray[np.int64]] = {}
-_MAX_CACHED = 4096
-
-
-def _candidates(count: int, step: int) -> NDArray[np.int64]:
-    """``[0, step, 2 * step, ...]``, ``count`` of them (read-only, cached)."""
-    key = (count, step)
-    lengths = _CANDIDATES.get(key)
-    if lengths is None:
-        if len(_CANDIDATES) >= _MAX_CACHED:
-            _CANDIDATES.clear()
-        lengths = np.arange(count, dtype=np.int64) * step
-        lengths.flags.writeable = False
-        _CANDIDATES[key] = lengths
-    return lengths
 
 
 def _largest(vector: np.ndarray, below: int | None = None) -> int:
@@ -114,7 +98,7 @@ def lookup(
         level = as_level(level)
     if kernel_layouts:
         check_kernel_layouts(core, kernel_layouts)
-    layout = _layout_of(core)
+    layout = layout_of(core)
     prompt.check_made_for(core.seed, layout.block_sizes, "engine")
     if profile is None:
         profile = _DEFAULT_PROFILE
@@ -134,10 +118,17 @@ def lookup(
         if spans.n != high.size:  # the prompt's words end before its tokens: spans of its own
             spans = spans_for(group, high.size, lengths, step)
             lease_spans = None
-        made.append(evaluate(
-            group, high, low, lengths, level, profile,
-            made[target_at] if target_at >= 0 else None, checksums, spans,
-            statics_for(group, reads, profile, known_here), capped))
+        # Made without the constructor's checks and keywords: the arguments are made here.
+        evaluation = _new_eval(GroupEval)
+        evaluation._evaluate(group, high, low, lengths, level, profile,
+                             made[target_at] if target_at >= 0 else None, checksums, spans,
+                             statics_for(group, reads, profile, known_here), capped)
+        made.append(evaluation)
+    if not (capped or drop_last_block):
+        # The usual full hit: nothing to explain, no rows to AND.
+        straight = _straight_verdict(layout, prompt, made, level, count, last, lease_spans)
+        if straight is not None:
+            return straight
     every = tuple(made)
     hit_at, usable_at, after_at = _common_lasts(every)
     admitted = _admitted(core, every) if capped else True
@@ -156,14 +147,11 @@ def lookup(
     # Candidate index i is i * step tokens.
     usable, restorable, hit = usable_at * step, restorable_at * step, hit_at * step
     final = (count - 1) * step
-    # What each group's hash chain covers on its own, in tokens (prefix kinds only).
     if layout.boundary:
-        covered = min(min([every[i].chain_tokens for i in layout.prefix_at]), last)
-        finest = layout.finest_prefix
-        if covered // finest * finest > hit:
-            reasons.append(Shortfall(Reason.BLOCK_BOUNDARY, "*", detail=(
-                f"the groups' chains reach {covered} tokens together, but usable lengths are "
-                f"multiples of {step}, the LCM of their block sizes")))
+        boundary = _boundary(layout, [every[i].chain_tokens for i in layout.prefix_at], last,
+                             hit)
+        if boundary is not None:
+            reasons.append(boundary)
     if hit == final and hit > 0:
         reasons.append(_prompt_end(hit))
     # Something to explain (a shortfall, a plan): each group's stop, the reasons and the plan
@@ -181,8 +169,8 @@ def lookup(
             checks.append(Checks(e.decl.name, *checked))
         found.append((e.decl.name, e.spans, e._out, e.words, e.group.changes))
     if lease_spans is None:
-        lease_spans = _lease_spans(layout.names, [e.spans for e in every])
-    probe = _probe(layout, prompt, found, usable_at, usable, lease_spans)
+        lease_spans = lease_spans_of(layout.names, [e.spans for e in every])
+    probe = make_probe(layout, prompt, found, usable_at, usable, lease_spans)
     if explain:
         for e in every:
             e.freeze()  # every snapshot first: an index's reads its target group
@@ -220,109 +208,12 @@ def _explain(every: tuple[GroupEval, ...], step: int, count: int, hit: int, fina
     return groups, tuple(reasons), plan
 
 
-@functools.lru_cache(maxsize=_MAX_CACHED)
+@functools.lru_cache(maxsize=MAX_CACHED)
 def _prompt_end(hit: int) -> Shortfall:
     """The shortfall of a prompt hit at every candidate length (a value: shared)."""
     return Shortfall(Reason.PROMPT_END, "*", detail=(
         f"every candidate length hit; tokens from {hit} on are computed, the last one for its "
         "logits"))
-
-
-#: A group as a lookup of a given prompt length reads it: its state, declaration, the position
-#: of the group its blocks point into (-1: none), its statics cache and its spans.
-_Row = tuple[GroupState, GroupDecl, int, dict[tuple[int, int], Statics], Spans]
-
-
-class _Layout:
-    """What every lookup of one core reads of its model (fixed at the core's making): the
-    groups in lookup order (a group whose blocks point into another after it), each with its
-    declaration, the name of the group it points into (None: none) and its statics cache,
-    the block sizes a prompt must keep and their LCM, which groups' hash chains are prefixes
-    (for the block-boundary reason), and a weak reference to the core (for probes)."""
-
-    __slots__ = ("__weakref__", "_spans", "block_sizes", "boundary", "change_count", "core",
-                 "finest_prefix", "groups", "names", "order", "prefix_at", "step")
-
-    def __init__(self, core: StateCore) -> None:
-        self.core = weakref.ref(core)
-        #: The core's count of changes to any group (read once per lookup, for its probe).
-        self.change_count = core.change_count
-        self.order = tuple(sorted(core.groups.values(), key=lambda g: g.rule.has_targets))
-        statics: tuple[dict[tuple[int, int], Statics], ...] = tuple({} for _ in self.order)
-        names = [group.decl.name for group in self.order]
-        #: The groups' names in lookup order (one tuple for every probe of this core).
-        self.names = tuple(names)
-        #: Per group in lookup order: its state, its declaration, the position in this order
-        #: of the group its blocks point into (-1: none; always an earlier one: a model's
-        #: sparse index may not point into another sparse index) and its
-        #: statics cache.
-        self.groups = tuple(
-            (group, group.decl,
-             names.index(group.decl.target_group) if group.decl.target_group else -1,
-             known_here)
-            for group, known_here in zip(self.order, statics, strict=True))
-        self.block_sizes = tuple(sorted({g.block_size for g in core.model.groups}))
-        self.step = core.model.lcm_block_size
-        self.prefix_at = tuple(i for i, g in enumerate(self.order) if g.rule.prefix_hit)
-        self.finest_prefix = min((self.order[i].decl.block_size for i in self.prefix_at),
-                                 default=0)
-        #: A prefix group's chain may reach past the last candidate length it covers.
-        self.boundary = bool(self.prefix_at) and self.step > self.finest_prefix
-        #: By prompt length in tokens: the candidate lengths, each group's spans over them
-        #: (a serving load repeats prompt lengths; one look-up instead of one per group), and
-        #: what a lease reads of those spans.
-        self._spans: dict[int, tuple[NDArray[np.int64], tuple[_Row, ...], LeaseSpans]] = {}
-
-    def spans_at(self, n_tokens: int, count: int
-                 ) -> tuple[NDArray[np.int64], tuple[_Row, ...], LeaseSpans]:
-        """The ``count`` candidate lengths of a prompt of ``n_tokens``; per group in lookup
-        order its row of :attr:`groups` with its spans over them added, for the blocks such a
-        prompt has; and every group's bounds and output offsets (:func:`_lease_spans`: what a
-        lease's one-pass take reads). Cached."""
-        known = self._spans.get(n_tokens)
-        if known is None:
-            if len(self._spans) >= _MAX_CACHED:
-                self._spans.clear()
-            lengths = _candidates(count, self.step)
-            rows = tuple(
-                (group, decl, target_at, known_here,
-                 spans_for(group, n_tokens // decl.block_size, lengths, self.step))
-                for group, decl, target_at, known_here in self.groups)
-            known = self._spans[n_tokens] = (lengths, rows, _lease_spans(
-                self.names, [row[4] for row in rows]))
-        return known
-
-
-def _lease_spans(names: tuple[str, ...], spans: list[Spans]) -> LeaseSpans:
-    """Per group in lookup order, the first and the end prompt block it needs at each
-    candidate length (``bounds[g, 0]``, ``bounds[g, 1]``), and where its pass output holds
-    ids, epochs and the count of blocks that are one run at one epoch (``offsets[g]``): what
-    a lease's one-pass take reads of the spans, in two arrays (read-only)."""
-    bounds = np.stack([each.bounds[::2] for each in spans])
-    offsets = np.stack([each.out_words for each in spans])
-    bounds.flags.writeable = offsets.flags.writeable = False
-    return LeaseSpans(names, bounds, offsets)
-
-
-#: The layout last asked for and its core, both weakly: most processes serve one engine,
-#: whose lookups then skip the core's caches; a dropped engine is not kept.
-_LAST_LAYOUT: tuple[weakref.ref[StateCore], weakref.ref[_Layout]] | None = None
-
-
-def _layout_of(core: StateCore) -> _Layout:
-    """The core's :class:`_Layout` (kept in the core's ``caches``)."""
-    global _LAST_LAYOUT
-    last = _LAST_LAYOUT
-    if last is not None and last[0]() is core:
-        layout = last[1]()
-        if layout is not None:
-            return layout
-    known = core.caches.get(_LAYOUT_KEY)
-    if not isinstance(known, _Layout):
-        known = _Layout(core)
-        core.caches[_LAYOUT_KEY] = known
-    _LAST_LAYOUT = (known.core, weakref.ref(known))
-    return known
 
 
 def _common_lasts(evals: tuple[GroupEval, ...]) -> tuple[int, int, int]:
@@ -353,64 +244,6 @@ def _and(evals: tuple[GroupEval, ...], row: int) -> NDArray[np.bool_]:
     for e in evals[1:]:
         out &= e.row(row)
     return out
-
-
-#: Per group, what a lookup's probe keeps of it: its name, spans, pass output, hash words and
-#: change count at the lookup.
-_Found = tuple[str, Spans, NDArray[np.int64], tuple[NDArray[np.uint64], NDArray[np.uint64]], int]
-
-
-class _LookupProbe(Probe):
-    """A lookup's :class:`Probe`: its per-group views are made from its pass outputs
-    (``passes``) at its candidate ``at`` when a lease first asks for them (most leases read
-    the outputs directly; many verdicts are never leased). Made by :func:`_probe` without
-    the base class's keyword constructor or a closure per lookup (a third of a microsecond
-    of a short prompt's lookup)."""
-
-    __slots__ = ()
-
-    @property
-    def groups(self) -> tuple[ProbedGroup, ...]:
-        made = self._groups
-        if made is None:
-            made = self._groups = _probed_groups(self.passes or (), self.at)
-        return made
-
-
-def _probed_groups(found: Sequence[_Found], at: int) -> tuple[ProbedGroup, ...]:
-    """Per group, the blocks needed at candidate ``at``, as its pass output holds them."""
-    made = []
-    for name, spans, out, (high, low), changes in found:
-        lo, cut, hi = spans.bounds[:, at].tolist()
-        ids_at, epochs_at, bytes_at, _ = spans.out_at
-        ids = out[ids_at + lo : ids_at + hi]
-        if _IDS_VIEWED:
-            ids = ids.view(np.intp)
-        epochs = out[epochs_at:bytes_at].view(np.uint32)[lo:hi]
-        last_words = (high.item(hi - 1), low.item(hi - 1)) if hi > lo else None
-        made.append(ProbedGroup(name, lo, cut, hi, ids, epochs, last_words, changes))
-    return tuple(made)
-
-
-_new_probe = object.__new__
-
-
-def _probe(layout: _Layout, prompt: Prompt, found: list[_Found], at: int, tokens: int,
-           lease_spans: LeaseSpans) -> Probe:
-    """Per group, the blocks needed at candidate ``at`` (``tokens`` long), as found: until a
-    lease asks, the verdict keeps only each group's pass output, with its ids and epochs,
-    its hash words and needed spans, not the lookup's other arrays."""
-    probe = _new_probe(_LookupProbe)
-    probe.core, probe.tokens, probe.prompt, probe.exact = layout.core, tokens, prompt, True
-    probe.passes, probe.at, probe.spans = found, at, lease_spans
-    # The core's change count now: a lease finding it unchanged needs no second look.
-    probe.changes = layout.change_count.total
-    probe._groups = probe._make = None
-    return probe
-
-
-#: The pass output holds ids as int64; where that is not ``intp`` they are viewed as it.
-_IDS_VIEWED: Final = np.dtype(np.intp) != np.dtype(np.int64)
 
 
 def _admitted(core: StateCore, evals: tuple[GroupEval, ...]) -> NDArray[np.bool_] | bool:
@@ -450,18 +283,75 @@ def _group_verdict(e: GroupEval, step: int, count: int) -> GroupVerdict:
                 stop = e.reason(*first)
         if stop is None:
             stop = e.rule.unservable or Reason.NOT_CACHED
-    # A value: shared between the group's verdicts (kept with its statics, which are the
-    # group's own: no other declaration can hit them).
-    known_here = e.verdicts
+    return _shared_group_verdict(e.verdicts, e.decl, hit, usable, restorable, stop)
+
+
+def _shared_group_verdict(
+        known_here: dict[tuple[int, int, int, Reason | None], GroupVerdict], decl: GroupDecl,
+        hit: int, usable: int, restorable: int, stop: Reason | None) -> GroupVerdict:
+    """The group's figures as a value shared between its verdicts (``known_here``: kept with
+    its statics, which are the group's own: no other declaration can hit them)."""
     key = (hit, usable, restorable, stop)
     known = known_here.get(key)
     if known is None:
-        if len(known_here) >= _MAX_CACHED:
+        if len(known_here) >= MAX_CACHED:
             known_here.clear()
-        decl = e.decl
         known = known_here[key] = GroupVerdict(decl.name, decl.kind, decl.block_size, hit,
                                                usable, restorable, stop)
     return known
+
+
+def _boundary(layout: LookupLayout, chains: list[int], last: int, hit: int) -> Shortfall | None:
+    """The block-boundary shortfall where the prefix groups' hash chains (``chains``, in
+    tokens, each on its own) reach together past the hit at a finer block than the
+    candidate lengths' step, else None."""
+    covered = min(min(chains), last)
+    finest = layout.finest_prefix
+    if covered // finest * finest <= hit:
+        return None
+    return Shortfall(Reason.BLOCK_BOUNDARY, "*", detail=(
+        f"the groups' chains reach {covered} tokens together, but usable lengths are "
+        f"multiples of {layout.step}, the LCM of their block sizes"))
+
+
+def _straight_verdict(layout: LookupLayout, prompt: Prompt, every: list[GroupEval], level: Level,
+                      count: int, last: int, lease_spans: LeaseSpans | None) -> Verdict | None:
+    """The verdict of a lookup whose every group holds at its own last candidates, the
+    prompt's last (the usual full hit: no rows to AND, nothing to explain, every group's
+    figures the verdict's own), made without the steps the general case needs. None
+    otherwise: the caller goes on with the evaluations."""
+    largest = every[0].largest
+    for e in every:
+        if e.largest != largest:
+            return None  # the groups' rows must be ANDed
+    hit_at, usable_at, after_at = largest
+    # Usable at the last candidate with no plan past it (admission is not capped here): the
+    # hit, the usable and the restorable lengths are all the last one.
+    if usable_at != count - 1 or after_at > usable_at or hit_at != usable_at:
+        return None
+    usable = usable_at * layout.step
+    reasons: list[Shortfall] = []
+    if layout.boundary:
+        boundary = _boundary(layout, [every[i].chain_tokens for i in layout.prefix_at], last,
+                             usable)
+        if boundary is not None:
+            reasons.append(boundary)
+    if usable > 0:
+        reasons.append(_prompt_end(usable))
+    groups, checks, found = [], [], []
+    for e in every:
+        decl = e.decl
+        groups.append(_shared_group_verdict(e.verdicts, decl, usable, usable, usable, None))
+        checked = e.checked
+        if checked is not None:
+            checks.append(Checks(decl.name, *checked))
+        found.append((decl.name, e.spans, e._out, e.words, e.group.changes))
+    if lease_spans is None:
+        lease_spans = lease_spans_of(layout.names, [e.spans for e in every])
+    probe = make_probe(layout, prompt, found, usable_at, usable, lease_spans)
+    # Positional: the fields in declaration order (cheaper than keywords on every lookup).
+    return Verdict(prompt.n_tokens, usable, usable, usable, usable, level, tuple(groups),
+                   tuple(reasons), (), tuple(checks), probe)
 
 
 def _shortfalls(evals: dict[str, GroupEval], length: int, usable: int) -> list[Shortfall]:
