@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import attrs
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kvfsm import Engine, ForeignPromptError, KvfsmError, StateCore, TokenError, VerifyPolicy
@@ -30,8 +31,10 @@ from tests.verify_models import (
     FOUR,
     FULL,
     GPT_OSS,
+    PROMPTS,
     QWEN,
     block_id,
+    drive,
     engine,
     group,
     history_by_hand,
@@ -451,8 +454,8 @@ def test_a_verdict_never_offers_restores_the_gate_would_refuse() -> None:
         assert len(restores) <= budget
         assert verdict.restorable_tokens == restorable
         for step in verdict.plan:
-            for event in step.path:
-                eng.core.fire(step.group, [step.block_id], event)
+            for fired in step.path:
+                eng.core.fire(step.group, [step.block_id], fired)
         assert eng.lookup(text).usable_tokens >= verdict.restorable_tokens
 
 
@@ -596,3 +599,43 @@ def test_a_closed_engine_that_served_lookups_is_freed_once_dropped() -> None:
     second = served()  # the lookup module's last-used core is now this one
     gc.collect()
     assert first() is None and second() is None
+
+
+# -- the plan's promise ---------------------------------------------------------------------
+
+
+@settings(deadline=None)
+@given(data=st.data(), decl=st.sampled_from([DENSE, GPT_OSS, QWEN, DEEPSEEK, FOUR]))
+def test_restoring_a_verdicts_plan_makes_its_restorable_prefix_usable(
+        data: st.DataObject, decl: ModelDecl) -> None:
+    """On any state the core's API can reach (blocks spilled, restoring, evicted, compressed,
+    invalidated; prompts committed over each other in pools that fill up), restoring a FULL
+    verdict's plan and settling it makes exactly its ``restorable_tokens`` usable: never
+    more (the verdict promised less than it could serve: a needless recompute), never less
+    (it promised what the plan cannot make) unless a copy failed its check on the way (a
+    host copy corrupted on purpose), and never less than it was usable before."""
+    eng = engine(decl, device=data.draw(st.sampled_from([16, 64]), label="device blocks"))
+    text = data.draw(st.sampled_from(PROMPTS), label="prompt")
+    text = text[: data.draw(st.integers(1, text.size), label="cut")]
+    with contextlib.suppress(KvfsmError):
+        eng.commit(eng.prompt(text[: data.draw(st.integers(1, text.size), label="kept")]))
+    drawn = drive(eng, data, data.draw(st.integers(0, 10), label="steps"),
+                  ops=("commit", "event", "corrupt"))
+    prompt = eng.prompt(text)
+    for name in data.draw(st.lists(st.sampled_from(sorted(eng.core.groups)), max_size=3),
+                          label="offloaded groups"):
+        # Some of the prompt's device blocks given back to host (a hit to restore).
+        group = eng.core.group(name)
+        held = np.flatnonzero(group.slot[Tier.DEVICE] != -1)
+        if held.size:
+            eng.offload(name, data.draw(st.lists(st.sampled_from(held.tolist()), max_size=6,
+                                                 unique=True), label="offloaded"))
+    verdict = eng.lookup(prompt, level=Level.FULL)
+    event("a plan" if verdict.plan else "no plan")
+    eng.restore(verdict, prompt).wait(timeout=30)
+    after = eng.lookup(prompt, level=Level.FULL)
+    assert after.usable_tokens >= verdict.usable_tokens, (verdict.plan, after.reasons)
+    assert after.usable_tokens <= verdict.restorable_tokens, (verdict.plan, after.reasons)
+    if "corrupt" not in drawn:
+        assert after.usable_tokens == verdict.restorable_tokens, (verdict.plan, after.reasons)
+    assert eng.core.check_invariants() == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 import numpy as np
 from hypothesis import strategies as st
@@ -83,16 +84,21 @@ EVENTS = [Event.EVICT, Event.SPILL_BEGIN, Event.SPILL_DONE, Event.RESTORE_BEGIN,
 PROMPTS = [np.concatenate([tokens(64, seed=9), tokens(257, seed=s)]) for s in range(3)]
 
 
-def drive(eng: Engine, data: st.DataObject, steps: int) -> set[str]:
-    """Take ``eng`` through ``steps`` random operations: commits of prompt prefixes, lifecycle
-    events on live blocks, host copies corrupted on purpose, device profiles stricter than the
-    pools, bits flipped in device memory under readable blocks (silent corruption no fire
-    sees), and index references scrambled behind the core's back (a stale, dead, foreign or
-    unused target; the core's invariants then rightly fail). Returns the operations drawn."""
+#: Every operation :func:`drive` can draw.
+DRIVE_OPS = ("commit", "event", "corrupt", "flip", "profile", "scramble")
+
+
+def drive(eng: Engine, data: st.DataObject, steps: int,
+          ops: Sequence[str] = DRIVE_OPS) -> set[str]:
+    """Take ``eng`` through ``steps`` random operations of ``ops``: commits of prompt
+    prefixes, lifecycle events on live blocks, host copies corrupted on purpose, device
+    profiles stricter than the pools, bits flipped in device memory under readable blocks
+    (silent corruption no fire sees), and index references scrambled behind the core's back
+    (a stale, dead, foreign or unused target; the core's invariants then rightly fail).
+    Returns the operations drawn."""
     drawn: set[str] = set()
     for _ in range(steps):
-        op = data.draw(st.sampled_from(["commit", "event", "corrupt", "flip", "profile",
-                                        "scramble"]), label="op")
+        op = data.draw(st.sampled_from(list(ops)), label="op")
         drawn.add(op)
         name = data.draw(st.sampled_from(sorted(eng.core.groups)), label="group")
         group = eng.core.group(name)
