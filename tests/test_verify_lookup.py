@@ -69,7 +69,7 @@ def test_a_full_hit_made_straight_is_the_verdict_of_the_general_path(
 
 def test_a_full_hit_takes_the_shortcut_and_a_partial_one_does_not() -> None:
     """The shortcut serves the usual full hit (else the property above compares the general
-    path with itself) and declines a verdict with something to explain."""
+    path with itself), never a verdict with something to explain."""
     eng = engine(DEEPSEEK)
     text = PROMPTS[0]
     eng.commit(eng.prompt(text))
@@ -88,7 +88,7 @@ def test_a_full_hit_takes_the_shortcut_and_a_partial_one_does_not() -> None:
                          level=Level.STANDARD)
     finally:
         lookup_module._straight_verdict = shortcut
-    assert taken == [True, False]
+    assert taken[0] and not any(taken[1:])  # the partial hit never made by it
     assert full.usable_tokens == full.hit_tokens > 0 and not full.plan
     assert partial.usable_tokens < partial.prompt_tokens - 64
 

@@ -2,7 +2,8 @@
 checkout, timed in alternated bursts.
 
 Usage: ``python tools/ab_bench.py BEFORE AFTER [--path lookup|lease] [--observed]
-[--model NAME] [--tokens N] [--bursts 30] [--per-burst 100] [--json]``. ``BEFORE`` and
+[--model NAME] [--tokens N] [--cached-fraction F] [--bursts 30] [--per-burst 100]
+[--json]``. ``BEFORE`` and
 ``AFTER`` are directories holding a ``kvfsm`` package (a checkout, or ``git worktree add
 /tmp/before <rev>``); each worker runs with its checkout first on ``sys.path`` and builds its
 own engine over the same committed prompt.
@@ -55,12 +56,16 @@ WARMUP_CALLS = 50
 
 # -- the worker (runs inside a checkout) ----------------------------------------------------
 
-def _engine_and_calls(model: str, tokens: int, observed: bool, root: Path
-                      ) -> tuple[Callable[[], None], Callable[[], None], Callable[[bool], None]]:
-    """On an engine over a committed prompt: the lookup, the leased lookup (validated and
-    released), and the switch attaching (True) or detaching metrics and log (a no-op without
-    ``observed``). The same paths as ``kvfsm bench lookup`` times, written out here: a worker
-    imports kvfsm from the checkout under test, which may predate any helper the bench has."""
+def _engine_and_calls(model: str, tokens: int, observed: bool, root: Path,
+                      cached: float = 1.0
+                      ) -> tuple[Callable[[], None], Callable[[], None], Callable[[bool], None],
+                                 int]:
+    """On an engine over a committed prompt (its first ``cached`` share only, below 1: a
+    partial hit): the lookup, the leased lookup (validated and released), the switch
+    attaching (True) or detaching metrics and log (a no-op without ``observed``), and the
+    tokens the lookup finds usable. The same paths as ``kvfsm bench lookup`` times, written
+    out here: a worker imports kvfsm from the checkout under test, which may predate any
+    helper the bench has."""
     import numpy as np
 
     from kvfsm import CoreConfig, Engine, EngineMetrics, EventLog, Level, shipped_models
@@ -76,9 +81,10 @@ def _engine_and_calls(model: str, tokens: int, observed: bool, root: Path
         metrics = EngineMetrics(CollectorRegistry())
         log = EventLog(root / "events.jsonl")
     engine = Engine(decl, config, metrics=metrics, event_log=log)
-    prompt = engine.prompt(np.random.default_rng(0).integers(0, VOCABULARY, tokens + 1))
-    engine.commit(prompt)
-    engine.lookup(prompt, level=Level.FULL)  # checksums verified: STANDARD skips them
+    text = np.random.default_rng(0).integers(0, VOCABULARY, tokens + 1)
+    prompt = engine.prompt(text)
+    engine.commit(prompt if cached >= 1.0 else engine.prompt(text[:int(tokens * cached)]))
+    usable = engine.lookup(prompt, level=Level.FULL).usable_tokens  # checksums verified
     observers = tuple(each for each in (log, metrics) if each is not None)
 
     def observe(on: bool) -> None:
@@ -98,7 +104,7 @@ def _engine_and_calls(model: str, tokens: int, observed: bool, root: Path
         finally:
             lease.release()
 
-    return plain, leased, observe
+    return plain, leased, observe, usable
 
 
 def _timed(call: Callable[[], None]) -> float:
@@ -108,7 +114,8 @@ def _timed(call: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def worker(model: str, tokens: int, path: str, observed: bool, cpu: int | None) -> None:
+def worker(model: str, tokens: int, path: str, observed: bool, cpu: int | None,
+           cached: float = 1.0) -> None:
     """Serve bursts: read a round count per line on stdin, answer one JSON line per burst.
     ``cpu``: the one CPU to run on (both workers share it: the cores of a shared machine can
     differ in speed by half, and a worker the scheduler placed on the slower one would read
@@ -119,7 +126,8 @@ def worker(model: str, tokens: int, path: str, observed: bool, cpu: int | None) 
         os.sched_setaffinity(0, {cpu})
 
     with tempfile.TemporaryDirectory(prefix="kvfsm-ab-") as root:
-        plain, leased, observe = _engine_and_calls(model, tokens, observed, Path(root))
+        plain, leased, observe, usable = _engine_and_calls(model, tokens, observed,
+                                                           Path(root), cached)
         calls = (plain, leased)
         for _ in range(WARMUP_CALLS):
             for at, call in enumerate(calls):
@@ -132,7 +140,8 @@ def worker(model: str, tokens: int, path: str, observed: bool, cpu: int | None) 
             rounds = int(line)
             if path == "lookup":
                 samples = [_timed(plain) for _ in range(rounds)]
-                print(json.dumps({"median": statistics.median(samples)}), flush=True)
+                print(json.dumps({"median": statistics.median(samples), "usable": usable}),
+                      flush=True)
                 continue
             offs, differences = [], []
             for _ in range(rounds):
@@ -142,7 +151,7 @@ def worker(model: str, tokens: int, path: str, observed: bool, cpu: int | None) 
                     took[at] = _timed(calls[at])
                 offs.append(took[0])
                 differences.append(took[1] - took[0])
-            print(json.dumps({"median": statistics.median(offs),
+            print(json.dumps({"median": statistics.median(offs), "usable": usable,
                               "overhead": statistics.median(differences)}), flush=True)
 
 
@@ -152,7 +161,8 @@ def _spawn(checkout: Path, args: argparse.Namespace) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(checkout), *filter(None, [os.environ.get("PYTHONPATH")])]))
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--path", args.path,
-               "--model", args.model, "--tokens", str(args.tokens)]
+               "--model", args.model, "--tokens", str(args.tokens), "--cached-fraction",
+               repr(args.cached)]
     if args.cpu is not None:
         command += ["--cpu", str(args.cpu)]
     if args.observed:
@@ -169,11 +179,12 @@ def _quartiles(values: Sequence[float]) -> list[float]:
 
 def compare(before: Path, after: Path, *, path: str = "lookup", observed: bool = False,
             model: str = "deepseek_v4_like", tokens: int = 131_072, bursts: int = 30,
-            per_burst: int = 100, cpu: int | None = -1,
+            per_burst: int = 100, cpu: int | None = -1, cached: float = 1.0,
             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Alternated bursts of the two checkouts' workers; the report (see the module doc).
     ``cpu``: the CPU both workers run on (-1: the last this process may use; None: wherever
-    the scheduler puts them)."""
+    the scheduler puts them). ``cached``: the share of the prompt committed (in (0, 1]; below
+    1 every lookup is a partial hit)."""
     if cpu == -1:
         cpu = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     for checkout in (before, after):
@@ -183,7 +194,10 @@ def compare(before: Path, after: Path, *, path: str = "lookup", observed: bool =
         raise SystemExit(f"ab_bench: path must be one of {PATHS}, got {path!r}")
     if bursts < 1 or per_burst < 1 or tokens < 2:
         raise SystemExit("ab_bench: bursts and per-burst must be >= 1 and tokens >= 2")
-    args = argparse.Namespace(path=path, observed=observed, model=model, tokens=tokens, cpu=cpu)
+    if not 0.0 < cached <= 1.0:
+        raise SystemExit(f"ab_bench: the cached fraction must be in (0, 1], got {cached}")
+    args = argparse.Namespace(path=path, observed=observed, model=model, tokens=tokens, cpu=cpu,
+                              cached=cached)
     sides = {"before": _spawn(before, args), "after": _spawn(after, args)}
     results: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     try:
@@ -206,11 +220,13 @@ def compare(before: Path, after: Path, *, path: str = "lookup", observed: bool =
                 worker_process.stdin.close()
             worker_process.wait()
     report: dict[str, Any] = {"path": path, "observed": observed, "model": model,
-                              "tokens": tokens, "bursts": bursts, "per_burst": per_burst,
-                              "cpu": cpu}
+                              "tokens": tokens, "cached_fraction": cached, "bursts": bursts,
+                              "per_burst": per_burst, "cpu": cpu}
     for name in ("before", "after"):
         report[f"{name}_lookup_us"] = statistics.median(
             each["median"] for each in results[name]) * 1e6
+        # The tokens each side's lookup found usable (a partial hit's below ``tokens``).
+        report[f"{name}_usable_tokens"] = results[name][0]["usable"]
     if path == "lookup":
         report["ratio_after_before_quartiles"] = _quartiles(
             [a["median"] / b["median"] for b, a in zip(results["before"], results["after"],
@@ -237,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "every lookup (lookup)")
     parser.add_argument("--model", default="deepseek_v4_like")
     parser.add_argument("--tokens", type=int, default=131_072)
+    parser.add_argument("--cached-fraction", type=float, default=1.0,
+                        help="share of the prompt committed (below 1: partial hits)")
     parser.add_argument("--bursts", type=int, default=30)
     parser.add_argument("--per-burst", type=int, default=100)
     parser.add_argument("--cpu", type=int, default=-1,
@@ -247,13 +265,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.model, args.tokens, args.path, args.observed,
-               None if args.cpu < 0 else args.cpu)
+               None if args.cpu < 0 else args.cpu, args.cached_fraction)
         return 0
     if args.before is None or args.after is None:
         parser.error("give the two checkouts, BEFORE and AFTER")
     report = compare(args.before.resolve(), args.after.resolve(), path=args.path,
                      observed=args.observed, model=args.model, tokens=args.tokens,
                      bursts=args.bursts, per_burst=args.per_burst, cpu=args.cpu,
+                     cached=args.cached_fraction,
                      progress=lambda line: print(line, file=sys.stderr))
     if args.json:
         print(json.dumps(report, indent=2))

@@ -124,7 +124,7 @@ def lookup(
                              made[target_at] if target_at >= 0 else None, checksums, spans,
                              statics_for(group, reads, profile, known_here), capped)
         made.append(evaluation)
-    if not (capped or drop_last_block):
+    if made[0].largest[NOW] == count - 1 and not (capped or drop_last_block):
         # The usual full hit: nothing to explain, no rows to AND.
         straight = _straight_verdict(layout, prompt, made, level, count, last, lease_spans)
         if straight is not None:
