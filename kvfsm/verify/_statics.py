@@ -137,18 +137,17 @@ def statics_for(group: GroupState, reads: Layout, profile: DeviceProfile,
     key = (id(reads), id(profile))
     known = known_here.get(key)
     table, target = group.table, group.target
+    paths = restore_paths(table)
     target_table = None if target is None else target.table
     if known is not None:
-        # The restore paths are a function of the table alone: the same table, the same paths
-        # (compared by the table, not by asking for them on every lookup).
         was = known.made_from
-        if was[0] is reads and was[1] is profile and was[2] is table \
+        if was[0] is reads and was[1] is profile and was[2] is table and was[3] is paths \
                 and was[4] == len(group.layouts) and was[5] is target_table:
             return known
     if len(known_here) >= _MAX_STATICS:
         known_here.clear()
-    known = known_here[key] = Statics(group, reads, profile, (
-        reads, profile, table, restore_paths(table), len(group.layouts), target_table))
+    known = known_here[key] = Statics(
+        group, reads, profile, (reads, profile, table, paths, len(group.layouts), target_table))
     return known
 
 
