@@ -296,7 +296,8 @@ class Engine:
     @_locked
     def restore(self, verdict: Verdict, prompt: Prompt | None = None) -> RestoreTicket:
         """Start the restores of ``verdict.plan``: device room is made first (never by giving
-        back, spilling or forgetting ``prompt``'s own blocks), host copies land at once, disk
+        back, spilling or forgetting a block of ``prompt`` that its restorable prefix reads;
+        its blocks past that prefix may give way), host copies land at once, disk
         and remote copies load on worker threads. ``ticket.wait(group, timeout)`` settles
         them; a block whose copy fails stays unusable and the next lookup recomputes from it."""
         if not isinstance(verdict, Verdict):

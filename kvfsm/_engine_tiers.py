@@ -249,10 +249,15 @@ class EngineTiers:
         keep: dict[str, NDArray[np.intp]] = {}
         if prompt is not None:
             # Room is made only in the groups the plan restores into: their blocks of the
-            # prompt are kept (an array: costs the prompt's blocks once, never the pool).
+            # prompt that the restorable prefix reads are kept (an array: costs those blocks
+            # once, never the pool). Blocks past it (the prompt's last block, always computed
+            # again) may make room: keeping them could leave a device exactly the prefix's
+            # size one slot short.
             for name in {step.group for step in verdict.plan}:
                 group = self.core.group(name)
-                high, low = prompt.words(group.decl.block_size)
-                ids = self.core.lookup_words(name, high, low)
+                size = group.decl.block_size
+                needed = -(-verdict.restorable_tokens // size)
+                high, low = prompt.words(size)
+                ids = self.core.lookup_words(name, high[:needed], low[:needed])
                 keep[name] = ids[ids >= 0]
         return self.restorer.submit(verdict.plan, keep=keep)

@@ -10,6 +10,7 @@ prefix hash, so the test always knows the right bytes.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -22,12 +23,12 @@ import attrs
 import numpy as np
 import pytest
 import xxhash
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, Engine, KvfsmError, shipped_models
-from kvfsm.spec import Layout, Tier
+from kvfsm.spec import Event, Layout, Tier
 from kvfsm.state import GroupState, StateError
 from kvfsm.tiers import (
     HEADER_BYTES,
@@ -43,7 +44,7 @@ from kvfsm.tiers import (
     model_digest,
 )
 from kvfsm.tiers import _disk as disk_module
-from kvfsm.verify import Prompt
+from kvfsm.verify import Level, Prompt
 from tests.wrapped_tier import Wrapped
 
 DENSE = shipped_models()["dense"]
@@ -834,3 +835,98 @@ def test_offload_leaves_pinned_and_misnamed_blocks_alone() -> None:
     with pytest.raises(KvfsmError):
         eng.offload("no-such-group", ids[:1])
     sound(eng, prompt)
+
+
+# -- the plan's promise with disk copies ----------------------------------------------------
+
+
+def test_a_restore_may_give_back_the_prompts_block_past_its_prefix(tmp_path: Path) -> None:
+    """A device exactly as large as the restorable prefix, filled by it and by the prompt's
+    last block (cached, but always computed again: the prompt's last token is): the plan's
+    restore makes room by giving that block back, and the whole prefix becomes usable. (Kept
+    as one of the prompt's own, the restore found no room and the promise failed.)"""
+    eng, _ = make(tmp_path, device=16, host=4)
+    whole = text(0, blocks=17)[: 17 * BS]  # 17 full blocks; the last token ends block 16
+    first = eng.prompt(whole[: 12 * BS])
+    commit(eng, first)
+    commit(eng, eng.prompt(text(1, blocks=4)))  # another prompt fills the device
+    assert eng.offload(GROUP, ids_of(eng, first)[2:3]).all()  # one block to host
+    prompt = eng.prompt(whole)
+    commit(eng, prompt)  # five more blocks: the other prompt's four give way
+    assert states(eng, prompt).count("host") == 1
+    assert eng.core.group(GROUP).pools[Tier.DEVICE].free == 0
+    verdict = eng.lookup(prompt)
+    assert verdict.restorable_tokens == 16 * BS and len(verdict.plan) == 1
+    eng.restore(verdict, prompt).wait(timeout=WAIT)
+    assert eng.lookup(prompt).usable_tokens == 16 * BS
+    sound(eng, prompt)
+
+
+def test_a_plan_cancels_a_spill_to_disk_begun_by_hand_and_restores_from_host(
+        tmp_path: Path) -> None:
+    """A block whose spill from host to disk was begun by hand (``spill_begin``, no copy
+    written yet) is restored from its host copy, the spill cancelled (``spill_fail``): a plan
+    never declares another's spill done, which would load a disk copy that is not there and
+    forget the block."""
+    eng, _ = make(tmp_path, device=8, host=8)
+    prompt = eng.prompt(text(0, blocks=4))
+    commit(eng, prompt)
+    ids = ids_of(eng, prompt)
+    assert eng.offload(GROUP, ids[1:2]).all()
+    eng.core.fire(GROUP, ids[1:2], Event.SPILL_BEGIN)
+    assert states(eng, prompt)[1] == "spilling_disk"
+    verdict = eng.lookup(prompt)
+    assert [step.path for step in verdict.plan] == [
+        (Event.SPILL_FAIL, Event.RESTORE_BEGIN, Event.RESTORE_DONE)]
+    eng.restore(verdict, prompt).wait(timeout=WAIT)
+    assert eng.lookup(prompt).usable_tokens == verdict.restorable_tokens == 4 * BS
+    sound(eng, prompt)
+
+
+@settings(settings.default, deadline=None,
+          max_examples=max(20, settings.default.max_examples // 2),
+          suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), name=st.sampled_from(["dense", "gpt_oss", "qwen", "deepseek"]))
+def test_restoring_a_plan_with_disk_loads_makes_its_restorable_prefix_usable(
+        tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, name: str) -> None:
+    """On states reached by commits, lifecycle events, blocks offloaded to host and moved on
+    to disk, a FULL verdict's plan, restored and waited for (host copies land at once, disk
+    loads on the engine's workers), makes exactly its ``restorable_tokens`` usable: never
+    more, never less, never less than was usable before (nothing is corrupted here, so no
+    copy may fail its check); the invariants hold."""
+    from tests.verify_models import DEEPSEEK, DENSE, GPT_OSS, PROMPTS, QWEN, drive
+
+    decl = {"dense": DENSE, "gpt_oss": GPT_OSS, "qwen": QWEN, "deepseek": DEEPSEEK}[name]
+    store = DiskTier(tmp_path_factory.mktemp("plan") / "d", capacity_bytes=1 << 26)
+    # Devices that hold a whole prompt (20 blocks of 16 tokens): a prefix needing more device
+    # blocks than the pool has cannot be restored whole, and no verdict checks that yet.
+    config = CoreConfig(device_blocks=data.draw(st.sampled_from([24, 64]), label="device"),
+                        host_blocks=data.draw(st.sampled_from([4, 16]), label="host"),
+                        disk_blocks=256, backend="numpy")
+    eng = Engine(decl, config, tiers={"disk": store})
+    try:
+        text = data.draw(st.sampled_from(PROMPTS), label="prompt")
+        text = text[: data.draw(st.integers(1, text.size), label="cut")]
+        with contextlib.suppress(KvfsmError):
+            eng.commit(eng.prompt(text[: data.draw(st.integers(1, text.size), label="kept")]))
+        drive(eng, data, data.draw(st.integers(0, 6), label="steps"), ops=("commit", "event"))
+        for group in data.draw(st.lists(st.sampled_from(sorted(eng.core.groups)),
+                                        max_size=4), label="moved groups"):
+            state = eng.core.group(group)
+            held = np.flatnonzero(state.slot[Tier.DEVICE] != -1)
+            if held.size:
+                eng.offload(group, data.draw(st.lists(st.sampled_from(held.tolist()),
+                                                      max_size=8, unique=True),
+                                             label="offloaded"))
+            eng.spill_down(group, Tier.HOST, data.draw(st.integers(0, 8), label="to disk"))
+        prompt = eng.prompt(text)
+        verdict = eng.lookup(prompt, level=Level.FULL)
+        event("disk loads" if any(step.tier is Tier.DISK for step in verdict.plan)
+              else "a plan" if verdict.plan else "no plan")
+        eng.restore(verdict, prompt).wait(timeout=WAIT)
+        after = eng.lookup(prompt, level=Level.FULL)
+        assert after.usable_tokens == verdict.restorable_tokens, (verdict.plan, after.reasons)
+        assert after.usable_tokens >= verdict.usable_tokens
+        assert eng.core.check_invariants() == []
+    finally:
+        eng.close()

@@ -3,6 +3,12 @@
 For each state and each form a kernel may need, the shortest sequence of events that reaches a
 readable state of that form while the content stays complete the whole way (a restore never
 drops content: paths through ``free`` are recomputation, not restoration).
+
+Among paths equally short, one that completes a spill in flight (``spill_done``) is taken only
+where no other is as short: the spill's copy is its owner's to finish, and a plan declaring it
+done would load a copy that may not be there yet. From a state spilling into a stored tier
+(``spilling_disk``: the host copy still authoritative) the plan cancels the spill
+(``spill_fail``) and restores from the copy it already has, the nearer tier.
 """
 
 from __future__ import annotations
@@ -56,6 +62,11 @@ class RestorePaths:
         return self.paths[form][state]
 
 
+#: The order a state's events are tried in: breadth first, so among equally short paths the
+#: first found wins, and completing a spill in flight comes last (see the module's text).
+_EVENT_ORDER = (*(event for event in Event if event is not Event.SPILL_DONE), Event.SPILL_DONE)
+
+
 def _shortest(
     table: CompiledTable, start: int, targets: set[int], complete: list[bool]
 ) -> tuple[Event, ...] | None:
@@ -67,7 +78,7 @@ def _shortest(
     queue = deque([start])
     while queue:
         state = queue.popleft()
-        for event in Event:
+        for event in _EVENT_ORDER:
             nxt = int(table.next_state[state, event])
             if nxt == INVALID or nxt in seen or not complete[nxt]:
                 continue
