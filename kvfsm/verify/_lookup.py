@@ -124,11 +124,6 @@ def lookup(
                              made[target_at] if target_at >= 0 else None, checksums, spans,
                              statics_for(group, reads, profile, known_here), capped)
         made.append(evaluation)
-    if made[0].largest[NOW] == count - 1 and not (capped or drop_last_block):
-        # The usual full hit: nothing to explain, no rows to AND.
-        straight = _straight_verdict(layout, prompt, made, level, count, last, lease_spans)
-        if straight is not None:
-            return straight
     every = tuple(made)
     hit_at, usable_at, after_at = _common_lasts(every)
     admitted = _admitted(core, every) if capped else True
@@ -163,7 +158,10 @@ def lookup(
     groups, checks, found = [], [], []
     for e in every:
         if not explain:
-            groups.append(_group_verdict(e, step, count))
+            # Usable at the last candidate with no plan past it: every group holds there, so
+            # its own figures are the verdict's and it has no stop.
+            groups.append(_shared_group_verdict(e.verdicts, e.decl, usable, usable, usable,
+                                                None))
         checked = e.checked
         if checked is not None:
             checks.append(Checks(e.decl.name, *checked))
@@ -312,46 +310,6 @@ def _boundary(layout: LookupLayout, chains: list[int], last: int, hit: int) -> S
     return Shortfall(Reason.BLOCK_BOUNDARY, "*", detail=(
         f"the groups' chains reach {covered} tokens together, but usable lengths are "
         f"multiples of {layout.step}, the LCM of their block sizes"))
-
-
-def _straight_verdict(layout: LookupLayout, prompt: Prompt, every: list[GroupEval], level: Level,
-                      count: int, last: int, lease_spans: LeaseSpans | None) -> Verdict | None:
-    """The verdict of a lookup whose every group holds at its own last candidates, the
-    prompt's last (the usual full hit: no rows to AND, nothing to explain, every group's
-    figures the verdict's own), made without the steps the general case needs. None
-    otherwise: the caller goes on with the evaluations."""
-    largest = every[0].largest
-    for e in every:
-        if e.largest != largest:
-            return None  # the groups' rows must be ANDed
-    hit_at, usable_at, after_at = largest
-    # Usable at the last candidate with no plan past it (admission is not capped here): the
-    # hit, the usable and the restorable lengths are all the last one.
-    if usable_at != count - 1 or after_at > usable_at or hit_at != usable_at:
-        return None
-    usable = usable_at * layout.step
-    reasons: list[Shortfall] = []
-    if layout.boundary:
-        boundary = _boundary(layout, [every[i].chain_tokens for i in layout.prefix_at], last,
-                             usable)
-        if boundary is not None:
-            reasons.append(boundary)
-    if usable > 0:
-        reasons.append(_prompt_end(usable))
-    groups, checks, found = [], [], []
-    for e in every:
-        decl = e.decl
-        groups.append(_shared_group_verdict(e.verdicts, decl, usable, usable, usable, None))
-        checked = e.checked
-        if checked is not None:
-            checks.append(Checks(decl.name, *checked))
-        found.append((decl.name, e.spans, e._out, e.words, e.group.changes))
-    if lease_spans is None:
-        lease_spans = lease_spans_of(layout.names, [e.spans for e in every])
-    probe = make_probe(layout, prompt, found, usable_at, usable, lease_spans)
-    # Positional: the fields in declaration order (cheaper than keywords on every lookup).
-    return Verdict(prompt.n_tokens, usable, usable, usable, usable, level, tuple(groups),
-                   tuple(reasons), (), tuple(checks), probe)
 
 
 def _shortfalls(evals: dict[str, GroupEval], length: int, usable: int) -> list[Shortfall]:
