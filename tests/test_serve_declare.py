@@ -410,6 +410,10 @@ def restore_cache(model: Any, blocks: dict[str, Any], length: int) -> Any:
                 layer = cache.layers[int(name.split(".")[1])]
                 if name.endswith("conv_state"):
                     layer.update_conv_state(piece, conv_kernel_size=shape[-1])
+                    # transformers >= 5.25 counts a linear layer's tokens (the conv update above
+                    # added the kernel's width); the forward below takes its positions from it.
+                    if hasattr(layer, "cumulative_length_linear"):
+                        layer.cumulative_length_linear.fill_(length)
                 elif name.endswith("recurrent_state"):
                     layer.update_recurrent_state(piece)
                 else:

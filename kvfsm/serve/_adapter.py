@@ -52,7 +52,8 @@ blocks), exactly the blocks the verdict's usable length ``L`` needs, each kind b
 every full block before ``L``; the sliding blocks of ``[L - (W-1), L)``; the one snapshot
 ending at ``L``; every compressed block before ``L``; and writes them into a fresh cache: K/V
 through ``update``, with ``cumulative_length = L``; conv and recurrent states through
-``update_conv_state`` / ``update_recurrent_state``; overlap states, compressed entries and
+``update_conv_state`` / ``update_recurrent_state``, with each linear layer's token count (where
+transformers keeps one) set to ``L``; overlap states, compressed entries and
 ``entry_count = L // rate`` directly. Exact: restoring at ``L`` and forwarding the rest gives the
 logits of one uninterrupted forward to float32 rounding. Not rebuilt, because never needed at a
 block boundary: DeepSeek-V4's compressor buffers (empty there), transformers' conv states
@@ -427,6 +428,18 @@ class Snapshots(Codec):
             else:
                 part, field = path
                 getattr(layer, field)[part] = piece
+        for layer_idx in dict.fromkeys(layer_idx for layer_idx, _, _ in self.pieces):
+            _set_linear_length(cache.layers[layer_idx], length)
+
+
+def _set_linear_length(layer: Any, length: int) -> None:
+    """Make a rebuilt linear-attention layer count ``length`` tokens. transformers >= 5.25 keeps
+    the count on the layer (``cumulative_length_linear``, grown by ``update_conv_state`` by the
+    kernel's width on a rebuild) and answers ``get_seq_length`` from it when a linear layer comes
+    first, which sets the positions of a forward given none; older versions keep no count."""
+    count = getattr(layer, "cumulative_length_linear", None)
+    if count is not None:
+        count.fill_(length)  # in place: the tensor may be marked as a static address
 
 
 class Entries(Codec):
