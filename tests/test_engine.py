@@ -639,3 +639,29 @@ def test_restoring_a_verdicts_plan_makes_its_restorable_prefix_usable(
     if "corrupt" not in drawn:
         assert after.usable_tokens == verdict.restorable_tokens, (verdict.plan, after.reasons)
     assert eng.core.check_invariants() == []
+
+
+def test_a_prefix_longer_than_the_device_pool_restores_what_fits_and_no_more() -> None:
+    """The verdict counts restores against the admission budget, not device slots (see
+    docs/gates.md): a six-block prefix, three blocks of it on host, in a four-slot device
+    pool is called restorable whole. Restoring it fills the one free slot (every resident
+    block is the prefix's own, so none is given back); the other restores fail their room
+    guard and change nothing. The prefix is then usable exactly up to the first block still
+    on host, a lease on it validates, and the rest stays restorable from host."""
+    eng = Engine(DENSE, CoreConfig(device_blocks=4, host_blocks=8, backend="numpy"))
+    text = tokens(6 * 16 + 1)
+    head = eng.prompt(text[:4 * 16])
+    eng.commit(head)
+    eng.offload("attn", [block_id(eng, "attn", text, i) for i in range(3)])
+    prompt = eng.prompt(text)
+    eng.commit(prompt)  # blocks 3, 4 and 5 on device, 0, 1 and 2 on host
+    verdict = eng.lookup(prompt, level=Level.FULL)
+    assert (verdict.usable_tokens, verdict.restorable_tokens, len(verdict.plan)) == (0, 96, 3)
+    eng.restore(verdict, prompt).wait(timeout=30)
+    after = eng.lookup(prompt, level=Level.FULL)
+    assert (after.usable_tokens, after.restorable_tokens) == (16, 96)
+    assert eng.core.group("attn").pools[Tier.DEVICE].free == 0
+    with eng.lease(after, prompt) as lease:
+        assert lease.blocks("attn").tolist() == [block_id(eng, "attn", text, 0)]
+        lease.validate()
+    assert eng.core.check_invariants() == []

@@ -84,14 +84,17 @@ EVENTS = [Event.EVICT, Event.SPILL_BEGIN, Event.SPILL_DONE, Event.RESTORE_BEGIN,
 PROMPTS = [np.concatenate([tokens(64, seed=9), tokens(257, seed=s)]) for s in range(3)]
 
 
-#: Every operation :func:`drive` can draw.
-DRIVE_OPS = ("commit", "event", "corrupt", "flip", "profile", "scramble")
+#: Every operation :func:`drive` can draw (by default).
+DRIVE_OPS = ("commit", "event", "offload", "corrupt", "flip", "profile", "scramble")
+#: With blocks moved to host through the engine (what a plan restores) drawn more often.
+PLAN_OPS = (*DRIVE_OPS, "offload")
 
 
 def drive(eng: Engine, data: st.DataObject, steps: int,
           ops: Sequence[str] = DRIVE_OPS) -> set[str]:
     """Take ``eng`` through ``steps`` random operations of ``ops``: commits of prompt
-    prefixes, lifecycle events on live blocks, host copies corrupted on purpose, device
+    prefixes, lifecycle events on live blocks, blocks moved to host (``Engine.offload``, a
+    copy and its spill, or an eviction to a stored copy), host copies corrupted on purpose, device
     profiles stricter than the pools, bits flipped in device memory under readable blocks
     (silent corruption no fire sees), and index references scrambled behind the core's back
     (a stale, dead, foreign or unused target; the core's invariants then rightly fail).
@@ -108,6 +111,12 @@ def drive(eng: Engine, data: st.DataObject, steps: int,
             # Pools may fill up: the groups committed before the refusal stay, consistently.
             with contextlib.suppress(KvfsmError):
                 eng.commit(eng.prompt(text[:cut]))
+        elif op == "offload":
+            held = np.flatnonzero(group.slot[Tier.DEVICE] != -1)
+            if held.size:
+                chosen = data.draw(st.lists(st.sampled_from(held.tolist()), min_size=1,
+                                            max_size=6, unique=True), label="offloaded")
+                eng.offload(name, chosen)
         elif op == "event":
             live = np.flatnonzero(group.states != group.table.initial)
             if live.size:
