@@ -621,15 +621,9 @@ def test_restoring_a_verdicts_plan_makes_its_restorable_prefix_usable(
         eng.commit(eng.prompt(text[: data.draw(st.integers(1, text.size), label="kept")]))
     drawn = drive(eng, data, data.draw(st.integers(0, 10), label="steps"),
                   ops=("commit", "event", "corrupt"))
+    # Last, some device blocks given back to host (a hit to restore).
+    drive(eng, data, data.draw(st.integers(0, 3), label="offloads"), ops=("offload",))
     prompt = eng.prompt(text)
-    for name in data.draw(st.lists(st.sampled_from(sorted(eng.core.groups)), max_size=3),
-                          label="offloaded groups"):
-        # Some of the prompt's device blocks given back to host (a hit to restore).
-        group = eng.core.group(name)
-        held = np.flatnonzero(group.slot[Tier.DEVICE] != -1)
-        if held.size:
-            eng.offload(name, data.draw(st.lists(st.sampled_from(held.tolist()), max_size=6,
-                                                 unique=True), label="offloaded"))
     verdict = eng.lookup(prompt, level=Level.FULL)
     event("a plan" if verdict.plan else "no plan")
     eng.restore(verdict, prompt).wait(timeout=30)

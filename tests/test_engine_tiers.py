@@ -899,7 +899,8 @@ def test_restoring_a_plan_with_disk_loads_makes_its_restorable_prefix_usable(
     decl = {"dense": DENSE, "gpt_oss": GPT_OSS, "qwen": QWEN, "deepseek": DEEPSEEK}[name]
     store = DiskTier(tmp_path_factory.mktemp("plan") / "d", capacity_bytes=1 << 26)
     # Devices that hold a whole prompt (20 blocks of 16 tokens): a prefix needing more device
-    # blocks than the pool has cannot be restored whole, and no verdict checks that yet.
+    # blocks than the pool has cannot be restored whole, and the verdict counts restores
+    # against the admission budget, not device slots (docs/gates.md).
     config = CoreConfig(device_blocks=data.draw(st.sampled_from([24, 64]), label="device"),
                         host_blocks=data.draw(st.sampled_from([4, 16]), label="host"),
                         disk_blocks=256, backend="numpy")

@@ -423,13 +423,12 @@ class Snapshots(Codec):
             layer: Any = cache.layers[layer_idx]
             if path == ("conv_state",):
                 layer.update_conv_state(piece, conv_kernel_size=shape[-1])
+                _set_linear_length(layer, length)
             elif path == ("recurrent_state",):
                 layer.update_recurrent_state(piece)
             else:
                 part, field = path
                 getattr(layer, field)[part] = piece
-        for layer_idx in dict.fromkeys(layer_idx for layer_idx, _, _ in self.pieces):
-            _set_linear_length(cache.layers[layer_idx], length)
 
 
 def _set_linear_length(layer: Any, length: int) -> None:
