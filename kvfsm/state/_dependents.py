@@ -81,6 +81,9 @@ def _link_loop(prev: NodeArray, next_: NodeArray, linked_target: NDArray[np.int3
     """Per row ``rows[i]``: unlink what it had linked, then push each node ``j`` with
     ``refs[i, j] >= 0`` onto the front of target ``refs[i, j]``'s list. A row given twice ends
     with its last references."""
+    # The unlink is _unlink_loop's body written out again, on purpose: as a helper the
+    # kernels call per node (numba's register_jitable, inlined or not) it measured 10-35x
+    # slower on 1.6 M nodes.
     for i in range(rows.size):
         base = rows[i] * top_k
         for j in range(top_k):
