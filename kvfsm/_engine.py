@@ -43,6 +43,8 @@ from kvfsm.verify import (
     as_level,
     lookup,
 )
+from kvfsm.verify._lookup import check_kernel_layouts, lookup_checked
+from kvfsm.verify._lookup_layout import layout_of
 
 _Args = ParamSpec("_Args")
 _Result = TypeVar("_Result")
@@ -177,13 +179,16 @@ class Engine:
             else:
                 chosen = level if level.__class__ is Level else as_level(level)
             prompt = self._own(prompt)
+            if kernel_layouts:
+                check_kernel_layouts(self.core, kernel_layouts)
             if self.tiers:
                 self.restorer.poll()  # loads that finished since: their blocks are readable now
                 self._forget_evicted()
                 self.discover(prompt)
-            verdict = lookup(self.core, prompt, level=chosen,
-                             kernel_layouts=kernel_layouts, profile=self.profile,
-                             drop_last_block=drop_last_block)
+            # Every argument checked above (the prompt by _own): the lookup's own checks and
+            # keywords skipped, as on every lookup a scheduler makes.
+            verdict = lookup_checked(self.core, layout_of(self.core), prompt, chosen,
+                                     kernel_layouts, self.profile, drop_last_block, True)
             for checks in verdict.checks:
                 self.core.record_checks(checks.group, checks.block_ids, checks.passed)
             # Gate 4: checked against the active graph's signature (a GraphVerdict), if any.

@@ -492,6 +492,26 @@ def test_a_restarted_engine_finds_the_prefix_on_disk(tmp_path: Path, torn: int |
     again.close()
 
 
+@pytest.mark.parametrize("bad", [{"typo": DECL.layout}, {GROUP: "kv_first"}])
+def test_a_lookup_with_bad_arguments_adopts_nothing_from_disk(tmp_path: Path,
+                                                              bad: dict[str, Any]) -> None:
+    """A restarted engine would adopt the prompt's blocks from the disk on its first lookup;
+    a lookup whose ``kernel_layouts`` are wrong (a group that does not exist, a layout that
+    is not a Layout) is refused before that: the core still knows none of the blocks, and a
+    good lookup after it finds them all."""
+    eng, _ = make(tmp_path, fsync=True)
+    park(eng, eng.prompt(text(0)))
+    eng.close()
+
+    again, _ = make(tmp_path)
+    prompt = again.prompt(text(0))
+    with pytest.raises(KvfsmError, match=r"kernel_layouts|no group 'typo'"):
+        again.lookup(prompt, kernel_layouts=bad)
+    assert states(again, prompt) == [None] * BLOCKS
+    assert again.lookup(prompt).restorable_tokens == BLOCKS * BS
+    again.close()
+
+
 def test_files_the_cap_evicts_stop_being_hits(tmp_path: Path) -> None:
     eng, store = make(tmp_path, files=12)
     prompts = [eng.prompt(text(k)) for k in range(4)]

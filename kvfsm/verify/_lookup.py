@@ -100,8 +100,18 @@ def lookup(
         check_kernel_layouts(core, kernel_layouts)
     layout = layout_of(core)
     prompt.check_made_for(core.seed, layout.block_sizes, "engine")
-    if profile is None:
-        profile = _DEFAULT_PROFILE
+    return lookup_checked(core, layout, prompt, level, kernel_layouts,
+                          _DEFAULT_PROFILE if profile is None else profile, drop_last_block,
+                          checksums)
+
+
+def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level: Level,
+                   kernel_layouts: KernelLayouts | None, profile: DeviceProfile,
+                   drop_last_block: bool, checksums: bool) -> Verdict:
+    """:func:`lookup` of arguments already checked: ``level`` a Level, ``kernel_layouts``
+    naming the core's groups, ``prompt`` made for the core (:meth:`Prompt.check_made_for`)
+    and ``layout`` the core's :func:`layout_of`. Positional: what an owner that checked them
+    itself calls on every lookup (:class:`~kvfsm.Engine` does)."""
     n_tokens = prompt.n_tokens
     last = n_tokens - 1 if n_tokens > 1 else 0  # the last prompt token is always computed
     step = layout.step
@@ -138,7 +148,8 @@ def lookup(
             restorable_at = _largest(after, below=restorable_at)
         reasons.append(Shortfall(Reason.SPEC_DECODE_DROP, "*",
                                  detail="speculative decoding recomputes the last block"))
-    restorable_at = max(restorable_at, usable_at)
+    if usable_at > restorable_at:  # max(), without the builtin's call
+        restorable_at = usable_at
     # Candidate index i is i * step tokens.
     usable, restorable, hit = usable_at * step, restorable_at * step, hit_at * step
     final = (count - 1) * step
