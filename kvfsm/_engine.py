@@ -326,9 +326,10 @@ class Engine:
         ``tier`` (a Tier or its name), never one of ``keep``, one tier down (host -> disk,
         disk -> remote) through the stored tiers, making room there first the same way; where
         no tier below takes them, blocks on disk are forgotten (their files stay until the
-        disk's own cap evicts them). Returns the blocks moved or dropped."""
-        return self._stored.spill_down(group, _args.tier("tier", tier), _args.count("count", count),
-                                       keep)
+        disk's own cap evicts them). Returns the blocks moved or dropped. ``keep`` must be
+        block ids of ``group`` (else a KvfsmError naming it, before anything moves)."""
+        tier, count = _args.tier("tier", tier), _args.count("count", count)
+        return self._stored.spill_down(group, tier, count, self._keep(group, keep))
 
     @_locked
     def offload(self, group: str, ids: ArrayLike, keep: ArrayLike = ()) -> NDArray[np.bool_]:
@@ -339,8 +340,11 @@ class Engine:
         copy (``device_disk``, ``device_remote``) gives its device slot back and stays a hit on
         that copy. Never touches a block of ``keep`` or pinned blocks; costs the blocks moved,
         never the pool (recency lists). Returns per id whether it moved (the rest are where
-        they were: not on the device, pinned, in flight, or no tier below took them)."""
-        return self._stored.offload(group, self.core.block_ids(group, ids), keep)
+        they were: not on the device, pinned, in flight, or no tier below took them). ``ids``
+        and ``keep`` must be block ids of ``group`` (else a KvfsmError naming what is wrong,
+        before anything moves)."""
+        ids = self.core.block_ids(group, ids)
+        return self._stored.offload(group, ids, self._keep(group, keep))
 
     @_locked
     def close(self) -> None:
@@ -454,5 +458,18 @@ class Engine:
         """Free up to ``count`` (an int >= 0) device slots of ``group``: unpinned invalid
         blocks first, then the least recently used unpinned ones, spilled a tier down where
         there is room (still a hit, restorable), else evicted; never a block of ``keep``.
-        Returns the blocks given back (commit uses it for room; a restore executor can too)."""
-        return self._committer.give_back(group, _args.count("count", count), keep)
+        Returns the blocks given back (commit uses it for room; a restore executor can too).
+        ``keep`` must be block ids of ``group`` (else a KvfsmError naming it, before anything
+        moves)."""
+        count = _args.count("count", count)
+        return self._committer.give_back(group, count, self._keep(group, keep))
+
+    def _keep(self, group: str, keep: ArrayLike) -> NDArray[np.intp]:
+        """``keep`` as block ids of ``group`` (repeats allowed), or a KvfsmError naming it
+        (before anything moves: ids that are not integers or name no block are refused, not
+        read as other blocks or ignored)."""
+        self.core.group(group)  # an unknown group is named as such, not as a bad keep
+        try:
+            return self.core.block_ids(group, keep, unique=False)
+        except KvfsmError as exc:
+            raise KvfsmError(f"keep: {exc}") from None

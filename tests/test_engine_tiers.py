@@ -857,6 +857,43 @@ def test_offload_leaves_pinned_and_misnamed_blocks_alone() -> None:
     sound(eng, prompt)
 
 
+
+def _moves(how: str) -> Callable[[Engine, Any], object]:
+    """A call that would move blocks of the prompt (offload its device blocks, give back
+    device slots, spill host down to disk), keeping ``keep``."""
+    return {
+        "offload": lambda eng, keep: eng.offload(GROUP, np.arange(BLOCKS), keep=keep),
+        "give_back": lambda eng, keep: eng.give_back(GROUP, 3, keep=keep),
+        "spill_down": lambda eng, keep: eng.spill_down(GROUP, Tier.HOST, 3, keep=keep),
+    }[how]
+
+
+@pytest.mark.parametrize("how", ["offload", "give_back", "spill_down"])
+@pytest.mark.parametrize("restored", [False, True])
+@pytest.mark.parametrize("keep", [["x"], [1.5], [-1], [1 << 40], "x", None])
+def test_a_bad_keep_is_named_and_moves_nothing(tmp_path: Path, how: str, restored: bool,
+                                               keep: Any) -> None:
+    """``keep`` (the blocks a call must not move) that are not integers or name no block are
+    a KvfsmError naming ``keep``, raised before anything moves: never read as other blocks
+    (1.5 as block 1), ignored, or a bare ValueError after some blocks already moved (a
+    restored block gives its slot back before the spill to host reads ``keep``)."""
+    eng, _ = make(tmp_path, device=8, host=4)
+    prompt = eng.prompt(text(0))
+    commit(eng, prompt)
+    if restored:
+        park(eng, prompt)
+        restore(eng, prompt)
+    eng.offload(GROUP, ids_of(eng, prompt)[:2])  # two on host (or back on disk)
+    before = states(eng, prompt), eng.core.group(GROUP).epoch.tolist()
+    with pytest.raises(KvfsmError, match="keep"):
+        _moves(how)(eng, keep)
+    assert (states(eng, prompt), eng.core.group(GROUP).epoch.tolist()) == before
+    _moves(how)(eng, ids_of(eng, prompt)[:1])  # a good keep: it moves (host holds nothing
+    # to spill where the two offloaded blocks kept their disk copies)
+    moved = (states(eng, prompt), eng.core.group(GROUP).epoch.tolist()) != before
+    assert moved == (not (restored and how == "spill_down"))
+    sound(eng, prompt)
+
 # -- the plan's promise with disk copies ----------------------------------------------------
 
 
