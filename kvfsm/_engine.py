@@ -365,6 +365,9 @@ class Engine:
         (``with engine.lease(...) as lease:``) after it. Raises :class:`~kvfsm.LeaseLost`,
         pinning nothing, where a block changed since the lookup (look up again); to make
         lookup and lease one step against other threads, hold :attr:`lock` across both."""
+        if not isinstance(verdict, Verdict):
+            raise KvfsmError(f"lease needs a Verdict (from Engine.lookup), got "
+                             f"{type(verdict).__name__}")
         # The lock taken here, not by @_locked, as in lookup: a server leases every verdict.
         with self._lock:
             self._leases.reap()

@@ -519,6 +519,8 @@ def _snapshot(eng: Engine) -> dict[str, list[list[int]]]:
     (lambda eng, prompt: eng.record_prefill(5, float("nan")), "seconds"),
     (lambda eng, prompt: eng.record_prefill(5, -1.0), "seconds"),
     (lambda eng, prompt: eng.restore("a verdict", prompt), "Verdict"),
+    (lambda eng, prompt: eng.lease("a verdict", prompt), "Verdict"),
+    (lambda eng, prompt: eng.lease(None, prompt), "Verdict"),
     (lambda eng, prompt: eng.lookup(prompt, kernel_layouts=["attn"]), "kernel_layouts"),
     (lambda eng, prompt: eng.core.fire("attn", [0], "evict", masked="yes"), "masked"),
 ])
