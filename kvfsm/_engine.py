@@ -98,6 +98,20 @@ class Engine:
         if not callable(lease_clock):
             raise KvfsmError(f"lease_clock must be a callable returning monotonic seconds, "
                              f"got {lease_clock!r}")
+        # Every option checked before anything is made (the restore workers are threads).
+        options: tuple[tuple[str, object, type], ...] = (
+            ("profile", profile, DeviceProfile), ("policy", policy, VerifyPolicy),
+            ("metrics", metrics, EngineMetrics), ("event_log", event_log, EventLog),
+            ("admission", admission, AdmissionConfig))
+        for name, value, kind in options:
+            if value is not None and not isinstance(value, kind):
+                raise KvfsmError(f"Engine({name}=...) must be {kind.__name__} or None, got "
+                                 f"{type(value).__name__}")
+        if tiers is not None and not isinstance(tiers, Mapping):
+            raise KvfsmError(f"Engine(tiers=...) must map tier names to stored tiers, got "
+                             f"{type(tiers).__name__}")
+        if isinstance(workers, bool) or not isinstance(workers, int | np.integer) or workers < 1:
+            raise KvfsmError(f"Engine(workers=...) must be an int >= 1, got {workers!r}")
         if isinstance(model, str):
             models = shipped_models()
             if model not in models:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 
 import attrs
@@ -568,6 +569,28 @@ def test_restoring_another_engines_verdict_is_refused() -> None:
     assert verdict.restorable_tokens > verdict.usable_tokens
     first.restore(verdict, first.prompt(text)).wait()
     assert first.lookup(first.prompt(text)).usable_tokens == verdict.restorable_tokens
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"profile": "h100"}, "profile"),
+    ({"policy": {"0": "FULL"}}, "policy"),
+    ({"metrics": object()}, "metrics"),
+    ({"event_log": "events.jsonl"}, "event_log"),
+    ({"admission": {"max_ops": 4}}, "admission"),
+    ({"tiers": ["disk"]}, "tiers"),
+    ({"workers": 0}, "workers"),
+    ({"workers": "2"}, "workers"),
+    ({"workers": True}, "workers"),
+])
+def test_an_engine_option_of_the_wrong_kind_is_named_before_anything_starts(
+        options: dict[str, object], named: str) -> None:
+    """Each option that is not what it must be is a KvfsmError naming it, raised before the
+    engine makes anything (no restore worker thread is left behind)."""
+    threads = threading.active_count()
+    with pytest.raises(KvfsmError, match=rf"Engine\({named}="):
+        Engine("dense", CoreConfig(device_blocks=8, backend="numpy"),
+               **options)  # type: ignore[arg-type]
+    assert threading.active_count() == threads
 
 
 @pytest.mark.parametrize(("model", "config", "named"), [
