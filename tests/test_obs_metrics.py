@@ -144,6 +144,12 @@ def test_one_set_per_registry_and_namespace() -> None:
     assert value(registry, "other_lease_refusals_total", group="attn") == 1
 
 
+@pytest.mark.parametrize("registry", ["default", {}, 5])
+def test_a_registry_that_is_not_one_is_named(registry: object) -> None:
+    with pytest.raises(KvfsmError, match="registry must be a prometheus_client"):
+        EngineMetrics(registry)  # type: ignore[arg-type]
+
+
 def test_a_missing_prometheus_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with pytest.raises(KvfsmError, match=r'pip install "kvfsm\[metrics\]"'):

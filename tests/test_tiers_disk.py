@@ -261,8 +261,9 @@ def test_misconfiguration_raises(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(TierError, match="file"):
         DiskTier(tmp_path / "file", capacity_bytes=FILE)
-    with pytest.raises(ValueError, match="capacity"):
-        DiskTier(tmp_path / "d", capacity_bytes=0)
+    for capacity in (0, -1, "1024", 1.5, True):
+        with pytest.raises(ValueError, match="capacity"):
+            DiskTier(tmp_path / "d", capacity_bytes=capacity)  # type: ignore[arg-type]
 
 
 def test_bad_batches_raise_and_write_nothing(tier: DiskTier) -> None:

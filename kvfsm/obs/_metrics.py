@@ -80,6 +80,9 @@ class EngineMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, *,
                  namespace: str = "kvfsm") -> None:
         prom = _prometheus()
+        if registry is not None and not isinstance(registry, prom.CollectorRegistry):
+            raise KvfsmError(f"EngineMetrics: registry must be a prometheus_client "
+                             f"CollectorRegistry or None, got {type(registry).__name__}")
         self.registry = prom.REGISTRY if registry is None else registry
         self.namespace = namespace
         made: list[Any] = []

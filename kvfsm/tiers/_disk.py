@@ -148,8 +148,10 @@ class DiskTier(StoredTier):
 
     def __init__(self, directory: str | os.PathLike[str], *, capacity_bytes: int,
                  fsync: bool = True) -> None:
-        if capacity_bytes < 1:
-            raise ValueError(f"DiskTier capacity_bytes must be >= 1, got {capacity_bytes}")
+        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) \
+                or capacity_bytes < 1:
+            raise ValueError(f"DiskTier capacity_bytes must be an int >= 1, got "
+                             f"{capacity_bytes!r}")
         path = Path(directory)
         try:
             path.mkdir(parents=True, exist_ok=True)  # FileExistsError where it is a file
