@@ -64,12 +64,18 @@ def _locked(method: Callable[Concatenate[Engine, _Args], _Result]
     return locked
 
 
+def _priority(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise KvfsmError(f"VerifyPolicy.{attribute.name} must be an int priority, got "
+                         f"{value!r}")
+
+
 @attrs.frozen
 class VerifyPolicy:
     """Which verification level a request priority gets (higher number = more important)."""
 
-    full_at_or_above: int = 10
-    fast_below: int = 0
+    full_at_or_above: int = attrs.field(default=10, validator=_priority)
+    fast_below: int = attrs.field(default=0, validator=_priority)
 
     def level_for(self, priority: int) -> Level:
         if priority >= self.full_at_or_above:

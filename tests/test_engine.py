@@ -89,6 +89,15 @@ def test_policy_levels_follow_the_thresholds(full: int, fast: int, low: int, hig
     assert STRENGTH[policy.level_for(low)] <= STRENGTH[policy.level_for(high)]
 
 
+
+@pytest.mark.parametrize("field", ["full_at_or_above", "fast_below"])
+@pytest.mark.parametrize("value", ["10", 1.5, None, True])
+def test_a_policy_threshold_that_is_not_an_int_is_named(field: str, value: object) -> None:
+    """A threshold compared with every request's priority must be an int priority: a string
+    would make every lookup raise a TypeError, a float or bool would be read as a number."""
+    with pytest.raises(KvfsmError, match=f"VerifyPolicy.{field}"):
+        VerifyPolicy(**{field: value})  # type: ignore[arg-type]
+
 # -- lookup -------------------------------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
@@ -172,3 +173,16 @@ def test_executing_the_plan_delivers_what_the_verdict_promised(
     if not failed_restores:
         assert after.usable_tokens >= verdict.restorable_tokens
     assert eng.core.check_invariants() == []
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("base_alignment", 0), ("base_alignment", -256), ("base_alignment", True),
+    ("size_alignment", 0), ("size_alignment", "16"), ("size_alignment", 1.5),
+    ("name", ""), ("name", 5),
+])
+def test_a_device_profile_no_block_could_be_checked_against_is_named(field: str,
+                                                                    value: object) -> None:
+    """Alignments are positive ints of bytes: a 0 would divide by zero in the alignment
+    layer of every lookup, a string or float would fail there or be read as a number."""
+    with pytest.raises(KvfsmError, match=f"DeviceProfile.{field}"):
+        DeviceProfile(**{field: value})  # type: ignore[arg-type]

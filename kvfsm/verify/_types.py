@@ -10,6 +10,7 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm._errors import KvfsmError
 from kvfsm._reasons import Reason as Reason  # re-exported: reasons live below the kinds
 from kvfsm.spec import Event, GroupKind, Layout, Tier
 
@@ -26,15 +27,26 @@ class Level(enum.Enum):
     FAST = "fast"
 
 
+def _alignment(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise KvfsmError(f"DeviceProfile.{attribute.name} must be an int >= 1 (bytes), got "
+                         f"{value!r}")
+
+
+def _profile_name(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise KvfsmError(f"DeviceProfile.name must be a non-empty str, got {value!r}")
+
+
 @attrs.frozen
 class DeviceProfile:
     """What the hardware demands of a block the kernel reads."""
 
-    name: str = "gpu"
+    name: str = attrs.field(default="gpu", validator=_profile_name)
     #: Every block's first byte must sit at a multiple of this.
-    base_alignment: int = 256
+    base_alignment: int = attrs.field(default=256, validator=_alignment)
     #: Every block's stride must be a multiple of this.
-    size_alignment: int = 16
+    size_alignment: int = attrs.field(default=16, validator=_alignment)
 
 
 @attrs.frozen
