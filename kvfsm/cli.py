@@ -259,23 +259,24 @@ def _demo_command(args: argparse.Namespace) -> str:
 def _cmd_demo(args: argparse.Namespace) -> int:
     out_dir = Path(args.output)
     if not args.faults:
-        from kvfsm.serve._demo import require_serve_packages
+        from kvfsm.serve._demo import DemoSettings, quick_settings, require_serve_packages
 
-        require_serve_packages()  # before anything is created or run
+        # Before anything is created or run: the packages, then the settings (their checks).
+        require_serve_packages()
+        settings = quick_settings() if args.quick else DemoSettings()
+        if args.model:
+            settings = attrs.evolve(settings, models=tuple(dict.fromkeys(args.model)))
+        settings = attrs.evolve(settings, seed=args.seed, remote=args.remote)
     with _doing("create folder", out_dir):  # first, so a bad -o fails before any work
         out_dir.mkdir(parents=True, exist_ok=True)
     if args.faults:
         return _cmd_demo_faults(out_dir)
-    from kvfsm.serve._demo import DemoSettings, quick_settings, run_demo
+    from kvfsm.serve._demo import run_demo
     from kvfsm.serve._report import demo_figures, summary_lines, to_json, write_outputs
 
     lines: list[str] = []
     clean = _demo_specs(out_dir, lines)
     problems = [line for line in lines if not line.startswith(("ok ", "wrote "))]
-    settings = quick_settings() if args.quick else DemoSettings()
-    if args.model:
-        settings = attrs.evolve(settings, models=tuple(dict.fromkeys(args.model)))
-    settings = attrs.evolve(settings, seed=args.seed, remote=args.remote)
     demo = run_demo(settings, progress_bar=False if args.quiet else None,
                     events=out_dir / "events")
     if not demo.models:

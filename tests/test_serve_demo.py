@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvfsm import KvfsmError
 from kvfsm.cli import main
+from kvfsm.serve import DemoSettings, declare, tiny_config
 from kvfsm.serve import _workload as workload
-from kvfsm.serve import declare, tiny_config
 from kvfsm.spec import GroupKind
 
 pytest.importorskip("transformers")
@@ -47,6 +48,26 @@ def served() -> list[str]:
 
 
 # -- workloads (no model) --------------------------------------------------------------------
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("seed", -1), ("seed", "7"), ("seed", True), ("models", "gpt_oss"),
+    ("models", ["gpt_oss"]), ("remote", "s3"),
+])
+def test_demo_settings_name_a_bad_field(field: str, value: object) -> None:
+    """A seed NumPy would refuse only once the workload is drawn, a model list given as one
+    string (read as its letters), an unknown remote store: refused when the settings are
+    made, naming the field."""
+    with pytest.raises(KvfsmError, match=f"DemoSettings.{field}"):
+        DemoSettings(**{field: value})  # type: ignore[arg-type]
+
+
+def test_the_demo_refuses_a_negative_seed_before_it_writes_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert main(["demo", "--quick", "--seed", "-1", "-o", str(out)]) == 2
+    assert "DemoSettings.seed must be an int >= 0" in capsys.readouterr().err
+    assert not out.exists()  # no folder, no diagrams
+
 
 def test_workloads_are_seeded_odd_and_share_prefixes() -> None:
     chat = workload.chat(3, users=3, turns=3)

@@ -37,6 +37,7 @@ from kvfsm.serve._adapter import CacheAdapter, CacheAdapterError
 from kvfsm.serve._declare import declare
 from kvfsm.serve._loop import Mode, Request, Result, ServeLoop
 from kvfsm.serve._stores import (
+    REMOTE_CHOICES,
     RemoteStore,
     choose_remote,
     engine_tiers,
@@ -178,14 +179,32 @@ class ModelRun:
     wall_s: float
 
 
+def _model_types(instance: object, attribute: attrs.Attribute[tuple[str, ...]],
+                 value: tuple[str, ...]) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(each, str) for each in value):
+        raise KvfsmError(f"DemoSettings.models must be a tuple of model types (e.g. "
+                         f"{DEMO_ORDER}), got {value!r}")
+
+
+def _seed(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise KvfsmError(f"DemoSettings.seed must be an int >= 0, got {value!r}")
+
+
+def _remote(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value not in REMOTE_CHOICES:
+        raise KvfsmError(f"DemoSettings.remote must be one of {list(REMOTE_CHOICES)}, got "
+                         f"{value!r}")
+
+
 @attrs.frozen
 class DemoSettings:
-    models: tuple[str, ...] = DEMO_ORDER
-    seed: int = 0
+    models: tuple[str, ...] = attrs.field(default=DEMO_ORDER, validator=_model_types)
+    seed: int = attrs.field(default=0, validator=_seed)
     size: WorkloadSize = DEFAULT_SIZE
     pools: Pools = POOLS
     #: The remote store: ``auto``, ``mooncake``, ``redis`` or ``none`` (``--remote``).
-    remote: str = "auto"
+    remote: str = attrs.field(default="auto", validator=_remote)
 
 
 def quick_settings() -> DemoSettings:
