@@ -30,6 +30,14 @@ def count(name: str, value: object) -> int:
     return known
 
 
+def positive(name: str, value: object) -> int:
+    """``value`` as an int >= 1."""
+    known = _as_int(value)
+    if known is None or known < 1:
+        raise KvfsmError(f"{name} must be an int >= 1, got {value!r}")
+    return known
+
+
 def integer(name: str, value: object) -> int:
     """``value`` as an int (any sign)."""
     known = _as_int(value)

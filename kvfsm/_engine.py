@@ -65,9 +65,7 @@ def _locked(method: Callable[Concatenate[Engine, _Args], _Result]
 
 
 def _priority(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise KvfsmError(f"VerifyPolicy.{attribute.name} must be an int priority, got "
-                         f"{value!r}")
+    _args.integer(f"VerifyPolicy.{attribute.name}", value)
 
 
 @attrs.frozen
@@ -116,8 +114,7 @@ class Engine:
         if tiers is not None and not isinstance(tiers, Mapping):
             raise KvfsmError(f"Engine(tiers=...) must map tier names to stored tiers, got "
                              f"{type(tiers).__name__}")
-        if isinstance(workers, bool) or not isinstance(workers, int | np.integer) or workers < 1:
-            raise KvfsmError(f"Engine(workers=...) must be an int >= 1, got {workers!r}")
+        _args.positive("Engine(workers=...)", workers)
         if isinstance(model, str):
             models = shipped_models()
             if model not in models:

@@ -30,6 +30,7 @@ from typing import Any, Final
 
 import attrs
 
+from kvfsm import _args
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
 from kvfsm.obs import EngineMetrics, EventLog, ReplayResult, replay
@@ -187,8 +188,7 @@ def _model_types(instance: object, attribute: attrs.Attribute[tuple[str, ...]],
 
 
 def _seed(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise KvfsmError(f"DemoSettings.seed must be an int >= 0, got {value!r}")
+    _args.count("DemoSettings.seed", value)
 
 
 def _remote(instance: object, attribute: attrs.Attribute[str], value: str) -> None:

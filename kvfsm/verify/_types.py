@@ -10,6 +10,7 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm import _args
 from kvfsm._errors import KvfsmError
 from kvfsm._reasons import Reason as Reason  # re-exported: reasons live below the kinds
 from kvfsm.spec import Event, GroupKind, Layout, Tier
@@ -28,9 +29,7 @@ class Level(enum.Enum):
 
 
 def _alignment(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise KvfsmError(f"DeviceProfile.{attribute.name} must be an int >= 1 (bytes), got "
-                         f"{value!r}")
+    _args.positive(f"DeviceProfile.{attribute.name}", value)
 
 
 def _profile_name(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
