@@ -158,10 +158,19 @@ class Engine:
         self.restorer.listeners.append(self._restored)
         self._leases.on_refusal = self._lease_refused
 
-    def prompt(self, token_ids: Sequence[int] | ArrayLike = ()) -> Prompt:
-        """A prompt whose block hashes (every block size of the model) are kept incrementally."""
+    def prompt(self, token_ids: Sequence[int] | ArrayLike = (), *,
+               namespace: str | bytes | None = None,
+               content_keys: Sequence[tuple[int, int, str | bytes]] | None = None) -> Prompt:
+        """A prompt whose block hashes (every block size of the model) are kept incrementally.
+
+        Give what besides the token ids decides the request's KV, or a request with the same
+        ids but other KV is served this one's: ``namespace`` (a LoRA adapter's name, a
+        tenant's cache salt; no block is shared across namespaces) and ``content_keys``
+        ``(start, end, key)`` (tokens ``[start, end)`` stand for content named by ``key``,
+        such as an image's hash). A bad one is a KvfsmError naming it."""
         return Prompt(self.core.seed, self._block_sizes, token_ids,
-                      hash_function=self.core.config.hash_function)
+                      hash_function=self.core.config.hash_function, namespace=namespace,
+                      content_keys=content_keys)
 
     def _own(self, prompt: Prompt | Sequence[int] | ArrayLike) -> Prompt:
         """``prompt`` made here (token ids become a prompt), or a ForeignPromptError."""

@@ -735,3 +735,45 @@ def test_a_read_after_the_lease_expired_is_refused() -> None:
     with eng.lease(eng.lookup(prompt), prompt, ttl_s=ttl_s) as again:
         again.validate()
     assert eng.core.check_invariants() == []
+
+
+# -- 14. the same token ids standing for other KV (adapter, tenant, image) ------------------------
+
+
+def test_the_same_tokens_under_another_adapter_tenant_or_image_are_never_a_hit(
+        tmp_path: Path) -> None:
+    """Two requests with the same token ids need different KV when one runs another LoRA
+    adapter, belongs to another tenant, or has another image behind its placeholder tokens.
+    TEXT cached under adapter ``lora-a`` and parked on disk is no hit for the base model or
+    for ``lora-b``, before and after a restart over the same disk; it is restored whole for
+    ``lora-a``. TEXT with image 1 behind tokens ``[20, 40)`` is a hit with image 2 there only
+    for block 0, the block before the image."""
+    where = tmp_path / "disk"
+    eng, _ = _disk_engine(where)
+    lora_a = eng.prompt(TEXT, namespace="lora-a")
+    eng.commit(lora_a, payload=_content(0))
+    eng.offload("attn", eng.core.lookup_words("attn", *lora_a.words(BLOCK)))
+    assert eng.spill_down("attn", Tier.HOST, BLOCKS) == BLOCKS
+    for other in (eng.prompt(TEXT), eng.prompt(TEXT, namespace="lora-b")):
+        verdict = eng.lookup(other)
+        assert (verdict.hit_tokens, verdict.usable_tokens, verdict.restorable_tokens) == \
+            (0, 0, 0)
+    image_1 = eng.prompt(TEXT, content_keys=[(20, 40, "image-1")])
+    eng.commit(image_1, payload=_content(1))
+    image_2 = eng.lookup(eng.prompt(TEXT, content_keys=[(20, 40, "image-2")]))
+    assert image_2.hit_tokens == image_2.usable_tokens == BLOCK
+    assert eng.lookup(image_1).usable_tokens == WHOLE
+    eng.close()
+    again, _ = _disk_engine(where)  # a restart: the disk tier indexes its files again
+    assert again.lookup(again.prompt(TEXT, namespace="lora-b")).hit_tokens == 0
+    assert again.lookup(again.prompt(TEXT)).hit_tokens == 0
+    prompt = again.prompt(TEXT, namespace="lora-a")
+    verdict = again.lookup(prompt)
+    assert verdict.restorable_tokens == WHOLE
+    again.restore(verdict, prompt).wait(timeout=WAIT_S)
+    assert again.lookup(prompt).usable_tokens == WHOLE
+    rows = again.core.read("attn", again.core.lookup_words("attn", *prompt.words(BLOCK)))
+    state = again.core.group("attn")
+    for index, row in enumerate(rows):
+        assert np.array_equal(row, _row(0, state, index)), f"block {index}: wrong bytes"
+    again.close()

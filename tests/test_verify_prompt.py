@@ -419,3 +419,41 @@ def test_engines_hashing_differently_refuse_each_others_prompts() -> None:
     assert strong.lookup(made).usable_tokens == 0  # and its own lookups work
     with pytest.raises(KvfsmError, match=r"CoreConfig.hash_function must be one of"):
         CoreConfig(hash_function="xxh3")
+
+
+# --- namespace and content keys ----------------------------------------------------------------
+
+
+def test_head_is_the_first_tokens_with_the_same_keys() -> None:
+    """``head(n)`` keeps the seed, function, sizes, namespace and content keys: its words are
+    the prompt's first; out-of-range or non-int lengths are named."""
+    prompt = Prompt(SEED, SIZES, list(range(100)), namespace="lora:a",
+                    content_keys=[(30, 50, "image")], hash_function="sha256")
+    head = prompt.head(70)
+    assert (head.n_tokens, head.namespace, head.content_keys, head.hash_function) == \
+        (70, b"lora:a", ((30, 50, b"image"),), "sha256")
+    for size in SIZES:
+        for got, whole in zip(head.words(size), prompt.words(size), strict=True):
+            assert np.array_equal(got, whole[: got.size])
+    assert prompt.head(0).n_tokens == 0
+    for bad in (-1, 101, 3.0, True):
+        with pytest.raises(KvfsmError, match=re.escape(f"head: n_tokens must be an int in "
+                                                       f"[0, 100], got {bad!r}")):
+            prompt.head(bad)  # type: ignore[arg-type]
+
+
+def test_a_keyed_prompt_is_its_engines_and_no_other() -> None:
+    """A prompt with a namespace or content keys is still its engine's (the engine takes it
+    and its repr says so); another engine's refuses it as before; bad keys are refused by
+    ``Engine.prompt`` naming them, with nothing made."""
+    engine = Engine("dense", CoreConfig(device_blocks=8, backend="numpy"))
+    other = Engine("dense", CoreConfig(device_blocks=8, backend="numpy", cache_salt="x"))
+    prompt = engine.prompt(list(range(40)), namespace=b"t", content_keys=[(1, 2, "k")])
+    assert engine.lookup(prompt).prompt_tokens == 40
+    assert "namespace=b't', content_keys=1" in repr(prompt)
+    with pytest.raises(ForeignPromptError):
+        other.lookup(prompt)
+    with pytest.raises(KvfsmError, match=r"content_keys\[0\]: start and end"):
+        engine.prompt([1, 2], content_keys=[(2, 1, "k")])
+    with pytest.raises(KvfsmError, match="namespace must be str or bytes"):
+        engine.prompt([1, 2], namespace=7)  # type: ignore[arg-type]

@@ -731,7 +731,7 @@ class CacheAdapter:
                                         f"tokens, this one has {prompt.n_tokens}")
             allowed = verdict.usable_tokens
         else:
-            allowed = self.engine.lookup(prompt.token_ids[: length + 1], level=level).usable_tokens
+            allowed = self.engine.lookup(prompt.head(length + 1), level=level).usable_tokens
         if allowed != length:
             raise CacheAdapterError(f"the verdict does not allow reusing {length} tokens "
                                     f"(usable: {allowed})")

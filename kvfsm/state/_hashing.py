@@ -32,6 +32,7 @@ from kvfsm._errors import KvfsmError
 from kvfsm._tokens import as_token_ids
 from kvfsm.state import _hash_kernel
 from kvfsm.state._hash_kernel import DIGEST_BYTES, DIGEST_WORDS, SECRET_WORDS
+from kvfsm.state._request_keys import ContentKey, keyed_blocks, mix_content
 
 #: The default block hash: XXH3-128, compiled (see the module docstring for its guarantee).
 XXH3_128: Final = "xxh3_128"
@@ -91,7 +92,8 @@ class PrefixHashes:
     amortized and :meth:`words` O(1).
     """
 
-    def __init__(self, seed: bytes, block_size: int, hash_function: str = XXH3_128) -> None:
+    def __init__(self, seed: bytes, block_size: int, hash_function: str = XXH3_128,
+                 content_keys: tuple[ContentKey, ...] = ()) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if len(seed) != DIGEST_BYTES:
@@ -112,6 +114,9 @@ class PrefixHashes:
         # 32 bytes, kept whole so a collision of two 128-bit keys does not carry down a chain).
         self._parent_words = np.frombuffer(bytes(seed), dtype=_WORD_DTYPE).astype(np.uint64)
         self._parent_digest = bytes(seed)
+        #: Token ranges standing for content the ids do not carry (checked, sorted: see
+        #: :func:`~kvfsm.state._request_keys.content_keys_of`), mixed into their blocks.
+        self.content_keys = content_keys
 
     def extend(self, token_ids: Sequence[int] | ArrayLike) -> None:
         """Append tokens and hash every block they complete (O(new tokens)). Token ids must be
@@ -140,7 +145,8 @@ class PrefixHashes:
         self._n_pending = tail
 
     def _hash_blocks(self, tokens: NDArray[np.int64]) -> None:
-        """Hash the complete blocks ``tokens`` (a multiple of the block size) onto the chain."""
+        """Hash the complete blocks ``tokens`` (a multiple of the block size) onto the chain,
+        each block holding a content key's token with the key mixed into its digest."""
         count = tokens.size // self.block_size
         start, end = self._n_blocks, self._n_blocks + count
         if end > self._high.size:
@@ -149,6 +155,25 @@ class PrefixHashes:
                 grown = np.zeros(capacity, dtype=np.uint64)
                 grown[:start] = getattr(self, name)[:start]
                 setattr(self, name, grown)
+        keyed = keyed_blocks(self.content_keys, self.block_size, start, end) \
+            if self.content_keys else None
+        if not keyed:
+            self._hash_run(tokens, start, end)
+        else:
+            # Runs of plain blocks hashed as usual; each keyed block after its run, then mixed.
+            size, done = self.block_size, start
+            for block in sorted(keyed):
+                self._hash_run(tokens[(done - start) * size : (block + 1 - start) * size],
+                               done, block + 1)
+                self._mix(block, keyed[block])
+                done = block + 1
+            if done < end:
+                self._hash_run(tokens[(done - start) * size :], done, end)
+        self._n_blocks = end
+        self._words = None
+
+    def _hash_run(self, tokens: NDArray[np.int64], start: int, end: int) -> None:
+        """Hash blocks ``[start, end)`` (``tokens``: theirs) onto the chain's last digest."""
         high, low = self._high[start:end], self._low[start:end]
         if self.hash_function == SHA256:
             self._sha256_blocks(tokens, high, low)
@@ -158,8 +183,17 @@ class PrefixHashes:
             _hash_kernel.chain_kernel(view, self.block_size, self._parent_words, SECRET_WORDS,
                                       high, low)
             self._parent_words[0], self._parent_words[1] = high[-1], low[-1]
-        self._n_blocks = end
-        self._words = None
+
+    def _mix(self, block: int, keys: list[ContentKey]) -> None:
+        """Mix ``keys`` into block ``block``'s digest, the last one hashed: the chain goes on
+        from the mixed digest."""
+        if self.hash_function == SHA256:
+            self._parent_digest = digest = mix_content(self._parent_digest, keys, SHA256)
+        else:
+            digest = mix_content(self._parent_words.astype(_WORD_DTYPE).tobytes(), keys,
+                                 XXH3_128)
+            self._parent_words[:] = np.frombuffer(digest, dtype=_WORD_DTYPE)
+        self._high[block], self._low[block] = split_digest(digest)
 
     def _sha256_blocks(self, tokens: NDArray[np.int64], high: NDArray[np.uint64],
                        low: NDArray[np.uint64]) -> None:

@@ -7,10 +7,11 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from kvfsm._errors import ForeignPromptError
+from kvfsm._errors import ForeignPromptError, KvfsmError
 from kvfsm._tokens import as_token_ids
 from kvfsm.state import PrefixHashes
 from kvfsm.state._hashing import XXH3_128, check_hash_function
+from kvfsm.state._request_keys import content_keys_of, namespace_of, namespace_root
 
 
 class Prompt:
@@ -21,17 +22,30 @@ class Prompt:
     cache salt, hash function), the ``hash_function`` (one of
     :data:`kvfsm.state.HASH_FUNCTIONS`) and the ``block_sizes`` it was made with;
     :meth:`check_made_for` tells an engine whether it may use it.
+
+    What besides the token ids decides the request's KV is part of its hashes too: a
+    ``namespace`` (a LoRA adapter's name, a tenant's cache salt: no block is shared with
+    another namespace) and ``content_keys`` ``(start, end, key)`` (tokens ``[start, end)``
+    stand for content named by ``key``, such as an image's hash: blocks from the one holding
+    ``start`` on are shared only with prompts holding the same content there). See
+    :mod:`kvfsm.state._request_keys`.
     """
 
     def __init__(self, seed: bytes, block_sizes: Iterable[int],
                  token_ids: Sequence[int] | ArrayLike = (), *,
-                 hash_function: str = XXH3_128) -> None:
+                 hash_function: str = XXH3_128, namespace: str | bytes | None = None,
+                 content_keys: Sequence[tuple[int, int, str | bytes]] | None = None) -> None:
         self._seed = bytes(seed)
         self._hash_function = check_hash_function(hash_function)
+        # Most prompts have neither key: checked and mixed only where given.
+        self._namespace = b"" if namespace is None else namespace_of(namespace)
+        self._content_keys = () if content_keys is None else content_keys_of(content_keys)
         self._block_sizes = tuple(sorted(set(block_sizes)))
         #: The last tuple of block sizes found kept (check_made_for), by identity.
         self._sizes_kept: tuple[int, ...] | None = None
-        self._hashes = {size: PrefixHashes(self._seed, size, hash_function)
+        root = namespace_root(self._seed, self._namespace, hash_function) \
+            if self._namespace else self._seed
+        self._hashes = {size: PrefixHashes(root, size, hash_function, self._content_keys)
                         for size in self._block_sizes}
         # Tokens so far live in _buffer[:_n_tokens]; the buffer doubles when full, so appending
         # one token at a time stays amortized O(1).
@@ -41,8 +55,30 @@ class Prompt:
 
     @property
     def seed(self) -> bytes:
-        """The root digest the block hashes chain from (see :func:`kvfsm.state.hash_seed`)."""
+        """The engine's root digest (see :func:`kvfsm.state.hash_seed`): the block hashes
+        chain from it, or from its mix with the namespace where the prompt has one."""
         return self._seed
+
+    @property
+    def namespace(self) -> bytes:
+        """The namespace its hashes are made in (empty: none)."""
+        return self._namespace
+
+    @property
+    def content_keys(self) -> tuple[tuple[int, int, bytes], ...]:
+        """Its content keys ``(start, end, key)``, sorted, keys as bytes."""
+        return self._content_keys
+
+    def head(self, n_tokens: int) -> Prompt:
+        """A prompt of this one's first ``n_tokens`` tokens, with its seed, hash function,
+        block sizes, namespace and content keys (its block hashes are this one's first)."""
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int | np.integer) or \
+                not 0 <= n_tokens <= self._n_tokens:
+            raise KvfsmError(f"head: n_tokens must be an int in [0, {self._n_tokens}], got "
+                             f"{n_tokens!r}")
+        return Prompt(self._seed, self._block_sizes, self.token_ids[:n_tokens],
+                      hash_function=self._hash_function, namespace=self._namespace,
+                      content_keys=self._content_keys)
 
     @property
     def hash_function(self) -> str:
@@ -124,5 +160,7 @@ class Prompt:
         return hashes.words()
 
     def __repr__(self) -> str:
+        keys = (f", namespace={self._namespace!r}" if self._namespace else "") + \
+            (f", content_keys={len(self._content_keys)}" if self._content_keys else "")
         return (f"Prompt(n_tokens={self._n_tokens}, block_sizes={self._block_sizes}, "
-                f"hash_function={self._hash_function!r})")
+                f"hash_function={self._hash_function!r}{keys})")
