@@ -107,6 +107,21 @@ def test_clean_store_kvfsm_connector_reuses_everything(results: dict[str, Any]) 
     assert row["kvfsm"]["claims"]["restores"] >= 1
 
 
+def test_the_connector_serves_a_salted_prefix_only_to_its_own_tenant(
+        results: dict[str, Any]) -> None:
+    """The same prompt under cache salts ``tenant-a`` and ``tenant-b`` (and none), each after
+    vLLM gave back every block: tenant-b and the unsalted request are claimed nothing of
+    tenant-a's prefix held in kvfsm's tiers and compute it; tenant-a's second request is
+    claimed the whole prefix, restored; every page read at every admitted length is the one
+    that request's own tenant wrote."""
+    row = results["salted"]
+    assert row["unusable"] == []
+    admitted = row["admitted"]
+    assert (admitted["a"], admitted["b"], admitted["base"]) == (0, 0, 0)
+    assert admitted["a-again"] == row["whole"]
+    assert row["claims"]["claimed"] == 1 and row["claims"]["restores"] >= 1
+
+
 @pytest.mark.parametrize("fault", (*FAULTS, "none"))
 def test_connector_saves_the_pages_the_forward_wrote(results: dict[str, Any],
                                                      fault: str) -> None:
@@ -333,3 +348,84 @@ def test_a_registered_mirror_refuses_an_engine_of_another_model() -> None:
     finally:
         unregister(name)
         built.close()
+
+
+class _Pool:
+    """The two methods of vLLM's ``BlockPool`` a mirror wraps (vLLM's own bookkeeping left
+    out: the mirror acts on what they are called with)."""
+
+    def cache_full_blocks(self, *args: Any) -> None:
+        pass
+
+    def _maybe_evict_cached_block(self, block: Any) -> bool:
+        return True
+
+
+def _request(tokens: list[int], **keys: Any) -> Any:
+    """A vLLM request as the mirror reads it: its tokens, and whatever keys it has."""
+    fields = dict(lora_request=None, cache_salt=None, mm_features=None, prompt_embeds=None)
+    fields.update(keys)
+    return SimpleNamespace(all_token_ids=tokens, num_tokens=len(tokens), **fields)
+
+
+def _lora(name: str, path: str = "/adapters/a") -> Any:
+    return SimpleNamespace(lora_name=name, lora_int_id=1, lora_path=path)
+
+
+def _image(offset: int, length: int, identifier: str) -> Any:
+    return SimpleNamespace(identifier=identifier,
+                           mm_position=SimpleNamespace(offset=offset, length=length))
+
+
+def test_the_mirror_keeps_requests_with_other_adapters_salts_or_images_apart() -> None:
+    """vLLM keys a request's blocks by its LoRA adapter, cache salt and multimodal inputs as
+    well as its token ids; so does the mirror. Blocks vLLM cached for the base model are no
+    hit for a LoRA request with the same tokens (and the reverse), nor for a salted one or one
+    with an image behind its tokens (that one keeps the block before the image); each kind
+    of request reuses its own, and vLLM's blocks of two adapters are two kvfsm blocks."""
+    tokens = list(range(2000, 2000 + 4 * 16 + 1))
+    mirror = Mirror(_dense_config(), MirrorSettings(name="keys"),
+                    identity=model_identity(_vllm_config()))
+    pool = _Pool()
+    mirror.attach(SimpleNamespace(block_pool=pool, coordinator=SimpleNamespace()))
+
+    def cache(request: Any, first_id: int) -> None:
+        blocks = [SimpleNamespace(block_id=first_id + i, is_null=False, block_hash=i)
+                  for i in range(4)]
+        pool.cache_full_blocks(request, blocks, 0, 4, 16, 0)
+
+    base, lora_a = _request(tokens), _request(tokens, lora_request=_lora("a"))
+    cache(base, 0)
+    assert mirror.verdict(base).usable_tokens == 64
+    others = [lora_a, _request(tokens, lora_request=_lora("a", "/adapters/a-v2")),
+              _request(tokens, cache_salt="tenant-2")]
+    assert [mirror.verdict(r).hit_tokens for r in others] == [0, 0, 0]
+    image = _request(tokens, mm_features=[_image(20, 20, "image-1")])
+    assert mirror.verdict(image).usable_tokens == 16
+    cache(lora_a, 10)
+    assert mirror.verdict(lora_a).usable_tokens == 64
+    assert mirror.kvfsm_block(10) != mirror.kvfsm_block(0)
+    assert mirror.verdict(_request(tokens, lora_request=_lora("b"))).hit_tokens == 0
+    assert mirror.verdict(base).usable_tokens == 64
+    mirror.close()
+
+
+def test_request_keys_are_what_vllm_hashes_beside_the_tokens() -> None:
+    """No keys: the plain prompt. The adapter's name and path and the cache salt make the
+    namespace (each part told apart); each image is a content key over its placeholders;
+    prompt embeddings one over the prompt, named by their bytes."""
+    from kvfsm.integrations.vllm._mirror import request_keys
+
+    assert request_keys(_request([1, 2])) == (b"", ())
+    namespaces = {request_keys(_request([1], **keys))[0] for keys in (
+        {"lora_request": _lora("a")}, {"lora_request": _lora("a", "/other")},
+        {"cache_salt": "a"}, {"lora_request": _lora("a"), "cache_salt": "x"})}
+    assert len(namespaces) == 4 and b"" not in namespaces
+    _, content = request_keys(_request([1] * 40, mm_features=[
+        _image(30, 5, "late"), _image(2, 10, "early"), _image(12, 0, "empty")]))
+    assert [(start, end) for start, end, _ in content] == [(2, 12), (30, 35)]
+    torch = pytest.importorskip("torch")
+    embeds = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
+    _, first = request_keys(_request([0, 0, 0], prompt_embeds=embeds))
+    _, second = request_keys(_request([0, 0, 0], prompt_embeds=embeds + 1))
+    assert [(s, e) for s, e, _ in first] == [(0, 3)] and first != second

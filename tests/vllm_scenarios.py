@@ -65,10 +65,12 @@ MODELS = ("tiny-a", "tiny-b")
 
 
 def page(group: int, tokens: Sequence[int], index: int, nbytes: int, size: int,
-         model: str = MODELS[0]) -> NDArray[np.uint8]:
-    """The bytes ``model`` writes for block ``index`` (of ``size`` tokens) of ``group``."""
+         model: str = MODELS[0], salt: str = "") -> NDArray[np.uint8]:
+    """The bytes ``model`` writes for block ``index`` (of ``size`` tokens) of ``group`` of a
+    request with cache salt ``salt`` (standing for what else makes KV differ for the same
+    tokens: a tenant's adapter, say)."""
     seed = xxhash.xxh64_intdigest(model.encode() + np.asarray(
-        tokens[:(index + 1) * size], np.int64).tobytes(), seed=group)
+        tokens[:(index + 1) * size], np.int64).tobytes() + salt.encode(), seed=group)
     return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
 
 
@@ -222,6 +224,7 @@ class Runner:
             self.worker = make(self.vllm_config, self.kv_cache_config)
             self.worker.register_kv_caches(self.kv)
         self.tokens: dict[str, list[int]] = {}
+        self.salts: dict[str, str] = {}
         self.admitted: dict[str, int] = {}
         self.unusable: list[str] = []
 
@@ -231,12 +234,14 @@ class Runner:
             return STATE * 4
         return int(spec.block_size) * 2 * KV_HEADS * HEAD_SIZE * 2
 
-    def add(self, request_id: str, tokens: Sequence[int]) -> None:
+    def add(self, request_id: str, tokens: Sequence[int], cache_salt: str | None = None
+            ) -> None:
         self.tokens[request_id] = list(tokens)
+        self.salts[request_id] = cache_salt or ""
         self.scheduler.add_request(self.stub.Request(
             request_id=request_id, prompt_token_ids=list(tokens),
             sampling_params=self.stub.SamplingParams(max_tokens=2), pooling_params=None,
-            block_hasher=self.stub.hashers[self.block]))
+            block_hasher=self.stub.hashers[self.block], cache_salt=cache_salt))
 
     def _blocks(self, request_id: str) -> tuple[list[int], ...]:
         ids: tuple[list[int], ...] = \
@@ -264,7 +269,7 @@ class Runner:
             for index in self._needed(group, n):
                 block = blocks[group][index] if index < len(blocks[group]) else 0
                 want = page(group, tokens, index, self.page_bytes[group],
-                            g.kv_cache_spec.block_size, self.model)
+                            g.kv_cache_spec.block_size, self.model, self.salts[request_id])
                 if block == 0 or not np.array_equal(tensor[block].numpy(), want):
                     self.unusable.append(f"{request_id}@{n}: group {group} block {index}")
                     return
@@ -278,7 +283,8 @@ class Runner:
             for index in range(start // size, min(end, len(tokens)) // size):
                 if index < len(blocks[group]) and blocks[group][index] != 0:
                     data = self.stub.torch.from_numpy(
-                        page(group, tokens, index, self.page_bytes[group], size, self.model))
+                        page(group, tokens, index, self.page_bytes[group], size, self.model,
+                             self.salts[request_id]))
                     for layer in g.layer_names:
                         self.kv[layer][blocks[group][index]].copy_(data)
 
@@ -552,6 +558,42 @@ def faulted(stub: Stub, config: str, fault: str, side: str, directory: str) -> d
         mirror.close()
 
 
+def salted(stub: Stub, directory: str) -> dict[str, Any]:
+    """Requests with the same tokens under two cache salts (tenants whose KV differs), each
+    computed after vLLM gave back every block (kvfsm holds them on host and disk): what vLLM
+    admitted for each through kvfsm's connector, and whether it was usable."""
+    from kvfsm.integrations import vllm as integration
+    from kvfsm.integrations.vllm import Mirror, MirrorSettings
+
+    name = "salted"
+    settings = {"name": name, "level": "standard", "host_blocks": 4,
+                "disk_dir": str(Path(directory, name)), "disk_blocks": 256,
+                "restore_wait_s": 2.0}
+    blocks = 64
+    mirror = Mirror(stub.kv_cache_config("full", blocks),
+                    MirrorSettings.from_mapping(settings, "scenario"), identity=stub.identity())
+    integration.register(mirror)
+    try:
+        runner = Runner(stub, "full", blocks=blocks,
+                        scheduler_cls="kvfsm.integrations.vllm.KvfsmScheduler",
+                        connector="kvfsm.integrations.vllm.KvfsmConnector", kvfsm=settings)
+        head = np.random.default_rng(12).integers(0, VOCABULARY, PROMPT_BLOCKS * BLOCK).tolist()
+        pool = runner.scheduler.kv_cache_manager.block_pool
+        for request_id, salt, tail in (("a", "tenant-a", [1, 2, 3]), ("b", "tenant-b", [4, 5]),
+                                       ("base", None, [6, 7]), ("a-again", "tenant-a", [8, 9])):
+            runner.add(request_id, [*head, *tail], cache_salt=salt)
+            runner.drain()
+            pool.evict_blocks(set(range(1, blocks)))  # vLLM reuses every block: offloaded
+            for tensor in runner.kv.values():
+                tensor.zero_()  # ... and other requests overwrite their pages
+        counts = runner.scheduler.connector.counts
+        return {"admitted": runner.admitted, "unusable": runner.unusable,
+                "claims": attrs.asdict(counts), "whole": PROMPT_BLOCKS * BLOCK}
+    finally:
+        integration.unregister(name)
+        mirror.close()
+
+
 def fault_table(stub: Stub) -> dict[str, Any]:
     """Every fault on every side: what was admitted, and whether it was usable."""
     table: dict[str, Any] = {}
@@ -686,6 +728,8 @@ def main(out: str) -> None:
     results["nofault"]["mamba_async"] = no_fault(
         stub, "mamba", "kvfsm.integrations.vllm.KvfsmAsyncScheduler", async_scheduling=True)
     results["faults"] = fault_table(stub)
+    with tempfile.TemporaryDirectory(prefix="kvfsm-vllm-salted-") as directory:
+        results["salted"] = salted(stub, directory)
     results["shared"] = shared_store(stub)
     results["total_s"] = time.perf_counter() - started
     Path(out).write_text(json.dumps(results, indent=1))

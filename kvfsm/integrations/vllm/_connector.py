@@ -133,8 +133,6 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
         """Tokens beyond ``num_computed_tokens`` kvfsm verified usable after restoring them."""
         self.counts.asked += 1
         self._drop_claim(request.request_id)
-        if _keyed_beyond_tokens(request):
-            return 0, False  # kvfsm's hashes cover token ids only: never claim across keys
         mirror = self.kvfsm
         engine = mirror.engine
         prompt = mirror.prompt_of(request)
@@ -288,13 +286,6 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
             rows.append(pages.view(torch.uint8).reshape(vllm_blocks.size, -1).cpu().numpy())
         out: NDArray[np.uint8] = np.concatenate(rows, axis=1)
         return out
-
-
-def _keyed_beyond_tokens(request: Any) -> bool:
-    """vLLM keys this request's blocks by more than its token ids (LoRA, multimodal inputs,
-    a cache salt), which kvfsm's prompt hashes do not cover."""
-    return bool(getattr(request, "lora_request", None) or getattr(request, "cache_salt", None)
-                or getattr(request, "mm_features", None))
 
 
 __all__ = ["BlockLoad", "ClaimCounts", "KvfsmConnector", "KvfsmConnectorMetadata"]

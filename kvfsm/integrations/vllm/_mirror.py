@@ -32,6 +32,7 @@ that kvfsm never gives back a block vLLM still caches.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -58,6 +59,9 @@ LOG = logging.getLogger(__name__)
 PageReader = Callable[[NDArray[np.int64]], NDArray[np.uint8]]
 #: vLLM's block id of a block index where vLLM holds no block (its null block).
 NO_VLLM_BLOCK = -1
+#: A request's namespace and content keys, as :meth:`Engine.prompt` takes them.
+RequestKeys = tuple[bytes, tuple[tuple[int, int, bytes], ...]]
+
 
 @attrs.frozen
 class PendingSave:
@@ -73,6 +77,48 @@ class PendingSave:
     end: int
     vllm_blocks: tuple[int, ...]
     kept: tuple[bool, ...]
+    #: What besides the tokens decides the request's KV (:func:`request_keys`).
+    keys: RequestKeys = (b"", ())
+
+
+def _parts(*parts: str | bytes) -> bytes:
+    """Length-prefixed ``parts``: no two different lists spell the same bytes."""
+    data = [part.encode() if isinstance(part, str) else part for part in parts]
+    return b"".join(len(part).to_bytes(4, "little") + part for part in data)
+
+
+def request_keys(request: Any) -> RequestKeys:
+    """What besides its token ids decides a vLLM request's KV, as kvfsm prompt keys (vLLM's
+    own block hashes take the same: its ``generate_block_hash_extra_keys``): the LoRA
+    adapter (name and path) and the cache salt make the namespace; each multimodal input's
+    placeholder tokens are a content key named by its identifier; prompt embeddings are one
+    content key over the prompt, named by their SHA-256. Without these, two requests with the
+    same token ids (another adapter, tenant or image) would be served each other's KV."""
+    parts: list[str | bytes] = []
+    lora = getattr(request, "lora_request", None)
+    if lora:
+        parts += ["lora", str(lora.lora_name), str(getattr(lora, "lora_path", "") or "")]
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        parts += ["cache_salt", str(salt)]
+    content: list[tuple[int, int, bytes]] = []
+    for feature in getattr(request, "mm_features", None) or ():
+        position = feature.mm_position
+        if int(position.length) > 0:
+            start = int(position.offset)
+            content.append((start, start + int(position.length),
+                            _parts("mm", str(feature.identifier))))
+    embeds = getattr(request, "prompt_embeds", None)
+    if embeds is not None and len(embeds):
+        data = embeds.detach().cpu().contiguous().view(-1).view(dtype=_torch_uint8()).numpy()
+        content.append((0, len(embeds), _parts("prompt_embeds",
+                                                hashlib.sha256(data.tobytes()).digest())))
+    return (_parts(*parts) if parts else b""), tuple(sorted(content))
+
+
+def _torch_uint8() -> Any:
+    import torch  # vLLM's requests carry torch tensors: torch is there when they are
+    return torch.uint8
 
 
 class Mirror:
@@ -211,7 +257,7 @@ class Mirror:
                                                                strict=True))
             try:
                 self._commit(save.group_index, save.tokens, save.end, save.vllm_blocks, kept,
-                             read_pages)
+                             read_pages, save.keys)
             finally:
                 self._forget_saving(save)
 
@@ -228,14 +274,15 @@ class Mirror:
         kept = tuple(not blocks[i].is_null and blocks[i].block_hash is not None
                      and (mask is None or i < first or bool(mask[i - first]))
                      for i in range(end))
+        keys = request_keys(request)
         with self._lock:
             if self._through_worker:
-                save = PendingSave(group_id, tokens, first, end, ids, kept)
+                save = PendingSave(group_id, tokens, first, end, ids, kept, keys)
                 self._pending.append(save)
                 for block in ids:
                     self._saving[block] = self._saving.get(block, 0) + 1
                 return
-            self._commit(group_id, tokens, end, ids, kept, None)
+            self._commit(group_id, tokens, end, ids, kept, None, keys)
 
     def _forget_saving(self, save: PendingSave) -> None:
         for block in save.vllm_blocks:
@@ -248,10 +295,10 @@ class Mirror:
 
     def _commit(self, group_id: int, tokens: Sequence[int], end: int,
                 vllm_blocks: Sequence[int], kept: Sequence[bool],
-                read_pages: PageReader | None) -> None:
-        """Commit ``tokens`` to kvfsm group ``group_id`` with the pages ``read_pages`` gives
-        (zeros without it), hold each kept block's kvfsm block, evict what this commit made
-        that vLLM does not keep."""
+                read_pages: PageReader | None, keys: RequestKeys) -> None:
+        """Commit ``tokens`` (of a request with ``keys``) to kvfsm group ``group_id`` with the
+        pages ``read_pages`` gives (zeros without it), hold each kept block's kvfsm block,
+        evict what this commit made that vLLM does not keep."""
         group = self.groups[group_id]
         ids = np.asarray(vllm_blocks, dtype=np.int64)
         keep = np.asarray(kept, dtype=np.bool_)
@@ -270,7 +317,9 @@ class Mirror:
             return rows
 
         with self.engine.lock:
-            prompt = self.engine.prompt(list(tokens))
+            namespace, content_keys = keys
+            prompt = self.engine.prompt(list(tokens), namespace=namespace,
+                                        content_keys=content_keys)
             high, low = prompt.words(group.block_size)
             before = self.engine.core.lookup_words(group.name, high, low)
             try:
@@ -337,12 +386,14 @@ class Mirror:
     # -- asking ----------------------------------------------------------------------------
 
     def prompt_of(self, request: Any, limit: int | None = None) -> Prompt:
-        """kvfsm's prompt of ``request``'s tokens, cut so that no candidate length exceeds
-        ``limit`` (vLLM's ``max_cache_hit_length``; the last token is never a hit)."""
+        """kvfsm's prompt of ``request``'s tokens (in its namespace, with its content keys:
+        :func:`request_keys`), cut so that no candidate length exceeds ``limit`` (vLLM's
+        ``max_cache_hit_length``; the last token is never a hit)."""
         tokens = list(request.all_token_ids[:request.num_tokens])
         if limit is not None:
             tokens = tokens[:max(limit, 0) + 1]
-        return self.engine.prompt(tokens)
+        namespace, content_keys = request_keys(request)
+        return self.engine.prompt(tokens, namespace=namespace, content_keys=content_keys)
 
     def verdict(self, request: Any, limit: int | None = None) -> Verdict:
         """kvfsm's verdict on ``request``'s prompt (up to ``limit`` tokens reused)."""
