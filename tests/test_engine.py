@@ -693,3 +693,61 @@ def test_a_prefix_longer_than_the_device_pool_restores_what_fits_and_no_more() -
         assert lease.blocks("attn").tolist() == [block_id(eng, "attn", text, 0)]
         lease.validate()
     assert eng.core.check_invariants() == []
+
+
+# -- what besides the token ids decides the KV ---------------------------------------------------
+
+#: Tokens per block of the test models' finest groups (every kind's blocks are whole ones).
+FULL_BLOCK = 16
+
+
+def _namespace_bytes(namespace: str | bytes | None) -> bytes:
+    return namespace.encode() if isinstance(namespace, str) else namespace or b""
+
+
+#: A few content keys (ranges of the first 120 tokens, two contents) requests draw from.
+_CONTENT = st.lists(st.tuples(st.integers(0, 110), st.integers(1, 30),
+                              st.sampled_from(("image-1", "image-2"))).map(
+    lambda k: (k[0], k[0] + k[1], k[2])), max_size=3, unique=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(decl=st.sampled_from([DENSE, GPT_OSS, QWEN, DEEPSEEK]), data=st.data())
+def test_a_prefix_is_never_usable_past_where_two_requests_kv_agree(
+        decl: ModelDecl, data: st.DataObject) -> None:
+    """Request A is committed, request B looked up. B's hit (so its usable prefix too) never
+    reaches past where the two requests' KV agree, in whole blocks: nowhere across two
+    namespaces; else not past the first token where their ids differ, nor past the first
+    token of a content key one of them has and the other not. With one full-attention group
+    the usable prefix is exactly that point in whole blocks (below B's last token)."""
+    text = tokens(data.draw(st.integers(2, 150), label="A tokens"), seed=3)
+    # B is A with some of: another namespace, other content keys, a changed token, a cut,
+    # a tail of its own.
+    namespaces = st.sampled_from((None, "", "lora:x", b"lora:y"))
+    ns_a = data.draw(namespaces, label="A namespace")
+    mostly_same = st.sampled_from((True, True, True, False))
+    ns_b = ns_a if data.draw(mostly_same, label="same namespace") else \
+        data.draw(namespaces, label="B namespace")
+    keys_a = data.draw(_CONTENT, label="A keys")
+    keys_b = keys_a if data.draw(mostly_same, label="same keys") else \
+        data.draw(_CONTENT, label="B keys")
+    other = text.copy()
+    if data.draw(st.booleans(), label="B changes a token"):
+        other[data.draw(st.integers(0, text.size - 1), label="at")] += 1
+    keeps = st.one_of(st.just(text.size), st.integers(2, text.size))
+    other = np.concatenate([other[: data.draw(keeps, label="B keeps")],
+                            tokens(data.draw(st.integers(0, 40), label="B adds"), seed=9)])
+    eng = engine(decl)
+    eng.commit(eng.prompt(text, namespace=ns_a, content_keys=keys_a))
+    verdict = eng.lookup(eng.prompt(other, namespace=ns_b, content_keys=keys_b))
+    same = np.flatnonzero(text[: other.size] != other[: text.size])
+    agree = int(same[0]) if same.size else min(text.size, other.size)
+    as_bytes = {(s, e, k.encode()) for s, e, k in keys_a} ^ \
+        {(s, e, k.encode()) for s, e, k in keys_b}
+    agree = min([agree, *(start for start, _, _ in as_bytes)])
+    if _namespace_bytes(ns_a) != _namespace_bytes(ns_b):
+        agree = 0
+    event(f"agree in blocks: {min(agree // FULL_BLOCK, 4)}")
+    assert verdict.usable_tokens <= verdict.hit_tokens <= agree // FULL_BLOCK * FULL_BLOCK
+    if decl is DENSE:
+        assert verdict.usable_tokens == min(agree, other.size - 1) // FULL_BLOCK * FULL_BLOCK
