@@ -87,7 +87,7 @@ def test_a_range_inside_one_block_keys_that_block_only_from_there_on() -> None:
         assert all(k != p for k, p in zip(keyed[first:], plain[first:], strict=True))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(tokens=st.lists(st.integers(0, 2**40), max_size=140), size=st.sampled_from((1, 3, 16)),
        function=st.sampled_from(HASH_FUNCTIONS), content=CONTENT,
        namespace=st.binary(max_size=4), data=st.data())

@@ -117,6 +117,11 @@ class PrefixHashes:
         #: Token ranges standing for content the ids do not carry (checked, sorted: see
         #: :func:`~kvfsm.state._request_keys.content_keys_of`), mixed into their blocks.
         self.content_keys = content_keys
+        # Keys whose range has begun before the tokens hashed so far and not ended there, and
+        # the first key not yet begun: a block's keys are found among these few, so a prompt
+        # of many keys extended a token at a time costs what each block holds.
+        self._open_keys: list[ContentKey] = []
+        self._next_key = 0
 
     def extend(self, token_ids: Sequence[int] | ArrayLike) -> None:
         """Append tokens and hash every block they complete (O(new tokens)). Token ids must be
@@ -155,8 +160,7 @@ class PrefixHashes:
                 grown = np.zeros(capacity, dtype=np.uint64)
                 grown[:start] = getattr(self, name)[:start]
                 setattr(self, name, grown)
-        keyed = keyed_blocks(self.content_keys, self.block_size, start, end) \
-            if self.content_keys else None
+        keyed = self._keyed(start, end) if self.content_keys else None
         if not keyed:
             self._hash_run(tokens, start, end)
         else:
@@ -171,6 +175,18 @@ class PrefixHashes:
                 self._hash_run(tokens[(done - start) * size :], done, end)
         self._n_blocks = end
         self._words = None
+
+    def _keyed(self, start: int, end: int) -> dict[int, list[ContentKey]]:
+        """The keys of each keyed block of ``[start, end)``, the blocks about to be hashed;
+        keys ending within them are let go (no later block holds their tokens)."""
+        keys, size = self.content_keys, self.block_size
+        stop = end * size
+        while self._next_key < len(keys) and keys[self._next_key][0] < stop:
+            self._open_keys.append(keys[self._next_key])
+            self._next_key += 1
+        keyed = keyed_blocks(self._open_keys, size, start, end)
+        self._open_keys = [key for key in self._open_keys if key[1] > stop]
+        return keyed
 
     def _hash_run(self, tokens: NDArray[np.int64], start: int, end: int) -> None:
         """Hash blocks ``[start, end)`` (``tokens``: theirs) onto the chain's last digest."""

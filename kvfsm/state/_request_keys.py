@@ -98,7 +98,7 @@ def namespace_root(seed: bytes, namespace: bytes, hash_function: str) -> bytes:
     return _digest((_NAMESPACE_TAG, seed, namespace), hash_function)[:DIGEST_BYTES]
 
 
-def keyed_blocks(keys: tuple[ContentKey, ...], block_size: int, start: int, end: int
+def keyed_blocks(keys: Sequence[ContentKey], block_size: int, start: int, end: int
                  ) -> dict[int, list[ContentKey]]:
     """Per block of ``[start, end)`` holding a token of some key's range: those keys, in
     order (blocks of ``block_size`` tokens)."""
