@@ -31,6 +31,10 @@ def test_bench_lookup_figures() -> None:
         figures["lookup_ms_median_observed"] / figures["lookup_ms_median_engine"] - 1)
     assert figures["metrics_log_overhead"] == pytest.approx(
         figures["lookup_ms_median_metrics_log"] / figures["lookup_ms_median_engine"] - 1)
+    assert figures["log_write_ms_per_observed_lookup"] > 0  # the rounds' reads were written
+    assert figures["observability_overhead_with_log_writes"] == pytest.approx(
+        (figures["lookup_ms_median_observed"] + figures["log_write_ms_per_observed_lookup"])
+        / figures["lookup_ms_median_engine"] - 1)
     assert figures["observability_overhead_stepped"] == pytest.approx(
         figures["lookup_ms_median_stepped"] / figures["lookup_ms_median_engine"] - 1)
     assert figures["lease_ms_median"] == pytest.approx(
@@ -54,6 +58,7 @@ def test_bench_lookup_without_prometheus_says_why(monkeypatch: pytest.MonkeyPatc
     assert figures["observability_overhead_of_minima"] is None
     assert figures["observability_overhead_paired"] is None
     assert figures["observability_overhead_stepped"] is None
+    assert figures["observability_overhead_with_log_writes"] is None
     assert "prometheus-client" in str(figures["observed_skipped"])
 
 

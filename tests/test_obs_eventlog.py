@@ -237,11 +237,18 @@ def test_records_are_written_in_batches(tmp_path: Path) -> None:
     log.attach(c)
     written(c, 1)  # three batches: still buffered, the header with them
     assert path.read_text() == ""
+    assert log.write_seconds == 0.0  # nothing written yet: nothing spent writing
     written(c, 1)  # the fourth batch writes four lines
     assert len(path.read_text().splitlines()) == 1 + 4
+    after_one = log.write_seconds
+    assert after_one > 0
     c.record_read(GROUP, [0])
     log.flush()
     assert len(path.read_text().splitlines()) == 1 + 7
+    assert log.write_seconds > after_one
+    after_flush = log.write_seconds
+    log.flush()  # nothing buffered: no write, no time
+    assert log.write_seconds == after_flush
     log.close()
     log.close()  # again: nothing
     written(c, 1)  # not observed any more

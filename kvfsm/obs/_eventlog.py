@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -287,6 +288,9 @@ class EventLog:
         self._error: OSError | None = None
         #: Lines after the header recorded so far (written or buffered).
         self.records = 0
+        #: Seconds spent formatting and writing batches (on whichever call filled the
+        #: buffer, or flush/close): what the log costs beyond the buffering each record does.
+        self.write_seconds = 0.0
 
     def __repr__(self) -> str:
         return f"EventLog({str(self.path)!r})"
@@ -383,6 +387,15 @@ class EventLog:
         """Format and write the buffered records (the lock is held)."""
         if not self._buffer or self._file is None:
             return
+        started = time.perf_counter()
+        try:
+            self._write_buffer()
+        finally:
+            self.write_seconds += time.perf_counter() - started
+
+    def _write_buffer(self) -> None:
+        """:meth:`_write` of a buffer holding records, to an open file."""
+        assert self._file is not None
         seq = self.records - self._buffered_lines
         lines: list[str] = []
         group_json = self._group_json
