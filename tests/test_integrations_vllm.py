@@ -372,7 +372,7 @@ def _lora(name: str, path: str = "/adapters/a") -> Any:
     return SimpleNamespace(lora_name=name, lora_int_id=1, lora_path=path)
 
 
-def _image(offset: int, length: int, identifier: str) -> Any:
+def _image(offset: int, length: int, identifier: str | None) -> Any:
     return SimpleNamespace(identifier=identifier,
                            mm_position=SimpleNamespace(offset=offset, length=length))
 
@@ -424,6 +424,8 @@ def test_request_keys_are_what_vllm_hashes_beside_the_tokens() -> None:
     _, content = request_keys(_request([1] * 40, mm_features=[
         _image(30, 5, "late"), _image(2, 10, "early"), _image(12, 0, "empty")]))
     assert [(start, end) for start, end, _ in content] == [(2, 12), (30, 35)]
+    unnamed = _request([1] * 40, mm_features=[_image(2, 10, None)])
+    assert request_keys(unnamed) != request_keys(unnamed)  # never shared, even with itself
     torch = pytest.importorskip("torch")
     embeds = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
     _, first = request_keys(_request([0, 0, 0], prompt_embeds=embeds))

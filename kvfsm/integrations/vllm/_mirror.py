@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -106,8 +107,11 @@ def request_keys(request: Any) -> RequestKeys:
         position = feature.mm_position
         if int(position.length) > 0:
             start = int(position.offset)
-            content.append((start, start + int(position.length),
-                            _parts("mm", str(feature.identifier))))
+            # An input vLLM did not identify (it does wherever it hashes blocks) is named by
+            # chance: shared with nothing, never taken for another.
+            name = secrets.token_bytes(16) if feature.identifier is None else \
+                str(feature.identifier).encode()
+            content.append((start, start + int(position.length), _parts("mm", name)))
     embeds = getattr(request, "prompt_embeds", None)
     if embeds is not None and len(embeds):
         data = embeds.detach().cpu().contiguous().view(-1).view(dtype=_torch_uint8()).numpy()
