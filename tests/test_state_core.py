@@ -471,6 +471,35 @@ def test_pinning_an_index_pins_its_targets_until_unpinned() -> None:
     assert core.check_invariants() == []
 
 
+@pytest.mark.parametrize("where", ["negative", "one past the end", "far past"])
+def test_an_index_reference_outside_its_target_group_is_never_current(where: str) -> None:
+    """Index metadata corrupted behind the core's back to point outside the target group:
+    the ``targets_current`` guard says not current (a negative reference is not read as
+    counting from the end, where a block at the recorded epoch would make it pass), so
+    ``spill_fail`` back to a readable state is refused with a GuardRejected and nothing
+    moves. Found by a long Hypothesis run (seed 51277): the guard raised an IndexError."""
+    core = _core(DEEPSEEK, device=8, host=4)
+    history = _allocate(core, "history", 8, first_key=1)
+    _complete(core, "history", history)
+    (index,) = _allocate(core, "index", 1, first_key=100)
+    core.fire("index", [index], Event.WRITE_BEGIN)
+    core.set_index_refs("index", [index], _refs(history[0], history[1]))
+    core.write("index", [index], _payload(core, "index", 1))
+    core.fire("index", [index], Event.WRITE_DONE)
+    group, targets = core.group("index"), core.group("history")
+    outside = {"negative": -5, "one past the end": targets.n_blocks,
+               "far past": 1 << 30}[where]
+    group._blocks.refs_target[index, 0] = outside
+    # At the epoch of the block a negative reference would wrap to.
+    group._blocks.refs_epoch[index, 0] = targets.epoch[outside % targets.n_blocks]
+    assert group.targets_current(np.array([index])).tolist() == [False]
+    core.fire("index", [index], Event.SPILL_BEGIN)
+    before = _snapshot(core)
+    with pytest.raises(GuardRejected, match="targets_current"):
+        core.fire("index", [index], Event.SPILL_FAIL)
+    _assert_unchanged(before, _snapshot(core))
+
+
 def test_index_target_pins_cannot_be_released_twice() -> None:
     """Whatever a careless reader unpins, a block no reader holds ends up evictable."""
     core = _core(DEEPSEEK, device=8, host=4)

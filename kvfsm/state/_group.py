@@ -361,14 +361,18 @@ class GroupState:
         return ok
 
     def targets_current(self, ids: IdArray) -> NDArray[np.bool_]:
-        """Per index block: every target it holds is still at the epoch it was indexed at."""
+        """Per index block: every target it holds is still at the epoch it was indexed at. A
+        reference outside the target group (corrupt metadata) is never current: read as an
+        index it would wrap (a negative one) or fail, so it is not read."""
         if self.target is None or self.refs_target.shape[1] == 0:
             return np.ones(ids.shape[0], dtype=np.bool_)
         targets = self.refs_target[ids]
         used = targets != NO_TARGET
-        current = self.target.epoch[np.where(used, targets, 0)] == self.refs_epoch[ids]
-        alive = self.target.table.hashed[self.target.states[np.where(used, targets, 0)]]
-        result: NDArray[np.bool_] = np.all(~used | (current & alive), axis=1)
+        inside = (targets >= 0) & (targets < self.target.n_blocks)
+        at = np.where(used & inside, targets, 0)
+        current = self.target.epoch[at] == self.refs_epoch[ids]
+        alive = self.target.table.hashed[self.target.states[at]]
+        result: NDArray[np.bool_] = np.all(~used | (inside & current & alive), axis=1)
         return result
 
     # -- effects ---------------------------------------------------------------------------
