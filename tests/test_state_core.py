@@ -477,7 +477,8 @@ def test_an_index_reference_outside_its_target_group_is_never_current(where: str
     the ``targets_current`` guard says not current (a negative reference is not read as
     counting from the end, where a block at the recorded epoch would make it pass), so
     ``spill_fail`` back to a readable state is refused with a GuardRejected and nothing
-    moves. Found by a long Hypothesis run (seed 51277): the guard raised an IndexError."""
+    moves, and pinning the index (which pins its targets) is a StateError naming the
+    reference. Found by a long Hypothesis run (seed 51277): the guard raised an IndexError."""
     core = _core(DEEPSEEK, device=8, host=4)
     history = _allocate(core, "history", 8, first_key=1)
     _complete(core, "history", history)
@@ -493,6 +494,12 @@ def test_an_index_reference_outside_its_target_group_is_never_current(where: str
     # At the epoch of the block a negative reference would wrap to.
     group._blocks.refs_epoch[index, 0] = targets.epoch[outside % targets.n_blocks]
     assert group.targets_current(np.array([index])).tolist() == [False]
+    # Pinning it would pin its targets: refused naming the reference, nothing pinned (a
+    # negative one pinned the block it wrapped to).
+    before = _snapshot(core)
+    with pytest.raises(StateError, match=rf"point outside history .*\[{outside}\]"):
+        core.pin("index", [index])
+    _assert_unchanged(before, _snapshot(core))
     core.fire("index", [index], Event.SPILL_BEGIN)
     before = _snapshot(core)
     with pytest.raises(GuardRejected, match="targets_current"):

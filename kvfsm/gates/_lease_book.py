@@ -18,7 +18,7 @@ from kvfsm._errors import KvfsmError, LeaseLost
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
 from kvfsm.gates._lease import DEFAULT_LEASE_TTL_S, Lease, _Held
 from kvfsm.gates._lease_probed import ProbedHold, refuse_probed
-from kvfsm.state import FAILED, MAX_PINS, NO_TARGET, GroupState, StateCore, StateError
+from kvfsm.state import FAILED, MAX_PINS, GroupState, StateCore, StateError
 from kvfsm.state._lease_pass import ANSWER_COLUMNS, TAKEN, LeaseArrays
 from kvfsm.state._lease_pins import (
     CHECK_FAILED,
@@ -409,8 +409,7 @@ def _targets(state: GroupState, ids: IdArray) -> IdArray:
     """The distinct target blocks the index blocks ``ids`` point at (none for other kinds)."""
     if state.target is None or not ids.size:
         return np.zeros(0, dtype=np.intp)
-    refs = state.refs_target[ids].ravel()
-    return state.target.distinct(refs[refs != NO_TARGET].astype(np.intp))
+    return state.target.distinct(state.index_targets(ids))
 
 
 def _record(state: GroupState, pinned: IdArray, index: NDArray[np.int64],

@@ -640,7 +640,7 @@ class StateCore:
         state = self.group(group)
         batch = self._ids(state, ids)
         self._require(state, batch, state.table.readable, "pin")
-        targets = self._index_targets(state, batch)
+        targets = state.index_targets(batch)
         if state.target is not None and targets.size:
             self._require(state.target, targets, state.target.table.readable,
                           "pin (as index targets)")
@@ -660,7 +660,7 @@ class StateCore:
         unheld = state.block_pins[batch] == 0
         if unheld.any():
             raise StateError(f"{group}: unpin of unpinned blocks {batch[unheld][:8].tolist()}")
-        targets = self._index_targets(state, batch)
+        targets = state.index_targets(batch)
         if state.target is not None and targets.size:
             touched, held = state.target.repeats(targets)
             short = touched[state.target.block_pins[touched] < held]
@@ -672,13 +672,6 @@ class StateCore:
             state.target.add_pins(targets, -1, counted=(touched, held))
         state.add_pins(batch, -1, distinct=True)
 
-    @staticmethod
-    def _index_targets(state: GroupState, batch: IdArray) -> IdArray:
-        if state.target is None:
-            return np.zeros(0, dtype=np.intp)
-        refs = state.refs_target[batch].ravel()
-        targets: IdArray = refs[refs != NO_TARGET].astype(np.intp)
-        return targets
 
     def touch(self, group: str, ids: ArrayLike) -> None:
         """Mark blocks used now (for the LRU eviction order); repeats allowed. One compiled

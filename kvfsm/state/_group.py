@@ -360,6 +360,22 @@ class GroupState:
             ok[~trusted] = self.pools[Tier.DEVICE].verify_checksum(slots[~trusted])
         return ok
 
+    def index_targets(self, ids: IdArray) -> IdArray:
+        """The target blocks index blocks ``ids`` point at, repeats kept (none for other
+        kinds). A reference outside the target group (corrupt metadata) is a StateError
+        naming it: used as an index it would wrap to another block (a negative one) or
+        fail."""
+        if self.target is None:
+            return np.zeros(0, dtype=np.intp)
+        refs = self.refs_target[ids].ravel()
+        targets: IdArray = refs[refs != NO_TARGET].astype(np.intp)
+        if targets.size and (targets.min() < 0 or targets.max() >= self.target.n_blocks):
+            bad = targets[(targets < 0) | (targets >= self.target.n_blocks)]
+            raise StateError(f"{self.name}: index blocks point outside {self.target.name} "
+                             f"[0, {self.target.n_blocks}) (corrupt metadata): "
+                             f"{bad[:8].tolist()}")
+        return targets
+
     def targets_current(self, ids: IdArray) -> NDArray[np.bool_]:
         """Per index block: every target it holds is still at the epoch it was indexed at. A
         reference outside the target group (corrupt metadata) is never current: read as an
