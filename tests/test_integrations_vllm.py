@@ -431,3 +431,11 @@ def test_request_keys_are_what_vllm_hashes_beside_the_tokens() -> None:
     _, first = request_keys(_request([0, 0, 0], prompt_embeds=embeds))
     _, second = request_keys(_request([0, 0, 0], prompt_embeds=embeds + 1))
     assert [(s, e) for s, e, _ in first] == [(0, 3)] and first != second
+    # Per chunk of rows (the mirror's finest block): a shared first chunk keeps its key.
+    longer = torch.arange(40 * 4, dtype=torch.float16).reshape(40, 4)
+    changed = longer.clone()
+    changed[20] += 1
+    _, keyed = request_keys(_request([0] * 40, prompt_embeds=longer), 16)
+    _, other = request_keys(_request([0] * 40, prompt_embeds=changed), 16)
+    assert [(s, e) for s, e, _ in keyed] == [(0, 16), (16, 32), (32, 40)]
+    assert keyed[0] == other[0] and keyed[1] != other[1] and keyed[2] == other[2]

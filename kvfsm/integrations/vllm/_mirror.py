@@ -88,13 +88,15 @@ def _parts(*parts: str | bytes) -> bytes:
     return b"".join(len(part).to_bytes(4, "little") + part for part in data)
 
 
-def request_keys(request: Any) -> RequestKeys:
+def request_keys(request: Any, embeds_chunk: int = 16) -> RequestKeys:
     """What besides its token ids decides a vLLM request's KV, as kvfsm prompt keys (vLLM's
     own block hashes take the same: its ``generate_block_hash_extra_keys``): the LoRA
     adapter (name and path) and the cache salt make the namespace; each multimodal input's
-    placeholder tokens are a content key named by its identifier; prompt embeddings are one
-    content key over the prompt, named by their SHA-256. Without these, two requests with the
-    same token ids (another adapter, tenant or image) would be served each other's KV."""
+    placeholder tokens are a content key named by its identifier; prompt embeddings are a
+    content key per ``embeds_chunk`` tokens (the mirror's finest block), named by the SHA-256
+    of those rows, so requests whose embeddings share a prefix share its blocks. Without
+    these, two requests with the same token ids (another adapter, tenant or image) would be
+    served each other's KV."""
     parts: list[str | bytes] = []
     lora = getattr(request, "lora_request", None)
     if lora:
@@ -114,9 +116,12 @@ def request_keys(request: Any) -> RequestKeys:
             content.append((start, start + int(position.length), _parts("mm", name)))
     embeds = getattr(request, "prompt_embeds", None)
     if embeds is not None and len(embeds):
-        data = embeds.detach().cpu().contiguous().view(-1).view(dtype=_torch_uint8()).numpy()
-        content.append((0, len(embeds), _parts("prompt_embeds",
-                                                hashlib.sha256(data.tobytes()).digest())))
+        rows = embeds.detach().cpu().contiguous()
+        rows = rows.view(len(rows), -1).view(dtype=_torch_uint8()).numpy()
+        for start in range(0, len(rows), embeds_chunk):
+            end = min(start + embeds_chunk, len(rows))
+            digest = hashlib.sha256(rows[start:end].tobytes()).digest()
+            content.append((start, end, _parts("prompt_embeds", digest)))
     return (_parts(*parts) if parts else b""), tuple(sorted(content))
 
 
@@ -138,6 +143,8 @@ class Mirror:
         self.identity = identity
         # The registry name is not part of what the KV is: engines of one model share values.
         self.model, self.groups = declare(kv_cache_config, name="vllm")
+        #: The finest block of the groups: prompt embeddings are keyed per this many tokens.
+        self._finest = min(group.block_size for group in self.groups)
         self.level: Level = as_level(self.settings.level)
         #: Stored tiers this mirror opened (closed with it).
         self._opened: list[StoredTier] = []
@@ -278,7 +285,7 @@ class Mirror:
         kept = tuple(not blocks[i].is_null and blocks[i].block_hash is not None
                      and (mask is None or i < first or bool(mask[i - first]))
                      for i in range(end))
-        keys = request_keys(request)
+        keys = request_keys(request, self._finest)
         with self._lock:
             if self._through_worker:
                 save = PendingSave(group_id, tokens, first, end, ids, kept, keys)
@@ -396,7 +403,7 @@ class Mirror:
         tokens = list(request.all_token_ids[:request.num_tokens])
         if limit is not None:
             tokens = tokens[:max(limit, 0) + 1]
-        namespace, content_keys = request_keys(request)
+        namespace, content_keys = request_keys(request, self._finest)
         return self.engine.prompt(tokens, namespace=namespace, content_keys=content_keys)
 
     def verdict(self, request: Any, limit: int | None = None) -> Verdict:
