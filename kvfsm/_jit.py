@@ -118,8 +118,8 @@ class Kernel:
     out of it). ``calls``: the plain functions its body calls (compiled into it; see
     :func:`kernel`)."""
 
-    def __init__(self, function: Callable[..., None], *, example: Example,
-                 twin: Callable[..., None] | None = None, inputs: Inputs | None = None,
+    def __init__(self, function: Callable[..., Any], *, example: Example,
+                 twin: Callable[..., Any] | None = None, inputs: Inputs | None = None,
                  calls: tuple[Callable[..., Any], ...] = ()) -> None:
         self.python = function
         self.twin = function if twin is None else twin
@@ -128,9 +128,9 @@ class Kernel:
         self.calls = calls
         self.__doc__ = function.__doc__
         self.__name__ = function.__name__
-        self._compiled: Callable[..., None] | None = None
+        self._compiled: Callable[..., Any] | None = None
 
-    def _compiled_or_off(self) -> Callable[..., None] | None:
+    def _compiled_or_off(self) -> Callable[..., Any] | None:
         """The compiled version, or None where numba was found installed but fails to import:
         compiled kernels are then turned off (every call site falls back to the twins),
         whether or not an engine's :func:`warm_up` found it first."""
@@ -140,7 +140,7 @@ class Kernel:
         return self._compiled or self.compiled
 
     @property
-    def compiled(self) -> Callable[..., None]:
+    def compiled(self) -> Callable[..., Any]:
         if self._compiled is None:
             numba = _numba()
             if numba is None:
@@ -154,7 +154,7 @@ class Kernel:
             self._compiled = numba.njit(cache=True, nogil=True)(self.python)
         return self._compiled
 
-    def entry(self, *args: Any) -> Callable[..., None]:
+    def entry(self, *args: Any) -> Callable[..., Any]:
         """The compiled version's entry point for exactly the types of ``args`` (compiled now if
         no version has them), for a call site that calls it again and again with arguments of
         those types: it skips numba's matching of every argument's type (some 35 ns an
@@ -170,12 +170,12 @@ class Kernel:
             return self.twin  # numba fails to import: the twin takes the same arguments
         typeof = _numba().typeof
         types = tuple(typeof(arg) for arg in args)
-        call: Callable[..., None] = dispatcher.compile(types)
+        call: Callable[..., Any] = dispatcher.compile(types)
         if not settings.check_entries:
             return call
         name = self.__name__
 
-        def checked(*each: Any) -> None:
+        def checked(*each: Any) -> Any:
             now = tuple(typeof(arg) for arg in each)
             if now != types:
                 changed: list[tuple[object, object, object]] = \
@@ -184,22 +184,22 @@ class Kernel:
                      if was != new]
                 raise TypeError(f"kernel {name}: entry point bound to other argument types "
                                 f"(position, bound, now): {changed}")
-            call(*each)
+            return call(*each)
 
         return checked
 
-    def __call__(self, *args: Any) -> None:
+    def __call__(self, *args: Any) -> Any:
         # The one dispatch: a property read, as call sites did before kernels owned their twins.
+        # A kernel's answer is in its ``out``; the few that also return one return it here.
         if settings.enabled:
-            (self._compiled or self._compiled_or_off() or self.twin)(*args)
-        else:
-            self.twin(*args)
+            return (self._compiled or self._compiled_or_off() or self.twin)(*args)
+        return self.twin(*args)
 
     def __repr__(self) -> str:
         return f"<kernel {self.__name__}>"
 
 
-def call_bound(each: Kernel, entries: dict[Kernel, Callable[..., None]], *args: Any) -> None:
+def call_bound(each: Kernel, entries: dict[Kernel, Callable[..., Any]], *args: Any) -> None:
     """``each(*args)`` through its entry point bound to the types of ``args`` on the first call
     and kept in ``entries`` (:meth:`Kernel.entry`), or its twin where compiled kernels are
     off. Only for arguments made the same way on every call (an owner's own arrays, and
@@ -236,9 +236,9 @@ def read_only(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 _KERNELS: list[Kernel] = []
 
 
-def kernel(*, example: Example, twin: Callable[..., None] | None = None,
+def kernel(*, example: Example, twin: Callable[..., Any] | None = None,
            inputs: Inputs | None = None, calls: tuple[Callable[..., Any], ...] = ()
-           ) -> Callable[[Callable[..., None]], Kernel]:
+           ) -> Callable[[Callable[..., Any]], Kernel]:
     """Decorator making a :class:`Kernel` and registering it in ``_KERNELS``.
 
     ``example()`` returns small arguments of exactly the types the call site passes (numba
@@ -254,7 +254,7 @@ def kernel(*, example: Example, twin: Callable[..., None] | None = None,
     defined in the same file as the body: numba's disk cache checks only that file's date, and
     a kernel compiled with an older callee would otherwise be loaded stale."""
 
-    def decorate(function: Callable[..., None]) -> Kernel:
+    def decorate(function: Callable[..., Any]) -> Kernel:
         for each in calls:
             if each.__code__.co_filename != function.__code__.co_filename:
                 raise ValueError(f"kernel {function.__name__}: {each.__name__} is defined in "

@@ -140,10 +140,13 @@ class GroupEval(PassOutput):
     def _evaluate(self, group: GroupState, high: NDArray[np.uint64], low: NDArray[np.uint64],
                   lengths: NDArray[np.int64], level: Level, profile: DeviceProfile,
                   history: GroupEval | None, checksums: bool, spans: Spans, statics: Statics,
-                  capped: bool) -> None:
+                  capped: bool, first: NDArray[np.int64] | None = None) -> None:
         """The evaluation itself, from arguments already checked (a lookup calls it directly on
         an instance made by ``_new_eval``: it makes one per group, and every keyword costs on
-        that path)."""
+        that path). ``first``: the output of this very first pass, already run
+        (:func:`~kvfsm.verify._group_pass.group_pass_first`, for a group without an index
+        and an uncapped budget; the lookup ran it to find out whether the verdict needs
+        these evaluations at all)."""
         self.group = group
         self.decl = decl = group.decl
         self.lengths = lengths
@@ -161,7 +164,7 @@ class GroupEval(PassOutput):
         self._budget = group.restore_budget() if capped else BUDGET_UNKNOWN
         #: Data checks read from the core's records (a block seen failing stays failed).
         self._recorded_checks = checksums
-        scalars = self._pass(None, CHECKS_RECORDED if checksums else CHECKS_IGNORED)
+        scalars = self._pass(None, CHECKS_RECORDED if checksums else CHECKS_IGNORED, first)
         # Layers 2 (recorded layout vs the kernel's; the group's declared layout when the
         # caller names none), 1, 3 and 4, and what each block's state allows, in one pass;
         # a second where device checks must be computed here.
@@ -216,9 +219,17 @@ class GroupEval(PassOutput):
         """Last candidate index usable after the plan (0 when none)."""
         return self.largest[AFTER]
 
-    def _pass(self, checked_ok: Bools | None, check_mode: int) -> list[int]:
-        """One group pass (the probe included) into a fresh array; returns its scalars."""
+    def _pass(self, checked_ok: Bools | None, check_mode: int,
+              first: NDArray[np.int64] | None = None) -> list[int]:
+        """One group pass (the probe included) into a fresh array (``first``: this first
+        pass's output, run already); returns its scalars."""
         history = self._history
+        if first is not None:
+            # Made with these arguments: no index, no checks, no budget asked, no caps.
+            self._has_index = False
+            self._out = out = first
+            self._raw = None
+            return self._scalars(out, checked_ok, check_mode)
         if history is not None and self.n > 0 and self.group.target is not None:
             self._has_index = True
             # The history's own output: the pass reads its ids and settled row there, laid
@@ -270,6 +281,12 @@ class GroupEval(PassOutput):
                 group_pass.compiled(*args)
             else:
                 group_pass.twin(*args)
+        return self._scalars(out, checked_ok, check_mode)
+
+    def _scalars(self, out: NDArray[np.int64], checked_ok: Bools | None, check_mode: int
+                 ) -> list[int]:
+        """The scalars of the pass that wrote ``out`` (the pass again, filtered by the
+        group's restore budget, where its plan asks for more than that)."""
         scalars: list[int] = out[:N_SCALARS].tolist()
         total = scalars[RESTORES_TOTAL]
         if total and self._budget == BUDGET_UNKNOWN:

@@ -883,3 +883,61 @@ def group_pass_fixed(
         vector_at(fixed, 14, np.int32), vector_at(fixed, 15, np.int64),
         history, n_history, checked_ok, spans, prefix_step, check_mode, use_checked_ok,
         has_index, history_all_settled, budget, capped, out)
+
+
+# -- a lookup's first pass of a group without an index --------------------------------------
+
+#: The history and checks a first pass of a group without an index passes (never read: no
+#: index, no checks computed here), as constants the compiled pass holds.
+_FIRST_HISTORY: Final = read_only(np.zeros(N_SCALARS + 1, dtype=np.int64))
+_FIRST_CHECKED: Final = read_only(np.ones(0, dtype=np.bool_))
+#: :func:`group_pass_first`'s answer where the lookup has more to look at than one index.
+NOT_PLAIN: Final = -1
+
+
+def first_pass_answer(out: NDArray[np.int64]) -> int:
+    """What a first pass's scalars say at once: the last candidate index usable now where that
+    is also the last hit and no block needs a checksum computed or changes by the plan (the
+    group holds exactly to there and nothing else is left to find), else NOT_PLAIN."""
+    if out[NEEDS_CHECKSUMS] != 0 or out[PLAN_CHANGES] != 0 or \
+            out[LARGEST_HIT] != out[LARGEST_NOW]:
+        return NOT_PLAIN
+    return int(out[LARGEST_NOW])
+
+
+def _first_args(args: tuple[object, ...]) -> tuple[object, ...]:
+    """:func:`group_pass_fixed` arguments as :func:`group_pass_first` takes them: no index,
+    no checks computed here, no budget asked, no caps."""
+    high, low, fixed, _, _, _, spans, prefix_step, check_mode, *_, out = args
+    return high, low, fixed, spans, prefix_step, check_mode, out
+
+
+def _group_pass_first_twin(high: Words, low: Words, fixed: NDArray[np.int64],
+                           spans: NDArray[np.int64], prefix_step: int, check_mode: int,
+                           out: NDArray[np.int64]) -> int:
+    """:func:`group_pass_first` in NumPy."""
+    _group_pass_fixed_twin(high, low, fixed, _FIRST_HISTORY, 0, _FIRST_CHECKED, spans,
+                           prefix_step, check_mode, False, False, True, BUDGET_UNKNOWN, False,
+                           out)
+    return first_pass_answer(out)
+
+
+#: The pass over the addressed arrays, for :func:`group_pass_first` to call (compiled into it).
+_group_pass_fixed_loop = group_pass_fixed.python
+
+
+@kernel(example=lambda: _first_args(_group_pass_fixed_example()),
+        twin=_group_pass_first_twin,
+        inputs=lambda rng: _first_args(_fixed_args(_group_pass_inputs(rng))),
+        calls=(_group_pass_loop, _group_pass_fixed_loop, first_pass_answer))
+def group_pass_first(high: Words, low: Words, fixed: NDArray[np.int64],
+                     spans: NDArray[np.int64], prefix_step: int, check_mode: int,
+                     out: NDArray[np.int64]) -> int:
+    """:func:`group_pass_fixed` of a lookup's first pass over a group without an index, with
+    no budget asked and no caps (what most lookups of most groups are): seven arguments
+    instead of fifteen, and its answer (:func:`first_pass_answer`) returned, so a lookup
+    whose every group holds to the same length reads no scalar of the output."""
+    _group_pass_fixed_loop(high, low, fixed, _FIRST_HISTORY, 0, _FIRST_CHECKED, spans,
+                           prefix_step, check_mode, False, False, True, BUDGET_UNKNOWN, False,
+                           out)
+    return first_pass_answer(out)

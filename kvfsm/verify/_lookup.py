@@ -15,9 +15,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
+from kvfsm._jit import settings as jit_settings
 from kvfsm.spec import Event, Form, GroupDecl, Layout, Tier
 from kvfsm.state import StateCore
 from kvfsm.verify._explained import Explanation, explained_later
+from kvfsm.verify._first_passes import first_passes, prompt_end
 from kvfsm.verify._group_eval import GroupEval, _new_eval
 from kvfsm.verify._group_pass import AFTER, HIT, NOW
 from kvfsm.verify._lookup_layout import (
@@ -119,6 +121,13 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     lengths, rows, cached_spans = layout.spans_at(n_tokens, count)
     lease_spans: LeaseSpans | None = cached_spans
     capped = core.restore_budget.capped
+    firsts = None
+    if layout.plain and not capped and not kernel_layouts and jit_settings.enabled:
+        passed = first_passes(layout, prompt, rows, count, level, profile, checksums,
+                              cached_spans, not drop_last_block and not layout.boundary)
+        if isinstance(passed, Verdict):
+            return passed  # the passes said it all
+        firsts = passed
     made: list[GroupEval] = []
     # Groups whose blocks point into another group come after it (the index check reads the
     # prompt's blocks of the target group, ``made[target_at]``).
@@ -132,7 +141,8 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
         evaluation = _new_eval(GroupEval)
         evaluation._evaluate(group, high, low, lengths, level, profile,
                              made[target_at] if target_at >= 0 else None, checksums, spans,
-                             statics_for(group, reads, profile, known_here), capped)
+                             statics_for(group, reads, profile, known_here), capped,
+                             None if firsts is None else firsts[len(made)])
         made.append(evaluation)
     every = tuple(made)
     hit_at, usable_at, after_at = _common_lasts(every)
@@ -159,7 +169,7 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
         if boundary is not None:
             reasons.append(boundary)
     if hit == final and hit > 0:
-        reasons.append(_prompt_end(hit))
+        reasons.append(prompt_end(hit))
     # Something to explain (a shortfall, a plan): each group's stop, the reasons and the plan
     # are made when first read, from the pass outputs and a snapshot taken now.
     explain = usable < final or restorable > usable
@@ -215,14 +225,6 @@ def _explain(every: tuple[GroupEval, ...], step: int, count: int, hit: int, fina
     groups = tuple([_group_verdict(e, step, count) for e in every])
     plan = _plan(evals, restorable) if restorable > usable else ()
     return groups, tuple(reasons), plan
-
-
-@functools.lru_cache(maxsize=MAX_CACHED)
-def _prompt_end(hit: int) -> Shortfall:
-    """The shortfall of a prompt hit at every candidate length (a value: shared)."""
-    return Shortfall(Reason.PROMPT_END, "*", detail=(
-        f"every candidate length hit; tokens from {hit} on are computed, the last one for its "
-        "logits"))
 
 
 def _common_lasts(evals: tuple[GroupEval, ...]) -> tuple[int, int, int]:

@@ -21,7 +21,7 @@ from kvfsm.state import GroupState, StateCore
 from kvfsm.verify._prompt import Prompt
 from kvfsm.verify._spans import Spans, spans_for
 from kvfsm.verify._statics import Statics
-from kvfsm.verify._types import LeaseSpans, Probe, ProbedGroup
+from kvfsm.verify._types import GroupVerdict, LeaseSpans, Probe, ProbedGroup, Shortfall
 
 #: Entries a lookup cache keeps before it starts again (candidate lengths, spans by prompt
 #: length, shared values).
@@ -60,7 +60,8 @@ class LookupLayout:
     (for the block-boundary reason), and a weak reference to the core (for probes)."""
 
     __slots__ = ("__weakref__", "_spans", "block_sizes", "boundary", "change_count", "core",
-                 "finest_prefix", "groups", "names", "order", "prefix_at", "step")
+                 "finest_prefix", "groups", "names", "order", "plain", "prefix_at", "step",
+                 "whole")
 
     def __init__(self, core: StateCore) -> None:
         self.core = weakref.ref(core)
@@ -87,6 +88,12 @@ class LookupLayout:
                                  default=0)
         #: A prefix group's chain may reach past the last candidate length it covers.
         self.boundary = bool(self.prefix_at) and self.step > self.finest_prefix
+        #: No group points into another: every group's first pass may run before the
+        #: lookup looks at any (:mod:`kvfsm.verify._first_passes`).
+        self.plain = all(target_at < 0 for _, _, target_at, _ in self.groups)
+        #: By usable tokens: the groups' figures and the reasons of a verdict usable to the
+        #: end of its prompt (:func:`~kvfsm.verify._first_passes.plain_verdict`; values).
+        self.whole: dict[int, tuple[tuple[GroupVerdict, ...], tuple[Shortfall, ...]]] = {}
         #: By prompt length in tokens: the candidate lengths, each group's spans over them
         #: (a serving load repeats prompt lengths; one look-up instead of one per group), and
         #: what a lease reads of those spans.
