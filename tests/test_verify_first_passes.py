@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import event, given, settings
@@ -17,6 +18,7 @@ from kvfsm.state import StateCore
 from kvfsm.verify import DeviceProfile, Level, Verdict, lookup
 from kvfsm.verify._group_eval import GroupEval
 from kvfsm.verify._lookup_layout import layout_of
+from kvfsm.verify._types import full_verdict
 from tests.verify_models import (
     DEEPSEEK,
     DENSE,
@@ -174,3 +176,17 @@ def test_a_stricter_device_profile_is_checked_after_the_first_passes(level: Leve
             want = eng.lookup(prompt, level=level)
     assert got == want
     assert got.usable_tokens < (PROMPTS[0].size - 1) // 16 * 16
+
+
+def test_a_full_verdict_made_by_its_fields_is_the_constructors() -> None:
+    """``full_verdict`` stores exactly Verdict's fields: equal to the constructor's verdict,
+    field for field, probe included."""
+    eng = engine(DENSE)
+    verdict = eng.lookup(eng.prompt(PROMPTS[0]))
+    made = full_verdict(verdict.prompt_tokens, 48, Level.FAST, verdict.groups,
+                        verdict.reasons, verdict.probe)  # type: ignore[arg-type]
+    expected = Verdict(verdict.prompt_tokens, 48, 48, 48, 48, Level.FAST, verdict.groups,
+                       verdict.reasons, (), (), verdict.probe)
+    assert made == expected
+    assert vars(made) == vars(expected)
+    assert list(vars(made)) == [field.name for field in attrs.fields(Verdict)]

@@ -28,7 +28,7 @@ from kvfsm.verify._group_pass import (
 )
 from kvfsm.verify._lookup_layout import MAX_CACHED, LookupLayout, Row, make_probe
 from kvfsm.verify._prompt import Prompt
-from kvfsm.verify._statics import statics_for
+from kvfsm.verify._statics import Statics, statics_for
 from kvfsm.verify._types import (
     DeviceProfile,
     GroupVerdict,
@@ -37,6 +37,7 @@ from kvfsm.verify._types import (
     Reason,
     Shortfall,
     Verdict,
+    full_verdict,
 )
 
 #: The levels compared against on every lookup (module globals read faster than members).
@@ -55,23 +56,27 @@ def prompt_end(hit: int) -> Shortfall:
         "logits"))
 
 
-def first_passes(layout: LookupLayout, prompt: Prompt, rows: tuple[Row, ...], count: int,
-                 level: Level, profile: DeviceProfile, checksums: bool, lease_spans: LeaseSpans,
-                 may_end_here: bool) -> Verdict | list[NDArray[np.int64]] | None:
-    """Each group's first pass, for a lookup of ``count`` candidate lengths whose layout has
-    no index, under an uncapped budget, with compiled kernels on. The verdict where the
-    passes say it all (``may_end_here``: the lookup asks nothing more, such as a
-    speculative-decoding drop; every group usable now at the last candidate length and hit
-    as far, no checksum to compute or recompute, no alignment to check here, nothing the
-    plan changes); else the outputs, in ``rows``' order, for the general lookup's
-    evaluations. None where some group's pass cannot be run so (its arrays not laid out for
-    an address table, a prompt whose words end before its tokens): the general lookup runs
-    every pass itself."""
+def first_passes(layout: LookupLayout, prompt: Prompt, n_tokens: int, rows: tuple[Row, ...],
+                 count: int, level: Level, profile: DeviceProfile, checksums: bool,
+                 lease_spans: LeaseSpans, may_end_here: bool
+                 ) -> Verdict | tuple[list[NDArray[np.int64]], list[Statics]] | None:
+    """Each group's first pass, for a lookup of ``prompt`` (``n_tokens`` long) over ``count``
+    candidate lengths whose layout has no index, under an uncapped budget, with compiled
+    kernels on.
+
+    The verdict where the passes say it all: ``may_end_here`` (the lookup asks nothing more,
+    such as a speculative-decoding drop), and every group usable now at the last candidate
+    length and hit as far, no checksum to compute or recompute, no alignment to check here,
+    nothing the plan changes. Else the outputs and the statics they were made with, in
+    ``rows``' order, for the general lookup's evaluations. None where some group's pass
+    cannot be run so (its arrays not laid out for an address table, a prompt whose words end
+    before its tokens): the general lookup runs every pass itself."""
     mode = CHECKS_RECORDED if checksums else CHECKS_IGNORED
     says_all = may_end_here and not (checksums and level is _FULL)  # FULL recomputes them
     last = count - 1
     run = _entry[0] if _entry else None
     outs = []
+    made = []
     found = []
     for group, decl, _, known_here, spans in rows:
         words = prompt.words(decl.block_size)
@@ -87,17 +92,19 @@ def first_passes(layout: LookupLayout, prompt: Prompt, rows: tuple[Row, ...], co
                 not (statics.aligned or (level is _FAST and statics.restore_aligned)):
             says_all = False
         outs.append(out)
-        found.append((decl.name, spans, out, words, group.changes))
+        made.append(statics)
+        if says_all:  # what the probe keeps (built here: a second loop costs more)
+            found.append((decl.name, spans, out, words, group.changes))
     if not says_all:
-        return outs
+        return outs, made
     # Usable now at the last candidate length, the hit as far, nothing to restore: the
     # prompt-end reason (where above 0) and the probe a lease reads.
     usable = last * layout.step
-    groups, reasons = _figures(layout, rows, usable)
-    probe = make_probe(layout, prompt, found, last, usable, lease_spans)
-    # Positional: the fields in declaration order (cheaper than keywords on every lookup).
-    return Verdict(prompt.n_tokens, usable, usable, usable, usable, level, groups, reasons,
-                   (), (), probe)
+    figures = layout.whole.get(usable)
+    if figures is None:
+        figures = _figures(layout, rows, usable)
+    return full_verdict(n_tokens, usable, level, *figures,
+                        make_probe(layout, prompt, found, last, usable, lease_spans))
 
 
 def _bound(*args: Any) -> Callable[..., int]:
@@ -110,15 +117,13 @@ def _bound(*args: Any) -> Callable[..., int]:
 def _figures(layout: LookupLayout, rows: tuple[Row, ...], usable: int
              ) -> tuple[tuple[GroupVerdict, ...], tuple[Shortfall, ...]]:
     """Each group's figures (hit, usable and restorable all ``usable``, no stop) and the
-    reasons of a verdict usable to the end of its prompt."""
-    known = layout.whole.get(usable)
-    if known is None:
-        if len(layout.whole) >= MAX_CACHED:
-            layout.whole.clear()
-        known = layout.whole[usable] = (
-            tuple([GroupVerdict(decl.name, decl.kind, decl.block_size, usable, usable, usable,
-                                None) for _, decl, _, _, _ in rows]),
-            (prompt_end(usable),) if usable > 0 else ())
+    reasons of a verdict usable to the end of its prompt, made and kept in the layout."""
+    if len(layout.whole) >= MAX_CACHED:
+        layout.whole.clear()
+    known = layout.whole[usable] = (
+        tuple([GroupVerdict(decl.name, decl.kind, decl.block_size, usable, usable, usable,
+                            None) for _, decl, _, _, _ in rows]),
+        (prompt_end(usable),) if usable > 0 else ())
     return known
 
 

@@ -229,64 +229,63 @@ class GroupEval(PassOutput):
             self._has_index = False
             self._out = out = first
             self._raw = None
-            return self._scalars(out, checked_ok, check_mode)
-        if history is not None and self.n > 0 and self.group.target is not None:
-            self._has_index = True
-            # The history's own output: the pass reads its ids and settled row there, laid
-            # out for the history's lengths (which must be these: the pass reads by them).
-            if history.lengths.size != self.lengths.size:
-                raise ValueError(f"group {self.group.name!r}: its history was evaluated over "
-                                 f"{history.lengths.size} lengths, not {self.lengths.size}")
-            history_out, n_history, all_settled = history._out, history.n, history.all_settled
         else:
-            self._has_index = False
-            history_out, n_history, all_settled = _NO_HISTORY, 0, True
-        spans = self.spans
-        # Sized by the spans (made for these n blocks and lengths): the kernel writes by them.
-        self._out = out = np.empty(spans.out_size, dtype=np.int64)
-        self._raw = None
-        high, low = self.words
-        statics = self._statics
-        # The kernel's version chosen here, not in Kernel.__call__: one frame and one repacking
-        # of its ~30 arguments fewer on every lookup. A first pass calls the statics' entry
-        # point, with the group's fixed arrays as one address table where they are laid out
-        # as the pass views them (numba unboxes each array argument on every call): every
-        # array but the statics' own is made the same way on every lookup (the prompt's
-        # words are uint64 views of its chain, a history's output and this one are fresh
-        # int64 arrays, the spans' rows a read-only int64 array), so numba's matching of
-        # their types is skipped; a second pass, with checks computed here, is matched.
-        if checked_ok is None and jit_settings.enabled:
-            fixed = statics.fixed
-            if fixed is not None:
-                args: tuple[Any, ...] = (
-                    high, low, fixed, history_out, n_history, _NO_CHECKED, spans.rows,
-                    spans.prefix_step, check_mode, False, self._has_index, all_settled,
-                    self._budget, self._capped, out)
-                kernel = group_pass_fixed
+            if history is not None and self.n > 0 and self.group.target is not None:
+                self._has_index = True
+                # The history's own output: the pass reads its ids and settled row there,
+                # laid out for the history's lengths (which must be these: the pass reads by
+                # them).
+                if history.lengths.size != self.lengths.size:
+                    raise ValueError(f"group {self.group.name!r}: its history was evaluated "
+                                     f"over {history.lengths.size} lengths, not "
+                                     f"{self.lengths.size}")
+                history_out, n_history, all_settled = \
+                    history._out, history.n, history.all_settled
             else:
-                args = (high, low, *statics.arrays, history_out, n_history, _NO_CHECKED,
-                        spans.rows, spans.prefix_step, check_mode, False, self._has_index,
-                        all_settled, self._budget, self._capped, out)
-                kernel = group_pass
-            run = statics.entry
-            if run is None:
-                run = statics.entry = kernel.entry(*args)
-            run(*args)
-        else:
-            args = (high, low, *statics.arrays, history_out, n_history,
-                    _NO_CHECKED if checked_ok is None else checked_ok, spans.rows,
-                    spans.prefix_step, check_mode, checked_ok is not None, self._has_index,
-                    all_settled, self._budget, self._capped, out)
-            if jit_settings.enabled:
-                group_pass.compiled(*args)
+                self._has_index = False
+                history_out, n_history, all_settled = _NO_HISTORY, 0, True
+            spans = self.spans
+            # Sized by the spans (made for these n blocks and lengths): the kernel writes by
+            # them.
+            self._out = out = np.empty(spans.out_size, dtype=np.int64)
+            self._raw = None
+            high, low = self.words
+            statics = self._statics
+            # The kernel's version chosen here, not in Kernel.__call__: one frame and one
+            # repacking of its ~30 arguments fewer on every lookup. A first pass calls the
+            # statics' entry point, with the group's fixed arrays as one address table where
+            # they are laid out as the pass views them (numba unboxes each array argument on
+            # every call): every array but the statics' own is made the same way on every
+            # lookup (the prompt's words are uint64 views of its chain, a history's output and
+            # this one are fresh int64 arrays, the spans' rows a read-only int64 array), so
+            # numba's matching of their types is skipped; a second pass, with checks computed
+            # here, is matched.
+            if checked_ok is None and jit_settings.enabled:
+                fixed = statics.fixed
+                if fixed is not None:
+                    args: tuple[Any, ...] = (
+                        high, low, fixed, history_out, n_history, _NO_CHECKED, spans.rows,
+                        spans.prefix_step, check_mode, False, self._has_index, all_settled,
+                        self._budget, self._capped, out)
+                    kernel = group_pass_fixed
+                else:
+                    args = (high, low, *statics.arrays, history_out, n_history, _NO_CHECKED,
+                            spans.rows, spans.prefix_step, check_mode, False, self._has_index,
+                            all_settled, self._budget, self._capped, out)
+                    kernel = group_pass
+                run = statics.entry
+                if run is None:
+                    run = statics.entry = kernel.entry(*args)
+                run(*args)
             else:
-                group_pass.twin(*args)
-        return self._scalars(out, checked_ok, check_mode)
-
-    def _scalars(self, out: NDArray[np.int64], checked_ok: Bools | None, check_mode: int
-                 ) -> list[int]:
-        """The scalars of the pass that wrote ``out`` (the pass again, filtered by the
-        group's restore budget, where its plan asks for more than that)."""
+                args = (high, low, *statics.arrays, history_out, n_history,
+                        _NO_CHECKED if checked_ok is None else checked_ok, spans.rows,
+                        spans.prefix_step, check_mode, checked_ok is not None,
+                        self._has_index, all_settled, self._budget, self._capped, out)
+                if jit_settings.enabled:
+                    group_pass.compiled(*args)
+                else:
+                    group_pass.twin(*args)
         scalars: list[int] = out[:N_SCALARS].tolist()
         total = scalars[RESTORES_TOTAL]
         if total and self._budget == BUDGET_UNKNOWN:

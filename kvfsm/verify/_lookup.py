@@ -123,11 +123,12 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     capped = core.restore_budget.capped
     firsts = None
     if layout.plain and not capped and not kernel_layouts and jit_settings.enabled:
-        passed = first_passes(layout, prompt, rows, count, level, profile, checksums,
-                              cached_spans, not drop_last_block and not layout.boundary)
+        passed = first_passes(layout, prompt, n_tokens, rows, count, level, profile,
+                              checksums, cached_spans,
+                              not drop_last_block and not layout.boundary)
         if isinstance(passed, Verdict):
             return passed  # the passes said it all
-        firsts = passed
+        firsts = passed  # each group's first output, and the statics it was made with
     made: list[GroupEval] = []
     # Groups whose blocks point into another group come after it (the index check reads the
     # prompt's blocks of the target group, ``made[target_at]``).
@@ -139,10 +140,14 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
             lease_spans = None
         # Made without the constructor's checks and keywords: the arguments are made here.
         evaluation = _new_eval(GroupEval)
-        evaluation._evaluate(group, high, low, lengths, level, profile,
-                             made[target_at] if target_at >= 0 else None, checksums, spans,
-                             statics_for(group, reads, profile, known_here), capped,
-                             None if firsts is None else firsts[len(made)])
+        if firsts is None:
+            evaluation._evaluate(group, high, low, lengths, level, profile,
+                                 made[target_at] if target_at >= 0 else None, checksums, spans,
+                                 statics_for(group, reads, profile, known_here), capped)
+        else:
+            at = len(made)
+            evaluation._evaluate(group, high, low, lengths, level, profile, None, checksums,
+                                 spans, firsts[1][at], capped, firsts[0][at])
         made.append(evaluation)
     every = tuple(made)
     hit_at, usable_at, after_at = _common_lasts(every)

@@ -249,4 +249,27 @@ class Verdict:
         return frozenset(s.reason for s in self.reasons)
 
 
+_new_verdict = object.__new__
+
+
+def full_verdict(prompt_tokens: int, usable: int, level: Level,
+                 groups: tuple[GroupVerdict, ...], reasons: tuple[Shortfall, ...],
+                 probe: Probe) -> Verdict:
+    """``Verdict(prompt_tokens, usable, usable, usable, usable, level, groups, reasons, (), (),
+    probe)``: hit, usable now and restorable all ``usable``, no plan, no checksums computed
+    (a full hit's), made by storing its fields: the constructor's frame and defaults are a
+    tenth of a short prompt's lookup. The fields are Verdict's (attrs stores them so too)."""
+    verdict = _new_verdict(Verdict)
+    fields = verdict.__dict__
+    fields["prompt_tokens"] = prompt_tokens
+    fields["hit_tokens"] = fields["usable_tokens"] = fields["restorable_tokens"] = \
+        fields["recompute_from"] = usable
+    fields["level"] = level
+    fields["groups"] = groups
+    fields["reasons"] = reasons
+    fields["plan"] = fields["checks"] = ()
+    fields["probe"] = probe
+    return verdict
+
+
 KernelLayouts = Mapping[str, Layout]
