@@ -12,10 +12,11 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from kvfsm import KvfsmError
 from kvfsm._jit import settings as jit
 from kvfsm.spec import ModelDecl
 from kvfsm.state import StateCore
-from kvfsm.verify import DeviceProfile, Level, Verdict, lookup
+from kvfsm.verify import DeviceProfile, Level, Reason, Verdict, lookup
 from kvfsm.verify._group_eval import GroupEval
 from kvfsm.verify._lookup_layout import layout_of
 from kvfsm.verify._types import full_verdict
@@ -80,6 +81,9 @@ def test_a_lookup_told_by_first_passes_is_the_general_lookups_verdict(
     blocks a lease of it reads."""
     eng, text = reached(data, decl, steps=6, legal=6)
     prompt = eng.prompt(text)
+    if data.draw(st.booleans(), label="whole prompt committed"):
+        with contextlib.suppress(KvfsmError):  # a pool may be full
+            eng.commit(prompt)
     if data.draw(st.booleans(), label="checksums recorded"):
         # A lookup through the engine records what it checked: later lookups below FULL trust
         # it (the usual state of a served prefix), and what happens next may break that trust.
@@ -92,7 +96,9 @@ def test_a_lookup_told_by_first_passes_is_the_general_lookups_verdict(
         with general_lookup(eng.core):
             want = lookup(eng.core, prompt, level=level, checksums=checksums,
                           profile=eng.profile, drop_last_block=drop_last_block)
-    event("usable to the end" if got.usable_tokens == got.hit_tokens and not got.plan
+    last = (prompt.n_tokens - 1) // eng.core.model.lcm_block_size * \
+        eng.core.model.lcm_block_size
+    event("usable to the last candidate" if want.usable_tokens == last and not want.plan
           else "other")
     assert got == want
     assert checks(got) == checks(want)
@@ -190,3 +196,26 @@ def test_a_full_verdict_made_by_its_fields_is_the_constructors() -> None:
     assert made == expected
     assert vars(made) == vars(expected)
     assert list(vars(made)) == [field.name for field in attrs.fields(Verdict)]
+
+
+@needs_numba
+@pytest.mark.parametrize(("decl", "tokens", "drop_last_block", "reason"), [
+    (DENSE, 321, True, Reason.SPEC_DECODE_DROP),
+    # 16- and 24-token blocks: candidates every 48 tokens, chains reaching 112 of 120.
+    (TWO_SIZES, 120, False, Reason.BLOCK_BOUNDARY),
+], ids=["speculative drop", "block boundary"])
+def test_a_full_hit_asked_for_more_than_its_passes_say_is_explained(
+        decl: ModelDecl, tokens: int, drop_last_block: bool, reason: Reason) -> None:
+    """A committed prompt whose every group holds to the last candidate length, but whose
+    verdict says more than the passes do (a speculative drop recomputes the last block; the
+    chains reach past the candidates): the general lookup's verdict, reason included."""
+    eng = engine(decl)
+    prompt = eng.prompt(PROMPTS[0][:tokens])
+    eng.commit(prompt)
+    eng.lookup(prompt, level=Level.FULL)
+    with jit.using(True):
+        got = eng.lookup(prompt, level=Level.STANDARD, drop_last_block=drop_last_block)
+        with general_lookup(eng.core):
+            want = eng.lookup(prompt, level=Level.STANDARD, drop_last_block=drop_last_block)
+    assert got == want
+    assert reason in got.reason_set
