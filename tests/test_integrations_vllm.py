@@ -107,14 +107,16 @@ def test_clean_store_kvfsm_connector_reuses_everything(results: dict[str, Any]) 
     assert row["kvfsm"]["claims"]["restores"] >= 1
 
 
-def test_the_connector_serves_a_salted_prefix_only_to_its_own_tenant(
-        results: dict[str, Any]) -> None:
-    """The same prompt under cache salts ``tenant-a`` and ``tenant-b`` (and none), each after
-    vLLM gave back every block: tenant-b and the unsalted request are claimed nothing of
-    tenant-a's prefix held in kvfsm's tiers and compute it; tenant-a's second request is
-    claimed the whole prefix, restored; every page read at every admitted length is the one
-    that request's own tenant wrote."""
-    row = results["salted"]
+@pytest.mark.parametrize("scenario", ["salted", "adapters"])
+def test_the_connector_serves_a_keyed_prefix_only_to_requests_with_its_key(
+        results: dict[str, Any], scenario: str) -> None:
+    """The same prompt under cache salts ``tenant-a`` and ``tenant-b`` and none (``salted``),
+    or under LoRA adapters ``lora-a`` and ``lora-b`` and the base model (``adapters``), each
+    after vLLM gave back every block: the second key's and the unkeyed request are claimed
+    nothing of the first key's prefix held in kvfsm's tiers and compute it; the first key's
+    second request is claimed the whole prefix, restored; every page read at every admitted
+    length is the one written under that request's own key."""
+    row = results[scenario]
     assert row["unusable"] == []
     admitted = row["admitted"]
     assert (admitted["a"], admitted["b"], admitted["base"]) == (0, 0, 0)

@@ -27,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import numpy as np
@@ -84,10 +84,12 @@ class Stub:
         from vllm.config import (
             CacheConfig,
             KVTransferConfig,
+            LoRAConfig,
             ModelConfig,
             SchedulerConfig,
             VllmConfig,
         )
+        from vllm.lora.request import LoRARequest
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -103,7 +105,13 @@ class Stub:
         from vllm.v1.structured_output import StructuredOutputManager
 
         class StubForCausalLM(nn.Module):
-            """A weightless model class: named in the config, never instantiated."""
+            """A weightless model class: named in the config, never instantiated. It declares
+            LoRA support (what vLLM checks before it lets a config enable adapters): requests
+            may name adapters, whose pages the stand-in runner writes apart."""
+
+            supports_lora: ClassVar[bool] = True
+            packed_modules_mapping: ClassVar[dict[str, list[str]]] = {}
+            embedding_modules: ClassVar[dict[str, str]] = {}
 
             def __init__(self, *, vllm_config: Any = None, prefix: str = "") -> None:
                 super().__init__()
@@ -134,6 +142,7 @@ class Stub:
                 "intermediate_size": 128}))
         self.names = dict(
             CacheConfig=CacheConfig, KVTransferConfig=KVTransferConfig, ModelConfig=ModelConfig,
+            LoRAConfig=LoRAConfig, LoRARequest=LoRARequest,
             SchedulerConfig=SchedulerConfig, VllmConfig=VllmConfig,
             SamplingParams=SamplingParams, FullAttentionSpec=FullAttentionSpec,
             KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec, MambaSpec=MambaSpec,
@@ -167,7 +176,8 @@ class Stub:
 
     def vllm_config(self, config: str, blocks: int, scheduler_cls: str | None,
                     connector: str | None, kvfsm: dict[str, Any] | None,
-                    async_scheduling: bool = False, model: str = MODELS[0]) -> Any:
+                    async_scheduling: bool = False, model: str = MODELS[0],
+                    adapters: int = 0) -> Any:
         model_config = self.ModelConfig(model=self.model_dirs[model], skip_tokenizer_init=True,
                                  max_model_len=MAX_MODEL_LEN, dtype="float16")
         cache = self.CacheConfig(block_size=block_of(config), enable_prefix_caching=True,
@@ -183,8 +193,10 @@ class Stub:
             transfer = self.KVTransferConfig(
                 kv_connector=name, kv_connector_module_path=module, kv_role="kv_both",
                 kv_connector_extra_config={"kvfsm": kvfsm or {}})
+        lora = self.LoRAConfig(max_loras=adapters, max_lora_rank=8) if adapters else None
         return self.VllmConfig(model_config=model_config, cache_config=cache,
                                scheduler_config=sched, kv_transfer_config=transfer,
+                               lora_config=lora,
                                additional_config={"kvfsm": kvfsm} if kvfsm and not connector
                                else {})
 
@@ -196,13 +208,13 @@ class Runner:
                  scheduler_cls: str | None = None, connector: str | None = None,
                  kvfsm: dict[str, Any] | None = None, async_scheduling: bool = False,
                  worker_connector: Callable[[Any, Any], Any] | None = None,
-                 model: str = MODELS[0]) -> None:
+                 model: str = MODELS[0], adapters: int = 0) -> None:
         self.stub = stub
         self.config = config
         self.model = model
         self.kv_cache_config = stub.kv_cache_config(config, blocks)
         self.vllm_config = stub.vllm_config(config, blocks, scheduler_cls, connector, kvfsm,
-                                            async_scheduling, model=model)
+                                            async_scheduling, model=model, adapters=adapters)
         cls = self.vllm_config.scheduler_config.get_scheduler_cls()
         self.block = block_of(config)
         self.scheduler = cls(vllm_config=self.vllm_config, kv_cache_config=self.kv_cache_config,
@@ -234,14 +246,18 @@ class Runner:
             return STATE * 4
         return int(spec.block_size) * 2 * KV_HEADS * HEAD_SIZE * 2
 
-    def add(self, request_id: str, tokens: Sequence[int], cache_salt: str | None = None
-            ) -> None:
+    def add(self, request_id: str, tokens: Sequence[int], cache_salt: str | None = None,
+            adapter: tuple[str, int, str] | None = None) -> None:
+        """Queue a request; ``adapter`` (LoRA name, id, path) makes its pages another
+        adapter's, as ``cache_salt`` makes them another tenant's."""
         self.tokens[request_id] = list(tokens)
-        self.salts[request_id] = cache_salt or ""
+        self.salts[request_id] = (cache_salt or "") + \
+            (f"|lora:{adapter[0]}@{adapter[2]}" if adapter else "")
         self.scheduler.add_request(self.stub.Request(
             request_id=request_id, prompt_token_ids=list(tokens),
             sampling_params=self.stub.SamplingParams(max_tokens=2), pooling_params=None,
-            block_hasher=self.stub.hashers[self.block], cache_salt=cache_salt))
+            block_hasher=self.stub.hashers[self.block], cache_salt=cache_salt,
+            lora_request=self.stub.LoRARequest(*adapter) if adapter else None))
 
     def _blocks(self, request_id: str) -> tuple[list[int], ...]:
         ids: tuple[list[int], ...] = \
@@ -558,30 +574,43 @@ def faulted(stub: Stub, config: str, fault: str, side: str, directory: str) -> d
         mirror.close()
 
 
-def salted(stub: Stub, directory: str) -> dict[str, Any]:
-    """Requests with the same tokens under two cache salts (tenants whose KV differs), each
-    computed after vLLM gave back every block (kvfsm holds them on host and disk): what vLLM
-    admitted for each through kvfsm's connector, and whether it was usable."""
+#: Requests of the keyed scenarios: id, cache salt, LoRA adapter (name, id, path), tokens
+#: after the shared head.
+Keyed = tuple[str, str | None, tuple[str, int, str] | None, list[int]]
+SALTED: tuple[Keyed, ...] = (
+    ("a", "tenant-a", None, [1, 2, 3]), ("b", "tenant-b", None, [4, 5]),
+    ("base", None, None, [6, 7]), ("a-again", "tenant-a", None, [8, 9]))
+ADAPTERS: tuple[Keyed, ...] = (
+    ("a", None, ("lora-a", 1, "/adapters/a"), [1, 2, 3]),
+    ("b", None, ("lora-b", 2, "/adapters/b"), [4, 5]), ("base", None, None, [6, 7]),
+    ("a-again", None, ("lora-a", 1, "/adapters/a"), [8, 9]))
+
+
+def keyed(stub: Stub, directory: str, name: str, requests: Sequence[Keyed]
+          ) -> dict[str, Any]:
+    """Requests with the same tokens under other keys (cache salts: tenants; LoRA adapters),
+    each computed after vLLM gave back every block (kvfsm holds them on host and disk): what
+    vLLM admitted for each through kvfsm's connector, and whether it was usable."""
     from kvfsm.integrations import vllm as integration
     from kvfsm.integrations.vllm import Mirror, MirrorSettings
 
-    name = "salted"
     settings = {"name": name, "level": "standard", "host_blocks": 4,
                 "disk_dir": str(Path(directory, name)), "disk_blocks": 256,
                 "restore_wait_s": 2.0}
     blocks = 64
+    adapters = len({adapter for _, _, adapter, _ in requests if adapter})
     mirror = Mirror(stub.kv_cache_config("full", blocks),
                     MirrorSettings.from_mapping(settings, "scenario"), identity=stub.identity())
     integration.register(mirror)
     try:
         runner = Runner(stub, "full", blocks=blocks,
                         scheduler_cls="kvfsm.integrations.vllm.KvfsmScheduler",
-                        connector="kvfsm.integrations.vllm.KvfsmConnector", kvfsm=settings)
+                        connector="kvfsm.integrations.vllm.KvfsmConnector", kvfsm=settings,
+                        adapters=adapters)
         head = np.random.default_rng(12).integers(0, VOCABULARY, PROMPT_BLOCKS * BLOCK).tolist()
         pool = runner.scheduler.kv_cache_manager.block_pool
-        for request_id, salt, tail in (("a", "tenant-a", [1, 2, 3]), ("b", "tenant-b", [4, 5]),
-                                       ("base", None, [6, 7]), ("a-again", "tenant-a", [8, 9])):
-            runner.add(request_id, [*head, *tail], cache_salt=salt)
+        for request_id, salt, adapter, tail in requests:
+            runner.add(request_id, [*head, *tail], cache_salt=salt, adapter=adapter)
             runner.drain()
             pool.evict_blocks(set(range(1, blocks)))  # vLLM reuses every block: offloaded
             for tensor in runner.kv.values():
@@ -728,8 +757,9 @@ def main(out: str) -> None:
     results["nofault"]["mamba_async"] = no_fault(
         stub, "mamba", "kvfsm.integrations.vllm.KvfsmAsyncScheduler", async_scheduling=True)
     results["faults"] = fault_table(stub)
-    with tempfile.TemporaryDirectory(prefix="kvfsm-vllm-salted-") as directory:
-        results["salted"] = salted(stub, directory)
+    with tempfile.TemporaryDirectory(prefix="kvfsm-vllm-keyed-") as directory:
+        results["salted"] = keyed(stub, directory, "salted", SALTED)
+        results["adapters"] = keyed(stub, directory, "adapters", ADAPTERS)
     results["shared"] = shared_store(stub)
     results["total_s"] = time.perf_counter() - started
     Path(out).write_text(json.dumps(results, indent=1))
