@@ -7,9 +7,10 @@ evaluation objects, scalars and reasons are bookkeeping around one compiled pass
 short prompts that bookkeeping costs more than the passes. Here each group's first pass runs
 through :func:`~kvfsm.verify._group_pass.group_pass_first` (seven arguments, its answer
 returned), and where every group answers "usable to the end, nothing else to find" the
-verdict is made straight from the answers. Anywhere else the general lookup takes the
-passes' outputs as its evaluations' first passes, so no pass runs twice: it stays the
-reference for every verdict, and the two agree by construction on what the passes wrote.
+verdict is made straight from the answers. Anywhere else each group's evaluation is made on
+its first pass's output and the general lookup goes on from them, so no pass runs twice: it
+stays the reference for every verdict, and the two agree by construction on what the passes
+wrote.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm.verify._group_eval import GroupEval, _new_eval
 from kvfsm.verify._group_pass import (
     CHECKS_IGNORED,
     CHECKS_RECORDED,
@@ -28,7 +30,7 @@ from kvfsm.verify._group_pass import (
 )
 from kvfsm.verify._lookup_layout import MAX_CACHED, LookupLayout, Row, make_probe
 from kvfsm.verify._prompt import Prompt
-from kvfsm.verify._statics import Statics, statics_for
+from kvfsm.verify._statics import statics_for
 from kvfsm.verify._types import (
     DeviceProfile,
     GroupVerdict,
@@ -57,26 +59,25 @@ def prompt_end(hit: int) -> Shortfall:
 
 
 def first_passes(layout: LookupLayout, prompt: Prompt, n_tokens: int, rows: tuple[Row, ...],
-                 count: int, level: Level, profile: DeviceProfile, checksums: bool,
-                 lease_spans: LeaseSpans, may_end_here: bool
-                 ) -> Verdict | tuple[list[NDArray[np.int64]], list[Statics]] | None:
-    """Each group's first pass, for a lookup of ``prompt`` (``n_tokens`` long) over ``count``
-    candidate lengths whose layout has no index, under an uncapped budget, with compiled
+                 lengths: NDArray[np.int64], level: Level, profile: DeviceProfile,
+                 checksums: bool, lease_spans: LeaseSpans, may_end_here: bool
+                 ) -> Verdict | list[GroupEval] | None:
+    """Each group's first pass, for a lookup of ``prompt`` (``n_tokens`` long) over the
+    candidate ``lengths``, whose layout has no index, under an uncapped budget, with compiled
     kernels on.
 
     The verdict where the passes say it all: ``may_end_here`` (the lookup asks nothing more,
     such as a speculative-decoding drop), and every group usable now at the last candidate
     length and hit as far, no checksum to compute or recompute, no alignment to check here,
-    nothing the plan changes. Else the outputs and the statics they were made with, in
-    ``rows``' order, for the general lookup's evaluations. None where some group's pass
+    nothing the plan changes. Else every group's evaluation, in ``rows``' order, made on its
+    first pass's output (the general lookup goes on from them). None where some group's pass
     cannot be run so (its arrays not laid out for an address table, a prompt whose words end
     before its tokens): the general lookup runs every pass itself."""
     mode = CHECKS_RECORDED if checksums else CHECKS_IGNORED
     says_all = may_end_here and not (checksums and level is _FULL)  # FULL recomputes them
-    last = count - 1
+    last = lengths.size - 1
     run = _entry[0] if _entry else None
-    outs = []
-    made = []
+    passed = []
     found = []
     for group, decl, _, known_here, spans in rows:
         words = prompt.words(decl.block_size)
@@ -91,12 +92,18 @@ def first_passes(layout: LookupLayout, prompt: Prompt, n_tokens: int, rows: tupl
         if run(high, low, fixed, spans.rows, spans.prefix_step, mode, out) != last or \
                 not (statics.aligned or (level is _FAST and statics.restore_aligned)):
             says_all = False
-        outs.append(out)
-        made.append(statics)
+        passed.append((group, words, spans, statics, out))
         if says_all:  # what the probe keeps (built here: a second loop costs more)
             found.append((decl.name, spans, out, words, group.changes))
     if not says_all:
-        return outs, made
+        made = []
+        for group, (high, low), spans, statics, out in passed:
+            # Made without the constructor's checks and keywords, as the general lookup does.
+            evaluation = _new_eval(GroupEval)
+            evaluation._evaluate(group, high, low, lengths, level, profile, None, checksums,
+                                 spans, statics, False, out)
+            made.append(evaluation)
+        return made
     # Usable now at the last candidate length, the hit as far, nothing to restore: the
     # prompt-end reason (where above 0) and the probe a lease reads.
     usable = last * layout.step

@@ -121,34 +121,30 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     lengths, rows, cached_spans = layout.spans_at(n_tokens, count)
     lease_spans: LeaseSpans | None = cached_spans
     capped = core.restore_budget.capped
-    firsts = None
+    made: list[GroupEval] | None = None
     if layout.plain and not capped and not kernel_layouts and jit_settings.enabled:
-        passed = first_passes(layout, prompt, n_tokens, rows, count, level, profile,
+        passed = first_passes(layout, prompt, n_tokens, rows, lengths, level, profile,
                               checksums, cached_spans,
                               not drop_last_block and not layout.boundary)
         if isinstance(passed, Verdict):
             return passed  # the passes said it all
-        firsts = passed  # each group's first output, and the statics it was made with
-    made: list[GroupEval] = []
-    # Groups whose blocks point into another group come after it (the index check reads the
-    # prompt's blocks of the target group, ``made[target_at]``).
-    for group, decl, target_at, known_here, spans in rows:
-        high, low = prompt.words(decl.block_size)
-        reads = (kernel_layouts.get(decl.name) if kernel_layouts else None) or decl.layout
-        if spans.n != high.size:  # the prompt's words end before its tokens: spans of its own
-            spans = spans_for(group, high.size, lengths, step)
-            lease_spans = None
-        # Made without the constructor's checks and keywords: the arguments are made here.
-        evaluation = _new_eval(GroupEval)
-        if firsts is None:
+        made = passed  # each group evaluated on its first pass (None: none run)
+    if made is None:
+        made = []
+        # Groups whose blocks point into another group come after it (the index check reads
+        # the prompt's blocks of the target group, ``made[target_at]``).
+        for group, decl, target_at, known_here, spans in rows:
+            high, low = prompt.words(decl.block_size)
+            reads = (kernel_layouts.get(decl.name) if kernel_layouts else None) or decl.layout
+            if spans.n != high.size:  # the prompt's words end before its tokens: own spans
+                spans = spans_for(group, high.size, lengths, step)
+                lease_spans = None
+            # Made without the constructor's checks and keywords: the arguments are made here.
+            evaluation = _new_eval(GroupEval)
             evaluation._evaluate(group, high, low, lengths, level, profile,
-                                 made[target_at] if target_at >= 0 else None, checksums, spans,
-                                 statics_for(group, reads, profile, known_here), capped)
-        else:
-            at = len(made)
-            evaluation._evaluate(group, high, low, lengths, level, profile, None, checksums,
-                                 spans, firsts[1][at], capped, firsts[0][at])
-        made.append(evaluation)
+                                 made[target_at] if target_at >= 0 else None, checksums,
+                                 spans, statics_for(group, reads, profile, known_here), capped)
+            made.append(evaluation)
     every = tuple(made)
     hit_at, usable_at, after_at = _common_lasts(every)
     admitted = _admitted(core, every) if capped else True
