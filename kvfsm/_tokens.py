@@ -22,6 +22,8 @@ TOKEN_ID_LIMIT = 2**63
 
 _FLOAT_NOTE = ("floats are refused even when integral, since a float token array is almost "
                "always a bug upstream")
+#: Lists up to this many ids are checked without NumPy reductions (see _from_sequence).
+_FEW = 32
 #: Keeps a message readable when the bad value is a long nested list or a long string.
 _SHORT = reprlib.Repr()
 _SHORT.maxlist = _SHORT.maxtuple = 4
@@ -40,6 +42,8 @@ def as_token_ids(token_ids: Sequence[int] | ArrayLike) -> NDArray[np.int64]:
     otherwise hash alike); bools (a mask is not a prompt); complex numbers; strings and bytes;
     nested or 2-D input; scalars; negative ids; ids ``>= 2**63`` (they would wrap in int64).
     """
+    if isinstance(token_ids, list):  # what requests carry: no other check applies
+        return _from_sequence(token_ids)
     if isinstance(token_ids, str | bytes | bytearray | memoryview):
         raise TokenError(f"token_ids is {type(token_ids).__name__}, not a sequence of integer "
                          "token ids (tokenize first)")
@@ -71,6 +75,13 @@ def _from_sequence(values: Sequence[object]) -> NDArray[np.int64]:
         raise _first_bad(values) from None
     tokens: NDArray[np.int64] = np.frombuffer(packed, dtype=np.int64)
     if not tokens.size:
+        return tokens
+    if tokens.size <= _FEW:
+        # A short list (a short prompt, a turn's new tokens): the same two checks over the
+        # ids as Python objects, each one C-level pass; NumPy's reductions cost more to call
+        # at this size than they save (16 ids: 0.5 us against 2.3).
+        if min(tokens.tolist()) < 0 or bool in set(map(type, values)):
+            raise _first_bad(values)
         return tokens
     if tokens.min() < 0:
         raise _first_bad(values)

@@ -93,6 +93,8 @@ def test_floats_are_refused_even_when_integral(tokens: Any, message: str) -> Non
         (np.array([4, -7, -1], dtype=np.int64), r"token_ids\[1\] = -7 is negative"),
         (np.array([4, -3], dtype=np.int8), r"token_ids\[1\] = -3 is negative"),
         ([-1, 2**63], r"token_ids\[0\] = -1 is negative"),
+        # Past the few ids a short list is checked without NumPy: the same answer.
+        ([*range(40), -2], r"token_ids\[40\] = -2 is negative"),
     ],
 )
 def test_negative_ids_are_refused(tokens: Any, message: str) -> None:
@@ -117,8 +119,10 @@ def test_ids_from_two_to_the_63_are_refused_not_wrapped(tokens: Any) -> None:
 
 @pytest.mark.parametrize(
     ("tokens", "position"),
-    [(np.ones(8, dtype=bool), 0), ([True, False], 0), ([5, 9, True], 2), ([5, np.False_], 1)],
-    ids=["bool-array", "bool-list", "bool-among-ints", "numpy-bool-among-ints"],
+    [(np.ones(8, dtype=bool), 0), ([True, False], 0), ([5, 9, True], 2), ([5, np.False_], 1),
+     ([*range(2, 40), True], 38), ([*range(2, 200), False, 7], 198)],
+    ids=["bool-array", "bool-list", "bool-among-ints", "numpy-bool-among-ints",
+         "bool-in-a-longer-list", "bool-in-a-long-list"],
 )
 def test_bools_are_refused_as_a_mask_is_not_a_prompt(tokens: Any, position: int) -> None:
     with pytest.raises(TokenError, match=rf"token_ids\[{position}\] = (True|False) .*mask"):
