@@ -29,7 +29,7 @@ from typing import Any, Final, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._addressed import AddressTable, address_table, array_at, matrix_at, vector_at, views
+from kvfsm._addressed import AddressTable, address_table, matrix_at, vector_at, views
 from kvfsm._jit import kernel, read_only
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
@@ -524,17 +524,9 @@ def group_pass(
     ids_at = N_SCALARS + count
     epochs_at = ids_at + n
     bytes_at = epochs_at + (n + 1) // 2
-    # The parts as arrays over the output's address, not slices of it: a slice holds a
-    # reference to ``out`` (compiled, an atomic count up and down each, some 7 ns: a tenth
-    # of a short prompt's pass), where ``out`` itself is held by the caller throughout.
-    if not out.flags.c_contiguous:
-        raise ValueError("the group pass writes a C-contiguous output")
-    base = out.ctypes.data
-    scalars = array_at(base, (N_SCALARS,), np.int64)
-    asked = array_at(base + 8 * N_SCALARS, (count,), np.int64)
-    ids = array_at(base + 8 * ids_at, (n,), np.int64)
-    epochs = array_at(base + 8 * epochs_at, (2 * (bytes_at - epochs_at),), np.uint32)
-    raw_bytes = array_at(base + 8 * bytes_at, (8 * (out.size - bytes_at),), np.uint8)
+    scalars, asked, ids = out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at]
+    epochs = out[epochs_at:bytes_at].view(np.uint32)
+    raw_bytes = out[bytes_at:].view(np.uint8)
     facts = raw_bytes[:n]
     rows = raw_bytes[n : n + N_FLAGS * width].view(np.bool_)
     # Whole rows (as long as the longer of n and count): the loops read the first n or count.
