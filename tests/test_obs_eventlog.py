@@ -377,8 +377,8 @@ def test_a_validated_lease_tells_each_observer_its_reads_in_the_form_it_takes() 
 
 
 def test_a_leased_read_is_logged_as_runs_and_replays(tmp_path: Path) -> None:
-    """A lease over a committed prompt reports its reads as runs (``read_runs``): the log
-    holds one read line per group, each a run of ids at one epoch, and replays clean."""
+    """A lease over a committed prompt reports its reads as runs: the log holds one reads
+    line for the lease, a run of ids at one epoch per group, and replays clean."""
     path = tmp_path / "events.jsonl"
     with EventLog(path) as log:
         eng = Engine(shipped_models()["dense"], CoreConfig(device_blocks=256, host_blocks=0,
@@ -389,17 +389,17 @@ def test_a_leased_read_is_logged_as_runs_and_replays(tmp_path: Path) -> None:
             lease.validate()
         eng.close()
     reads = [json.loads(line) for line in path.read_text().splitlines()[1:]
-             if json.loads(line)["type"] == "read"]
-    assert [(r["group"], r["ids_runs"], len(r["epochs_runs"])) for r in reads] == [
-        ("attn", [[int(lease.blocks("attn")[0]), 10]], 1)]
+             if json.loads(line)["type"].startswith("read")]
+    assert [r["runs"] for r in reads] == [
+        [["attn", int(lease.blocks("attn")[0]), 10, int(lease.epochs("attn")[0])]]]
     result = replay(path)
     assert result.accepted and result.reads == 1
 
 
 def test_lease_reads_buffered_among_moves_are_written_in_order(tmp_path: Path) -> None:
     """A validated lease's reads (one run per group, buffered as numbers) and the moves
-    around them reach the file in the order they happened, numbered one by one, each read
-    naming its own group, in one batch write; the log replays clean."""
+    around them reach the file in the order they happened, numbered one by one, each lease's
+    line naming every group it read, in one batch write; the log replays clean."""
     path = tmp_path / "log.jsonl"
     with EventLog(path, flush_every=100_000) as log:
         eng = Engine("deepseek_v4_like", CoreConfig(device_blocks=64, backend="numpy"),
@@ -413,10 +413,11 @@ def test_lease_reads_buffered_among_moves_are_written_in_order(tmp_path: Path) -
     _, lines = records(path)
     assert [line["seq"] for line in lines] == list(range(len(lines)))
     kinds = [line["type"] for line in lines]
-    assert kinds.index("read") < len(kinds) - 1 - kinds[::-1].index("move")  # interleaved
-    reads = [line for line in lines if line["type"] == "read"]
-    assert [line["group"] for line in reads] == ["history", "swa", "index"] * 2
-    assert all("ids_runs" in line or "ids" in line for line in reads)
+    assert kinds.index("reads") < len(kinds) - 1 - kinds[::-1].index("move")  # interleaved
+    reads = [line for line in lines if line["type"] == "reads"]
+    assert [[run[0] for run in line["runs"]] for line in reads] == [
+        ["history", "swa", "index"]] * 2
+    assert "read" not in kinds
     assert replay(path).accepted
 
 
@@ -523,9 +524,9 @@ def test_a_lease_of_one_run_per_group_is_told_as_its_answer_rows() -> None:
 
 
 def test_leases_told_as_answer_rows_are_logged_as_runs_in_order(tmp_path: Path) -> None:
-    """A log buffering leases' answer rows among moves and other reads writes each group's
-    run as the line a run read makes, every line numbered in turn: the same lines as a log
-    told the runs one by one, and it replays clean."""
+    """A log buffering leases' answer rows among moves and other reads writes each lease's
+    runs as the line its runs make, every line numbered in turn: the same lines as a log
+    told the runs as a list, and it replays clean."""
     paths = [tmp_path / "rows.jsonl", tmp_path / "runs.jsonl"]
 
     class RunsOnly(EventLog):
@@ -550,5 +551,6 @@ def test_leases_told_as_answer_rows_are_logged_as_runs_in_order(tmp_path: Path) 
     assert written[0] == written[1]
     _, lines = records(paths[0])
     assert [line["seq"] for line in lines] == list(range(len(lines)))
-    assert sum(line["type"] == "read" for line in lines) == 6
+    kinds = [line["type"] for line in lines]
+    assert kinds.count("read") == kinds.count("reads") == 3  # two runs, then one
     assert replay(paths[0]).accepted

@@ -1,5 +1,5 @@
-"""The event log's read lines for runs, formatted many at a time by one compiled pass: the same
-text as one line at a time, and as the general formatter's JSON."""
+"""The event log's lines for leases' reads, formatted many at a time by one compiled pass: the
+same text as one line at a time, each lease's runs on one line, and as replay reads them."""
 
 from __future__ import annotations
 
@@ -14,51 +14,47 @@ from hypothesis import strategies as st
 from kvfsm import CoreConfig, Engine, EventLog
 from kvfsm._jit import settings as jit
 from kvfsm.obs import replay
-from kvfsm.obs._read_lines import name_table, run_lines, run_read_line
+from kvfsm.obs._read_lines import name_table, reads_line, reads_lines
 
 _INT64 = st.integers(0, 2**63 - 1)
 _GROUPS = ["history", "swa", 'a "quoted" név']  # JSON escapes the last to ASCII
+_RUN = st.tuples(st.integers(0, len(_GROUPS) - 1), _INT64, st.integers(1, 2**62), _INT64)
 
 
 @settings(deadline=None)  # the first example may compile the kernel
-@given(rows=st.lists(st.tuples(st.integers(0, len(_GROUPS) - 1), _INT64, st.integers(1, 9),
-                               _INT64), max_size=12),
+@given(leases=st.lists(st.lists(_RUN, min_size=1, max_size=4), max_size=8),
        seq=st.integers(0, 2**62), compiled=st.booleans())
-def test_runs_formatted_together_are_the_lines_formatted_one_by_one(
-        rows: list[tuple[int, int, int, int]], seq: int, compiled: bool) -> None:
-    """For any runs (group, first id, count, epoch), at any sequence number, with compiled
-    kernels on or off: the lines formatted in one pass are the lines formatted one at a time,
-    numbered in turn, each parsing to its read's ids and epochs."""
+def test_leases_formatted_together_are_the_lines_formatted_one_by_one(
+        leases: list[list[tuple[int, int, int, int]]], seq: int, compiled: bool) -> None:
+    """For any leases' runs (group, first id, count, epoch), at any sequence number, with
+    compiled kernels on or off: the lines formatted in one pass are the lines formatted one
+    lease at a time, numbered in turn, each parsing to its lease's runs."""
     if compiled and not jit.available:
         compiled = False
     names = [json.dumps(group) for group in _GROUPS]
     name_bytes, name_starts = name_table(names)
-    # Counts keep first + count within int64, as a group's ids are.
-    table = np.array([(g, min(first, 2**62), count, epoch) for g, first, count, epoch in rows],
-                     dtype=np.int64).reshape(-1, 4)
+    rows = np.array([run for lease in leases for run in lease], dtype=np.int64).reshape(-1, 4)
+    ends = np.cumsum([len(lease) for lease in leases], dtype=np.int64)
     with jit.using(compiled):
-        text = run_lines(table, seq, name_bytes, name_starts)
-    expected = [run_read_line(seq + r, names[g], first, count, epoch)
-                for r, (g, first, count, epoch) in enumerate(table.tolist())]
+        text = reads_lines(rows, ends, seq, name_bytes, name_starts)
+    expected = [reads_line(seq + k, [(names[g], first, count, epoch)
+                                     for g, first, count, epoch in lease])
+                for k, lease in enumerate(leases)]
     assert text == "\n".join(expected)
-    for r, line in enumerate(text.splitlines()):
-        group, first, count, epoch = table[r].tolist()
+    for k, line in enumerate(text.splitlines()):
         parsed = json.loads(line)
-        assert parsed["seq"] == seq + r and parsed["group"] == _GROUPS[group]
-        if count >= 3:
-            assert parsed["ids_runs"] == [[first, count]]
-            assert parsed["epochs_runs"] == [[epoch, count]]
-        else:
-            assert parsed["ids"] == list(range(first, first + count))
-            assert parsed["epochs"] == [epoch] * count
+        assert parsed == {"seq": seq + k, "type": "reads",
+                          "runs": [[_GROUPS[g], first, count, epoch]
+                                   for g, first, count, epoch in leases[k]]}
 
 
 @pytest.mark.parametrize("compiled", [True, False])
 def test_many_leases_in_one_batch_are_logged_in_order_and_replay(tmp_path: Path,
                                                                  compiled: bool) -> None:
     """Leases validated one after another with no move between (a serving loop's usual
-    batch) are written as one line per group holding blocks, in the order of the leases,
-    numbered in turn; the log replays clean with every read counted."""
+    batch) are written as one line per lease, a run per group holding blocks, in the order
+    of the leases, numbered in turn; the log replays clean with every group's read
+    counted."""
     if compiled and not jit.available:
         pytest.skip("numba is not installed")
     path = tmp_path / "events.jsonl"
@@ -80,13 +76,16 @@ def test_many_leases_in_one_batch_are_logged_in_order_and_replay(tmp_path: Path,
         eng.close()
     lines = [json.loads(line) for line in path.read_text().splitlines()[1:]]
     assert [line["seq"] for line in lines] == list(range(len(lines)))
-    reads = [line for line in lines if line["type"] == "read"]
-    expected = [each for lease in held for each in lease if each[1]]
-    assert len(reads) == len(expected) == 6 * 3
-    for line, (group, ids, epochs) in zip(reads, expected, strict=True):
-        assert line["group"] == group
-        first, count = line["ids_runs"][0]
-        assert list(range(first, first + count)) == ids
-        assert line["epochs_runs"] == [[epochs[0], count]] and set(epochs) == {epochs[0]}
+    assert not any(line["type"] == "read" for line in lines)
+    reads = [line for line in lines if line["type"] == "reads"]
+    assert len(reads) == len(held) == 6
+    for line, lease in zip(reads, held, strict=True):
+        expected = [each for each in lease if each[1]]
+        assert len(line["runs"]) == len(expected) == 3
+        for (group, first, count, epoch), (name, ids, epochs) in zip(line["runs"], expected,
+                                                                     strict=True):
+            assert group == name
+            assert list(range(first, first + count)) == ids
+            assert epochs == [epoch] * count
     result = replay(path)
-    assert result.accepted and result.reads == len(expected)
+    assert result.accepted and result.reads == 6 * 3

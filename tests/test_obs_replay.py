@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvfsm import EventLog, parse_lifecycle, shipped_lifecycles
+from kvfsm import CoreConfig, Engine, EventLog, parse_lifecycle, shipped_lifecycles
 from kvfsm.obs import CHECKS, ReplayResult, replay
 from kvfsm.spec import Event, shipped_specs_dir
 from tests.test_obs_eventlog import GROUP, core, records, run_workload, written
@@ -184,6 +184,82 @@ def test_a_read_of_a_block_a_kernel_may_not_read(tmp_path: Path) -> None:
         c.record_read(GROUP, ids)  # block 0 is on the host now
     result = replay(tmp_path / "log.jsonl")
     rejected(result, 5, "read", f"block {ids[0]} read in state 'host'")
+
+
+@pytest.fixture
+def leased(tmp_path: Path) -> tuple[Record, list[Record]]:
+    """The header and records of a DeepSeek-style engine's commit and a validated lease: its
+    reads are one line, a run per group."""
+    path = tmp_path / "leased.jsonl"
+    with EventLog(path) as log:
+        eng = Engine("deepseek_v4_like", CoreConfig(device_blocks=64, backend="numpy"),
+                     event_log=log)
+        prompt = eng.prompt(np.random.default_rng(5).integers(0, 50_000, 161))
+        eng.commit(prompt)
+        _, lease = eng.lookup_and_lease(prompt)
+        with lease:
+            lease.validate()
+        eng.close()
+    assert replay(path).reads == 3
+    return records(path)
+
+
+def _reads(lines: list[Record]) -> int:
+    return next(i for i, r in enumerate(lines) if r["type"] == "reads")
+
+
+def test_a_leases_run_read_at_an_epoch_the_block_has_left(tmp_path: Path, leased: Any
+                                                          ) -> None:
+    def edit(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines)
+        lines[i]["runs"][1][3] += 1
+        return i
+
+    result, line = tamper(tmp_path, leased, edit)
+    rejected(result, line, "read", "group 'swa'", "content is at epoch", "(it changed)")
+
+
+def test_a_leases_run_over_a_block_a_kernel_may_not_read(tmp_path: Path, leased: Any) -> None:
+    def edit(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines)
+        run = lines[i]["runs"][0]
+        run[2] += 1  # one block past the run: never written, still free
+        return i
+
+    result, line = tamper(tmp_path, leased, edit)
+    rejected(result, line, "read", "group 'history'", "read in state 'free'")
+
+
+@pytest.mark.parametrize("runs, why", [
+    ([], "no runs"),
+    ([["history", 0, 1]], "not [group, first id, count, epoch]"),
+    ([[0, 0, 1, 0]], "not [group, first id, count, epoch]"),
+    ("history", "not a list"),
+    ([["nope", 0, 1, 0]], "unknown group 'nope'"),
+    ([["history", 0, 0, 0]], "count"),
+    ([["history", 0, 10**9, 0]], "count"),
+    ([["history", 10**6, 1, 0]], "integer in"),
+    ([["history", 60, 5, 0]], "leaves"),
+    ([["history", 0, 1, -1]], "epoch"),
+    ([["history", 0, 1, True]], "epoch"),
+])
+def test_a_malformed_leases_reads_line_is_refused(tmp_path: Path, leased: Any, runs: Any,
+                                                  why: str) -> None:
+    def edit(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines)
+        lines[i]["runs"] = runs
+        return i
+
+    result, line = tamper(tmp_path, leased, edit)
+    rejected(result, line, "malformed", why)
+
+
+def test_a_version_2_log_replays(tmp_path: Path, logged: Any) -> None:
+    """Logs written before a lease's reads shared a line (a read line per group) replay."""
+    head, lines = copy.deepcopy(logged)
+    assert head["version"] == 3 and any(r["type"] == "read" for r in lines)
+    head["version"] = 2
+    assert replay(write(tmp_path / "v2.jsonl", head, lines)).accepted
 
 
 def test_more_blocks_in_a_tier_than_its_slots(tmp_path: Path, logged: Any) -> None:

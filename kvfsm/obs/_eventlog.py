@@ -2,14 +2,14 @@
 
 The first line is a header naming the model and, per group, the lifecycle it follows, a digest
 of that lifecycle's compiled table, the capacity of each tier and the block count (and the
-blocks not free at epoch 0 when the log was attached). Then one line per batch that moved and
-one per reported read, each with a sequence number. On the hot path a batch costs one tuple of
-the arrays the core hands over, appended to a list; lines are formatted and written every
-``flush_every`` records and on :meth:`EventLog.flush`, :meth:`EventLog.close` or context exit.
-A read of consecutive ids at one epoch (a lease's, usually) is buffered as four numbers (or
-formatted as it is recorded, when it came as arrays), and a lease whose every group read one
-such run as its take's small answer array (a row per group), so the buffer never keeps a
-lease's id or epoch arrays alive.
+blocks not free at epoch 0 when the log was attached). Then one line per batch that moved, one
+per reported read of a group's arrays, and one per lease's reads told as runs (a run of
+consecutive ids at one epoch per group), each with a sequence number. On the hot path a batch
+costs one tuple of the arrays the core hands over, appended to a list; lines are formatted and
+written every ``flush_every`` records and on :meth:`EventLog.flush`, :meth:`EventLog.close` or
+context exit. A lease's runs are buffered as numbers (a lease whose every group read one run,
+as its take's small answer array, a row per group), and a read of arrays that are one run is
+formatted as it is recorded, so the buffer never keeps a lease's id or epoch arrays alive.
 """
 
 from __future__ import annotations
@@ -30,7 +30,14 @@ from numpy.typing import NDArray
 from kvfsm._errors import KvfsmError
 from kvfsm._jit import kernel
 from kvfsm.fsm import CompiledTable
-from kvfsm.obs._read_lines import READ, name_table, run_lines, run_read_line
+from kvfsm.obs._read_lines import (
+    READ,
+    READS,
+    name_table,
+    reads_line,
+    reads_lines,
+    run_read_line,
+)
 from kvfsm.spec import Event
 from kvfsm.spec._vocabulary import POOLED_TIERS
 from kvfsm.state import GroupState, StateCore
@@ -38,9 +45,10 @@ from kvfsm.state._touch import FIRST_EPOCH, FIRST_ID, HI, LO
 
 #: What the header's ``format`` says, and the version of the line layout below it.
 FORMAT: Final = "kvfsm-eventlog"
-VERSION: Final = 2
-#: Versions :func:`~kvfsm.obs.replay` reads (1 never wrote runs).
-READABLE_VERSIONS: Final = frozenset({1, 2})
+VERSION: Final = 3
+#: Versions :func:`~kvfsm.obs.replay` reads (1 never wrote runs; 2 wrote a lease's runs as a
+#: read line per group, never as one reads line).
+READABLE_VERSIONS: Final = frozenset({1, 2, 3})
 #: Batches buffered before they are written, unless told otherwise.
 FLUSH_EVERY: Final = 1024
 #: The ``type`` of a line after the header.
@@ -95,13 +103,12 @@ def header(core: StateCore) -> dict[str, Any]:
 #: event, from or to.
 _Record = tuple[str, str, Event | None, NDArray[np.intp], NDArray[np.uint8] | None,
                 NDArray[np.uint8] | None, NDArray[np.uint32]]
-#: A buffered read of ``count`` consecutive ids from ``first`` at one epoch:
-#: ``(group, first, count, epoch)``.
-_Run = tuple[str, int, int, int]
-_RUN_FIELDS: Final = 4
-#: A buffered lease's read of one run at one epoch per group holding blocks: the groups'
-#: names, the take's answer rows (:meth:`~kvfsm.state.StateCore.record_lease_runs`) and how
-#: many of them hold blocks (its lines).
+#: A buffered lease's reads, one line: per group, ``count`` consecutive ids from ``first``
+#: at one epoch, ``(group, first, count, epoch)`` (a list, told that way by ``read_runs``).
+_Runs = list[tuple[str, int, int, int]]
+#: A buffered lease's read of one run at one epoch per group holding blocks, one line: the
+#: groups' names, the take's answer rows
+#: (:meth:`~kvfsm.state.StateCore.record_lease_runs`) and how many of them hold blocks.
 _AnswerRuns = tuple[tuple[str, ...], NDArray[np.int64], int]
 _ANSWER_FIELDS: Final = 3
 
@@ -271,13 +278,11 @@ class EventLog:
         self._names: dict[str, NDArray[np.object_]] = {}
         #: Each group's name as JSON (a read line is formatted around it).
         self._group_json: dict[str, str] = {}
-        #: Records not written yet: a tuple of arrays, a read run, or a line already
-        #: formatted.
-        self._buffer: list[_Record | _Run | _AnswerRuns | str] = []
-        #: Lines the buffer will write (a lease's answer rows are one line per group).
-        self._buffered_lines = 0
+        #: Records not written yet, a line each: a tuple of arrays, a lease's runs or answer
+        #: rows, or a line already formatted.
+        self._buffer: list[_Record | _Runs | _AnswerRuns | str] = []
         #: Each group's place in the core's order, and the names as JSON packed for the
-        #: compiled formatter (:func:`~kvfsm.obs._read_lines.run_lines`).
+        #: compiled formatter (:func:`~kvfsm.obs._read_lines.reads_lines`).
         self._group_code: dict[str, int] = {}
         self._name_bytes, self._name_starts = name_table([])
         #: The group places of each order of names a lease's answer rows came in.
@@ -338,39 +343,34 @@ class EventLog:
                          (READ, group, None, ids, None, None, epochs))
 
     def read_runs(self, runs: Sequence[tuple[str, int, int, int]]) -> None:
-        """Reads each of ``count`` consecutive ids from ``first``, all at ``epoch``, given as
-        ``(group, first, count, epoch)`` (what a validated lease that found them so
-        reports): buffered as they are, a line each, under one lock (four numbers: nothing
-        kept alive, formatted with the batch)."""
+        """A lease's reads, each of ``count`` consecutive ids from ``first``, all at
+        ``epoch``, given as ``(group, first, count, epoch)`` (what a validated lease that
+        found them so reports): buffered as numbers (nothing kept alive), one reads line
+        formatted with the batch; nothing for no run."""
         with self._lock:
-            if self._file is None or self._error is not None:
+            if self._file is None or self._error is not None or not runs:
                 return
-            self._buffer.extend(runs)
-            self.records += len(runs)
-            self._buffered_lines += len(runs)
-            self._write_if_full()
+            self._append(list(runs))
 
     def read_answer_runs(self, names: tuple[str, ...], answers: NDArray[np.int64],
                          count: int) -> None:
         """A lease's read of one run at one epoch in each of ``count`` groups, as the answer
         rows of its take (:meth:`~kvfsm.state.StateCore.record_lease_runs`): buffered as they
-        are (a small array the lease never changes), a line per group holding blocks
-        formatted with the batch."""
+        are (a small array the lease never changes), one reads line formatted with the
+        batch; nothing where no group holds blocks."""
         with self._lock:
-            if self._file is None or self._error is not None:
+            if self._file is None or self._error is not None or not count:
                 return
             buffer = self._buffer
             buffer.append((names, answers, count))
-            self.records += count
-            self._buffered_lines += count
+            self.records += 1
             if len(buffer) >= self.flush_every:  # _write_if_full, a frame fewer per lease
                 self._write_if_full()
 
-    def _append(self, record: _Record | _Run | str) -> None:
+    def _append(self, record: _Record | _Runs | str) -> None:
         """Buffer one record (the lock is held), writing the buffer once it is full."""
         self._buffer.append(record)
         self.records += 1
-        self._buffered_lines += 1
         self._write_if_full()
 
     def _write_if_full(self) -> None:
@@ -396,13 +396,13 @@ class EventLog:
     def _write_buffer(self) -> None:
         """:meth:`_write` of a buffer holding records, to an open file."""
         assert self._file is not None
-        seq = self.records - self._buffered_lines
+        seq = self.records - len(self._buffer)
         lines: list[str] = []
         group_json = self._group_json
         # Leases' answer rows in a row, formatted together in one compiled pass.
         leased: list[_AnswerRuns] = []
         for record in self._buffer:
-            if not isinstance(record, str) and len(record) == _ANSWER_FIELDS:
+            if isinstance(record, tuple) and len(record) == _ANSWER_FIELDS:
                 leased.append(record)
                 continue
             if leased:
@@ -412,9 +412,9 @@ class EventLog:
                 lines.append(record)  # formatted when recorded
                 seq += 1
                 continue
-            if len(record) == _RUN_FIELDS:  # a read of one run at one epoch
-                group, start, count, epoch = record
-                lines.append(run_read_line(seq, group_json[group], start, count, epoch))
+            if isinstance(record, list):  # a lease's runs, one per group
+                lines.append(reads_line(seq, [(group_json[group], first, count, epoch)
+                                              for group, first, count, epoch in record]))
                 seq += 1
                 continue
             kind, group, event, ids, before, after, epochs = record
@@ -434,13 +434,13 @@ class EventLog:
         if leased:
             self._leased_lines(leased, seq, lines)
         self._buffer.clear()
-        self._buffered_lines = 0
         self._file.write("\n".join(lines) + "\n")
         self._file.flush()
 
     def _leased_lines(self, leased: list[_AnswerRuns], seq: int, lines: list[str]) -> int:
-        """Append the lines of leases' reads given as their answer rows (a line per group
-        holding blocks, numbered from ``seq``) as one piece; the next number."""
+        """Append the lines of leases' reads given as their answer rows (a line per lease,
+        a run per group holding blocks, numbered from ``seq``) as one piece; the next
+        number."""
         codes_of = self._codes_of
         codes = []
         for names, _, _ in leased:
@@ -454,10 +454,11 @@ class EventLog:
         holding = counts > 0
         rows = np.stack((np.concatenate(codes)[holding], answers[holding, FIRST_ID],
                          counts[holding], answers[holding, FIRST_EPOCH]), axis=1)
-        written = int(rows.shape[0])
-        if written:
-            lines.append(run_lines(rows, seq, self._name_bytes, self._name_starts))
-        return seq + written
+        # Each lease buffered holds blocks in ``count`` groups (none is buffered without).
+        ends = np.cumsum([count for _, _, count in leased], dtype=np.int64)
+        assert int(ends[-1]) == rows.shape[0], "a lease's count is its groups holding blocks"
+        lines.append(reads_lines(rows, ends, seq, self._name_bytes, self._name_starts))
+        return seq + len(leased)
 
     def flush(self) -> None:
         """Write every buffered record now; raises a write error kept from the hot path."""
@@ -480,7 +481,6 @@ class EventLog:
             with self._lock:
                 file, self._file = self._file, None
                 self._buffer.clear()
-                self._buffered_lines = 0
             if file is not None:
                 file.close()
 
@@ -492,5 +492,5 @@ class EventLog:
         self.close()
 
 
-__all__ = ["FLUSH_EVERY", "FORMAT", "MOVE", "READ", "READABLE_VERSIONS", "VERSION", "EventLog",
-           "header", "runs", "table_digest"]
+__all__ = ["FLUSH_EVERY", "FORMAT", "MOVE", "READ", "READABLE_VERSIONS", "READS", "VERSION",
+           "EventLog", "header", "runs", "table_digest"]

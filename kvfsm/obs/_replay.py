@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm.fsm import INVALID, compile_lifecycle
-from kvfsm.obs._eventlog import FORMAT, MOVE, READ, READABLE_VERSIONS, table_digest
+from kvfsm.obs._eventlog import FORMAT, MOVE, READ, READABLE_VERSIONS, READS, table_digest
 from kvfsm.spec import Event, Lifecycle, Tier, shipped_lifecycles
 from kvfsm.spec._vocabulary import EVENT_NAMES, TIER_NAMES
 
@@ -293,6 +293,18 @@ class _Group:
                 raise _Reject("malformed", f"{what}: {epochs.size} epochs for {ids.size} ids")
         else:
             epochs = self.epoch_list(record, ids.size, what)
+        self.check_read(ids, epochs)
+
+    def read_run(self, run: list[Any], what: str) -> None:
+        """A run of a reads line: ``[group, first id, count, epoch]`` (the group checked by
+        the caller), read as the ids and epochs it spells."""
+        ids = _expand([run[1:3]], 1, what, 0, self.n_blocks)
+        epoch = _ints(run[3:], f"{what} epoch", 0, _EPOCH_MODULUS)
+        self.check_read(ids, np.full(ids.size, epoch[0], dtype=np.int64))
+
+    def check_read(self, ids: NDArray[np.int64], epochs: NDArray[np.int64]) -> None:
+        """Refuse a read of any of ``ids`` that is not readable now, or read at another epoch
+        than its own (``epochs``)."""
         states = self.states[ids]
         bad = np.flatnonzero(~self.table.readable[states])
         if bad.size:
@@ -375,6 +387,9 @@ class _Replay:
             raise _Reject("sequence", f"sequence number {seq}, expected {expected_seq} "
                           "(lines missing, repeated or out of order)")
         kind = _field(record, "type", str, f"record {seq}")
+        if kind == READS:
+            self.lease_reads(record, f"record {seq}")
+            return
         name = _field(record, "group", str, f"record {seq}")
         if name not in self.groups:
             raise _Reject("malformed", f"record {seq}: unknown group {name!r}; groups: "
@@ -387,8 +402,25 @@ class _Replay:
             group.read(record, f"record {seq}")
             self.reads += 1
         else:
-            raise _Reject("malformed", f"record {seq}: type {kind!r}, expected {MOVE!r} or "
-                          f"{READ!r}")
+            raise _Reject("malformed", f"record {seq}: type {kind!r}, expected {MOVE!r}, "
+                          f"{READ!r} or {READS!r}")
+
+    def lease_reads(self, record: Mapping[str, Any], what: str) -> None:
+        """A lease's reads: per group, ``[group, first id, count, epoch]``, each checked as a
+        read of its own (and counted as one)."""
+        runs = _field(record, "runs", list, what)
+        if not runs:
+            raise _Reject("malformed", f"{what}: no runs")
+        for at, run in enumerate(runs):
+            where = f"{what} run {at}"
+            if not isinstance(run, list) or len(run) != 4 or not isinstance(run[0], str):
+                raise _Reject("malformed", f"{where}: {run!r} is not [group, first id, count, "
+                              "epoch]")
+            if run[0] not in self.groups:
+                raise _Reject("malformed", f"{where}: unknown group {run[0]!r}; groups: "
+                              f"{sorted(self.groups)}")
+            self.groups[run[0]].read_run(run, where)
+            self.reads += 1
 
 
 def replay(path: str | os.PathLike[str],
