@@ -390,11 +390,7 @@ class _Replay:
         if kind == READS:
             self.lease_reads(record, f"record {seq}")
             return
-        name = _field(record, "group", str, f"record {seq}")
-        if name not in self.groups:
-            raise _Reject("malformed", f"record {seq}: unknown group {name!r}; groups: "
-                          f"{sorted(self.groups)}")
-        group = self.groups[name]
+        group = self.group(_field(record, "group", str, f"record {seq}"), f"record {seq}")
         if kind == MOVE:
             self.blocks_moved += group.move(record, f"record {seq}")
             self.moves += 1
@@ -404,6 +400,13 @@ class _Replay:
         else:
             raise _Reject("malformed", f"record {seq}: type {kind!r}, expected {MOVE!r}, "
                           f"{READ!r} or {READS!r}")
+
+    def group(self, name: str, what: str) -> _Group:
+        """The replayed group ``name``, or a malformed line naming the groups there are."""
+        if name not in self.groups:
+            raise _Reject("malformed", f"{what}: unknown group {name!r}; groups: "
+                          f"{sorted(self.groups)}")
+        return self.groups[name]
 
     def lease_reads(self, record: Mapping[str, Any], what: str) -> None:
         """A lease's reads: per group, ``[group, first id, count, epoch]``, each checked as a
@@ -416,10 +419,7 @@ class _Replay:
             if not isinstance(run, list) or len(run) != 4 or not isinstance(run[0], str):
                 raise _Reject("malformed", f"{where}: {run!r} is not [group, first id, count, "
                               "epoch]")
-            if run[0] not in self.groups:
-                raise _Reject("malformed", f"{where}: unknown group {run[0]!r}; groups: "
-                              f"{sorted(self.groups)}")
-            self.groups[run[0]].read_run(run, where)
+            self.group(run[0], where).read_run(run, where)
             self.reads += 1
 
 
