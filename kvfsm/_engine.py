@@ -394,16 +394,24 @@ class Engine:
         if not isinstance(verdict, Verdict):
             raise KvfsmError(f"lease needs a Verdict (from Engine.lookup), got "
                              f"{type(verdict).__name__}")
+        check_ttl(ttl_s)
         # The lock taken here, not by @_locked, as in lookup: a server leases every verdict.
         with self._lock:
-            self._leases.reap()
+            leases = self._leases
+            leases.reap()
+            if isinstance(prompt, Prompt):
+                # The usual lease, its verdict this core's lookup of this prompt with nothing
+                # changed since: one pass, straight from the lookup's outputs.
+                lease = leases.take_at_once(verdict, prompt, ttl_s)
+                if lease is not None:
+                    return lease
             probe = verdict.probe
             if probe is not None and isinstance(prompt, Prompt) and probe.prompt is prompt \
                     and probe.core() is self.core:
                 owned = prompt  # this core's lookup of it checked it
             else:
                 owned = self._own(prompt)
-            return self._leases.take(verdict, owned, ttl_s=ttl_s)
+            return leases.take_afresh(verdict, owned, ttl_s)
 
     def lookup_and_lease(
         self,

@@ -88,14 +88,20 @@ class LeaseBook:
         are one pass).
         """
         check_ttl(ttl_s)
+        with self.lock:
+            lease = self.take_at_once(verdict, prompt, ttl_s)
+            return lease if lease is not None else self.take_afresh(verdict, prompt, ttl_s)
+
+    def take_afresh(self, verdict: Verdict, prompt: Prompt, ttl_s: float) -> Lease:
+        """:meth:`take` where :meth:`take_at_once` answered None (or cannot serve): each
+        group's blocks checked afresh against ``verdict``, then pinned. For an owner holding
+        the lock that checked ``ttl_s`` (:func:`check_ttl`) and made or checked ``prompt``
+        for this core."""
         tokens = verdict.usable_tokens
         if tokens > prompt.n_tokens:
             raise KvfsmError(f"the verdict covers {tokens} tokens but the prompt has only "
                              f"{prompt.n_tokens}: not this prompt's verdict")
         with self.lock:
-            at_once = self._probed_at_once(verdict, prompt, ttl_s)
-            if at_once is not None:
-                return at_once
             held = self._probed(verdict, prompt)
             if held is not None:
                 return self._open_lease(tokens, held, ttl_s)
@@ -138,13 +144,14 @@ class LeaseBook:
         with self.lock:
             lease = self.take_probed(probe, verdict.usable_tokens, ttl_s)
             if lease is None:  # the lookup recorded a checksum failure: checked group by group
-                return self.take(verdict, probe.prompt, ttl_s=ttl_s)
+                return self.take_afresh(verdict, probe.prompt, ttl_s)
             return lease
 
-    def _probed_at_once(self, verdict: Verdict, prompt: Prompt, ttl_s: float) -> Lease | None:
+    def take_at_once(self, verdict: Verdict, prompt: Prompt, ttl_s: float) -> Lease | None:
         """The lease pinned in one pass over every group, where its verdict's lookup was of
         this prompt on this core and no group changed since (the usual lease); None where
-        that cannot serve (nothing changed)."""
+        that cannot serve (nothing changed). For an owner holding the lock that checked
+        ``ttl_s`` (:func:`check_ttl`)."""
         probe = verdict.probe
         if probe is None or probe.spans is None or probe.passes is None or not probe.exact or \
                 probe.prompt is not prompt or probe.tokens != verdict.usable_tokens or \
