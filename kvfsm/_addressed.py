@@ -117,6 +117,20 @@ def views(table: NDArray[np.int64], kinds: Sequence[tuple[type[np.generic], int]
                  for at, (dtype, dimensions) in enumerate(kinds))
 
 
+def unowned(array: NDArray[Any]) -> NDArray[Any]:
+    """``array`` itself; in compiled code, a view of it that owns no reference to its memory
+    (its views own none either), for an array its caller keeps alive for the whole call.
+
+    Why: every view a compiled kernel takes of an array that owns its memory (a slice, a
+    ``view`` of another dtype) takes and gives back a reference with an atomic add, some
+    5 ns each, and a kernel that lays out a dozen views of its output paid more for them
+    than for a short prompt's work. Views of an unowned array skip both (as the arrays an
+    address table addresses do). Safe only where the array outlives every use of the view:
+    an argument (its caller holds it), or an array the kernel allocated and still uses
+    after the view's last use."""
+    return array
+
+
 _REGISTERED: list[bool] = []
 #: Two threads compiling their first kernels at once register the version once.
 _REGISTERING = threading.Lock()
@@ -148,6 +162,29 @@ def _register(numba: Any) -> None:
         def view(address: Any, shape: Any, dtype: Any) -> Any:
             return numba.carray(_pointer(address), shape, dtype)  # type: ignore[call-arg]
         return view
+
+    from numba.np import arrayobj
+    arrays: Any = arrayobj  # untyped
+
+    @intrinsic
+    def _without_owner(typingctx: Any, array: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            # The array's own fields but no meminfo (and so no parent object either).
+            kind = signature.args[0]
+            owned = arrays.make_array(kind)(context, builder, value=args[0])
+            view = arrays.make_array(kind)(context, builder)
+            arrays.populate_array(view, data=owned.data, shape=owned.shape,
+                                  strides=owned.strides, itemsize=owned.itemsize, meminfo=None)
+            return view._getvalue()
+        return array(array), codegen
+
+    @overload(unowned)
+    def _unowned(array: Any) -> Any:
+        if isinstance(array, types.Array):
+            def view(array: Any) -> Any:
+                return _without_owner(array)  # type: ignore[call-arg]
+            return view
+        return None
 
     numba.extending.register_jitable(vector_at)
     numba.extending.register_jitable(matrix_at)

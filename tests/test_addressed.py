@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvfsm._addressed import ENTRY, AddressTable, address_table, array_at
+from kvfsm._addressed import ENTRY, AddressTable, address_table, array_at, register, unowned
 from kvfsm._jit import settings as jit
 from kvfsm.verify import Level, _statics
 from kvfsm.verify._group_pass import FIXED_KINDS, pack_fixed
@@ -129,3 +129,37 @@ def _known_statics(eng: Any) -> list[dict[Any, Any]]:
     """The statics caches of the lookup's layout of ``eng``'s core."""
     from kvfsm.verify._lookup_layout import layout_of
     return [known_here for _, _, _, known_here in layout_of(eng.core).groups]
+
+
+def test_an_unowned_array_is_the_array_itself_outside_compiled_code() -> None:
+    array = np.arange(4)
+    assert unowned(array) is array
+
+
+@needs_numba
+def test_views_of_an_unowned_array_read_and_write_the_array() -> None:
+    """In compiled code an unowned view has the array's shape and memory: slices and dtype
+    views of it read what the array holds and writes through them land in the array, for
+    vectors and matrices, and the array lives on unchanged in size after the call."""
+    import numba
+
+    from kvfsm._jit import _numba
+
+    register(_numba())
+
+    @numba.njit(cache=False)
+    def through_views(out: Any, matrix: Any) -> int:
+        out, matrix = unowned(out), unowned(matrix)
+        words = out[2:6].view(np.uint32)
+        words[1] = 7  # the high half of out[2] on a little-endian machine, the low otherwise
+        out[0] = out[1] + matrix.shape[0] * 10 + matrix.shape[1]
+        row = matrix[1]
+        row[0] += 100
+        return int(matrix[1, 2] + out.size)
+
+    out = np.arange(8, dtype=np.int64)
+    matrix = np.arange(12, dtype=np.int32).reshape(3, 4)
+    assert through_views(out, matrix) == 6 + 8
+    assert out[0] == 1 + 34 and out.size == 8
+    assert out[2:6].view(np.uint32)[1] == 7
+    assert matrix[1, 0] == 104 and matrix.sum() == np.arange(12).sum() + 100

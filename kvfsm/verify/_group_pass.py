@@ -29,7 +29,14 @@ from typing import Any, Final, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._addressed import AddressTable, address_table, matrix_at, vector_at, views
+from kvfsm._addressed import (
+    AddressTable,
+    address_table,
+    matrix_at,
+    unowned,
+    vector_at,
+    views,
+)
 from kvfsm._jit import kernel, read_only
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
@@ -518,6 +525,10 @@ def group_pass(
     ``hi`` ``k * prefix_step`` at length ``k``, every length served): the pass computes them
     instead of reading them (the twin reads them). Everything it writes goes to ``out``,
     laid out as :func:`out_offsets` says (one allocation a call)."""
+    # The caller holds every argument for the whole call: views of these own no reference
+    # (no atomic add and subtract for each of the dozen views of ``out`` below).
+    high, low, spans, history, out = unowned(high), unowned(low), unowned(spans), \
+        unowned(history), unowned(out)
     n, count = high.size, spans.shape[1]
     # The parts of ``out`` (out_offsets; the same arithmetic, inline for the compiler).
     width = max(n, count)
@@ -872,6 +883,9 @@ def group_pass_fixed(
     """:func:`group_pass` with the group's sixteen fixed arrays (``slots`` to ``consts``)
     given as one address table (:func:`pack_fixed`): numba unboxes one array instead of
     sixteen on every call (some 0.7 us a lookup's group)."""
+    # Unowned views (the caller holds the arrays): passed down without reference counting.
+    high, low, fixed, history, checked_ok, spans, out = unowned(high), unowned(low), \
+        unowned(fixed), unowned(history), unowned(checked_ok), unowned(spans), unowned(out)
     _group_pass_loop(
         high, low, vector_at(fixed, 0, np.uint64), vector_at(fixed, 1, np.uint64),
         vector_at(fixed, 2, np.uint64), vector_at(fixed, 3, np.bool_),
@@ -937,7 +951,9 @@ def group_pass_first(high: Words, low: Words, fixed: NDArray[np.int64],
     no budget asked and no caps (what most lookups of most groups are): seven arguments
     instead of fifteen, and its answer (:func:`first_pass_answer`) returned, so a lookup
     whose every group holds to the same length reads no scalar of the output."""
-    _group_pass_fixed_loop(high, low, fixed, _FIRST_HISTORY, 0, _FIRST_CHECKED, spans,
-                           prefix_step, check_mode, False, False, True, BUDGET_UNKNOWN, False,
-                           out)
+    # Unowned views (the caller holds the arrays): passed down without reference counting.
+    out = unowned(out)
+    _group_pass_fixed_loop(unowned(high), unowned(low), unowned(fixed), _FIRST_HISTORY, 0,
+                           _FIRST_CHECKED, unowned(spans), prefix_step, check_mode, False,
+                           False, True, BUDGET_UNKNOWN, False, out)
     return first_pass_answer(out)
