@@ -19,6 +19,7 @@ from kvfsm._errors import KvfsmError, LeaseLost
 from kvfsm._jit import warm_up
 from kvfsm.gates import (
     DEFAULT_LEASE_TTL_S,
+    NO_EXPIRY,
     Action,
     AdmissionConfig,
     AdmissionGate,
@@ -140,8 +141,15 @@ class Engine:
         self.profile = profile or DeviceProfile()
         self.policy = policy or VerifyPolicy()
         self._block_sizes = tuple(g.block_size for g in model.groups)
+        # A prompt this engine checked keeps this token (Prompt.checked_for): finding it
+        # there, a lookup skips the check (seed, hash function and block sizes never change).
+        self._prompt_token = object()
+        # The core's lookup layout (made once per core): each lookup passes it on.
+        self._layout = layout_of(self.core)
         # Gate 4: the captured graphs' signatures, and the one lookups are checked against.
         self._graphs = GraphRegistry(self.core)
+        # Whether a graph is active (set with it, in activate_graph): a lookup reads a flag.
+        self._graph_active = False
         #: Reported every lookup and told every transition (None: no metrics).
         self.metrics = metrics
         #: Told every transition and reported read, for replay (None: no log; the caller
@@ -177,7 +185,7 @@ class Engine:
         if not isinstance(prompt, Prompt):
             return self.prompt(prompt)
         prompt.check_made_for(self.core.seed, self._block_sizes, "engine",
-                              self.core.config.hash_function)
+                              self.core.config.hash_function, self._prompt_token)
         return prompt
 
     def lookup(
@@ -195,7 +203,9 @@ class Engine:
         # The engine's lock taken here, not by @_locked: the hottest call skips a frame and
         # the repacking of its keywords.
         with self._lock:
-            self._leases.reap()
+            leases = self._leases
+            if leases.next_expiry != NO_EXPIRY:  # reap's own first test, without its call
+                leases.reap()
             if priority.__class__ is not int:
                 priority = _args.integer("priority", priority)
             if drop_last_block.__class__ is not bool:
@@ -204,7 +214,8 @@ class Engine:
                 chosen = self.policy.level_for(priority)
             else:
                 chosen = level if level.__class__ is Level else as_level(level)
-            prompt = self._own(prompt)
+            if prompt.__class__ is not Prompt or prompt.checked_for is not self._prompt_token:
+                prompt = self._own(prompt)
             if kernel_layouts:
                 check_kernel_layouts(self.core, kernel_layouts)
             if self.tiers:
@@ -213,12 +224,13 @@ class Engine:
                 self.discover(prompt)
             # Every argument checked above (the prompt by _own): the lookup's own checks and
             # keywords skipped, as on every lookup a scheduler makes.
-            verdict = lookup_checked(self.core, layout_of(self.core), prompt, chosen,
+            verdict = lookup_checked(self.core, self._layout, prompt, chosen,
                                      kernel_layouts, self.profile, drop_last_block, True)
             for checks in verdict.checks:
                 self.core.record_checks(checks.group, checks.block_ids, checks.passed)
             # Gate 4: checked against the active graph's signature (a GraphVerdict), if any.
-            verdict = self._graphs.apply(prompt, verdict)
+            if self._graph_active:
+                verdict = self._graphs.apply(prompt, verdict)
             if self.metrics is not None:
                 self.metrics.observe_lookup(verdict)
             return verdict
@@ -296,6 +308,7 @@ class Engine:
         engine runs eagerly). Lookups then return a ``GraphVerdict`` carrying a
         ``GRAPH_MISMATCH`` shortfall for whatever does not fit the graph."""
         self._graphs.activate(name)
+        self._graph_active = self._graphs.active is not None
 
     @property
     def graphs(self) -> Mapping[str, GraphSignature]:

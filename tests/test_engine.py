@@ -350,6 +350,28 @@ def test_a_prompt_is_bound_to_its_engine() -> None:
         assert eng.core.group("attn").free_top == eng.core.group("attn").n_blocks
 
 
+def test_a_prompt_one_engine_checked_is_still_checked_by_another() -> None:
+    """An engine remembers the prompts it checked (to skip the check on the next lookup); a
+    prompt its twin checked, one of another cache_salt, or one of other block sizes is still
+    refused by it after the other engine's lookups accepted it, and its own stay accepted."""
+    text = tokens(100)
+    eng = engine(DENSE)
+    own = eng.prompt(text)
+    eng.lookup(own)
+    for other in (engine(model("t_dense_twin", FULL)),
+                  Engine(DENSE, CoreConfig(device_blocks=16, cache_salt="tenant-b",
+                                           backend="numpy")),
+                  engine(QWEN)):
+        foreign = other.prompt(text)
+        other.lookup(foreign)
+        other.lookup(foreign)  # checked and remembered by the other engine
+        with pytest.raises(ForeignPromptError):
+            eng.lookup(foreign)
+        with pytest.raises(ForeignPromptError):
+            other.lookup(own)
+    assert eng.lookup(own).prompt_tokens == 100
+
+
 @pytest.mark.parametrize("level", ["FULL", "full", Level.FULL])
 def test_a_level_named_by_string_runs_its_checks(level: object) -> None:
     eng = engine(DENSE)

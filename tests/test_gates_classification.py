@@ -554,6 +554,9 @@ def test_a_verdict_with_a_hand_written_plan_is_reported(monkeypatch: pytest.Monk
         return _HandWritten(table, "host", Form.RAW, (Event.RESTORE_BEGIN,))
 
     monkeypatch.setattr("kvfsm.verify._statics.restore_paths", wrong)
+    # A fresh engine: restore paths follow from the table alone, so an engine that looked up
+    # before keeps the paths it derived then.
+    eng, prompt = _spilled_dense()
     problems = verdict_problems(eng.core, prompt, eng.lookup(prompt))
     assert any("ends in 'restoring_host'" in p for p in problems), problems
 

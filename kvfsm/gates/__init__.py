@@ -10,10 +10,11 @@ from kvfsm.gates._graph import (
     check_graph,
 )
 from kvfsm.gates._lease import DEFAULT_LEASE_TTL_S, Lease
-from kvfsm.gates._lease_book import LeaseBook, check_ttl
+from kvfsm.gates._lease_book import NO_EXPIRY, LeaseBook, check_ttl
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
+    "NO_EXPIRY",
     "Action",
     "AdmissionConfig",
     "AdmissionGate",

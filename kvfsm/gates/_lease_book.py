@@ -35,7 +35,7 @@ from kvfsm.verify import Probe, ProbedGroup, Prompt, Verdict
 IdArray = NDArray[np.intp]
 
 #: The next expiry when no lease is open.
-_NEVER: Final = float("inf")
+NO_EXPIRY: Final = float("inf")
 
 
 class LeaseBook:
@@ -52,8 +52,9 @@ class LeaseBook:
         self._open: dict[int, Lease] = {}
         #: Told of every refusal (a lease not granted, a validate that failed): metrics.
         self.on_refusal: Callable[[LeaseLost], None] | None = None
-        #: The earliest expiry among open leases (reap does nothing before it).
-        self._next_expiry = _NEVER
+        #: The earliest expiry among open leases, NO_EXPIRY when none is open (reap does
+        #: nothing before it; the book's own to change).
+        self.next_expiry = NO_EXPIRY
         #: The pin pass's answer (used under the lock).
         self._answer = np.empty(4, dtype=np.int64)
         #: The core's groups' arrays in its lookups' order, for one-pass takes (made on the
@@ -195,8 +196,8 @@ class LeaseBook:
         # _open_lease, inline.
         lease = Lease(self, tokens, hold, self.clock() + ttl_s)
         self._open[id(lease)] = lease
-        if lease.expires_at < self._next_expiry:
-            self._next_expiry = lease.expires_at
+        if lease.expires_at < self.next_expiry:
+            self.next_expiry = lease.expires_at
         return lease
 
     def _arrays_named(self, names: tuple[str, ...]) -> LeaseArrays:
@@ -211,8 +212,8 @@ class LeaseBook:
                     ttl_s: float) -> Lease:
         lease = Lease(self, tokens, held, self.clock() + float(ttl_s))
         self._open[id(lease)] = lease
-        if lease.expires_at < self._next_expiry:
-            self._next_expiry = lease.expires_at
+        if lease.expires_at < self.next_expiry:
+            self.next_expiry = lease.expires_at
         return lease
 
     def _probed(self, verdict: Verdict, prompt: Prompt) -> tuple[_Held, ...] | None:
@@ -314,18 +315,18 @@ class LeaseBook:
     def reap(self) -> int:
         """Release every expired lease's pins; returns how many. O(1) before the earliest
         expiry, so the engine calls it on every call."""
-        if self._next_expiry == _NEVER:
+        if self.next_expiry == NO_EXPIRY:
             return 0  # no lease open: nothing to reap (a stale read only defers a reap)
         with self.lock:
             now = self.clock()
-            if now < self._next_expiry:
+            if now < self.next_expiry:
                 return 0
             expired = [lease for lease in self._open.values() if now >= lease.expires_at]
             for lease in expired:
                 lease.mark_expired()
                 self.drop(lease)
-            self._next_expiry = min((lease.expires_at for lease in self._open.values()),
-                                    default=_NEVER)
+            self.next_expiry = min((lease.expires_at for lease in self._open.values()),
+                                    default=NO_EXPIRY)
             return len(expired)
 
     def release_all(self) -> int:
@@ -334,7 +335,7 @@ class LeaseBook:
             open_leases = list(self._open.values())
             for lease in open_leases:
                 self.drop(lease)
-            self._next_expiry = _NEVER
+            self.next_expiry = NO_EXPIRY
             return len(open_leases)
 
 

@@ -43,10 +43,17 @@ class Prompt:
         self._block_sizes = tuple(sorted(set(block_sizes)))
         #: The last tuple of block sizes found kept (check_made_for), by identity.
         self._sizes_kept: tuple[int, ...] | None = None
+        #: The ``token`` of the last owner whose :meth:`check_made_for` passed (None: none):
+        #: an owner finding its own token here, by identity, skips the check (a prompt's
+        #: seed, hash function and block sizes never change).
+        self.checked_for: object = None
         root = namespace_root(self._seed, self._namespace, hash_function) \
             if self._namespace else self._seed
         self._hashes = {size: PrefixHashes(root, size, hash_function, self._content_keys)
                         for size in self._block_sizes}
+        #: Per block size, its hashes' words as :meth:`words` last returned them (every
+        #: lookup asks; emptied when tokens are added).
+        self._words_at: dict[int, tuple[NDArray[np.uint64], NDArray[np.uint64]]] = {}
         # Tokens so far live in _buffer[:_n_tokens]; the buffer doubles when full, so appending
         # one token at a time stays amortized O(1).
         self._buffer = np.zeros(0, dtype=np.int64)
@@ -121,15 +128,18 @@ class Prompt:
             self._buffer = grown
         if self._buffer is not tokens:
             self._buffer[self._n_tokens : end] = tokens
+        self._words_at = {}  # first: the words change below
         for hashes in self._hashes.values():
             hashes.extend_checked(tokens)
         self._n_tokens = end
 
     def check_made_for(self, seed: bytes, block_sizes: Iterable[int], owner: str,
-                       hash_function: str | None = None) -> None:
+                       hash_function: str | None = None, token: object = None) -> None:
         """Raise :class:`ForeignPromptError` unless this prompt was made with ``seed`` (and
         ``hash_function``, where given) and keeps every one of ``block_sizes`` (``owner`` names
-        the maker to use instead)."""
+        the maker to use instead). Passed, it records ``token`` (where given) in
+        :attr:`checked_for`: an object the owner keeps for these arguments, so later calls can
+        compare it instead of checking again."""
         if seed is not self._seed and bytes(seed) != self._seed:
             raise ForeignPromptError(
                 "prompt was made for another model, layout version, cache_salt or hash "
@@ -138,26 +148,31 @@ class Prompt:
             raise ForeignPromptError(
                 f"prompt was hashed with {self._hash_function} but {owner} uses "
                 f"{hash_function}; make it with {owner}.prompt(...)")
-        if block_sizes == self._block_sizes or block_sizes is self._sizes_kept:
-            return  # the engine's own sizes, or a tuple found kept before: nothing to compare
-        missing = sorted(set(block_sizes) - set(self._block_sizes))
-        if missing:
-            raise ForeignPromptError(
-                f"prompt keeps block sizes {list(self._block_sizes)} but {owner} also needs "
-                f"{missing}; make it with {owner}.prompt(...)")
-        if isinstance(block_sizes, tuple):
-            # Immutable: the same tuple asked again (an engine's per-group sizes, on every
-            # lookup) needs no second comparison.
-            self._sizes_kept = block_sizes
+        if not (block_sizes == self._block_sizes or block_sizes is self._sizes_kept):
+            missing = sorted(set(block_sizes) - set(self._block_sizes))
+            if missing:
+                raise ForeignPromptError(
+                    f"prompt keeps block sizes {list(self._block_sizes)} but {owner} also "
+                    f"needs {missing}; make it with {owner}.prompt(...)")
+            if isinstance(block_sizes, tuple):
+                # Immutable: the same tuple asked again (an engine's per-group sizes, on every
+                # lookup) needs no second comparison.
+                self._sizes_kept = block_sizes
+        if token is not None:
+            self.checked_for = token
 
     def words(self, block_size: int) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
         """``(high, low)`` hash words of every complete block at ``block_size``."""
+        words = self._words_at.get(block_size)
+        if words is not None:
+            return words
         hashes = self._hashes.get(block_size)
         if hashes is None:
             raise ForeignPromptError(
                 f"prompt keeps no hashes at block size {block_size} (it keeps "
                 f"{list(self._block_sizes)}); make it with the engine's prompt(...)")
-        return hashes.words()
+        words = self._words_at[block_size] = hashes.words()
+        return words
 
     def __repr__(self) -> str:
         keys = (f", namespace={self._namespace!r}" if self._namespace else "") + \

@@ -128,8 +128,8 @@ def statics_for(group: GroupState, reads: Layout, profile: DeviceProfile,
                 known_here: dict[tuple[int, int], Statics] | None = None) -> Statics:
     """The group's :class:`Statics` for the layout ``reads`` and ``profile`` (cached in
     ``known_here``, the group's own cache when None). Identity checks only: made again when
-    the group's table, its target's table or the restore paths derived from them are
-    replaced, or the group records a new layout."""
+    the group's table or its target's table is replaced (the restore paths follow from the
+    table), or the group records a new layout."""
     if known_here is None:
         known_here = _STATICS.get(group)
         if known_here is None:
@@ -137,13 +137,14 @@ def statics_for(group: GroupState, reads: Layout, profile: DeviceProfile,
     key = (id(reads), id(profile))
     known = known_here.get(key)
     table, target = group.table, group.target
-    paths = restore_paths(table)
     target_table = None if target is None else target.table
     if known is not None:
+        # The restore paths are not compared: they follow from the table alone.
         was = known.made_from
-        if was[0] is reads and was[1] is profile and was[2] is table and was[3] is paths \
+        if was[0] is reads and was[1] is profile and was[2] is table \
                 and was[4] == len(group.layouts) and was[5] is target_table:
             return known
+    paths = restore_paths(table)
     if len(known_here) >= _MAX_STATICS:
         known_here.clear()
     known = known_here[key] = Statics(
