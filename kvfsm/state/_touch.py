@@ -21,7 +21,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._addressed import vector_at, views
+from kvfsm._addressed import unowned, vector_at, views
 from kvfsm._jit import kernel, read_only
 
 IdArray = NDArray[np.intp]
@@ -423,6 +423,9 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
     after are unchanged. Else ``result[0] = TAKEN``. ``result[2]`` counts the touched
     groups whose blocks are one run at one epoch (``ONE_READ``: when it is ``result[1]``,
     the lease's read is reported from the answer rows alone)."""
+    # Unowned views (the caller holds the arrays): no reference counting on each view.
+    bounds, offsets, fixed, arrays, answers, result = unowned(bounds), unowned(offsets), \
+        unowned(fixed), unowned(arrays), unowned(answers), unowned(result)
     groups = len(outs)
     result[0], result[1], result[2] = TAKEN, 0, 0
     for g in range(groups):
@@ -441,9 +444,10 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
         answer[FIRST_ID], answer[FIRST_EPOCH], answer[LO], answer[HI] = -1, 0, lo, hi
         if hi <= lo:
             continue
-        ids, seen = _probed_ids(outs[g], offsets[g, 0], offsets[g, 1], lo, hi)
+        out = unowned(outs[g])
+        ids, seen = _probed_ids(out, offsets[g, 0], offsets[g, 1], lo, hi)
         run_at = offsets[g, 2]
-        one_run = run_at >= 0 and hi <= outs[g][run_at]
+        one_run = run_at >= 0 and hi <= out[run_at]
         base = g * N_LEASE_ARRAYS
         _touch_known(ids, vector_at(arrays, base + STATES, np.uint8),
                      vector_at(arrays, base + LIST_OF_STATE, np.int8),
@@ -470,10 +474,13 @@ def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.i
     """Give back what :func:`take_probed_loop` pinned in its first ``groups`` groups (its
     answer rows say where and how), as :func:`unpin_loop` per group (``arrays``: the take's
     address table)."""
+    # Unowned views (the caller holds the arrays): no reference counting on each view.
+    offsets, fixed, arrays, answers = unowned(offsets), unowned(fixed), unowned(arrays), \
+        unowned(answers)
     for g in range(groups):
         lo, hi = answers[g, LO], answers[g, HI]
         if hi > lo:
-            ids, seen = _probed_ids(outs[g], offsets[g, 0], offsets[g, 1], lo, hi)
+            ids, seen = _probed_ids(unowned(outs[g]), offsets[g, 0], offsets[g, 1], lo, hi)
             base = g * N_LEASE_ARRAYS
             unpin_loop(ids, seen, vector_at(arrays, base + EPOCH, np.uint32),
                        vector_at(arrays, base + PINS, np.uint16),
