@@ -126,8 +126,9 @@ def unowned(array: NDArray[Any]) -> NDArray[Any]:
     5 ns each, and a kernel that lays out a dozen views of its output paid more for them
     than for a short prompt's work. Views of an unowned array skip both (as the arrays an
     address table addresses do). Safe only where the array outlives every use of the view:
-    an argument (its caller holds it), or an array the kernel allocated and still uses
-    after the view's last use."""
+    an argument, which its caller holds for the whole call. Not for an array the kernel
+    allocates itself: numba drops a local's reference right after its last use, which may
+    come before the view's, and the memory would be freed under the view."""
     return array
 
 
