@@ -182,6 +182,8 @@ class Engine:
 
     def _own(self, prompt: Prompt | Sequence[int] | ArrayLike) -> Prompt:
         """``prompt`` made here (token ids become a prompt), or a ForeignPromptError."""
+        if prompt.__class__ is Prompt and prompt.checked_for is self._prompt_token:
+            return prompt  # checked here before
         if not isinstance(prompt, Prompt):
             return self.prompt(prompt)
         prompt.check_made_for(self.core.seed, self._block_sizes, "engine",
@@ -215,7 +217,7 @@ class Engine:
             else:
                 chosen = level if level.__class__ is Level else as_level(level)
             if prompt.__class__ is not Prompt or prompt.checked_for is not self._prompt_token:
-                prompt = self._own(prompt)
+                prompt = self._own(prompt)  # _own's first test, inline: the hottest call
             if kernel_layouts:
                 check_kernel_layouts(self.core, kernel_layouts)
             if self.tiers:
@@ -418,13 +420,7 @@ class Engine:
                 lease = leases.take_at_once(verdict, prompt, ttl_s)
                 if lease is not None:
                     return lease
-            probe = verdict.probe
-            if probe is not None and isinstance(prompt, Prompt) and probe.prompt is prompt \
-                    and probe.core() is self.core:
-                owned = prompt  # this core's lookup of it checked it
-            else:
-                owned = self._own(prompt)
-            return leases.take_afresh(verdict, owned, ttl_s)
+            return leases.take_afresh(verdict, self._own(prompt), ttl_s)
 
     def lookup_and_lease(
         self,
