@@ -490,7 +490,54 @@ def _group_pass_twin(
     scalars[ALL_SETTLED] = int(bool(settled.all()))
 
 
-@kernel(example=_group_pass_example, twin=_group_pass_twin, inputs=_group_pass_inputs)
+def _plan_pass(ids: NDArray[np.int64], states: NDArray[np.uint8], consts: NDArray[np.int64],
+               spans: NDArray[np.int64], now_raw: Bools, now_cmp: Bools, after_raw: Bools,
+               after_cmp: Bools, after: Bools, asked: NDArray[np.int64],
+               scalars: NDArray[np.int64], budget: int, capped: bool) -> None:
+    """Where a pass found that the plan changes some block (makes it usable, or, moving an
+    index's targets, unusable): the per-length ``after`` row over the per-block rows after
+    it, the restores it begins and, where kept, those asked per length (rare: a second pass
+    over what the first wrote, in a function of its own so the first's loop stays small)."""
+    n, count = ids.size, spans.shape[1]
+    lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
+    restores_raw_at, restores_cmp_at = consts[P_RESTORES_RAW_AT], consts[P_RESTORES_CMP_AT]
+    raw_after_bad = np.zeros(n + 1, dtype=np.int32)
+    cmp_after_bad = np.zeros(n + 1, dtype=np.int32)
+    raw_asked = np.zeros(n + 1, dtype=np.int32)
+    cmp_asked = np.zeros(n + 1, dtype=np.int32)
+    for i in range(n):
+        block = ids[i]
+        to_raw, to_cmp = after_raw[i], after_cmp[i]
+        raw_after_bad[i + 1] = raw_after_bad[i] + (not to_raw)
+        cmp_after_bad[i + 1] = cmp_after_bad[i] + (not to_cmp)
+        restoring_raw = to_raw and not now_raw[i] and block >= 0 and \
+            consts[restores_raw_at + states[block]] != 0
+        restoring_cmp = to_cmp and not now_cmp[i] and block >= 0 and \
+            consts[restores_cmp_at + states[block]] != 0
+        raw_asked[i + 1] = raw_asked[i] + restoring_raw
+        cmp_asked[i + 1] = cmp_asked[i] + restoring_cmp
+    total = raw_asked[n] + cmp_asked[n]
+    scalars[RESTORES_TOTAL] = total
+    known = budget != BUDGET_UNKNOWN
+    keep_asked = total > 0 and (capped or (known and total > budget))
+    scalars[ASKED_KEPT] = keep_asked
+    for k in range(count):
+        start, middle, end = lo[k], cut[k], hi[k]
+        after[k] = base[k] != 0 and raw_after_bad[end] == raw_after_bad[middle] and \
+            cmp_after_bad[middle] == cmp_after_bad[start]
+        if keep_asked:
+            asked[k] = raw_asked[end] - raw_asked[middle] + cmp_asked[middle] - \
+                cmp_asked[start]
+            if known and asked[k] > budget:
+                after[k] = False
+    scalars[LARGEST_AFTER] = 0
+    for k in range(count):
+        if after[k]:
+            scalars[LARGEST_AFTER] = k
+
+
+@kernel(example=_group_pass_example, twin=_group_pass_twin, inputs=_group_pass_inputs,
+        calls=(_plan_pass,))
 def group_pass(
     high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
     mapped: Bools, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
@@ -554,7 +601,6 @@ def group_pass(
     target_size, own_size = consts[P_TARGET_SIZE], consts[P_OWN_SIZE]
     layout_ok_at, code_at, hashed_at = consts[P_LAYOUT_OK_AT], consts[P_CODE_AT], \
         consts[P_HASHED_AT]
-    restores_raw_at, restores_cmp_at = consts[P_RESTORES_RAW_AT], consts[P_RESTORES_CMP_AT]
     lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
     # The probe. A prompt's blocks are usually allocated in one batch, in order: where the
     # block after the last one found is mapped (``mapped``) under the next key's words, the
@@ -783,41 +829,8 @@ def group_pass(
     scalars[LARGEST_AFTER] = largest_now
     scalars[PLAN_CHANGES] = changes
     if changes:
-        # The plan makes some blocks usable (or, moving an index's targets, unusable): the
-        # same counts after it, and the restores it begins (rare: a second pass).
-        raw_after_bad = np.zeros(n + 1, dtype=np.int32)
-        cmp_after_bad = np.zeros(n + 1, dtype=np.int32)
-        raw_asked = np.zeros(n + 1, dtype=np.int32)
-        cmp_asked = np.zeros(n + 1, dtype=np.int32)
-        for i in range(n):
-            block = ids[i]
-            to_raw, to_cmp = after_raw[i], after_cmp[i]
-            raw_after_bad[i + 1] = raw_after_bad[i] + (not to_raw)
-            cmp_after_bad[i + 1] = cmp_after_bad[i] + (not to_cmp)
-            restoring_raw = to_raw and not now_raw[i] and block >= 0 and \
-                consts[restores_raw_at + states[block]] != 0
-            restoring_cmp = to_cmp and not now_cmp[i] and block >= 0 and \
-                consts[restores_cmp_at + states[block]] != 0
-            raw_asked[i + 1] = raw_asked[i] + restoring_raw
-            cmp_asked[i + 1] = cmp_asked[i] + restoring_cmp
-        total = raw_asked[n] + cmp_asked[n]
-        scalars[RESTORES_TOTAL] = total
-        known = budget != BUDGET_UNKNOWN
-        keep_asked = total > 0 and (capped or (known and total > budget))
-        scalars[ASKED_KEPT] = keep_asked
-        for k in range(count):
-            start, middle, end = lo[k], cut[k], hi[k]
-            after[k] = base[k] != 0 and raw_after_bad[end] == raw_after_bad[middle] and \
-                cmp_after_bad[middle] == cmp_after_bad[start]
-            if keep_asked:
-                asked[k] = raw_asked[end] - raw_asked[middle] + cmp_asked[middle] - \
-                    cmp_asked[start]
-                if known and asked[k] > budget:
-                    after[k] = False
-        scalars[LARGEST_AFTER] = 0
-        for k in range(count):
-            if after[k]:
-                scalars[LARGEST_AFTER] = k
+        _plan_pass(ids, states, consts, spans, now_raw, now_cmp, after_raw, after_cmp, after,
+                   asked, scalars, budget, capped)
 
 
 # -- the same pass with the group's fixed arrays by address ------------------------------------
@@ -872,7 +885,7 @@ def _group_pass_fixed_example() -> tuple[object, ...]:
 
 @kernel(example=_group_pass_fixed_example, twin=_group_pass_fixed_twin,
         inputs=lambda rng: _fixed_args(_group_pass_inputs(rng)),
-        calls=(_group_pass_loop,))
+        calls=(_plan_pass, _group_pass_loop))
 def group_pass_fixed(
     high: Words, low: Words, fixed: NDArray[np.int64], history: NDArray[np.int64],
     n_history: int, checked_ok: Bools, spans: NDArray[np.int64], prefix_step: int,
@@ -936,24 +949,203 @@ def _group_pass_first_twin(high: Words, low: Words, fixed: NDArray[np.int64],
     return first_pass_answer(out)
 
 
-#: The pass over the addressed arrays, for :func:`group_pass_first` to call (compiled into it).
-_group_pass_fixed_loop = group_pass_fixed.python
+def _plain_pass_loop(
+    high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
+    mapped: Bools, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
+    position: NDArray[np.int32], sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8],
+    check: NDArray[np.uint8], consts: NDArray[np.int64], spans: NDArray[np.int64],
+    prefix_step: int, check_mode: int, out: NDArray[np.int64],
+) -> None:
+    """:func:`group_pass` of a group without an index, with no checks given, no budget asked
+    and no caps (a lookup's first pass), writing the same output: the index's per-row work,
+    its branches and scratch left out, a fifth to a third of the pass at prompts up to a few
+    thousand tokens. Its parts are written out here, not called: numba calls a compiled
+    function with array arguments at a cost a short prompt's whole pass notices. The
+    differential test holds it to the twin, as the full pass."""
+    n, count = high.size, spans.shape[1]
+    # The parts of ``out``, as group_pass views them.
+    width = max(n, count)
+    ids_at = N_SCALARS + count
+    epochs_at = ids_at + n
+    bytes_at = epochs_at + (n + 1) // 2
+    scalars, asked, ids = out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at]
+    epochs = out[epochs_at:bytes_at].view(np.uint32)
+    raw_bytes = out[bytes_at:].view(np.uint8)
+    facts = raw_bytes[:n]
+    rows = raw_bytes[n : n + N_FLAGS * width].view(np.bool_)
+    now_raw, now_cmp = rows[NOW_RAW * width : (NOW_RAW + 1) * width], \
+        rows[NOW_CMP * width : (NOW_CMP + 1) * width]
+    after_raw, after_cmp = rows[AFTER_RAW * width : (AFTER_RAW + 1) * width], \
+        rows[AFTER_CMP * width : (AFTER_CMP + 1) * width]
+    fit, settled_ok = rows[FIT * width : (FIT + 1) * width], \
+        rows[SETTLED_OK * width : (SETTLED_OK + 1) * width]
+    hit = rows[(N_PER_BLOCK + HIT) * width : (N_PER_BLOCK + HIT + 1) * width]
+    now = rows[(N_PER_BLOCK + NOW) * width : (N_PER_BLOCK + NOW + 1) * width]
+    after = rows[(N_PER_BLOCK + AFTER) * width : (N_PER_BLOCK + AFTER + 1) * width]
+    full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
+    layout_ok_at, code_at = consts[P_LAYOUT_OK_AT], consts[P_CODE_AT]
+    # One scratch allocation in 8-byte words: the probe's read-ahead home slots (uint64) and,
+    # unless the spans are a raw prefix's, three prefix counts per block (int32).
+    n_home = min(READ_AHEAD, n)
+    n_counts = 0 if prefix_step else 3 * (n + 1)
+    scratch = np.empty(n_home + (n_counts + 1) // 2, dtype=np.int64)
+    home_words = scratch[:n_home].view(np.uint64)
+    # The probe, as group_pass's (the same ids), as one loop over the keys: the run of blocks
+    # after the last one found first, else the key's chain from its home slot, read ahead
+    # with those of the keys after it (one key right after a found one).
+    mask = np.uint64(slots.size - 1)
+    n_blocks = block_high.size
+    previous = -1
+    batch_start = batch_end = 0  # keys whose home slots are read ahead into home_words
+    for i in range(n):
+        if previous >= 0:
+            following = previous + 1
+            if following < n_blocks and mapped[following] and \
+                    block_low[following] == low[i] and block_high[following] == high[i]:
+                ids[i] = following
+                previous = following
+                continue
+        if i >= batch_end:
+            batch_start = i
+            batch_end = min(i + (1 if previous >= 0 or i == 0 else READ_AHEAD), n)
+            for j in range(batch_start, batch_end):
+                home_words[j - batch_start] = slots[low[j] & mask]
+        key_high, key_low = high[i], low[i]
+        fingerprint = key_high & SLOT_FINGERPRINT
+        pos = key_low & mask
+        word = home_words[i - batch_start]
+        ids[i] = -1
+        for _ in range(slots.size):
+            slot_block = word & SLOT_BLOCK
+            if slot_block == EMPTY_SLOT:
+                break
+            if (slot_block < np.uint64(n_blocks)
+                    and (word & SLOT_FINGERPRINT) == fingerprint
+                    and block_low[slot_block] == key_low
+                    and block_high[slot_block] == key_high):
+                ids[i] = slot_block
+                break
+            pos = (pos + np.uint64(1)) & mask
+            word = slots[pos]
+        previous = ids[i]
+    counts = scratch[n_home:].view(np.int32)
+    raw_bad, cmp_bad, missing = counts[: n + 1], counts[n + 1 : 2 * n + 2], \
+        counts[2 * n + 2 : 3 * n + 3]
+    if not prefix_step:
+        raw_bad[0] = cmp_bad[0] = missing[0] = 0
+    for i in range(N_SCALARS):
+        scalars[i] = 0
+    recorded = check_mode == CHECKS_RECORDED
+    changes = False
+    raw_count = cmp_count = missing_count = 0
+    # Blocks before the first bad raw one (before the first missing one: chain_blocks).
+    first_raw_bad = 0
+    chain_blocks, needs_checksums = n, False
+    for i in range(n):
+        block = ids[i]
+        ok = True
+        if block < 0:
+            block_facts = 0
+            epochs[i] = 0
+            if chain_blocks == n:
+                chain_blocks = i
+        else:
+            epochs[i] = epoch[block]
+            block_facts = FOUND | (consts[code_at + states[block]] << CODE_SHIFT)
+            if position[block] == i:
+                block_facts |= PLACED
+            if sub_blocks[block] == full_sub_mask:
+                block_facts |= WHOLE
+            if consts[layout_ok_at + layout_id[block]]:
+                block_facts |= LAYOUT
+            if recorded and (block_facts & READABLE) != 0:
+                recorded_check = check[block]
+                ok = recorded_check != _FAILED
+                if recorded_check == _UNCHECKED:
+                    needs_checksums = True
+        facts[i] = block_facts
+        sound = (block_facts & SOUND) == SOUND
+        good = sound and ok
+        is_raw = good and (block_facts & READ_RAW) != 0
+        is_cmp = good and (block_facts & READ_COMPRESSED) != 0
+        # No checks are given here: a block fails one only where readable with a failed
+        # recorded check, so group_pass's "sound, and not readable and failed" is ``good``.
+        movable = restore_aligned and good
+        to_raw = is_raw or (movable and (block_facts & TO_RAW) != 0)
+        to_cmp = is_cmp or (movable and (block_facts & TO_COMPRESSED) != 0)
+        if to_raw != is_raw or to_cmp != is_cmp:
+            changes = True
+        now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
+        fit[i] = settled_ok[i] = True
+        raw_count += not is_raw
+        cmp_count += not is_cmp
+        missing_count += block < 0
+        first_raw_bad += raw_count == 0
+        if not prefix_step:
+            raw_bad[i + 1] = raw_count
+            cmp_bad[i + 1] = cmp_count
+            missing[i + 1] = missing_count
+    scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
+    differ = 0  # ONE_RUN_BLOCKS, as group_pass
+    if chain_blocks > 0:
+        run_first, run_epoch = ids[0], epochs[0]
+        for i in range(chain_blocks):
+            differ |= (ids[i] - (run_first + i)) | (epochs[i] ^ run_epoch)
+    scalars[ONE_RUN_BLOCKS] = chain_blocks if differ == 0 else 0
+    scalars[ALL_SETTLED] = (cmp_count if consts[P_SETTLED_FORM] != 0 else raw_count) == 0
+    largest_hit = largest_now = 0
+    if prefix_step and count:  # the per-length rows, as group_pass
+        largest_hit = min(count - 1, chain_blocks // prefix_step)
+        largest_now = min(count - 1, first_raw_bad // prefix_step)
+        hit[:largest_hit + 1] = True
+        hit[largest_hit + 1:count] = False
+        now[:largest_now + 1] = True
+        now[largest_now + 1:count] = False
+        after[:largest_now + 1] = True
+        after[largest_now + 1:count] = False
+    else:
+        lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
+        for k in range(count):
+            start, middle, end = lo[k], cut[k], hi[k]
+            served = base[k] != 0
+            hit_here = served and missing[end] == missing[start]
+            now_here = served and raw_bad[end] == raw_bad[middle] and \
+                cmp_bad[middle] == cmp_bad[start]
+            hit[k] = hit_here
+            now[k] = now_here
+            after[k] = now_here
+            if hit_here:
+                largest_hit = k
+            if now_here:
+                largest_now = k
+    scalars[LARGEST_HIT], scalars[LARGEST_NOW] = largest_hit, largest_now
+    scalars[LARGEST_AFTER] = largest_now
+    scalars[PLAN_CHANGES] = changes
+    if changes:
+        _plan_pass(ids, states, consts, spans, now_raw, now_cmp, after_raw, after_cmp, after,
+                   asked, scalars, BUDGET_UNKNOWN, False)
 
 
 @kernel(example=lambda: _first_args(_group_pass_fixed_example()),
         twin=_group_pass_first_twin,
         inputs=lambda rng: _first_args(_fixed_args(_group_pass_inputs(rng))),
-        calls=(_group_pass_loop, _group_pass_fixed_loop, first_pass_answer))
+        calls=(_plan_pass, _plain_pass_loop, first_pass_answer))
 def group_pass_first(high: Words, low: Words, fixed: NDArray[np.int64],
                      spans: NDArray[np.int64], prefix_step: int, check_mode: int,
                      out: NDArray[np.int64]) -> int:
     """:func:`group_pass_fixed` of a lookup's first pass over a group without an index, with
     no budget asked and no caps (what most lookups of most groups are): seven arguments
-    instead of fifteen, and its answer (:func:`first_pass_answer`) returned, so a lookup
-    whose every group holds to the same length reads no scalar of the output."""
+    instead of fifteen, the group's arrays it reads viewed from the table, the loop without
+    an index's work (:func:`_plain_pass_loop`), and its answer (:func:`first_pass_answer`)
+    returned, so a lookup whose every group holds to the same length reads no scalar of the
+    output."""
     # Unowned views (the caller holds the arrays): passed down without reference counting.
-    out = unowned(out)
-    _group_pass_fixed_loop(unowned(high), unowned(low), unowned(fixed), _FIRST_HISTORY, 0,
-                           _FIRST_CHECKED, unowned(spans), prefix_step, check_mode, False,
-                           False, True, BUDGET_UNKNOWN, False, out)
+    fixed, out = unowned(fixed), unowned(out)
+    _plain_pass_loop(unowned(high), unowned(low), vector_at(fixed, 0, np.uint64),
+                     vector_at(fixed, 1, np.uint64), vector_at(fixed, 2, np.uint64),
+                     vector_at(fixed, 3, np.bool_), vector_at(fixed, 4, np.uint8),
+                     vector_at(fixed, 5, np.uint32), vector_at(fixed, 6, np.int32),
+                     vector_at(fixed, 7, np.uint16), vector_at(fixed, 8, np.uint8),
+                     vector_at(fixed, 9, np.uint8), vector_at(fixed, 15, np.int64),
+                     unowned(spans), prefix_step, check_mode, out)
     return first_pass_answer(out)
