@@ -4,6 +4,8 @@ usual full hit of a model without an index is told so."""
 from __future__ import annotations
 
 import contextlib
+import itertools
+import pickle
 from collections.abc import Iterator
 
 import attrs
@@ -14,12 +16,12 @@ from hypothesis import strategies as st
 
 from kvfsm import KvfsmError
 from kvfsm._jit import settings as jit
-from kvfsm.spec import ModelDecl
+from kvfsm.spec import Layout, ModelDecl
 from kvfsm.state import StateCore
 from kvfsm.verify import DeviceProfile, Level, Reason, Verdict, lookup
 from kvfsm.verify._group_eval import GroupEval
 from kvfsm.verify._lookup_layout import layout_of
-from kvfsm.verify._types import full_verdict
+from kvfsm.verify._types import full_fields, full_verdict
 from tests.verify_models import (
     DEEPSEEK,
     DENSE,
@@ -35,6 +37,8 @@ from tests.verify_models import (
 )
 
 needs_numba = pytest.mark.skipif(not jit.available, reason="numba is not installed")
+#: Write layouts a test records beyond the declared one.
+FOREIGN_LAYOUTS = 8
 
 #: Models without a sparse index (every group's first pass may run first); TWO_SIZES' chains
 #: reach past its candidate lengths (a block-boundary reason to find).
@@ -184,18 +188,76 @@ def test_a_stricter_device_profile_is_checked_after_the_first_passes(level: Leve
     assert got.usable_tokens < (PROMPTS[0].size - 1) // 16 * 16
 
 
+@needs_numba
+@pytest.mark.parametrize("change", ["layout", "profile"])
+def test_what_a_first_pass_read_last_is_read_again_after_it_changes(change: str) -> None:
+    """The statics a group's first passes keep between lookups are made again when what they
+    were made from changes: a new write layout recorded by the group (its blocks written
+    under it are not the reading kernel's: LAYOUT_MISMATCH from the first), or another device
+    profile (the slots are checked against it), though a lookup just made them."""
+    eng = engine(DENSE)
+    kept, written = eng.prompt(PROMPTS[0]), eng.prompt(PROMPTS[1])
+    eng.commit(kept)
+    eng.lookup(kept, level=Level.FULL)
+    with jit.using(True):
+        before = eng.lookup(kept, level=Level.STANDARD)  # the first passes' statics made
+        assert before.usable_tokens == (PROMPTS[0].size - 1) // 16 * 16
+        if change == "layout":
+            # Foreign layouts recorded, the blocks written under the last (a stale table of
+            # the layouts the kernel accepts would read past its end for them, into other
+            # per-state facts, some not 0).
+            declared = eng.core.group("attn").decl.layout
+            orders = [order for order in itertools.permutations(declared.dim_order)
+                      if order != declared.dim_order][:FOREIGN_LAYOUTS]
+            for order in orders:
+                eng.core.set_write_layout("attn", Layout(order, declared.alignment,
+                                                         declared.padding))
+            eng.commit(written)
+            eng.lookup(written, level=Level.FULL)  # checksums verified: only the layout fails
+            verdict = eng.lookup(written, level=Level.STANDARD)
+            # The prompts share their first 64 tokens: those blocks are the kept prompt's,
+            # written under the declared layout; every later block is the new layout's.
+            assert verdict.hit_tokens == before.usable_tokens and verdict.usable_tokens == 64
+            assert verdict.reasons_of(Reason.LAYOUT_MISMATCH)[0].block_index == 64 // 16
+        else:
+            eng.profile = DeviceProfile("picky", base_alignment=1 << 20, size_alignment=16)
+            verdict = eng.lookup(kept, level=Level.STANDARD)
+            assert verdict.usable_tokens < before.usable_tokens
+        with general_lookup(eng.core):
+            assert verdict == eng.lookup(written if change == "layout" else kept,
+                                         level=Level.STANDARD)
+
+
 def test_a_full_verdict_made_by_its_fields_is_the_constructors() -> None:
-    """``full_verdict`` stores exactly Verdict's fields: equal to the constructor's verdict,
-    field for field, probe included."""
+    """``full_verdict`` of ``full_fields`` holds exactly Verdict's fields: equal to the
+    constructor's verdict, field for field, probe included; and the template it copies is
+    left as it was, so the next verdict made from it has its own fields."""
     eng = engine(DENSE)
     verdict = eng.lookup(eng.prompt(PROMPTS[0]))
-    made = full_verdict(verdict.prompt_tokens, 48, Level.FAST, verdict.groups,
-                        verdict.reasons, verdict.probe)  # type: ignore[arg-type]
+    fields = full_fields(48, Level.FAST, verdict.groups, verdict.reasons)
+    template = dict(fields)
+    made = full_verdict(verdict.prompt_tokens, fields, verdict.probe)  # type: ignore[arg-type]
     expected = Verdict(verdict.prompt_tokens, 48, 48, 48, 48, Level.FAST, verdict.groups,
                        verdict.reasons, (), (), verdict.probe)
     assert made == expected
     assert vars(made) == vars(expected)
     assert list(vars(made)) == [field.name for field in attrs.fields(Verdict)]
+    assert fields == template
+    other = full_verdict(7, fields, None)  # type: ignore[arg-type]
+    assert (other.prompt_tokens, other.probe, made.prompt_tokens) == \
+        (7, None, verdict.prompt_tokens)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        made.usable_tokens = 0  # type: ignore[misc]
+
+
+def test_a_level_hashes_as_it_compares() -> None:
+    """Levels are keys of the lookup's caches: each hashes by identity, equal to itself
+    only, and is the same object after a round trip through its value or pickling."""
+    assert len({hash(level) for level in Level}) == len(Level)
+    for level in Level:
+        assert Level(level.value) is level
+        assert pickle.loads(pickle.dumps(level)) is level
+        assert {level: 1}[Level(level.value)] == 1
 
 
 @needs_numba

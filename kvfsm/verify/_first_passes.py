@@ -11,43 +11,43 @@ verdict is made straight from the answers. Anywhere else each group's evaluation
 its first pass's output and the general lookup goes on from them, so no pass runs twice: it
 stays the reference for every verdict, and the two agree by construction on what the passes
 wrote.
+
+The loop over the groups runs inline in :func:`~kvfsm.verify._lookup.lookup_checked` (a
+frame and ten arguments fewer on every lookup, a tenth of a short prompt's); this module holds
+its parts: the pass's bound entry point, the evaluations made from its outputs, and the
+fields of a full verdict.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm.state import GroupState
 from kvfsm.verify._group_eval import GroupEval, _new_eval
-from kvfsm.verify._group_pass import (
-    CHECKS_IGNORED,
-    CHECKS_RECORDED,
-    group_pass_first,
-)
-from kvfsm.verify._lookup_layout import MAX_CACHED, LookupLayout, Row, make_probe
-from kvfsm.verify._prompt import Prompt
-from kvfsm.verify._statics import statics_for
+from kvfsm.verify._group_pass import group_pass_first
+from kvfsm.verify._lookup_layout import MAX_CACHED, LookupLayout, Row
+from kvfsm.verify._spans import Spans
+from kvfsm.verify._statics import Statics
 from kvfsm.verify._types import (
     DeviceProfile,
     GroupVerdict,
-    LeaseSpans,
     Level,
     Reason,
     Shortfall,
-    Verdict,
-    full_verdict,
+    full_fields,
 )
 
-#: The levels compared against on every lookup (module globals read faster than members).
-_FULL: Final = Level.FULL
-_FAST: Final = Level.FAST
+#: Per group whose first pass ran: its state, hash words, spans, statics and pass output.
+Passed = tuple[GroupState, tuple[NDArray[np.uint64], NDArray[np.uint64]], Spans, Statics,
+               NDArray[np.int64]]
 #: :func:`group_pass_first`'s entry point bound to its argument types (every first pass
 #: makes its arguments alike), on the first compiled call.
-_entry: list[Callable[..., int]] = []
+bound_entry: list[Callable[..., int]] = []
 
 
 @functools.lru_cache(maxsize=MAX_CACHED)
@@ -58,80 +58,50 @@ def prompt_end(hit: int) -> Shortfall:
         "logits"))
 
 
-def first_passes(layout: LookupLayout, prompt: Prompt, n_tokens: int, rows: tuple[Row, ...],
-                 lengths: NDArray[np.int64], level: Level, profile: DeviceProfile,
-                 checksums: bool, lease_spans: LeaseSpans, may_end_here: bool
-                 ) -> Verdict | list[GroupEval] | None:
-    """Each group's first pass, for a lookup of ``prompt`` (``n_tokens`` long) over the
-    candidate ``lengths``, whose layout has no index, under an uncapped budget, with compiled
-    kernels on.
+def first_pass_entry(*args: Any) -> Callable[..., int]:
+    """:func:`group_pass_first`'s entry point for the types of ``args`` (a first pass's
+    arguments: every one makes them alike), bound on the first call and kept."""
+    return bound_entry[0] if bound_entry else _bound(*args)
 
-    The verdict where the passes say it all: ``may_end_here`` (the lookup asks nothing more,
-    such as a speculative-decoding drop), and every group usable now at the last candidate
-    length and hit as far, no checksum to compute or recompute, no alignment to check here,
-    nothing the plan changes. Else every group's evaluation, in ``rows``' order, made on its
-    first pass's output (the general lookup goes on from them). None where some group's pass
-    cannot be run so (its arrays not laid out for an address table, a prompt whose words end
-    before its tokens): the general lookup runs every pass itself."""
-    mode = CHECKS_RECORDED if checksums else CHECKS_IGNORED
-    says_all = may_end_here and not (checksums and level is _FULL)  # FULL recomputes them
-    last = lengths.size - 1
-    run = _entry[0] if _entry else None
-    passed = []
-    found = []
-    for group, decl, _, known_here, spans in rows:
-        words = prompt.words(decl.block_size)
-        high, low = words
-        statics = statics_for(group, decl.layout, profile, known_here)
-        fixed = statics.fixed
-        if fixed is None or spans.n != high.size:
-            return None
-        out = np.empty(spans.out_size, dtype=np.int64)
-        if run is None:
-            run = _bound(high, low, fixed, spans.rows, spans.prefix_step, mode, out)
-        if run(high, low, fixed, spans.rows, spans.prefix_step, mode, out) != last or \
-                not (statics.aligned or (level is _FAST and statics.restore_aligned)):
-            says_all = False
-        passed.append((group, words, spans, statics, out))
-        if says_all:  # what the probe keeps (built here: a second loop costs more)
-            found.append((decl.name, spans, out, words, group.changes))
-    if not says_all:
-        made = []
-        for group, (high, low), spans, statics, out in passed:
-            # Made without the constructor's checks and keywords, as the general lookup does.
-            evaluation = _new_eval(GroupEval)
-            evaluation._evaluate(group, high, low, lengths, level, profile, None, checksums,
-                                 spans, statics, False, out)
-            made.append(evaluation)
-        return made
-    # Usable now at the last candidate length, the hit as far, nothing to restore: the
-    # prompt-end reason (where above 0) and the probe a lease reads.
-    usable = last * layout.step
-    figures = layout.whole.get(usable)
-    if figures is None:
-        figures = _figures(layout, rows, usable)
-    return full_verdict(n_tokens, usable, level, *figures,
-                        make_probe(layout, prompt, found, last, usable, lease_spans))
+
+def evaluations(passed: list[Passed], lengths: NDArray[np.int64], level: Level,
+                profile: DeviceProfile, checksums: bool) -> list[GroupEval]:
+    """Each group's evaluation, in ``passed``'s order, made on its first pass's output (the
+    general lookup goes on from them: no pass runs twice)."""
+    made = []
+    for group, (high, low), spans, statics, out in passed:
+        # Made without the constructor's checks and keywords, as the general lookup does.
+        evaluation = _new_eval(GroupEval)
+        evaluation._evaluate(group, high, low, lengths, level, profile, None, checksums,
+                             spans, statics, False, out)
+        made.append(evaluation)
+    return made
 
 
 def _bound(*args: Any) -> Callable[..., int]:
     """:func:`group_pass_first`'s entry point for ``args``' types, bound once and kept."""
-    if not _entry:
-        _entry.append(group_pass_first.entry(*args))
-    return _entry[0]
+    if not bound_entry:
+        bound_entry.append(group_pass_first.entry(*args))
+    return bound_entry[0]
 
 
-def _figures(layout: LookupLayout, rows: tuple[Row, ...], usable: int
-             ) -> tuple[tuple[GroupVerdict, ...], tuple[Shortfall, ...]]:
-    """Each group's figures (hit, usable and restorable all ``usable``, no stop) and the
-    reasons of a verdict usable to the end of its prompt, made and kept in the layout."""
-    if len(layout.whole) >= MAX_CACHED:
-        layout.whole.clear()
-    known = layout.whole[usable] = (
+def whole_fields(layout: LookupLayout, rows: tuple[Row, ...], usable: int, level: Level
+                 ) -> dict[str, Any]:
+    """The fields of a verdict usable to the end of its prompt at ``usable`` tokens and
+    ``level`` (:func:`~kvfsm.verify._types.full_fields`: each group's figures all ``usable``
+    with no stop, the prompt-end reason where above 0), made and kept in the layout."""
+    by_level = layout.whole.get(usable)
+    if by_level is None:
+        if len(layout.whole) >= MAX_CACHED:
+            layout.whole.clear()
+        by_level = layout.whole[usable] = {}
+    fields = by_level[level] = full_fields(
+        usable, level,
         tuple([GroupVerdict(decl.name, decl.kind, decl.block_size, usable, usable, usable,
                             None) for _, decl, _, _, _ in rows]),
         (prompt_end(usable),) if usable > 0 else ())
-    return known
+    return fields
 
 
-__all__ = ["first_passes", "prompt_end"]
+__all__ = ["Passed", "bound_entry", "evaluations", "first_pass_entry", "prompt_end",
+           "whole_fields"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -19,9 +20,16 @@ from kvfsm._jit import settings as jit_settings
 from kvfsm.spec import Event, Form, GroupDecl, Layout, Tier
 from kvfsm.state import StateCore
 from kvfsm.verify._explained import Explanation, explained_later
-from kvfsm.verify._first_passes import first_passes, prompt_end
+from kvfsm.verify._first_passes import (
+    Passed,
+    bound_entry,
+    evaluations,
+    first_pass_entry,
+    prompt_end,
+    whole_fields,
+)
 from kvfsm.verify._group_eval import GroupEval, _new_eval
-from kvfsm.verify._group_pass import AFTER, HIT, NOW
+from kvfsm.verify._group_pass import AFTER, CHECKS_IGNORED, CHECKS_RECORDED, HIT, NOW
 from kvfsm.verify._lookup_layout import (
     MAX_CACHED,
     LookupLayout,
@@ -31,7 +39,7 @@ from kvfsm.verify._lookup_layout import (
 )
 from kvfsm.verify._prompt import Prompt
 from kvfsm.verify._spans import spans_for
-from kvfsm.verify._statics import statics_for
+from kvfsm.verify._statics import FIRST_PASS, statics_for
 from kvfsm.verify._types import (
     Checks,
     DeviceProfile,
@@ -43,10 +51,16 @@ from kvfsm.verify._types import (
     RestoreStep,
     Shortfall,
     Verdict,
+    full_verdict,
 )
 from kvfsm.verify._why import BY_CODE, listed
 
 _DEFAULT_PROFILE = DeviceProfile()
+#: The levels and dtype every lookup compares or makes with (module globals read faster than
+#: members; a dtype object spares ``np.empty`` parsing one).
+_FULL: Final = Level.FULL
+_FAST: Final = Level.FAST
+_INT64: Final = np.dtype(np.int64)
 
 
 def _largest(vector: np.ndarray, below: int | None = None) -> int:
@@ -118,17 +132,58 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     last = n_tokens - 1 if n_tokens > 1 else 0  # the last prompt token is always computed
     step = layout.step
     count = last // step + 1
-    lengths, rows, cached_spans = layout.spans_at(n_tokens, count)
+    known = layout.by_length.get(n_tokens)
+    lengths, rows, cached_spans = layout.spans_at(n_tokens, count) if known is None else known
     lease_spans: LeaseSpans | None = cached_spans
     capped = core.restore_budget.capped
     made: list[GroupEval] | None = None
     if layout.plain and not capped and not kernel_layouts and jit_settings.enabled:
-        passed = first_passes(layout, prompt, n_tokens, rows, lengths, level, profile,
-                              checksums, cached_spans,
-                              not drop_last_block and not layout.boundary)
-        if isinstance(passed, Verdict):
-            return passed  # the passes said it all
-        made = passed  # each group evaluated on its first pass (None: none run)
+        # Each group's first pass (kvfsm.verify._first_passes, run here: a frame fewer), and
+        # the verdict where every group holds to the last candidate length, hit as far, with
+        # no checksum to compute (FULL recomputes them), no alignment to check here, nothing
+        # the plan changes, and nothing more asked (a speculative drop, a boundary reason).
+        mode = CHECKS_RECORDED if checksums else CHECKS_IGNORED
+        says_all = not drop_last_block and not layout.boundary and \
+            not (checksums and level is _FULL)
+        last_at = count - 1
+        run = bound_entry[0] if bound_entry else None
+        passed: list[Passed] = []
+        found = []
+        for group, decl, _, known_here, spans in rows:
+            words = prompt.words(decl.block_size)
+            high, low = words
+            # The statics this group's first passes used last, where nothing they were made
+            # from changed (statics_for's checks: the profile, the table, the layouts; the
+            # reading layout is the group's own, and a group without an index has no target).
+            statics = known_here.get(FIRST_PASS)
+            if statics is None or statics.made_from[1] is not profile or \
+                    statics.made_from[2] is not group.table or \
+                    statics.made_from[4] != len(group.layouts):
+                statics = known_here[FIRST_PASS] = statics_for(group, decl.layout, profile,
+                                                               known_here)
+            fixed = statics.fixed
+            if fixed is None or spans.n != high.size:
+                break  # not laid out for the first pass: the general lookup runs them all
+            out = np.empty(spans.out_size, _INT64)
+            if run is None:
+                run = first_pass_entry(high, low, fixed, spans.rows, spans.prefix_step, mode,
+                                       out)
+            if run(high, low, fixed, spans.rows, spans.prefix_step, mode, out) != last_at or \
+                    not (statics.aligned or (level is _FAST and statics.restore_aligned)):
+                says_all = False
+            passed.append((group, words, spans, statics, out))
+            if says_all:  # what the probe keeps (built here: a second loop costs more)
+                found.append((decl.name, spans, out, words, group.changes))
+        else:
+            if says_all:
+                usable = last_at * step
+                by_level = layout.whole.get(usable)
+                fields = None if by_level is None else by_level.get(level)
+                if fields is None:
+                    fields = whole_fields(layout, rows, usable, level)
+                return full_verdict(n_tokens, fields, make_probe(
+                    layout, prompt, found, last_at, usable, cached_spans))
+            made = evaluations(passed, lengths, level, profile, checksums)
     if made is None:
         made = []
         # Groups whose blocks point into another group come after it (the index check reads

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -20,8 +20,8 @@ from kvfsm.spec import GroupDecl
 from kvfsm.state import GroupState, StateCore
 from kvfsm.verify._prompt import Prompt
 from kvfsm.verify._spans import Spans, spans_for
-from kvfsm.verify._statics import Statics
-from kvfsm.verify._types import GroupVerdict, LeaseSpans, Probe, ProbedGroup, Shortfall
+from kvfsm.verify._statics import StaticsCache
+from kvfsm.verify._types import LeaseSpans, Level, Probe, ProbedGroup
 
 #: Entries a lookup cache keeps before it starts again (candidate lengths, spans by prompt
 #: length, shared values).
@@ -49,7 +49,7 @@ def candidates(count: int, step: int) -> NDArray[np.int64]:
 
 #: A group as a lookup of a given prompt length reads it: its state, declaration, the position
 #: of the group its blocks point into (-1: none), its statics cache and its spans.
-Row = tuple[GroupState, GroupDecl, int, dict[tuple[int, int], Statics], Spans]
+Row = tuple[GroupState, GroupDecl, int, StaticsCache, Spans]
 
 
 class LookupLayout:
@@ -59,7 +59,7 @@ class LookupLayout:
     the block sizes a prompt must keep and their LCM, which groups' hash chains are prefixes
     (for the block-boundary reason), and a weak reference to the core (for probes)."""
 
-    __slots__ = ("__weakref__", "_spans", "block_sizes", "boundary", "change_count", "core",
+    __slots__ = ("__weakref__", "block_sizes", "boundary", "by_length", "change_count", "core",
                  "finest_prefix", "groups", "names", "order", "plain", "prefix_at", "step",
                  "whole")
 
@@ -68,7 +68,7 @@ class LookupLayout:
         #: The core's count of changes to any group (read once per lookup, for its probe).
         self.change_count = core.change_count
         self.order = tuple(sorted(core.groups.values(), key=lambda g: g.rule.has_targets))
-        statics: tuple[dict[tuple[int, int], Statics], ...] = tuple({} for _ in self.order)
+        statics: tuple[StaticsCache, ...] = tuple({} for _ in self.order)
         names = [group.decl.name for group in self.order]
         #: The groups' names in lookup order (one tuple for every probe of this core).
         self.names = tuple(names)
@@ -91,13 +91,14 @@ class LookupLayout:
         #: No group points into another: every group's first pass may run before the
         #: lookup looks at any (:mod:`kvfsm.verify._first_passes`).
         self.plain = all(target_at < 0 for _, _, target_at, _ in self.groups)
-        #: By usable tokens: the groups' figures and the reasons of a verdict usable to the
-        #: end of its prompt (:func:`~kvfsm.verify._first_passes.plain_verdict`; values).
-        self.whole: dict[int, tuple[tuple[GroupVerdict, ...], tuple[Shortfall, ...]]] = {}
+        #: By usable tokens and level: the fields of a verdict usable to the end of its
+        #: prompt, but its length and probe (:func:`~kvfsm.verify._first_passes.whole_fields`).
+        self.whole: dict[int, dict[Level, dict[str, Any]]] = {}
         #: By prompt length in tokens: the candidate lengths, each group's spans over them
         #: (a serving load repeats prompt lengths; one look-up instead of one per group), and
-        #: what a lease reads of those spans.
-        self._spans: dict[int, tuple[NDArray[np.int64], tuple[Row, ...], LeaseSpans]] = {}
+        #: what a lease reads of those spans (made by :meth:`spans_at`; a lookup reads them
+        #: here first, a call fewer).
+        self.by_length: dict[int, tuple[NDArray[np.int64], tuple[Row, ...], LeaseSpans]] = {}
 
     def spans_at(self, n_tokens: int, count: int
                  ) -> tuple[NDArray[np.int64], tuple[Row, ...], LeaseSpans]:
@@ -105,16 +106,16 @@ class LookupLayout:
         order its row of :attr:`groups` with its spans over them added, for the blocks such a
         prompt has; and every group's bounds and output offsets (:func:`lease_spans_of`: what a
         lease's one-pass take reads). Cached."""
-        known = self._spans.get(n_tokens)
+        known = self.by_length.get(n_tokens)
         if known is None:
-            if len(self._spans) >= MAX_CACHED:
-                self._spans.clear()
+            if len(self.by_length) >= MAX_CACHED:
+                self.by_length.clear()
             lengths = candidates(count, self.step)
             rows = tuple(
                 (group, decl, target_at, known_here,
                  spans_for(group, n_tokens // decl.block_size, lengths, self.step))
                 for group, decl, target_at, known_here in self.groups)
-            known = self._spans[n_tokens] = (lengths, rows, lease_spans_of(
+            known = self.by_length[n_tokens] = (lengths, rows, lease_spans_of(
                 self.names, [row[4] for row in rows]))
         return known
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -119,13 +119,23 @@ class Statics:
         self.entry: Callable[..., None] | None = None
 
 
+#: A group's statics: by the ids of the reading layout and device profile, and under
+#: :data:`FIRST_PASS`.
+StaticsCache = dict[tuple[int, int] | int, "Statics"]
+#: The key under which a group's statics cache (``known_here`` of :func:`statics_for`) also
+#: keeps the statics its lookups' first passes used last (the group's own layout, the
+#: lookup's device profile): an int, hashed at no cost, beside the ``(layout id, profile
+#: id)`` keys; a lookup checks them as :func:`statics_for` does (see
+#: :func:`~kvfsm.verify._lookup.lookup_checked`).
+FIRST_PASS: Final = 0
+
 #: Per group (weakly): its statics by the ids of the reading layout and device profile.
-_STATICS: weakref.WeakKeyDictionary[GroupState, dict[tuple[int, int], Statics]] = \
+_STATICS: weakref.WeakKeyDictionary[GroupState, StaticsCache] = \
     weakref.WeakKeyDictionary()
 
 
 def statics_for(group: GroupState, reads: Layout, profile: DeviceProfile,
-                known_here: dict[tuple[int, int], Statics] | None = None) -> Statics:
+                known_here: StaticsCache | None = None) -> Statics:
     """The group's :class:`Statics` for the layout ``reads`` and ``profile`` (cached in
     ``known_here``, the group's own cache when None). Identity checks only: made again when
     the group's table or its target's table is replaced (the restore paths follow from the
