@@ -60,8 +60,11 @@ def prompt_end(hit: int) -> Shortfall:
 
 def first_pass_entry(*args: Any) -> Callable[..., int]:
     """:func:`group_pass_first`'s entry point for the types of ``args`` (a first pass's
-    arguments: every one makes them alike), bound on the first call and kept."""
-    return bound_entry[0] if bound_entry else _bound(*args)
+    arguments: every one makes them alike), bound on the first call and kept in
+    :data:`bound_entry`."""
+    if not bound_entry:
+        bound_entry.append(group_pass_first.entry(*args))
+    return bound_entry[0]
 
 
 def evaluations(passed: list[Passed], lengths: NDArray[np.int64], level: Level,
@@ -76,13 +79,6 @@ def evaluations(passed: list[Passed], lengths: NDArray[np.int64], level: Level,
                              spans, statics, False, out)
         made.append(evaluation)
     return made
-
-
-def _bound(*args: Any) -> Callable[..., int]:
-    """:func:`group_pass_first`'s entry point for ``args``' types, bound once and kept."""
-    if not bound_entry:
-        bound_entry.append(group_pass_first.entry(*args))
-    return bound_entry[0]
 
 
 def whole_fields(layout: LookupLayout, rows: tuple[Row, ...], usable: int, level: Level

@@ -958,8 +958,8 @@ def _plain_pass_loop(
 ) -> None:
     """:func:`group_pass` of a group without an index, with no checks given, no budget asked
     and no caps (a lookup's first pass), writing the same output: the index's per-row work,
-    its branches and scratch left out, a fifth to a third of the pass at prompts up to a few
-    thousand tokens. Its parts are written out here, not called: numba calls a compiled
+    its branches and scratch left out (the pass 8 % faster at 32 tokens, 16-18 % from 1 024
+    to 4 096 tokens). Its parts are written out here, not called: numba calls a compiled
     function with array arguments at a cost a short prompt's whole pass notices. The
     differential test holds it to the twin, as the full pass."""
     n, count = high.size, spans.shape[1]
