@@ -17,6 +17,7 @@ from kvfsm._engine_commit import Committer, PayloadFn, zero_payload
 from kvfsm._engine_tiers import EngineTiers, check_tiers
 from kvfsm._errors import KvfsmError, LeaseLost
 from kvfsm._jit import warm_up
+from kvfsm.fsm import INVALID
 from kvfsm.gates import (
     DEFAULT_LEASE_TTL_S,
     NO_EXPIRY,
@@ -31,8 +32,8 @@ from kvfsm.gates import (
     check_ttl,
 )
 from kvfsm.obs import EngineMetrics, EventLog
-from kvfsm.restore import RestoreExecutor, RestoreTicket
-from kvfsm.spec import Lifecycle, ModelDecl, Tier, shipped_models
+from kvfsm.restore import RestoreExecutor, RestoreTicket, StoreTimeouts
+from kvfsm.spec import Event, Lifecycle, ModelDecl, Tier, shipped_models
 from kvfsm.state import CoreConfig, StateCore
 from kvfsm.tiers import StoredTier
 from kvfsm.verify import (
@@ -40,6 +41,8 @@ from kvfsm.verify import (
     KernelLayouts,
     Level,
     Prompt,
+    Reason,
+    Shortfall,
     Verdict,
     as_level,
     lookup,
@@ -63,6 +66,15 @@ def _locked(method: Callable[Concatenate[Engine, _Args], _Result]
             return method(self, *args, **kwargs)
 
     return locked
+
+
+def _restores_per_group(verdict: Verdict) -> dict[str, int]:
+    """Device slots ``verdict``'s plan takes, per group."""
+    out: dict[str, int] = {}
+    for step in verdict.plan:
+        if Event.RESTORE_BEGIN in step.path:
+            out[step.group] = out.get(step.group, 0) + 1
+    return out
 
 
 def _priority(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -99,6 +111,7 @@ class Engine:
         event_log: EventLog | None = None,
         admission: AdmissionConfig | None = None,
         lease_clock: Callable[[], float] = time.monotonic,
+        store_timeouts: StoreTimeouts | None = None,
     ) -> None:
         if not callable(lease_clock):
             raise KvfsmError(f"lease_clock must be a callable returning monotonic seconds, "
@@ -107,7 +120,8 @@ class Engine:
         options: tuple[tuple[str, object, type], ...] = (
             ("profile", profile, DeviceProfile), ("policy", policy, VerifyPolicy),
             ("metrics", metrics, EngineMetrics), ("event_log", event_log, EventLog),
-            ("admission", admission, AdmissionConfig))
+            ("admission", admission, AdmissionConfig),
+            ("store_timeouts", store_timeouts, StoreTimeouts))
         for name, value, kind in options:
             if value is not None and not isinstance(value, kind):
                 raise KvfsmError(f"Engine({name}=...) must be {kind.__name__} or None, got "
@@ -131,8 +145,9 @@ class Engine:
         self.tiers = check_tiers(self.core, tiers or {})
         #: Runs restore plans and spills into the stored tiers (host restores need no tier).
         self.restorer = RestoreExecutor(self.core, self.tiers, workers=workers,
-                                        make_room=self._make_room, lock=self._lock)
-        self._stored = EngineTiers(self.core, self.tiers, self.restorer)
+                                        make_room=self._make_room, lock=self._lock,
+                                        timeouts=store_timeouts)
+        self._stored = EngineTiers(self.core, self.tiers, self.restorer, self._lock)
         self._committer = Committer(self.core, self._stored)
         # Compile the lookup's kernels now (or load them from the disk cache), not during the
         # first request.
@@ -208,34 +223,103 @@ class Engine:
             leases = self._leases
             if leases.next_expiry != NO_EXPIRY:  # reap's own first test, without its call
                 leases.reap()
-            if priority.__class__ is not int:
-                priority = _args.integer("priority", priority)
-            if drop_last_block.__class__ is not bool:
-                drop_last_block = _args.flag("drop_last_block", drop_last_block)
-            if level is None:
-                chosen = self.policy.level_for(priority)
-            else:
-                chosen = level if level.__class__ is Level else as_level(level)
-            if prompt.__class__ is not Prompt or prompt.checked_for is not self._prompt_token:
-                prompt = self._own(prompt)  # _own's first test, inline: the hottest call
-            if kernel_layouts:
-                check_kernel_layouts(self.core, kernel_layouts)
-            if self.tiers:
-                self.restorer.poll()  # loads that finished since: their blocks are readable now
-                self._forget_evicted()
-                self.discover(prompt)
-            # Every argument checked above (the prompt by _own): the lookup's own checks and
-            # keywords skipped, as on every lookup a scheduler makes.
-            verdict = lookup_checked(self.core, self._layout, prompt, chosen,
-                                     kernel_layouts, self.profile, drop_last_block, True)
-            for checks in verdict.checks:
-                self.core.record_checks(checks.group, checks.block_ids, checks.passed)
-            # Gate 4: checked against the active graph's signature (a GraphVerdict), if any.
-            if self._graph_active:
-                verdict = self._graphs.apply(prompt, verdict)
+            prompt, chosen, drop_last_block = self._lookup_args(
+                prompt, level, priority, kernel_layouts, drop_last_block)
+            if not self.tiers:
+                return self._lookup(prompt, chosen, kernel_layouts, drop_last_block)
+        # Copies other engines (or this one before a restart) stored: asked of the tiers
+        # without the lock, so a slow store costs this lookup only (up to its deadline).
+        self._discovered(prompt)
+        with self._lock:
+            self.restorer.poll()  # loads that finished since: their blocks are readable now
+            verdict = self._lookup(prompt, chosen, kernel_layouts, drop_last_block, False)
+            if verdict.checks and self._reload_failed(verdict):
+                # A device copy failed its checksum while an intact stored copy remains: its
+                # device slot went back, and the verdict now plans the reload.
+                verdict = self._lookup(prompt, chosen, kernel_layouts, drop_last_block, False)
+            if verdict.restorable_tokens > verdict.usable_tokens:
+                verdict = self._name_down_tiers(verdict)
             if self.metrics is not None:
                 self.metrics.observe_lookup(verdict)
             return verdict
+
+    def _name_down_tiers(self, verdict: Verdict) -> Verdict:
+        """``verdict`` with a ``TIER_UNAVAILABLE`` shortfall per group whose plan reads a
+        stored tier that is backing off (restore skips those steps; the caller recomputes)."""
+        down = {tier for tier, health in self.restorer.health.items() if health.down()}
+        if not down:
+            return verdict
+        counts: dict[tuple[str, Tier], int] = {}
+        for step in verdict.plan:
+            if step.tier in down:
+                key = (step.group, step.tier)
+                counts[key] = counts.get(key, 0) + 1
+        if not counts:
+            return verdict
+        named = tuple(Shortfall(Reason.TIER_UNAVAILABLE, group, detail=(
+            f"{count} blocks' only copy is in the {tier.spec_name} tier, which is not "
+            f"answering ({self.restorer.health[tier].last_error}); they are recomputed until "
+            "it answers again")) for (group, tier), count in counts.items())
+        fields = attrs.asdict(verdict, recurse=False)
+        fields["reasons"] = verdict.reasons + named
+        made: Verdict = type(verdict)(**fields)
+        return made
+
+    def _lookup_args(self, prompt: Prompt | Sequence[int] | ArrayLike, level: Level | str | None,
+                     priority: int, kernel_layouts: KernelLayouts | None,
+                     drop_last_block: bool) -> tuple[Prompt, Level, bool]:
+        """A lookup's arguments checked (under the lock): the prompt made here, the level."""
+        if priority.__class__ is not int:
+            priority = _args.integer("priority", priority)
+        if drop_last_block.__class__ is not bool:
+            drop_last_block = _args.flag("drop_last_block", drop_last_block)
+        if level is None:
+            chosen = self.policy.level_for(priority)
+        else:
+            chosen = level if level.__class__ is Level else as_level(level)
+        if prompt.__class__ is not Prompt or prompt.checked_for is not self._prompt_token:
+            prompt = self._own(prompt)  # _own's first test, inline: the hottest call
+        if kernel_layouts:
+            check_kernel_layouts(self.core, kernel_layouts)
+        assert isinstance(prompt, Prompt)
+        return prompt, chosen, drop_last_block
+
+    def _lookup(self, prompt: Prompt, level: Level, kernel_layouts: KernelLayouts | None,
+                drop_last_block: bool, observe: bool = True) -> Verdict:
+        """The verdict of checked arguments (under the lock), its checksums recorded (and
+        reported to the metrics where ``observe``: a caller's lookup, not the engine's own)."""
+        # Every argument checked (the prompt by _own): the lookup's own checks and keywords
+        # skipped, as on every lookup a scheduler makes.
+        verdict = lookup_checked(self.core, self._layout, prompt, level,
+                                 kernel_layouts, self.profile, drop_last_block, True)
+        for checks in verdict.checks:
+            self.core.record_checks(checks.group, checks.block_ids, checks.passed)
+        # Gate 4: checked against the active graph's signature (a GraphVerdict), if any.
+        if self._graph_active:
+            verdict = self._graphs.apply(prompt, verdict)
+        if observe and self.metrics is not None:
+            self.metrics.observe_lookup(verdict)
+        return verdict
+
+    def _reload_failed(self, verdict: Verdict) -> bool:
+        """Give back the device slot of each unpinned block ``verdict`` saw failing its
+        checksum whose stored copy the table keeps (its eviction lands it back on that
+        copy, ``device_disk`` -> ``disk``): the next lookup plans its reload. True where
+        any went."""
+        moved = False
+        for checks in verdict.checks:
+            failed = np.asarray(checks.block_ids)[~np.asarray(checks.passed)]
+            if not failed.size:
+                continue
+            group = self.core.group(checks.group)
+            table = group.table
+            after = table.next_state[group.states[failed], int(Event.EVICT)]
+            back = (after != INVALID) & table.hashed[np.where(after != INVALID, after, 0)]
+            chosen = failed[back & group.unpinned(failed)]
+            if chosen.size:
+                moved |= bool(self.core.fire(checks.group, chosen, Event.EVICT,
+                                             masked=True).any())
+        return moved
 
     # -- admission (gate 1) ----------------------------------------------------------------
 
@@ -330,22 +414,43 @@ class Engine:
 
     # -- stored tiers ------------------------------------------------------------------------
 
-    @_locked
     def discover(self, prompt: Prompt | Sequence[int] | ArrayLike) -> int:
         """Adopt copies of ``prompt``'s blocks that the stored tiers hold but this core does
-        not know (another engine spilled them, or this one before a restart): per group, the
-        blocks a prefill keeps, in order, each from the fastest tier that has it, up to the
-        first found nowhere. They become hash hits to restore; loading verifies them. Returns
-        the blocks adopted. :meth:`lookup` calls it when tiers are attached."""
-        return self._stored.discover(self._own(prompt))
+        not know (another engine spilled them, or this one before a restart): per group,
+        every block some length of the prompt could use by its kind's rule (a full group's
+        up to its first hole; windows and snapshots past a hole too), each from the fastest
+        tier that has it. They become hash hits to restore; loading verifies them. The tiers
+        are asked without the engine's lock, a remote one for at most
+        ``StoreTimeouts.presence_s`` (one backing off is not asked). Returns the blocks
+        adopted. :meth:`lookup` calls it when tiers are attached."""
+        with self._lock:
+            prompt = self._own(prompt)
+        return self._discovered(prompt)[1]
 
-    @_locked
+    def _discovered(self, prompt: Prompt) -> tuple[Prompt, int]:
+        with self._lock:
+            self.restorer.poll()
+            self._forget_evicted()
+            asks = self._stored.asks(prompt)
+        if not asks:
+            return prompt, 0
+        answers = self._stored.answer(asks, None)
+        with self._lock:
+            return prompt, self._stored.adopt(prompt, answers)
+
     def restore(self, verdict: Verdict, prompt: Prompt | None = None) -> RestoreTicket:
         """Start the restores of ``verdict.plan``: device room is made first (never by giving
         back, spilling or forgetting a block of ``prompt`` that its restorable prefix reads;
         its blocks past that prefix may give way), host copies land at once, disk
         and remote copies load on worker threads. ``ticket.wait(group, timeout)`` settles
-        them; a block whose copy fails stays unusable and the next lookup recomputes from it."""
+        them; a block whose copy fails stays unusable and the next lookup recomputes from it.
+
+        Given ``prompt`` (the one ``verdict`` looked up), one call lands the longest intact
+        prefix: where a step fails (a corrupt copy, a damaged file), the prompt is looked up
+        again and the fallback length's plan (its own window blocks, its snapshot) runs too,
+        at once for host copies and within ``ticket.wait`` for loads, round after round while
+        each lands less than the last promised. Copies a stored tier must write to make
+        device room are waited for without the engine's lock."""
         if not isinstance(verdict, Verdict):
             raise KvfsmError(f"restore needs a Verdict (from Engine.lookup), got "
                              f"{type(verdict).__name__}")
@@ -353,26 +458,58 @@ class Engine:
         if probe is not None and probe.core() is not self.core:
             raise KvfsmError("this verdict was made by another engine's lookup: its plan names "
                              "that engine's blocks; look the prompt up on this engine")
-        return self._stored.restore(verdict, None if prompt is None else self._own(prompt))
+        if prompt is not None:
+            with self._lock:
+                prompt = self._own(prompt)
+            if verdict.prompt_tokens != prompt.n_tokens:
+                raise KvfsmError(f"restore: the verdict is for a prompt of "
+                                 f"{verdict.prompt_tokens} tokens, this prompt has "
+                                 f"{prompt.n_tokens}: pass the prompt it looked up")
+        keep = self._stored.restore_keep(verdict, prompt)
+        self._stored.make_room(
+            lambda: {name: count - self.core.group(name).pools[Tier.DEVICE].free
+                     for name, count in _restores_per_group(verdict).items()},
+            self._committer.give_back, lambda name: keep.get(name, ()))
+        with self._lock:
+            self._leases.reap()
+            ticket = self._stored.restore(verdict, prompt)
+        if prompt is None:
+            return ticket
+        promised = [verdict.restorable_tokens]
+        level = verdict.level
+
+        def replan() -> RestoreTicket | None:
+            with self._lock:
+                self.restorer.poll()
+                again = self._lookup(prompt, level, None, False, False)
+                if again.restorable_tokens <= again.usable_tokens or not again.plan \
+                        or again.restorable_tokens >= promised[0]:
+                    return None
+                promised[0] = again.restorable_tokens
+                return self._stored.restore(again, prompt)
+
+        return ticket.with_replan(replan)
 
     def _forget_evicted(self) -> None:
         """Blocks known only in a stored tier whose copy that tier has since evicted (its own
         size cap) are forgotten, so they stop being hits."""
         self._stored.forget_evicted()
 
-    @_locked
     def spill_down(self, group: str, tier: Tier | str, count: int, keep: ArrayLike = ()
                    ) -> int:
         """Move up to ``count`` (an int >= 0) least recently used unpinned blocks resident in
         ``tier`` (a Tier or its name), never one of ``keep``, one tier down (host -> disk,
         disk -> remote) through the stored tiers, making room there first the same way; where
-        no tier below takes them, blocks on disk are forgotten (their files stay until the
-        disk's own cap evicts them). Returns the blocks moved or dropped. ``keep`` must be
-        block ids of ``group`` (else a KvfsmError naming it, before anything moves)."""
+        no tier below takes them, blocks in a stored tier are forgotten (and a disk copy's
+        file removed). The copies are written without the engine's lock and waited for up to
+        ``StoreTimeouts.spill_wait_s``. Returns the blocks moved, dropped or on their way.
+        ``keep`` must be block ids of ``group`` (else a KvfsmError naming it, before anything
+        moves)."""
         tier, count = _args.tier("tier", tier), _args.count("count", count)
-        return self._stored.spill_down(group, tier, count, self._keep(group, keep))
+        with self._lock:
+            keep = self._keep(group, keep)
+        return self._stored.spill_down(group, tier, count, keep)
 
-    @_locked
     def offload(self, group: str, ids: ArrayLike, keep: ArrayLike = ()) -> NDArray[np.bool_]:
         """Move device blocks ``ids`` of ``group`` a tier down now, as a serving engine giving
         its own copy back wants them kept (a hit to restore later): readable ones are spilled
@@ -384,8 +521,29 @@ class Engine:
         they were: not on the device, pinned, in flight, or no tier below took them). ``ids``
         and ``keep`` must be block ids of ``group`` (else a KvfsmError naming what is wrong,
         before anything moves)."""
-        ids = self.core.block_ids(group, ids)
-        return self._stored.offload(group, ids, self._keep(group, keep))
+        with self._lock:
+            ids = self.core.block_ids(group, ids)
+            keep = self._keep(group, keep)
+        moved = np.zeros(ids.size, dtype=np.bool_)
+        tried = np.zeros(ids.size, dtype=np.bool_)
+        # What an offload evicts from host to make room is never one of its own ids (those
+        # already on host may still move on down to disk).
+        protect = np.concatenate([keep, ids]).astype(np.intp)
+
+        def part(name: str, room: int, protect: ArrayLike) -> int:
+            # The next ``room`` ids go now (host has that room); host's oldest then move on
+            # down, without the lock, before the next part.
+            chosen = np.flatnonzero(~tried)[:room]
+            tried[chosen] = True
+            moved[chosen] = self._stored.offload(group, ids[chosen], protect)
+            return int(moved[chosen].sum())
+
+        self._stored.make_room(lambda: {group: int((~tried).sum())}, part, lambda name: keep)
+        with self._lock:
+            self._leases.reap()
+            rest = np.flatnonzero(~tried)
+            moved[rest] = self._stored.offload(group, ids[rest], protect)
+            return moved
 
     @_locked
     def close(self) -> None:
@@ -469,29 +627,76 @@ class Engine:
 
     # -- commit ----------------------------------------------------------------------------
 
-    @_locked
     def commit(
         self,
         prompt: Prompt | Sequence[int] | ArrayLike,
         *,
         payload: PayloadFn = zero_payload,
         groups: Sequence[str] | None = None,
+        computed_from: int = 0,
+        unavailable: Mapping[str, ArrayLike] | None = None,
     ) -> Mapping[str, NDArray[np.intp]]:
         """Cache every complete block of ``prompt`` the model keeps, as a prefill leaves them
         (each kind's rule says which blocks and what follows the write: compressed history
         is compressed, index blocks point at the history before them, recurrent snapshots
-        exist only at checkpoints). Blocks already cached are kept; ones a lookup saw fail
-        are replaced.
+        exist only at checkpoints). ``payload(group, block indices)`` gives the content,
+        uint8 ``[k, payload_bytes]`` (the default caches zero bytes: for tests and dry runs
+        only, never for a model).
+
+        Blocks already cached on the device are kept; ones a lookup saw fail are replaced.
+        ``computed_from``: the prefill computed the tokens from there on (what it reused
+        before it is not touched); a block it computed that is cached only in a lower tier
+        (host, disk, remote; e.g. its copy could not be loaded) is written anew where the
+        device has room once the missing blocks have theirs (the fresh copy is readable at
+        once). ``unavailable``: per group, prompt block indices the caller has no content for
+        (e.g. a window block that slid out before it could be captured): left as they are,
+        the group's other blocks are committed.
 
         All or nothing across groups: when a group lacks device room, unpinned blocks of
         other prompts are given back first (invalid ones, then least recently used ones,
-        spilled where a tier has room, else evicted); if that cannot make enough room a
-        :class:`StateError` says where, and no block was allocated or given back. (Blocks of
-        the prompt already cached are settled first, e.g. compressed, as the prefill does to
-        them anyway: it takes no room, and index blocks are then written against the settled
-        history.) Returns the new block ids per group.
+        tail first, spilled where a tier has room, else evicted); if that cannot make enough
+        room a :class:`StateError` says where, and no block was allocated or given back.
+        (Blocks of the prompt already cached are settled first, e.g. compressed, as the
+        prefill does to them anyway: it takes no room, and index blocks are then written
+        against the settled history.) Room below (host, the stored tiers) is made first,
+        its copies written without the engine's lock. Returns the new block ids per group.
         """
-        return self._committer.commit(self._own(prompt), payload=payload, groups=groups)
+        computed_from = _args.count("computed_from", computed_from)
+        with self._lock:
+            prompt = self._own(prompt)
+            skip = self._unavailable(unavailable)
+            needs = self._committer.device_short(prompt, groups)
+        if needs:
+            # Device room, host room below it, made ahead without the lock.
+            self._stored.make_room(lambda: self._committer.device_short(prompt, groups),
+                                   self._committer.give_back,
+                                   lambda name: self._committer.own_blocks(prompt, name))
+        with self._lock:
+            self._leases.reap()
+            return self._committer.commit(prompt, payload=payload, groups=groups,
+                                          computed_from=computed_from, unavailable=skip)
+
+    def _unavailable(self, unavailable: Mapping[str, ArrayLike] | None
+                     ) -> dict[str, NDArray[np.int64]]:
+        """``commit(unavailable=...)`` checked: group names and block indices >= 0."""
+        if unavailable is None:
+            return {}
+        if not isinstance(unavailable, Mapping):
+            raise KvfsmError(f"commit(unavailable=...) must map group names to block indices, "
+                             f"got {type(unavailable).__name__}")
+        out = {}
+        for name, index in unavailable.items():
+            self.core.group(name)  # an unknown group is named as such
+            try:
+                array = np.asarray(index)
+            except (TypeError, ValueError) as exc:
+                raise KvfsmError(f"commit(unavailable={{{name!r}: ...}}): {exc}") from None
+            if array.size and (array.dtype.kind not in "iu" or array.ndim != 1
+                               or int(array.min()) < 0):
+                raise KvfsmError(f"commit(unavailable={{{name!r}: ...}}) must be a flat list "
+                                 f"of block indices >= 0, got {index!r}")
+            out[name] = array.astype(np.int64).ravel()
+        return out
 
     @_locked
     def _make_room(self, group: str, count: int, keep: ArrayLike = ()) -> int:
@@ -499,16 +704,32 @@ class Engine:
         for nothing."""
         return self._committer.give_back(group, count, keep)
 
-    @_locked
     def give_back(self, group: str, count: int, keep: ArrayLike = ()) -> int:
         """Free up to ``count`` (an int >= 0) device slots of ``group``: unpinned invalid
         blocks first, then the least recently used unpinned ones, spilled a tier down where
-        there is room (still a hit, restorable), else evicted; never a block of ``keep``.
-        Returns the blocks given back (commit uses it for room; a restore executor can too).
-        ``keep`` must be block ids of ``group`` (else a KvfsmError naming it, before anything
-        moves)."""
+        there is room (still a hit, restorable; host room made by moving host's oldest down
+        the stored tiers, waited for without the engine's lock), else evicted; never a block
+        of ``keep``. Returns the blocks given back (commit uses it for room; a restore
+        executor can too). ``keep`` must be block ids of ``group`` (else a KvfsmError naming
+        it, before anything moves)."""
         count = _args.count("count", count)
-        return self._committer.give_back(group, count, self._keep(group, keep))
+        with self._lock:
+            kept = self._keep(group, keep)
+        given = [0]
+
+        def give(name: str, asked: int, protect: ArrayLike) -> int:
+            done = self._committer.give_back(name, asked, protect)
+            given[0] += done
+            return done
+
+        self._stored.make_room(lambda: {group: count - given[0]}, give, lambda name: kept)
+        with self._lock:
+            self._leases.reap()
+            return given[0] + self._committer.give_back(group, count - given[0], kept)
+
+    def _host_free(self, group: str) -> int:
+        host = self.core.group(group).pools.get(Tier.HOST)
+        return 0 if host is None else host.free
 
     def _keep(self, group: str, keep: ArrayLike) -> NDArray[np.intp]:
         """``keep`` as block ids of ``group`` (repeats allowed), or a KvfsmError naming it

@@ -23,7 +23,7 @@ def zero_payload(group: GroupState, index: NDArray[np.int64]) -> NDArray[np.uint
     return np.zeros((index.size, group.decl.payload_bytes), dtype=np.uint8)
 
 
-@attrs.frozen(eq=False)
+@attrs.define(eq=False)
 class _GroupCommit:
     """What a commit will do to one group, decided before anything changes."""
 
@@ -35,6 +35,16 @@ class _GroupCommit:
     replaced: NDArray[np.intp]
     #: Cached blocks of the prompt kept as they are (never evicted to make room).
     kept: NDArray[np.intp]
+    #: Per entry of ``fresh``: a refresh, i.e. a block this prefill computed that is cached
+    #: only in a lower tier (host, disk, remote; one whose load failed included), written
+    #: anew where the device has room once the required blocks have theirs.
+    refresh: NDArray[np.bool_]
+    #: Per entry of ``fresh``: the cached block a refresh replaces (-1 for the others).
+    stale: NDArray[np.intp]
+
+    @property
+    def required(self) -> int:
+        return int(self.fresh.size - self.refresh.sum())
 
 
 class Committer:
@@ -50,13 +60,16 @@ class Committer:
         *,
         payload: PayloadFn = zero_payload,
         groups: Sequence[str] | None = None,
+        computed_from: int = 0,
+        unavailable: Mapping[str, NDArray[np.int64]] | None = None,
     ) -> Mapping[str, NDArray[np.intp]]:
         """See :meth:`kvfsm.Engine.commit`: settle the prompt's cached blocks, plan every
         group, check room for all, then per group make room, write and settle."""
         chosen = self._groups(groups)
         for group in chosen:
             self._settle(group, prompt)
-        plans = [self._plan(group, prompt, payload) for group in chosen]
+        plans = [self._plan(group, prompt, payload, computed_from,
+                            (unavailable or {}).get(group.name)) for group in chosen]
         self._check_room(plans)
         out: dict[str, NDArray[np.intp]] = {}
         for plan in plans:
@@ -77,15 +90,27 @@ class Committer:
         # Groups whose blocks point into another group come after it.
         return sorted(chosen, key=lambda g: g.rule.has_targets)
 
-    def _plan(self, group: GroupState, prompt: Prompt, payload: PayloadFn) -> _GroupCommit:
+    def _plan(self, group: GroupState, prompt: Prompt, payload: PayloadFn, computed_from: int,
+              unavailable: NDArray[np.int64] | None) -> _GroupCommit:
         decl = group.decl
         high, low = prompt.words(decl.block_size)
         index = group.rule.commit_blocks(decl, high.size)
+        if unavailable is not None and unavailable.size:
+            index = index[~np.isin(index, unavailable)]
         known = self.core.lookup_words(group.name, high[index], low[index])
         cached = known >= 0
         held = np.where(cached, known, 0)
-        failed = cached & (group.check[held] == FAILED) & group.unpinned(held)
-        fresh = index[~cached | failed]
+        states = group.states[held]
+        table = group.table
+        unpinned = group.unpinned(held)
+        failed = cached & (group.check[held] == FAILED) & unpinned
+        # Computed by this prefill yet cached only in a lower tier: the fresh copy replaces it
+        # (it is readable at once; the stored one may be what failed to load).
+        computed = (index + 1) * decl.block_size > computed_from
+        lower = cached & ~failed & unpinned & computed & ~table.readable[states] \
+            & ~table.in_flight[states] & table.hashed[states]
+        writes = ~cached | failed | lower
+        fresh = index[writes]
         content = np.asarray(payload(group, fresh), dtype=np.uint8)
         if content.size != fresh.size * decl.payload_bytes:
             raise KvfsmError(f"{group.name}: payload gave {content.size} bytes for "
@@ -93,7 +118,31 @@ class Committer:
                              f"[{fresh.size}, {decl.payload_bytes}]")
         return _GroupCommit(group, fresh, content.reshape(fresh.size, decl.payload_bytes),
                             known[failed].astype(np.intp),
-                            known[cached & ~failed].astype(np.intp))
+                            known[cached & ~failed & ~lower].astype(np.intp),
+                            lower[writes], np.where(lower, known, -1)[writes].astype(np.intp))
+
+    def device_short(self, prompt: Prompt, groups: Sequence[str] | None) -> dict[str, int]:
+        """Per group: device blocks a commit of ``prompt`` would give back for room (at most:
+        blocks already cached are not counted out), asking for no payload."""
+        out = {}
+        for group in self._groups(groups):
+            decl = group.decl
+            high, low = prompt.words(decl.block_size)
+            index = group.rule.commit_blocks(decl, high.size)
+            fresh = int((self.core.lookup_words(group.name, high[index], low[index]) < 0).sum())
+            short = fresh - group.pools[Tier.DEVICE].free
+            if short > 0:
+                out[group.name] = short
+        return out
+
+    def own_blocks(self, prompt: Prompt, group: str) -> NDArray[np.intp]:
+        """The blocks of ``group`` already cached for ``prompt`` (never given back for its
+        own room)."""
+        state = self.core.group(group)
+        high, low = prompt.words(state.decl.block_size)
+        ids = self.core.lookup_words(group, high, low)
+        own: NDArray[np.intp] = ids[ids >= 0].astype(np.intp)
+        return own
 
     def _givable(self, plan: _GroupCommit, count: int) -> NDArray[np.intp]:
         """Up to ``count`` blocks of ``plan``'s group that :meth:`give_back` may take for
@@ -104,10 +153,13 @@ class Committer:
         for plan in plans:
             group = plan.group
             device = group.pools[Tier.DEVICE]
-            short = plan.fresh.size - device.free - plan.replaced.size
+            # Replaced blocks holding a device slot give it back (one only in a lower tier
+            # gives none).
+            freed = int((group.slot[Tier.DEVICE][plan.replaced] >= 0).sum())
+            short = plan.required - device.free - freed
             if short > 0 and short > (givable := self._givable(plan, short).size):
                 raise StateError(
-                    f"{group.name}: commit needs {plan.fresh.size} device blocks, "
+                    f"{group.name}: commit needs {plan.required} device blocks, "
                     f"{device.free} are free and only {givable} more can be "
                     "given back (the rest are pinned or this prompt's own); nothing changed")
 
@@ -119,7 +171,21 @@ class Committer:
             waiting = plan.replaced[group.reclaimable_mask(plan.replaced)
                                     & group.unpinned(plan.replaced)]
             core.fire(group.name, waiting, Event.FREE)
-        self.give_back(group.name, plan.fresh.size - group.pools[Tier.DEVICE].free, plan.kept)
+        device = group.pools[Tier.DEVICE]
+        self.give_back(group.name, plan.required - device.free, plan.kept)
+        if plan.refresh.any():
+            # Refreshes take what room is left after the required blocks, as far as more can
+            # be given back, in prompt order; the others keep their lower-tier copy.
+            self.give_back(group.name, plan.fresh.size - device.free, plan.kept)
+            room = device.free - plan.required
+            order = np.cumsum(plan.refresh)
+            dropped = plan.refresh & (order > room)
+            keep = ~dropped
+            plan.fresh, plan.payload = plan.fresh[keep], plan.payload[keep]
+            plan.refresh, plan.stale = plan.refresh[keep], plan.stale[keep]
+            stale = plan.stale[plan.refresh]
+            # Out of the hash map first (their key is the fresh block's).
+            core.fire(group.name, stale, Event.INVALIDATE)
 
     def give_back(self, group: str, count: int, keep: ArrayLike = ()) -> int:
         """See :meth:`kvfsm.Engine.give_back`."""
@@ -132,7 +198,7 @@ class Committer:
         core.fire(group, chosen[invalid], Event.FREE)
         readable = chosen[~invalid]
         # To host where there is room, host's oldest moving on to disk (never one of keep).
-        spilled = self.stored.spill_from_device(group, readable, keep)
+        spilled = self.stored.spill_from_device(group, readable)
         core.fire(group, readable[~spilled], Event.EVICT)
         return int(chosen.size)
 

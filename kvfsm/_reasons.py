@@ -47,3 +47,7 @@ class Reason(enum.Enum):
     #: The usable prefix or restore plan does not fit the active captured graph's signature
     #: (block count, tier, layout, dtype, page size, alignment): run eagerly, or re-plan.
     GRAPH_MISMATCH = "graph_mismatch"
+    #: The block's only copy lives in a stored tier that is not answering (its calls failed
+    #: or ran out of time; it is backing off): restores from it are skipped and the block is
+    #: recomputed until the tier answers again.
+    TIER_UNAVAILABLE = "tier_unavailable"

@@ -704,7 +704,8 @@ def test_a_prefix_longer_than_the_device_pool_restores_what_fits_and_no_more() -
     eng.commit(head)
     eng.offload("attn", [block_id(eng, "attn", text, i) for i in range(3)])
     prompt = eng.prompt(text)
-    eng.commit(prompt)  # blocks 3, 4 and 5 on device, 0, 1 and 2 on host
+    # The prefill reused the head: blocks 3, 4 and 5 on device, 0, 1 and 2 on host.
+    eng.commit(prompt, computed_from=4 * 16)
     verdict = eng.lookup(prompt, level=Level.FULL)
     assert (verdict.usable_tokens, verdict.restorable_tokens, len(verdict.plan)) == (0, 96, 3)
     eng.restore(verdict, prompt).wait(timeout=30)

@@ -798,8 +798,8 @@ def test_offload_moves_device_blocks_to_host_where_they_stay_hits() -> None:
 
 
 def test_offload_without_a_tier_below_host_evicts_hosts_oldest_never_the_kept() -> None:
-    """Host full, nothing below it: the least recently used host blocks make way (the newest
-    offloaded stay hits); a kept host block never goes."""
+    """Host full, nothing below it: the least recently used host blocks make way, a prompt's
+    tail first (the newest offloaded stay hits); a kept host block never goes."""
     eng = _host_only(device=8, host=4)
     first, second = eng.prompt(text(0, blocks=4)), eng.prompt(text(1, blocks=4))
     commit(eng, first)
@@ -809,7 +809,7 @@ def test_offload_without_a_tier_below_host_evicts_hosts_oldest_never_the_kept() 
     kept = ids_of(eng, first)[3]
     moved = eng.offload(GROUP, ids_of(eng, second)[:2], keep=[kept])
     assert moved.tolist() == [True, True]
-    assert states(eng, first) == [None, None, "host", "host"]
+    assert states(eng, first) == ["host", None, None, "host"]
     assert states(eng, second)[:2] == ["host", "host"]
     sound(eng, first, second)
 

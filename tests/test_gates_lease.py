@@ -767,7 +767,8 @@ def test_a_prompt_committed_while_making_room_is_leased_by_each_runs_whole_chunk
     block alone, so each block holds one pin; release gives every counter back."""
     eng = Engine(shipped_models()["dense"],
                  CoreConfig(device_blocks=200, host_blocks=0, backend="numpy"))
-    eng.commit(eng.prompt(tokens(2561, seed=1)))
+    eng.commit(eng.prompt(tokens(1921, seed=1)))  # ids 0-119, the oldest: given back whole
+    eng.commit(eng.prompt(tokens(641, seed=3)))  # ids 120-159 stay
     second = eng.prompt(tokens(2561, seed=2))
     ids = eng.commit(second)["attn"]
     assert ids.tolist() == list(range(120)) + list(range(160, 200))

@@ -482,11 +482,13 @@ class AnswerRecorder(RunRecorder):
 
 
 def _two_run_engine(**observers: Any) -> tuple[Engine, Any]:
-    """A dense engine whose second prompt was committed while making room: its blocks are
-    two runs of ids (not one), the first prompt's one run given back."""
+    """A dense engine whose last prompt was committed while making room: its blocks are
+    two runs of ids (not one), the oldest prompt's one run given back whole (ids 0-119;
+    a younger prompt holds 120-159)."""
     eng = Engine(shipped_models()["dense"],
                  CoreConfig(device_blocks=200, host_blocks=0, backend="numpy"), **observers)
-    eng.commit(eng.prompt(np.random.default_rng(1).integers(0, 50_000, 2561)))
+    eng.commit(eng.prompt(np.random.default_rng(1).integers(0, 50_000, 1921)))
+    eng.commit(eng.prompt(np.random.default_rng(3).integers(0, 50_000, 641)))
     second = eng.prompt(np.random.default_rng(2).integers(0, 50_000, 2561))
     assert eng.commit(second)["attn"].tolist() == list(range(120)) + list(range(160, 200))
     return eng, second

@@ -210,9 +210,13 @@ def test_each_load_status_has_its_consequence(tmp_path: Path, status: LoadStatus
 
 
 def test_a_tier_that_raises_fails_the_batch_and_keeps_the_copies(tmp_path: Path) -> None:
+    """A tier that raises fails the whole batch (copies kept, slots given back) and backs
+    off: a plan submitted before its pause ends asks nothing of it (a note says why), one
+    submitted after it restores every block."""
     core, inner = make_core(), disk(tmp_path)
     tier = Doctored(inner)
-    with RestoreExecutor(core, {Tier.DISK: tier}) as ex:
+    now = [0.0]
+    with RestoreExecutor(core, {Tier.DISK: tier}, clock=lambda: now[0]) as ex:
         ids = stored(core, ex, inner, range(4))
         tier.error = OSError("the disk went away")
         got = ex.submit(plan(core, ids)).wait(timeout=WAIT)[GROUP]
@@ -221,7 +225,14 @@ def test_a_tier_that_raises_fails_the_batch_and_keeps_the_copies(tmp_path: Path)
         assert core.group(GROUP).pools[Tier.DEVICE].free == 8  # every slot given back
         assert core.check_invariants() == []
         tier.error = None
+        assert ex.health[Tier.DISK].down()
+        backing_off = ex.submit(plan(core, ids))
+        assert not backing_off.wait(timeout=WAIT)[GROUP].restored
+        assert any("not answering" in note for note in backing_off.notes)
+        assert {state_of(core, b) for b in ids} == {"disk"}
+        now[0] += ex.timeouts.backoff_max_s
         assert len(ex.submit(plan(core, ids)).wait(timeout=WAIT)[GROUP].restored) == 4
+        assert not ex.health[Tier.DISK].down() and ex.health[Tier.DISK].up
         assert_right_bytes(core, ids)
 
 

@@ -136,7 +136,9 @@ def test_kvfsm_serves_the_tokens_of_recomputing(tiny: Any, remote: stores.Remote
         return [line]
 
     reference = serve(tiny, None, requests, "nocache")
-    far *= Tier.REMOTE in stored_tiers_of(decl)  # a remote tier only where a group keeps one
+    # A remote tier only where a group keeps one, written from a disk tier (an engine with a
+    # host pool and no disk tier is refused one: its blocks would never reach it).
+    far *= Tier.REMOTE in stored_tiers_of(decl) and (disk > 0 or host == 0)
     with stores.engine_tiers(remote, disk=disk > 0, use_remote=far > 0) as tiers:
         engine = Engine(decl, CoreConfig(device_blocks=device, host_blocks=host,
                                          disk_blocks=disk if "disk" in tiers else 0,

@@ -173,7 +173,8 @@ def test_pressure_spills_down_every_tier_and_restores_from_each(
         model: Any, config: Any, remote: stores.RemoteStore) -> None:
     """Without faults: six prompts that share nothing, then three of them again: their blocks
     went down to host, disk and remote and come back from there, the outputs those of
-    recomputing, and as many tokens reused as a hit-only engine reuses."""
+    recomputing, kvfsm reusing its whole hit and at least what a hit-only engine reuses (more
+    where a lookup finds copies in the stores that the core had forgotten)."""
     prompts = [tokens(10 + i, 67) for i in range(6)]
     requests = [Request(f"p{i}", p, 3) for i, p in enumerate(prompts)]
     requests += [Request(f"again{i}", [*prompts[i], 5, 6], 3) for i in (0, 3, 4)]
@@ -193,7 +194,7 @@ def test_pressure_spills_down_every_tier_and_restores_from_each(
     for ref, k, n in zip(reference, results["kvfsm"], results["naive"], strict=True):
         assert k.tokens == n.tokens == ref.tokens, k.rid
         assert delta(k, ref) <= TOLERANCE and delta(n, ref) <= TOLERANCE, k.rid
-        assert k.reused_tokens == n.reused_tokens == k.hit_tokens, k.rid
+        assert k.reused_tokens == k.hit_tokens >= n.reused_tokens, k.rid
 
 
 def test_hit_bytes_reads_a_disk_copy_raw(config: Any, tmp_path: Path) -> None:

@@ -189,16 +189,17 @@ def _filled(device: int, blocks: int) -> tuple[StateCore, np.ndarray]:
 @pytest.mark.parametrize("device", [64, 4096])
 def test_a_give_back_walks_what_it_returns_and_skips_never_the_pool(device: int) -> None:
     """Whatever the pool size: eviction candidates, reclaimable blocks and a spill-down walk
-    the blocks they return plus the pinned or excluded ones they pass over."""
+    the blocks they return plus the pinned or excluded ones they pass over, and one more to
+    see that the last one's batch (blocks used together) ends there."""
     core, ids = _filled(device, 40)
     group = core.group("attn")
     core.pin("attn", ids[:5])  # a pin is a use: they went to the young end
     for block in ids[5:]:
         core.touch("attn", [block])  # now the pinned ones are the oldest again
     assert core.eviction_candidates("attn", 3).tolist() == ids[5:8].tolist()
-    assert group.recency.last_walked == 5 + 3
+    assert group.recency.last_walked == 5 + 3 + 1
     assert core.eviction_candidates("attn", 3, exclude=ids[5:7]).tolist() == ids[7:10].tolist()
-    assert group.recency.last_walked == 5 + 2 + 3
+    assert group.recency.last_walked == 5 + 2 + 3 + 1
     core.fire("attn", ids[30:34], Event.INVALIDATE)
     assert core.reclaimable("attn").tolist() == ids[30:34].tolist()
     assert group.recency.last_walked == 4

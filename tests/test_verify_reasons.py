@@ -3,6 +3,8 @@ block) and reports no usable token past that block."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -319,6 +321,32 @@ def test_graph_mismatch() -> None:
     verdict = eng.lookup(text)
     _only(verdict, Reason.GRAPH_MISMATCH)
     assert verdict.usable_tokens == 160 and not eng.replayable(verdict)
+
+
+def test_tier_unavailable(tmp_path: Path) -> None:
+    """The prefix's only copy is on a disk tier that is backing off: the verdict still says
+    what a restore could bring back, names the tier per group, and a restore asks it
+    nothing."""
+    from kvfsm import CoreConfig
+    from kvfsm.tiers import DiskTier
+
+    eng = Engine(DENSE, CoreConfig(device_blocks=16, host_blocks=16, disk_blocks=16,
+                                   backend="numpy"),
+                 tiers={"disk": DiskTier(tmp_path, capacity_bytes=1 << 30, fsync=False)})
+    text = tokens(161)
+    eng.commit(eng.prompt(text))
+    ids = [block_id(eng, "attn", text, i) for i in range(10)]
+    eng.offload("attn", ids)
+    eng.spill_down("attn", Tier.HOST, 10)
+    eng.restorer.health[Tier.DISK].failed("test: the disk stopped answering")
+    verdict = eng.lookup(text)
+    _only(verdict, Reason.NOT_RESIDENT, Reason.TIER_UNAVAILABLE)
+    (named,) = verdict.reasons_of(Reason.TIER_UNAVAILABLE)
+    assert named.group == "attn" and "disk" in named.detail
+    assert (verdict.usable_tokens, verdict.restorable_tokens) == (0, 160)
+    ticket = eng.restore(verdict, eng.prompt(text))
+    assert not ticket.wait(timeout=30)["attn"].restored
+    assert any("not answering" in note for note in ticket.notes)
 
 
 def test_every_reason_has_a_test() -> None:

@@ -6,7 +6,10 @@ from kvfsm.restore._executor import (
     RestoreExecutor,
     RestoreListener,
     RestoreTicket,
+    SpillJob,
 )
+from kvfsm.restore._health import StoreTimeouts, TierHealth
 from kvfsm.restore._keys import KeyMaker
 
-__all__ = ["GroupOutcome", "KeyMaker", "RestoreExecutor", "RestoreListener", "RestoreTicket"]
+__all__ = ["GroupOutcome", "KeyMaker", "RestoreExecutor", "RestoreListener", "RestoreTicket",
+           "SpillJob", "StoreTimeouts", "TierHealth"]

@@ -30,8 +30,10 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm import _args
 from kvfsm._errors import KvfsmError
 from kvfsm.fsm import INVALID
+from kvfsm.restore._health import StoreTimeouts, TierHealth
 from kvfsm.restore._keys import KeyFields, KeyMaker
 from kvfsm.spec import Event, Tier
 from kvfsm.state import StateCore
@@ -91,18 +93,95 @@ class _Load:
     tickets: list[RestoreTicket] = attrs.field(factory=list)
 
 
+@attrs.define(eq=False)
+class SpillJob:
+    """One batch of spills into stored tiers: blocks ``ids`` of ``group`` (``at``: their
+    places in the batch asked for), written by ``parts`` (each a slice of ``ids`` and the
+    worker's future, into the tier of the same place in ``targets``)."""
+
+    group: str
+    ids: IdArray
+    at: IdArray
+    parts: list[tuple[IdArray, cf.Future[_Stored]]] = attrs.field(factory=list)
+    targets: list[Tier] = attrs.field(factory=list)
+    settled: bool = False
+    #: Per block, once settled: the tier holds its copy now (``spill_done`` fired).
+    stored: NDArray[np.bool_] = attrs.field(factory=lambda: np.zeros(0, dtype=np.bool_))
+
+    def done(self) -> bool:
+        return all(future.done() for _, future in self.parts)
+
+
+#: Makes the next round of a restore after one failed: a ticket for the plan of a fresh lookup
+#: (submitted), or None when no round would land more.
+Replan = Callable[[], "RestoreTicket | None"]
+
+
 class RestoreTicket:
-    """The loads one plan started; wait on all of them or on one group's."""
+    """The loads one plan started; wait on all of them or on one group's.
+
+    With ``replan`` (what :meth:`kvfsm.Engine.restore` gives when it knows the prompt), a
+    round in which a step failed (a corrupt host copy, a damaged file, a refused step) is
+    followed by another: the fallback length may need blocks the first plan did not name
+    (its window blocks, its snapshot), so the ticket asks ``replan`` for the next plan and
+    waits on it too, until a round fails nothing or no plan is left, within the same wait."""
 
     def __init__(self, executor: RestoreExecutor, loads: list[_Load],
-                 immediate: Mapping[str, tuple[int, ...]], notes: tuple[str, ...]) -> None:
+                 immediate: Mapping[str, tuple[int, ...]], notes: tuple[str, ...],
+                 replan: Replan | None = None) -> None:
         self._executor = executor
         self._loads = loads
         #: Blocks restored without stored-tier I/O (from host), per group.
-        self.immediate = dict(immediate)
+        self.immediate = {name: tuple(ids) for name, ids in immediate.items()}
         #: Steps refused on the way (a guard said no, no row), one line each.
         self.notes = notes
         self._outcomes: dict[str, GroupOutcome] = {}
+        self._replan = replan
+        #: A step of the latest round failed: another round may land the fallback length.
+        self._round_failed = bool(notes)
+        #: Rounds run (1: the plan it was made for).
+        self.rounds = 1
+
+    def with_replan(self, replan: Replan) -> RestoreTicket:
+        """This ticket, following failed rounds with ``replan``'s plans; rounds whose steps
+        all settled already (host copies, refused steps) are followed at once."""
+        self._replan = replan
+        self._next_rounds(None, block=False)
+        return self
+
+    def _absorb(self, other: RestoreTicket) -> None:
+        for load in other._loads:
+            load.tickets = [self if ticket is other else ticket for ticket in load.tickets]
+        self._loads += other._loads
+        for name, ids in other.immediate.items():
+            self.immediate[name] = (*self.immediate.get(name, ()), *ids)
+        self.notes = (*self.notes, *other.notes)
+        for name, outcome in other._outcomes.items():
+            self._outcomes[name] = outcome
+        self._round_failed = other._round_failed
+        self.rounds += 1
+
+    def _next_rounds(self, deadline: float | None, *, block: bool = True) -> None:
+        """While the latest round failed a step and its loads have all settled, run the
+        next, waiting for its loads until ``deadline`` (a ``time.monotonic`` instant; None:
+        no limit); ``block=False`` runs only rounds that need no waiting."""
+        while self._replan is not None and self._round_failed:
+            if any(not load.settled for load in self._loads):
+                if not block:
+                    return
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return
+                cf.wait([load.future for load in self._loads if not load.settled],
+                        timeout=left)
+                self._executor.settle_all(self._loads)
+                if any(not load.settled for load in self._loads):
+                    return
+            self._round_failed = False
+            more = self._replan()
+            if more is None:
+                return
+            self._absorb(more)
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -115,12 +194,26 @@ class RestoreTicket:
 
     def wait(self, group: str | None = None, timeout: float | None = None
              ) -> Mapping[str, GroupOutcome]:
-        """Wait up to ``timeout`` seconds for the loads of ``group`` (all groups: None), settle
-        every finished one and return each group's outcome so far. Loads still running stay
-        pending: their blocks keep their slots, not readable, until a later wait or poll."""
+        """Wait up to ``timeout`` seconds (None: until done) for the loads of ``group`` (all
+        groups: None), settle every finished one, run the next rounds where one failed (see
+        the class) and return each group's outcome so far. Loads still running stay
+        pending: their blocks keep their slots, not readable, until a later wait or poll.
+        ``group`` must be one of the model's groups and ``timeout`` a number of seconds >= 0
+        (else a KvfsmError naming it)."""
+        if group is not None:
+            known = self._executor.core.groups
+            if not isinstance(group, str) or group not in known:
+                raise KvfsmError(f"wait(group=...) must be one of the model's groups "
+                                 f"{sorted(known)}, got {group!r}")
+        if timeout is not None:
+            timeout = _args.seconds("wait(timeout=...)", timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         loads = [load for load in self._loads if group is None or load.group == group]
         cf.wait([load.future for load in loads if not load.settled], timeout=timeout)
         self._executor.settle_all(loads)
+        if group is None:
+            self._next_rounds(deadline)
+            loads = self._loads
         pending: dict[str, list[int]] = collections.defaultdict(list)
         for load in loads:
             if not load.settled:
@@ -137,6 +230,8 @@ class RestoreTicket:
                statuses: Mapping[str, int], width: int) -> None:
         """Add one settled load: its blocks by outcome, its load statuses (name -> count)
         and the payload bytes of the OK ones (``width`` each)."""
+        if failed.size or lost.size:
+            self._round_failed = True
         before = self._outcomes.get(load.group, GroupOutcome(load.group))
         merged = dict(before.statuses)
         for name, count in statuses.items():
@@ -161,11 +256,16 @@ class RestoreExecutor:
 
     def __init__(self, core: StateCore, tiers: Mapping[Tier, StoredTier], *,
                  workers: int = 2, make_room: MakeRoom | None = None,
-                 lock: contextlib.AbstractContextManager[Any] | None = None) -> None:
+                 lock: contextlib.AbstractContextManager[Any] | None = None,
+                 timeouts: StoreTimeouts | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if workers < 1:
             raise KvfsmError(f"RestoreExecutor needs at least one worker, got {workers}")
         self.core = core
         self.tiers = dict(tiers)
+        self.timeouts = timeouts or StoreTimeouts()
+        #: Per stored tier: whether it answers, and when it may be asked again.
+        self.health = {tier: TierHealth(tier, self.timeouts, clock) for tier in self.tiers}
         self.keys = KeyMaker(core)
         self._make_room = make_room
         self._workers = workers
@@ -179,6 +279,10 @@ class RestoreExecutor:
         self._open: list[_Load] = []
         #: Told of every batch of restores that ended (metrics, the admission gate).
         self.listeners: list[RestoreListener] = []
+        #: Spills into stored tiers begun and not yet settled.
+        self._stores: list[SpillJob] = []
+        #: Copies being removed, by key: a put of the same key waits for its removal.
+        self._removing: dict[BlockKey, cf.Future[None]] = {}
 
     # -- restores --------------------------------------------------------------------------
 
@@ -220,6 +324,9 @@ class RestoreExecutor:
         for (group, path), steps in batches.items():
             started = time.perf_counter()
             ids = np.array([step.block_id for step in steps], dtype=np.intp)
+            if Event.RESTORE_BEGIN in path:
+                ids, skipped = self._answering(group, ids)
+                notes += skipped
             if running:
                 busy = np.array([(group, block) in running for block in ids.tolist()],
                                 dtype=np.bool_)
@@ -256,6 +363,55 @@ class RestoreExecutor:
             load.tickets.append(ticket)
         self._open += loads
         return ticket
+
+    def _answering(self, group: str, ids: IdArray) -> tuple[IdArray, list[str]]:
+        """``ids`` less the blocks whose copy lies in a stored tier backing off (nothing is
+        asked of it until then: the caller recomputes them), and a note for each tier."""
+        if not self.health:
+            return ids, []
+        state = self.core.group(group)
+        residency = state.table.residency[state.states[ids]]
+        notes, keep = [], np.ones(ids.size, dtype=np.bool_)
+        for tier, health in self.health.items():
+            if health.down():
+                there = residency == int(tier)
+                if there.any():
+                    keep &= ~there
+                    notes.append(f"{group}: {int(there.sum())} restores from the "
+                                 f"{tier.spec_name} tier skipped: it is not answering "
+                                 f"({health.last_error}); asked again in "
+                                 f"{health.wait_s():.2f} s")
+        return ids[keep], notes
+
+    def presence(self, store: StoredTier, keys: Sequence[BlockKey],
+                 deadline_s: float | None) -> NDArray[np.bool_]:
+        """Which of ``keys`` ``store`` holds (a hint), asked on a worker and waited for at most
+        ``deadline_s`` (None: the configured ``presence_s``) for a remote tier; a disk tier
+        answers from its index at once. A tier backing off, one that raised, or one that did
+        not answer in time holds nothing this time (and backs off)."""
+        nothing = np.zeros(len(keys), dtype=np.bool_)
+        if not keys:
+            return nothing
+        health = self.health.get(store.tier)
+        if store.tier is Tier.DISK or health is None:
+            return np.asarray(store.contains(keys), dtype=np.bool_)
+        if health.down():
+            return nothing
+        limit = self.timeouts.presence_s if deadline_s is None else deadline_s
+        future = self._workers_for(store.tier, "ask").submit(store.contains, list(keys))
+        try:
+            held = np.asarray(future.result(timeout=limit), dtype=np.bool_)
+        except cf.TimeoutError:
+            health.failed(f"no answer to a presence question within {limit:g} s")
+            return nothing
+        except Exception as exc:  # a tier that raised: it holds nothing we can trust now
+            health.failed(f"{type(exc).__name__}: {exc}")
+            return nothing
+        if not bool(getattr(store, "available", True)):
+            health.failed(str(getattr(store, "last_error", None) or "the store is down"))
+            return nothing
+        health.answered()
+        return held
 
     def _tell(self, group: str, tier: Tier, outcomes: Mapping[str, int], nbytes: int,
               seconds: float) -> None:
@@ -367,6 +523,7 @@ class RestoreExecutor:
             counts = np.bincount(result.status, minlength=_STATUS_COUNT)
             statuses = {_STATUS_NAMES[value]: int(counts[value])
                         for value in np.flatnonzero(counts).tolist()}
+            self._judge(load.tier, counts)
             made = codes == _RESTORED
             if self.listeners:
                 self._tell(group, load.tier, statuses, int(made.sum()) * width,
@@ -375,11 +532,25 @@ class RestoreExecutor:
                 ticket.record(load, mine[made], mine[codes == _FAILED],
                               mine[codes == _LOST_COPY], statuses, width)
 
+    def _judge(self, tier: Tier, counts: NDArray[np.int64]) -> None:
+        """A load's statuses tell whether its tier answers: any answer (a value good or bad,
+        a missing key, a late read) says it does; nothing but FAILED says it does not."""
+        health = self.health.get(tier)
+        if health is None:
+            return
+        if int(counts.sum()) > int(counts[LoadStatus.FAILED]):
+            health.answered()
+        elif counts.sum():
+            health.failed("its loads failed")
+
     def poll(self) -> int:
-        """Settle every load whose I/O has finished; returns how many loads were settled."""
+        """Settle every load and spill whose I/O has finished; returns how many loads were
+        settled."""
         with self._lock:
             settled = self.settle_all(self._open)
             self._open = [load for load in self._open if not load.settled]
+            if self._stores:
+                self.settle_stores()
             return settled
 
     @property
@@ -391,57 +562,130 @@ class RestoreExecutor:
     def store(self, group: str, ids: Iterable[int], *, timeout: float | None = None
               ) -> NDArray[np.bool_]:
         """Spill ``ids`` one tier down into a stored tier (host -> disk, disk -> remote) and
-        wait: ``spill_begin``, the copies written by workers, ``spill_done`` where the tier
-        holds them, ``spill_fail`` elsewhere. A source copy a relay (disk -> remote) found gone
-        or bad for good is forgotten, as a restore would. Returns which blocks moved."""
+        wait for it (:meth:`begin_store`, then :meth:`settle_stores` once the copies are
+        written; a put still running after ``timeout`` is waited for: its source bytes must
+        stay where they are until it ends). Returns which blocks moved."""
         with self._lock:
-            return self._store(group, ids, timeout)
-
-    def _store(self, group: str, ids: Iterable[int], timeout: float | None
-               ) -> NDArray[np.bool_]:
-        core = self.core
-        state = core.group(group)
-        batch = np.fromiter(ids, dtype=np.intp)
+            jobs = self.begin_store(group, ids)
+        cf.wait([future for job in jobs for _, future in job.parts], timeout=timeout)
+        with self._lock:
+            for job in jobs:
+                cf.wait([future for _, future in job.parts])
+            self.settle_stores(jobs)
+        batch = np.fromiter(ids, dtype=np.intp) if not isinstance(ids, np.ndarray) else ids
         moved = np.zeros(batch.size, dtype=np.bool_)
-        # Only blocks whose spill writes into a stored tier (a device block's spill goes to
-        # host: not this path, and nothing here would complete it).
-        table = state.table
-        after = table.next_state[state.states[batch], Event.SPILL_BEGIN]
-        into_store = (after != INVALID) & (table.storing_to[np.where(after != INVALID, after,
-                                                                     0)] >= 0)
-        began = np.zeros(batch.size, dtype=np.bool_)
-        began[into_store] = core.fire(group, batch[into_store], Event.SPILL_BEGIN, masked=True)
-        going = batch[began]
-        target = state.table.storing_to[state.states[going]]
-        source = state.table.residency[state.states[going]]
-        stored = np.zeros(going.size, dtype=np.bool_)
-        lost = np.zeros(going.size, dtype=np.bool_)
-        jobs: list[tuple[NDArray[np.intp], cf.Future[_Stored]]] = []
-        for pair in {(int(t), int(s)) for t, s in zip(target.tolist(), source.tolist(),
-                                                       strict=True)}:
-            where = np.flatnonzero((target == pair[0]) & (source == pair[1]))
-            per_task = min(-(-where.size // self._workers), CHUNK_BLOCKS)
-            for start in range(0, where.size, per_task):
-                part = where[start:start + per_task]
-                jobs.append((part, self._start_store(group, going[part], Tier(pair[1]),
-                                                     Tier(pair[0]))))
-        cf.wait([future for _, future in jobs], timeout=timeout)
-        for part, future in jobs:
-            # A put still running after the timeout is waited for: its source bytes must
-            # stay where they are until it ends.
+        for job in jobs:
+            moved[job.at[job.stored]] = True
+        return moved
+
+    def begin_store(self, group: str, ids: Iterable[int]) -> list[SpillJob]:
+        """Start spilling ``ids`` one tier down into a stored tier: ``spill_begin`` now (the
+        source copy stays authoritative), the copies written by workers; :meth:`poll` (or
+        :meth:`settle_stores`) fires ``spill_done`` where the tier took them and ``spill_fail``
+        elsewhere, and forgets a source copy a relay (disk -> remote) found gone or bad for
+        good. Blocks whose spill would not go into a stored tier, or into one backing off, are
+        left alone. Returns the jobs (one per group batch), empty when nothing began."""
+        with self._lock:
+            core = self.core
+            state = core.group(group)
+            batch = ids if isinstance(ids, np.ndarray) else np.fromiter(ids, dtype=np.intp)
+            batch = batch.astype(np.intp, copy=False)
+            table = state.table
+            after = table.next_state[state.states[batch], Event.SPILL_BEGIN]
+            ok_after = np.where(after != INVALID, after, 0)
+            target_of = np.where(after != INVALID, table.storing_to[ok_after], -1)
+            into_store = target_of >= 0
+            for tier, health in self.health.items():
+                if health.down():
+                    into_store &= target_of != int(tier)
+            for code in {int(t) for t in target_of[into_store].tolist()}:
+                if Tier(code) not in self.tiers:
+                    into_store &= target_of != code
+            began = np.zeros(batch.size, dtype=np.bool_)
+            began[into_store] = core.fire(group, batch[into_store], Event.SPILL_BEGIN,
+                                          masked=True)
+            if not began.any():
+                return []
+            at = np.flatnonzero(began)
+            going = batch[at]
+            target = table.storing_to[state.states[going]]
+            source = table.residency[state.states[going]]
+            job = SpillJob(group, going, at)
+            for pair in {(int(t), int(s)) for t, s in zip(target.tolist(), source.tolist(),
+                                                           strict=True)}:
+                where = np.flatnonzero((target == pair[0]) & (source == pair[1]))
+                per_task = min(-(-where.size // self._workers), CHUNK_BLOCKS)
+                for first in range(0, where.size, per_task):
+                    part = where[first:first + per_task]
+                    job.parts.append((part, self._start_store(group, going[part],
+                                                              Tier(pair[1]), Tier(pair[0]))))
+                    job.targets.append(Tier(pair[0]))
+            self._stores.append(job)
+            return [job]
+
+    def settle_stores(self, jobs: Sequence[SpillJob] | None = None) -> int:
+        """Complete the spills of ``jobs`` (None: every open one) whose copies are all written:
+        ``spill_done`` where the tier holds the copy, ``spill_fail`` elsewhere (the source copy
+        stays), a relay's lost source forgotten. Jobs still writing are left for a later call.
+        Returns how many jobs were settled."""
+        with self._lock:
+            settled = 0
+            for job in list(self._stores if jobs is None else jobs):
+                if job.settled or not all(future.done() for _, future in job.parts):
+                    continue
+                self._settle_store(job)
+                settled += 1
+            self._stores = [job for job in self._stores if not job.settled]
+            return settled
+
+    def _settle_store(self, job: SpillJob) -> None:
+        core = self.core
+        stored = np.zeros(job.ids.size, dtype=np.bool_)
+        lost = np.zeros(job.ids.size, dtype=np.bool_)
+        for (part, future), tier in zip(job.parts, job.targets, strict=True):
+            health = self.health.get(tier)
             try:
                 stored[part], lost[part] = future.result()
-            except Exception:
+            except Exception as exc:  # a tier that raised: nothing it wrote is trusted
                 stored[part] = False
-        core.fire(group, going[stored], Event.SPILL_DONE)
-        core.fire(group, going[~stored], Event.SPILL_FAIL)
-        core.fire(group, going[lost & ~stored], Event.EVICT, masked=True)
-        moved[np.flatnonzero(began)[stored]] = True
-        return moved
+                if health is not None:
+                    health.failed(f"{type(exc).__name__}: {exc}")
+                continue
+            if health is not None:
+                store = self.tiers[tier]
+                if not bool(getattr(store, "available", True)):
+                    health.failed(str(getattr(store, "last_error", None) or "puts failed"))
+                elif stored[part].any():
+                    health.answered()
+        job.settled = True
+        job.stored = stored
+        core.fire(job.group, job.ids[stored], Event.SPILL_DONE)
+        core.fire(job.group, job.ids[~stored], Event.SPILL_FAIL)
+        core.fire(job.group, job.ids[lost & ~stored], Event.EVICT, masked=True)
+
+    def remove(self, tier: Tier, keys: Sequence[BlockKey]) -> None:
+        """Drop ``keys``' copies from ``tier`` on a worker (best effort: a copy left behind
+        is never loaded without its block, and the tier's own cap evicts it in time)."""
+        store = self.tiers.get(tier)
+        if store is None or not keys:
+            return
+        future = self._workers_for(tier, "store").submit(_remove, store, list(keys))
+        self._removing = {key: done for key, done in self._removing.items()
+                          if not done.done()}
+        self._removing.update(dict.fromkeys(keys, future))
+
+    @property
+    def stores_in_flight(self) -> list[SpillJob]:
+        """Spills begun and not yet settled."""
+        return [job for job in self._stores if not job.settled]
 
     def _start_store(self, group: str, ids: IdArray, source: Tier, target: Tier
                      ) -> cf.Future[_Stored]:
         keys = self.keys.keys(group, ids)
+        if self._removing:
+            # The same copy written again right after its block left the tier: the removal
+            # (a local unlink, queued first) must not land after the new copy.
+            cf.wait([self._removing[key] for key in keys if key in self._removing])
         into = self.tiers.get(target)
         nothing = np.zeros(ids.size, dtype=np.bool_)
         if into is None:
@@ -464,9 +708,15 @@ class RestoreExecutor:
         return pool
 
     def close(self) -> None:
-        """Wait for running I/O and stop the workers (tiers are the caller's to close)."""
+        """Stop the workers: I/O not started is cancelled, running I/O is waited for (each
+        tier bounds its own calls), then every load and spill is settled, so no block is left
+        restoring or spilling (tiers are the caller's to close)."""
         for pool in self._pools.values():
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            self.settle_all(self._open)
+            self._open = [load for load in self._open if not load.settled]
+            self.settle_stores()
 
     def __enter__(self) -> RestoreExecutor:
         return self
@@ -478,6 +728,11 @@ class RestoreExecutor:
 def _put(into: StoredTier, keys: Sequence[BlockKey], rows: Sequence[Any],
          sums: NDArray[np.uint64]) -> _Stored:
     return np.asarray(into.put(keys, rows, sums), dtype=np.bool_), np.zeros(len(keys), np.bool_)
+
+
+def _remove(store: StoredTier, keys: list[BlockKey]) -> None:
+    with contextlib.suppress(Exception):  # best effort: see RestoreExecutor.remove
+        store.remove(keys)
 
 
 def _load(store: StoredTier, fields: KeyFields, begin: int, end: int, rows: Sequence[Any],

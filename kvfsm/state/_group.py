@@ -53,6 +53,9 @@ RECLAIM_LIST: Final = 0
 EVICT_LIST: Final = 1
 #: Tiers with a list of the blocks resting there (what ``spill_down`` moves on).
 RESTING_TIERS: Final = (Tier.HOST, Tier.DISK, Tier.REMOTE)
+#: Most blocks one look past an eviction walk reads for the rest of its last batch (the
+#: looks double from one block up to this).
+_TIE_STEP_MAX: Final = 4096
 
 
 def reclaim_states(table: CompiledTable) -> NDArray[np.bool_]:
@@ -605,17 +608,60 @@ class GroupState:
 
     def oldest(self, list_id: int, count: int, exclude: IdArray | None = None) -> IdArray:
         """Up to ``count`` unpinned blocks of recency list ``list_id``, least recently used
-        first, none of ``exclude``: costs the blocks returned and those skipped."""
+        first, none of ``exclude``. Blocks last used together (a prompt's, touched in one
+        call) go tail first, the furthest into its prompt first, as vLLM frees a request's
+        blocks in reverse: what stays of a prompt is a prefix a lookup can still use, in every
+        group alike. Costs the blocks returned, those skipped, and the rest of the last ones'
+        batch."""
         if exclude is None or not exclude.size:
-            return self.recency.oldest(list_id, count, self._blocks.pins,
-                                       self._blocks.chunk_pins, self.pin_shift)
+            return self._tail_first(list_id, count, None)
         marks = self.scratch.marks()
         marks[exclude] = True
         try:
-            return self.recency.oldest(list_id, count, self._blocks.pins,
-                                       self._blocks.chunk_pins, self.pin_shift, marks)
+            return self._tail_first(list_id, count, marks)
         finally:
             marks[exclude] = False
+
+    def _tail_first(self, list_id: int, count: int, marks: NDArray[np.bool_] | None
+                    ) -> IdArray:
+        blocks = self._blocks
+
+        def walk(limit: int, after: int = -1) -> IdArray:
+            return self.recency.oldest(list_id, limit, blocks.pins, blocks.chunk_pins,
+                                       self.pin_shift, marks, after=after)
+
+        recency = self.recency
+        chosen = walk(count)
+        if chosen.size < count or not chosen.size:
+            return chosen  # every candidate goes: their order does not matter
+        # The walk may have cut the last batch short: find the rest of it (the list is in
+        # last_use order, so the batch ends at the first younger block), a block first, then
+        # twice as many each time.
+        walked = recency.last_walked
+        stamp = blocks.last_use[chosen[-1]]
+        rest: list[IdArray] = []
+        last, step = int(chosen[-1]), 1
+        while True:
+            more = walk(step, after=last)
+            walked += recency.last_walked
+            same = more[blocks.last_use[more] == stamp]
+            if same.size:
+                rest.append(same)
+            if same.size < more.size or more.size < step:
+                break
+            last, step = int(more[-1]), min(2 * step, _TIE_STEP_MAX)
+        recency.last_walked = walked
+        if not rest:
+            return chosen
+        tied = blocks.last_use[chosen] == stamp
+        batch = np.concatenate([chosen[tied], *rest])
+        # Furthest into its prompt first; ties (another prompt's block at the same place) in
+        # list order. The blocks taken are returned in list order all the same (the order
+        # they are freed in is the order later allocations get ids in: ascending runs).
+        order = np.argsort(-blocks.position[batch].astype(np.int64), kind="stable")
+        taken = np.sort(order[:int(tied.sum())])
+        out: IdArray = np.concatenate([chosen[~tied], batch[taken]])
+        return out.astype(np.intp, copy=False)
 
     def in_list(self, ids: IdArray, list_id: int) -> NDArray[np.bool_]:
         """Per block: its state puts it on recency list ``list_id``."""

@@ -256,10 +256,11 @@ class Recency:
 
     def oldest(self, list_id: int, count: int, pins: NDArray[np.uint16],
                chunk_pins: NDArray[np.uint16], shift: int,
-               excluded: NDArray[np.bool_] | None = None) -> IdArray:
+               excluded: NDArray[np.bool_] | None = None, *, after: int = -1) -> IdArray:
         """Up to ``count`` blocks of list ``list_id``, oldest first, skipping pinned ones (a
         pin of their own in ``pins``, or one on their chunk of ``1 << shift`` ids in
-        ``chunk_pins``) and those ``excluded`` marks. Costs the blocks returned and skipped:
+        ``chunk_pins``) and those ``excluded`` marks; ``after`` (a block on the list) starts
+        the walk past it instead of at the head. Costs the blocks returned and skipped:
         the answer is walked
         into a buffer grown geometrically (a walk that fills it is walked again, twice as
         far), never one sized for ``count``."""
@@ -267,7 +268,7 @@ class Recency:
         if count <= 0 or not 0 <= list_id < self.n_lists:
             return np.zeros(0, dtype=np.intp)
         skip = np.zeros(0, dtype=np.bool_) if excluded is None else excluded
-        start = int(self.head[list_id])
+        start = int(self.head[list_id]) if after < 0 else int(self.next[after])
         while True:
             out = self._found[: min(count, self._found.size)]
             walk_kernel(self.next, start, pins, chunk_pins, shift, skip, out, self._counts)

@@ -1,0 +1,263 @@
+"""Stores that hang, fail or fill, as an engine meets them: stored-tier I/O never runs under the
+engine's lock, a failing tier backs off and is named in verdicts, a copy that cannot be loaded
+gives way to a fresh commit, and the disk holds exactly the copies the core counts.
+
+The "hung" store here is a real disk tier behind a wrapper that blocks its calls on an event
+until the test releases it; every wait on the engine is bounded by a watchdog, so a call that
+would block behind the hung one fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from kvfsm import CoreConfig, Engine
+from kvfsm.restore import StoreTimeouts
+from kvfsm.spec import Tier
+from kvfsm.state import GroupState
+from kvfsm.tiers import BlockKey, DiskTier, LoadResult
+from kvfsm.verify import Prompt, Reason
+from tests.wrapped_tier import Wrapped
+
+GROUP = "attn"
+#: Bounds every wait of a test on an engine call (far above what the calls take).
+WATCHDOG_S = 20.0
+WAIT = 30.0
+
+
+class Held(Wrapped):
+    """A remote tier (a disk tier underneath) whose calls block while ``hang`` is set, or
+    raise while ``error`` is set; it counts the calls that reached it."""
+
+    tier = Tier.REMOTE
+
+    def __init__(self, inner: DiskTier) -> None:
+        super().__init__(inner)
+        self.hang = threading.Event()
+        self.released = threading.Event()
+        self.error: Exception | None = None
+        self.calls = {"put": 0, "load_into": 0, "contains": 0}
+
+    def _gate(self, name: str) -> None:
+        self.calls[name] += 1
+        if self.hang.is_set():
+            self.released.wait()
+        if self.error is not None:
+            raise self.error
+
+    def put(self, keys: Sequence[BlockKey], payloads: Sequence[Any],
+            checksums: NDArray[np.uint64]) -> NDArray[np.bool_]:
+        self._gate("put")
+        return super().put(keys, payloads, checksums)
+
+    def load_into(self, keys: Sequence[BlockKey], outs: Sequence[Any]) -> LoadResult:
+        self._gate("load_into")
+        return super().load_into(keys, outs)
+
+    def contains(self, keys: Sequence[BlockKey]) -> NDArray[np.bool_]:
+        self._gate("contains")
+        return super().contains(keys)
+
+
+def payload_of(prompt: Prompt) -> Callable[[GroupState, NDArray[np.int64]], NDArray[np.uint8]]:
+    def payload(group: GroupState, index: NDArray[np.int64]) -> NDArray[np.uint8]:
+        high, _ = prompt.words(group.decl.block_size)
+        return np.stack([np.full(group.decl.payload_bytes, int(high[i]) % 251, np.uint8)
+                         for i in index.tolist()]) if index.size else \
+            np.zeros((0, group.decl.payload_bytes), np.uint8)
+
+    return payload
+
+
+def tokens(k: int, blocks: int = 8) -> NDArray[np.int64]:
+    return np.arange(blocks * 16 + 1, dtype=np.int64) + 100_000 * (k + 1)
+
+
+def make(tmp_path: Path, *, timeouts: StoreTimeouts | None = None, device: int = 16,
+         host: int = 8, disk: int = 8, remote: int = 256) -> tuple[Engine, Held]:
+    held = Held(DiskTier(tmp_path / "remote", capacity_bytes=1 << 30, fsync=False))
+    eng = Engine("dense", CoreConfig(device_blocks=device, host_blocks=host, disk_blocks=disk,
+                                     remote_blocks=remote, backend="numpy"),
+                 tiers={"disk": DiskTier(tmp_path / "disk", capacity_bytes=1 << 30,
+                                         fsync=False), "remote": held},
+                 store_timeouts=timeouts)
+    return eng, held
+
+
+def ids_of(eng: Engine, prompt: Prompt) -> NDArray[np.intp]:
+    high, low = prompt.words(16)
+    return eng.core.lookup_words(GROUP, high, low)
+
+
+def states(eng: Engine, prompt: Prompt) -> list[str | None]:
+    group = eng.core.group(GROUP)
+    return [None if i < 0 else group.machine.state_of(int(i)) for i in ids_of(eng, prompt)]
+
+
+def in_time(call: Callable[[], Any]) -> Any:
+    """``call()`` on a thread, which must end within the watchdog (else the test fails)."""
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    thread.join(WATCHDOG_S)
+    assert not thread.is_alive(), "the call blocked behind the hung store"
+    return out[0]
+
+
+def to_remote(eng: Engine, prompt: Prompt) -> None:
+    ids = ids_of(eng, prompt)
+    eng.offload(GROUP, ids)
+    eng.spill_down(GROUP, Tier.HOST, ids.size)
+    eng.spill_down(GROUP, Tier.DISK, ids.size)
+    assert set(states(eng, prompt)) == {"remote"}
+
+
+# -- I/O outside the lock -----------------------------------------------------------------------
+
+
+def test_a_hung_put_holds_up_neither_lookups_nor_commits(tmp_path: Path) -> None:
+    """A spill into a store that stops answering waits for it without the engine's lock:
+    other threads look prompts up and commit new ones meanwhile (before, every call waited
+    for the hung put: a lookup of a device-resident prompt took as long as the hang)."""
+    eng, held = make(tmp_path, timeouts=StoreTimeouts(spill_wait_s=WATCHDOG_S * 2))
+    resident, parked = eng.prompt(tokens(0)), eng.prompt(tokens(1))
+    eng.commit(parked, payload=payload_of(parked))
+    ids = ids_of(eng, parked)
+    eng.offload(GROUP, ids)
+    eng.spill_down(GROUP, Tier.HOST, ids.size)
+    eng.commit(resident, payload=payload_of(resident))
+    held.hang.set()
+    spill = threading.Thread(target=lambda: eng.spill_down(GROUP, Tier.DISK, ids.size),
+                             daemon=True)
+    spill.start()
+    try:
+        deadline = time.monotonic() + WATCHDOG_S
+        while not held.calls["put"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held.calls["put"], "the spill never reached the store"
+        assert in_time(lambda: eng.lookup(resident).usable_tokens) == 128
+        other = eng.prompt(tokens(2))
+        in_time(lambda: eng.commit(other, payload=payload_of(other)))
+        assert in_time(lambda: eng.lookup(other).usable_tokens) == 128
+    finally:
+        held.released.set()
+        spill.join(WATCHDOG_S)
+    assert not spill.is_alive()
+    assert eng.core.check_invariants() == []
+
+
+def test_a_lookup_asks_a_hung_store_for_its_presence_question_only(tmp_path: Path) -> None:
+    """A lookup of a prompt the core does not know asks the remote store which blocks it holds;
+    a store that does not answer costs that lookup its ``presence_s`` and backs off, and a
+    lookup of a resident prompt asks it nothing."""
+    eng, held = make(tmp_path, timeouts=StoreTimeouts(presence_s=0.05, backoff_max_s=60))
+    resident = eng.prompt(tokens(0))
+    eng.commit(resident, payload=payload_of(resident))
+    held.hang.set()
+    try:
+        unknown = eng.prompt(tokens(5))
+        assert in_time(lambda: eng.lookup(unknown).hit_tokens) == 0
+        asked = held.calls["contains"]
+        assert asked == 1 and eng.restorer.health[Tier.REMOTE].down()
+        assert in_time(lambda: eng.lookup(unknown).hit_tokens) == 0
+        assert held.calls["contains"] == asked  # backing off: not asked again
+        assert in_time(lambda: eng.lookup(resident).usable_tokens) == 128
+    finally:
+        held.released.set()
+
+
+# -- a failing store backs off, is named, and gives way to fresh copies ------------------------
+
+
+def test_a_failing_store_backs_off_is_named_and_a_commit_replaces_its_copies(
+        tmp_path: Path) -> None:
+    """Loads from a store that raises fail once, then the tier backs off: restores skip it (no
+    storm of doomed loads), the verdict names it (``tier_unavailable``), and the prompt,
+    recomputed and committed, is reusable at once from the fresh copies (before, the copies
+    that failed to load were kept and the prompt stayed unusable). When the store answers
+    again, its copies restore."""
+    timeouts = StoreTimeouts(backoff_first_s=60, backoff_max_s=60)
+    eng, held = make(tmp_path, timeouts=timeouts)
+    prompt, other = eng.prompt(tokens(0)), eng.prompt(tokens(3))
+    for each in (prompt, other):
+        eng.commit(each, payload=payload_of(each))
+        to_remote(eng, each)
+    held.error = OSError("the store went away")
+    first = eng.lookup(prompt)
+    assert first.restorable_tokens == 128
+    eng.restore(first, prompt).wait(timeout=WAIT)
+    loads = held.calls["load_into"]
+    assert loads >= 1 and eng.restorer.health[Tier.REMOTE].down()
+    for _ in range(20):
+        verdict = eng.lookup(other)
+        assert verdict.reasons_of(Reason.TIER_UNAVAILABLE)
+        eng.restore(verdict, other).wait(timeout=WAIT)
+    assert held.calls["load_into"] == loads  # backing off: asked nothing
+    eng.commit(prompt, payload=payload_of(prompt))
+    assert eng.lookup(prompt).usable_tokens == 128
+    held.error = None
+    eng.restorer.health[Tier.REMOTE].retry_at = 0.0  # the pause is over
+    verdict = eng.lookup(other)
+    eng.restore(verdict, other).wait(timeout=WAIT)
+    assert eng.lookup(other).usable_tokens == 128
+    assert eng.restorer.health[Tier.REMOTE].up
+    assert eng.core.check_invariants() == []
+
+
+# -- the disk holds what the core counts --------------------------------------------------------
+
+
+def test_disk_files_are_exactly_the_blocks_the_core_keeps_there_and_all_come_back(
+        tmp_path: Path) -> None:
+    """A block leaving disk takes its file along, so the directory holds exactly the core's
+    disk copies (before: every file ever written stayed, 48 against 8), and a restarted engine
+    finds every one of them again."""
+    def engine() -> Engine:
+        return Engine("dense", CoreConfig(device_blocks=8, host_blocks=8, disk_blocks=16,
+                                          backend="numpy"),
+                      tiers={"disk": DiskTier(tmp_path, capacity_bytes=1 << 30, fsync=False)})
+
+    eng = engine()
+    prompts = [eng.prompt(tokens(k)) for k in range(6)]
+    for prompt in prompts:
+        eng.commit(prompt, payload=payload_of(prompt))
+    on_disk = {k for k, prompt in enumerate(prompts) if "disk" in states(eng, prompt)}
+    kept = int(eng.core.blocks_in(GROUP, "disk").size)
+    assert 0 < kept <= 16
+    eng.close()  # removals run on workers: close waits for them
+    assert len(list(tmp_path.glob("*.kvb"))) == kept
+
+    again = engine()
+    found = 0
+    for k in on_disk:
+        found += again.discover(again.prompt(tokens(k)))
+    assert found == kept
+
+
+def test_an_offload_larger_than_host_moves_every_block_down_to_disk(tmp_path: Path) -> None:
+    """Offloading more device blocks than host has free moves them all while the disk has
+    room (before, only as many as host had free moved)."""
+    eng = Engine("dense", CoreConfig(device_blocks=16, host_blocks=4, disk_blocks=64,
+                                     backend="numpy"),
+                 tiers={"disk": DiskTier(tmp_path, capacity_bytes=1 << 30, fsync=False)})
+    prompt = eng.prompt(tokens(0))
+    eng.commit(prompt, payload=payload_of(prompt))
+    moved = eng.offload(GROUP, ids_of(eng, prompt))
+    assert moved.all()
+    assert set(states(eng, prompt)) <= {"host", "disk"}
+    assert states(eng, prompt).count("host") <= 4
+
+
+@pytest.mark.parametrize("field", ["presence_s", "spill_wait_s", "backoff_first_s",
+                                   "backoff_max_s"])
+def test_bad_store_timeouts_are_named(field: str) -> None:
+    with pytest.raises(Exception, match=field):
+        StoreTimeouts(**{field: -1.0})
