@@ -31,6 +31,7 @@ from kvfsm.tiers._contract import (
     encode_header,
     verify,
 )
+from kvfsm.tiers._health import Health
 from kvfsm.tiers._mooncake import byte_view
 
 #: Default seconds a read may take before its bytes are not trusted (LATE).
@@ -114,6 +115,7 @@ class RedisTier(ClientTier):
         self.prefix = prefix
         self.lease_s = lease_s
         self._clock = clock
+        self._health = Health(f"RedisTier({address})")  # not tracked yet: always available
         # OSError covers ConnectionError; ValueError is a reply that does not parse.
         self._errors: tuple[type[Exception], ...] = (redis.RedisError, OSError, ValueError)
         # No retries inside the client: a failed call is FAILED now, and the next one reconnects.
