@@ -289,10 +289,12 @@ def test_redis_killed_then_restarted(redis_server: RedisServer) -> None:
         assert load(tier, [k])[0].status.tolist() == [LoadStatus.FAILED]
         assert not tier.put([key()], [data], sums([data])).any()
         assert not tier.contains([k]).any() and not tier.remove([k]).any()
+        assert not tier.available and "refused" in (tier.last_error or "")
         port = server.port
         server.restart()
         assert server.port == port
         assert load(tier, [k])[0].status.tolist() == [LoadStatus.MISSING]
+        assert tier.available and tier.last_error is None  # the same tier, not rebuilt
         assert tier.put([k], [data], sums([data])).all()
         assert load(tier, [k])[0].status.tolist() == [LoadStatus.OK]
         tier.close()
@@ -401,6 +403,25 @@ def test_mooncake_refuses_what_is_not_a_master_in_bounded_time(
     tier.close()
 
 
+@pytest.mark.parametrize("impostor", ["silent listener", "mooncake master", "nothing"])
+def test_redis_refuses_what_is_not_redis_in_bounded_time(
+        master: MooncakeMaster, redis_server: RedisServer, silent_address: str,
+        impostor: str) -> None:
+    address = {"silent listener": silent_address, "mooncake master": master.address,
+               "nothing": f"127.0.0.1:{free_port()}"}[impostor]
+    error, took = _refused(lambda a: RedisTier(a, connect_timeout_s=CONNECT_S), address)
+    assert took < 2 * CONNECT_S + SLACK_S  # connecting, then PING, each bounded
+    assert error.address == address
+    assert str(error).startswith(f"no Redis server answers at {address}: ")
+    expected = {"silent listener": "no answer to PING within 1 s",
+                "mooncake master": "closed the connection without answering PING",
+                "nothing": "Connection refused"}[impostor]
+    assert expected in error.reason
+    tier = RedisTier(redis_server.address, connect_timeout_s=CONNECT_S)
+    assert tier.available and tier.last_error is None
+    tier.close()
+
+
 _CONSTRUCT = """
 import sys
 from kvfsm.tiers import MooncakeTier
@@ -437,6 +458,37 @@ def _timed(call: Callable[[], Any]) -> tuple[Any, float]:
     began = time.monotonic()
     result = call()
     return result, time.monotonic() - began
+
+
+def test_redis_frozen_then_thawed(redis_server: RedisServer,
+                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kvfsm.tiers")
+    with RedisServer() as server:
+        tier = RedisTier(server.address, socket_timeout_s=CALL_S, probe_timeout_s=PROBE_S)
+        k, data = key(), payload(20)
+        assert tier.put([k], [data], sums([data])).all()
+        server.pause()
+        try:
+            status, took = _timed(lambda: load(tier, [k])[0].status.tolist())
+            assert status == [LoadStatus.FAILED] and took < CALL_S + SLACK_S
+            assert not tier.available and "Timeout" in (tier.last_error or "")
+            # While it stays frozen each call costs one short PING, not a socket timeout.
+            for call in (lambda: tier.put([key()], [data], sums([data])),
+                         lambda: tier.contains([k]), lambda: tier.remove([k])):
+                answer, took = _timed(call)
+                assert not answer.any() and took < PROBE_S + PROBE_SLACK_S
+            status, took = _timed(lambda: load(tier, [k])[0].status.tolist())
+            assert status == [LoadStatus.FAILED] and took < PROBE_S + PROBE_SLACK_S
+        finally:
+            server.resume()
+        result, outs = load(tier, [k])
+        assert result.status.tolist() == [LoadStatus.OK] and np.array_equal(outs[0], data)
+        assert tier.available and tier.last_error is None
+        lines = _health_lines(caplog)
+        assert [level for level, _ in lines] == [logging.WARNING, logging.INFO]
+        assert server.address in lines[0][1] and "failing" in lines[0][1]
+        assert "works again" in lines[1][1]
+        tier.close()
 
 
 def test_mooncake_master_frozen_then_thawed(master: MooncakeMaster,
