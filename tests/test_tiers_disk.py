@@ -1,6 +1,7 @@
 """The disk tier: round trips, content addressing, every fault a file can suffer (each found by
 its status and lost files deleted), crashes and reopening, the LRU size cap counted in what files
-take on disk, a full file system (ENOSPC) evicting and recovering, threads, misuse."""
+take on disk, a full file system (ENOSPC) evicting and recovering, threads (remove among puts and
+loads), misuse."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import errno
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -440,3 +442,76 @@ def test_a_disk_full_of_other_data_fails_puts_reports_it_and_recovers(
     assert [level for level, _ in lines] == [logging.WARNING, logging.INFO]
     assert str(tier.directory) in lines[0][1] and "works again" in lines[1][1]
 
+
+# -- what the engine asks from worker threads ------------------------------------------------------
+
+
+def test_contains_answers_from_memory(tier: DiskTier, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which of a set of keys the tier holds is answered without a file system call."""
+    keys = [key(i) for i in range(4)]
+    put(tier, keys[:3], [payload(i) for i in range(3)])
+    tier.remove(keys[1:2])
+
+    def no_io(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("contains touched the file system")
+
+    for name in ("open", "stat", "lstat", "access", "scandir", "listdir"):
+        monkeypatch.setattr(os, name, no_io)
+    assert tier.contains(keys).tolist() == [True, False, True, False]
+
+
+def test_remove_on_a_worker_thread_while_puts_and_loads_run(tier: DiskTier) -> None:
+    """Removes race puts and loads of the same keys: a load finds each key whole or missing,
+    never torn; every put and remove succeeds; index, files and byte count agree after."""
+    keys, data = [key(i) for i in range(24)], [payload(i) for i in range(24)]
+    put(tier, keys, data)
+    stop = threading.Event()
+    problems: list[str] = []
+    rounds = {"loads": 0, "puts": 0, "removes": 0}
+    seen: set[int] = set()
+
+    def loads() -> None:
+        while not stop.is_set():
+            result, outs = load(tier, keys)
+            for i, status in enumerate(result.status.tolist()):
+                seen.add(status)
+                if status not in (LoadStatus.OK, LoadStatus.MISSING):
+                    problems.append(f"load of key {i}: {LoadStatus(status).name}")
+                elif status == LoadStatus.OK and not np.array_equal(outs[i], data[i]):
+                    problems.append(f"load of key {i}: wrong bytes")
+            rounds["loads"] += 1
+
+    def puts() -> None:
+        while not stop.is_set():
+            picks = [(rounds["puts"] * 5 + j) % 24 for j in range(3)]
+            if not put(tier, [keys[i] for i in picks], [data[i] for i in picks]).all():
+                problems.append(f"put of keys {picks} failed")
+            rounds["puts"] += 1
+
+    def removes() -> None:
+        deadline = time.monotonic() + 30
+        while min(rounds.values()) < 100 and time.monotonic() < deadline:
+            picks = [(rounds["removes"] * 7 + j) % 24 for j in range(4)]
+            if not tier.remove([keys[i] for i in picks]).all():
+                problems.append(f"remove of keys {picks} failed")
+            rounds["removes"] += 1
+
+    workers = [threading.Thread(target=loads), threading.Thread(target=puts)]
+    for worker in workers:
+        worker.start()
+    remover = threading.Thread(target=removes)
+    remover.start()
+    remover.join()
+    stop.set()
+    for worker in workers:
+        worker.join()
+    assert problems == [] and min(rounds.values()) >= 100
+    assert seen == {LoadStatus.OK, LoadStatus.MISSING}  # loads ran among the removes
+    held = tier.keys()
+    assert sorted(p.name for p in tier.directory.iterdir()) == sorted(
+        k.name + ".kvb" for k in held)  # index and directory agree, no temporary file left
+    assert tier.contains(keys).tolist() == [k in held for k in keys]
+    assert tier.bytes_used == on_disk(tier)
+    result, outs = load(tier, held)
+    assert result.ok.all()
+    assert all(np.array_equal(outs[j], data[keys.index(k)]) for j, k in enumerate(held))

@@ -453,10 +453,19 @@ class DiskTier(StoredTier):
             self._drop(name)
 
     def contains(self, keys: Sequence[BlockKey]) -> NDArray[np.bool_]:
+        """Which keys the tier holds, from its in-memory index: no file system call (one dict
+        lookup per key), so an engine may ask it for every key it considers. It reflects puts,
+        removes and evictions at once; a file deleted behind the tier's back is found by the
+        next load (MISSING)."""
         with self._lock:
             return np.array([key.name + SUFFIX in self._index for key in keys], dtype=np.bool_)
 
     def remove(self, keys: Sequence[BlockKey]) -> NDArray[np.bool_]:
+        """Delete each key's file; True where it is gone (or was never there). Safe on a worker
+        thread while puts and loads run: the unlink and the index change happen under the lock,
+        a load that opened the file first still reads it whole, and a put that renames its file
+        after this is simply stored (the later put wins). Removed keys are not reported by
+        :meth:`drain_evicted` (the caller knows them)."""
         gone = np.zeros(len(keys), dtype=np.bool_)
         with self._lock:
             for i, key in enumerate(keys):
