@@ -382,6 +382,20 @@ def test_bytes_used_and_the_cap_count_what_files_take_on_disk(tmp_path: Path) ->
     assert capped.bytes_used == on_disk(capped) == 3 * per
 
 
+def test_capacity_for_sizes_the_cap_in_block_files(tmp_path: Path) -> None:
+    where = tmp_path / "not" / "yet"
+    capacity = DiskTier.capacity_for(where, SIZE, 4)
+    assert capacity == 4 * room(tmp_path)
+    tier = DiskTier(where, capacity_bytes=capacity)
+    keys = [key(i) for i in range(5)]
+    for i, k in enumerate(keys[:4]):
+        assert put(tier, [k], [payload(i)]).all()
+    assert tier.drain_evicted() == [] and tier.bytes_used == capacity
+    assert put(tier, keys[4:], [payload(4)]).all() and tier.drain_evicted() == keys[:1]
+    with pytest.raises(ValueError, match="blocks"):
+        DiskTier.capacity_for(where, SIZE, -1)
+
+
 class FullDisk:
     """``os.writev`` on a file system with room for ``files`` block files only, whatever the
     tier's ``capacity_bytes`` says: ENOSPC (nothing written) where one more would not fit, as a

@@ -153,6 +153,25 @@ def _payload_matches(path: str, payload_bytes: int, checksum: int) -> bool:
     return len(payload) == payload_bytes and xxhash.xxh3_64_intdigest(payload) == checksum
 
 
+def _rounded(length: int, block: int) -> int:
+    """``length`` rounded up to a whole number of ``block``-byte blocks."""
+    return -(-length // block) * block
+
+
+def _block_size(directory: Path) -> int:
+    """The allocation unit of the file system ``directory`` (or its nearest existing parent)
+    is on: a file takes its length rounded up to it."""
+    for where in (directory, *directory.parents):
+        try:
+            found = os.statvfs(where)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise TierError(f"disk tier directory {str(directory)!r} is unusable: {exc}") from exc
+        return max(1, found.f_frsize or found.f_bsize)
+    raise TierError(f"disk tier directory {str(directory)!r} has no existing parent")
+
+
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):  # a leftover that cannot go stays; it is never indexed
         os.unlink(path)
@@ -184,12 +203,7 @@ class DiskTier(StoredTier):
         self._prefix = os.path.join(self._dir, "")
         self._capacity = capacity_bytes
         self._fsync = fsync
-        try:
-            found = os.statvfs(self._dir)
-        except OSError as exc:
-            raise TierError(f"disk tier directory {self._dir!r} is unusable: {exc}") from exc
-        #: The file system's allocation unit: a file takes its length rounded up to it.
-        self._block = max(1, found.f_frsize or found.f_bsize)
+        self._block = _block_size(Path(self._dir))
         self._health = Health(f"DiskTier({self._dir})")
         self._lock = threading.Lock()
         #: File name -> (key, bytes the file takes on disk), least recently used first.
@@ -200,6 +214,19 @@ class DiskTier(StoredTier):
         self._pending = 0
         self._evicted: list[BlockKey] = []
         self._scan()
+
+    @staticmethod
+    def capacity_for(directory: str | os.PathLike[str], payload_bytes: int, blocks: int) -> int:
+        """The ``capacity_bytes`` that holds ``blocks`` block files of ``payload_bytes`` each in
+        ``directory`` (which need not exist yet): header and payload rounded up to the block
+        size of the file system it is on, times ``blocks``. Exact where the file system
+        allocates whole blocks and nothing more (ext4, tmpfs); a bound to check with
+        :attr:`bytes_used` elsewhere."""
+        if payload_bytes < 0 or blocks < 0:
+            raise ValueError(f"DiskTier.capacity_for needs payload_bytes and blocks >= 0, got "
+                             f"{payload_bytes} and {blocks}")
+        block = _block_size(Path(directory))
+        return blocks * _rounded(HEADER_BYTES + payload_bytes, block)
 
     @property
     def available(self) -> bool:
@@ -213,7 +240,7 @@ class DiskTier(StoredTier):
         """Bytes a file of ``length`` bytes takes: its length rounded up to the block size, or
         what ``stat`` of it says it takes where that is more (blocks preallocated, a bigger
         allocation unit than the file system reports)."""
-        rounded = -(-length // self._block) * self._block
+        rounded = _rounded(length, self._block)
         return rounded if stat is None else max(rounded, stat.st_blocks * _STAT_BLOCK)
 
     def _key_path(self, key: BlockKey) -> tuple[str, str]:
