@@ -1,10 +1,15 @@
 """The disk tier: round trips, content addressing, every fault a file can suffer (each found by
-its status and lost files deleted), crashes and reopening, the LRU size cap, threads, misuse."""
+its status and lost files deleted), crashes and reopening, the LRU size cap counted in what files
+take on disk, a full file system (ENOSPC) evicting and recovering, threads (remove among puts and
+loads), misuse."""
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,6 +55,26 @@ def file_of(tier: DiskTier, k: BlockKey) -> Path:
     return tier.directory / (k.name + ".kvb")
 
 
+def taken(path: Path) -> int:
+    """Bytes a file takes on disk, as ``os.stat`` reports them."""
+    return path.stat().st_blocks * 512
+
+
+def on_disk(tier: DiskTier) -> int:
+    """Bytes the tier's files take on disk, by ``os.stat`` of each."""
+    held = tier.keys()
+    return sum(taken(file_of(tier, k)) for k in held)
+
+
+def room(directory: Path) -> int:
+    """What a ``FILE``-byte block file takes on ``directory``'s file system."""
+    probe = directory / "probe"
+    probe.write_bytes(bytes(payload(0, FILE)))
+    size = taken(probe)
+    probe.unlink()
+    return size
+
+
 @pytest.fixture
 def tier(tmp_path: Path) -> DiskTier:
     return DiskTier(tmp_path / "disk", capacity_bytes=1 << 24)
@@ -64,7 +89,7 @@ def test_round_trip_of_a_batch(tier: DiskTier) -> None:
     assert (result.status == LoadStatus.OK).all() and result.ok.all()
     assert np.array_equal(outs, np.stack(data))
     assert result.checksum.tolist() == sums(data).tolist()
-    assert len(tier) == 6 and tier.bytes_used == 6 * FILE
+    assert len(tier) == 6 and tier.bytes_used == on_disk(tier)
     assert tier.contains([*keys, key(99)]).tolist() == [True] * 6 + [False]
     assert set(tier.keys()) == set(keys)
     assert sorted(p.name for p in tier.directory.iterdir()) == sorted(
@@ -79,7 +104,7 @@ def test_put_of_an_existing_key_does_not_rewrite(tier: DiskTier) -> None:
     assert put(tier, [k], [data]).all()
     after = file_of(tier, k).stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-    assert len(tier) == 1 and tier.bytes_used == FILE
+    assert len(tier) == 1 and tier.bytes_used == on_disk(tier)
 
 
 def test_put_replaces_a_bad_file_atomically(tier: DiskTier) -> None:
@@ -93,7 +118,7 @@ def test_put_replaces_a_bad_file_atomically(tier: DiskTier) -> None:
     assert path.stat().st_ino != before and path.stat().st_size == FILE
     result, outs = load(tier, [k])
     assert result.ok.all() and np.array_equal(outs[0], data)
-    assert len(tier) == 1 and tier.bytes_used == FILE
+    assert len(tier) == 1 and tier.bytes_used == on_disk(tier)
 
 
 def _truncate(size: int) -> Callable[[Path], None]:
@@ -141,7 +166,7 @@ def test_a_damaged_file_is_found_and_lost_for_good(tier: DiskTier, fault: str) -
     assert result.checksum[0] == 0 and np.array_equal(outs[1], data[1])
     assert not file_of(tier, keys[0]).exists()
     assert tier.contains(keys).tolist() == [False, True]
-    assert len(tier) == 1 and tier.bytes_used == FILE
+    assert len(tier) == 1 and tier.bytes_used == on_disk(tier)
     assert load(tier, keys[:1])[0].status.tolist() == [LoadStatus.MISSING]
 
 
@@ -220,7 +245,7 @@ def test_reopening_indexes_whole_files_and_deletes_torn_ones(tier: DiskTier) -> 
     again = DiskTier(tier.directory, capacity_bytes=1 << 24)
     good = [0, 5, 6, 7]
     assert sorted(again.keys(), key=lambda k: k.chain_low) == [keys[i] for i in good]
-    assert len(again) == 4 and again.bytes_used == 4 * FILE
+    assert len(again) == 4 and again.bytes_used == on_disk(again)
     result, outs = load(again, keys)
     assert [i for i, s in enumerate(result.status) if s == LoadStatus.OK] == good
     assert all(np.array_equal(outs[i], data[i]) for i in good)
@@ -229,7 +254,8 @@ def test_reopening_indexes_whole_files_and_deletes_torn_ones(tier: DiskTier) -> 
 
 
 def test_the_size_cap_evicts_least_recently_used(tmp_path: Path) -> None:
-    tier = DiskTier(tmp_path, capacity_bytes=4 * FILE)
+    per = room(tmp_path)
+    tier = DiskTier(tmp_path, capacity_bytes=4 * per)
     keys, data = [key(i) for i in range(7)], [payload(i) for i in range(7)]
     assert put(tier, keys[:4], data[:4]).all()
     assert tier.drain_evicted() == []
@@ -241,18 +267,19 @@ def test_the_size_cap_evicts_least_recently_used(tmp_path: Path) -> None:
     assert tier.drain_evicted() == [keys[3], keys[0]]
     assert tier.contains(keys).tolist() == [False, True, False, False, True, True, True]
     assert {p.name for p in tmp_path.iterdir()} == {keys[i].name + ".kvb" for i in (1, 4, 5, 6)}
-    assert tier.bytes_used == 4 * FILE <= tier.capacity_bytes
+    assert tier.bytes_used == on_disk(tier) == 4 * per <= tier.capacity_bytes
     for age, i in enumerate((6, 1, 5, 4)):  # reopening orders uses by modification time
         os.utime(file_of(tier, keys[i]), ns=(age * 10**9, age * 10**9))
-    smaller = DiskTier(tmp_path, capacity_bytes=2 * FILE)  # reopened with less room
+    smaller = DiskTier(tmp_path, capacity_bytes=2 * per)  # reopened with less room
     assert smaller.drain_evicted() == [keys[6], keys[1]] and smaller.keys() == [keys[5], keys[4]]
     assert len(list(tmp_path.iterdir())) == 2
 
 
 def test_a_value_bigger_than_the_capacity_is_refused(tmp_path: Path) -> None:
-    tier = DiskTier(tmp_path, capacity_bytes=2 * FILE)
+    per = room(tmp_path)
+    tier = DiskTier(tmp_path, capacity_bytes=2 * per)
     put(tier, [key(0)], [payload(0)])
-    assert put(tier, [key(1)], [payload(1, 2 * FILE - HEADER_BYTES + 1)]).tolist() == [False]
+    assert put(tier, [key(1)], [payload(1, 2 * per - HEADER_BYTES + 1)]).tolist() == [False]
     assert tier.keys() == [key(0)] and tier.drain_evicted() == []
     assert not file_of(tier, key(1)).exists()
 
@@ -283,7 +310,7 @@ def test_remove_counts_missing_as_gone(tier: DiskTier) -> None:
     put(tier, [key(0), key(1)], [payload(0), payload(1)])
     assert tier.remove([key(0), key(9)]).tolist() == [True, True]
     assert not file_of(tier, key(0)).exists() and tier.keys() == [key(1)]
-    assert tier.bytes_used == FILE and tier.drain_evicted() == []
+    assert tier.bytes_used == on_disk(tier) and tier.drain_evicted() == []
 
 
 def test_concurrent_loads_and_puts_see_only_whole_values(tier: DiskTier) -> None:
@@ -311,7 +338,7 @@ def test_concurrent_loads_and_puts_see_only_whole_values(tier: DiskTier) -> None
         t.join()
     assert len(statuses) == 4 * 20 * 4 and set(statuses) == {LoadStatus.OK}
     assert mismatches == [] and all(stored)
-    assert len(tier) == 16 + 80 and tier.bytes_used == 96 * FILE
+    assert len(tier) == 16 + 80 and tier.bytes_used == on_disk(tier)
     assert list(tier.directory.glob("*.tmp")) == []
 
 
@@ -331,3 +358,174 @@ def test_a_put_over_a_file_with_a_damaged_payload_rewrites_it(tmp_path: Path) ->
     out = np.empty(256, dtype=np.uint8)
     assert tier.load_into([key], [out]).status.tolist() == [LoadStatus.OK]
     assert (out == payload).all()
+
+
+# -- what files take on disk, and a full file system -----------------------------------------------
+
+
+def test_bytes_used_and_the_cap_count_what_files_take_on_disk(tmp_path: Path) -> None:
+    """An 8 KiB block file takes more than 8 KiB of disk: the cap counts what ``os.stat`` says
+    files take (allocated blocks), not their length."""
+    tier = DiskTier(tmp_path / "sizes", capacity_bytes=1 << 24)
+    sizes = [1, 4096 - HEADER_BYTES, 4096 - HEADER_BYTES + 1, 8192, 100_000]
+    keys = [key(i) for i in range(len(sizes))]
+    assert put(tier, keys, [payload(i, n) for i, n in enumerate(sizes)]).all()
+    assert tier.bytes_used == on_disk(tier) > sum(HEADER_BYTES + n for n in sizes)
+    assert DiskTier(tier.directory, capacity_bytes=1 << 24).bytes_used == tier.bytes_used
+    per = room(tmp_path)
+    assert per > FILE  # files are allocated in whole blocks
+    capped = DiskTier(tmp_path / "capped", capacity_bytes=3 * per)
+    four = [key(10 + i) for i in range(4)]
+    for i, k in enumerate(four):
+        assert put(capped, [k], [payload(10 + i)]).all()
+    assert capped.drain_evicted() == four[:1]
+    assert capped.bytes_used == on_disk(capped) == 3 * per
+
+
+def test_capacity_for_sizes_the_cap_in_block_files(tmp_path: Path) -> None:
+    where = tmp_path / "not" / "yet"
+    capacity = DiskTier.capacity_for(where, SIZE, 4)
+    assert capacity == 4 * room(tmp_path)
+    tier = DiskTier(where, capacity_bytes=capacity)
+    keys = [key(i) for i in range(5)]
+    for i, k in enumerate(keys[:4]):
+        assert put(tier, [k], [payload(i)]).all()
+    assert tier.drain_evicted() == [] and tier.bytes_used == capacity
+    assert put(tier, keys[4:], [payload(4)]).all() and tier.drain_evicted() == keys[:1]
+    with pytest.raises(ValueError, match="blocks"):
+        DiskTier.capacity_for(where, SIZE, -1)
+
+
+class FullDisk:
+    """``os.writev`` on a file system with room for ``files`` block files only, whatever the
+    tier's ``capacity_bytes`` says: ENOSPC (nothing written) where one more would not fit, as a
+    disk shared with other data fills up. ``files=0``: a disk full of other data."""
+
+    def __init__(self, directory: Path, per: int, files: int) -> None:
+        self.directory, self.per, self.files = directory, per, files
+        self.refused = 0
+        self._writev = os.writev
+
+    def __call__(self, fd: int, buffers: Any) -> int:
+        used = sum(taken(p) for p in self.directory.iterdir())
+        if used + self.per > self.files * self.per:
+            self.refused += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self._writev(fd, buffers)
+
+
+def test_a_full_disk_evicts_least_recently_used_and_recovers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tier = DiskTier(tmp_path / "disk", capacity_bytes=1 << 30)  # far more than the disk holds
+    disk = FullDisk(tier.directory, room(tmp_path), files=5)
+    monkeypatch.setattr(os, "writev", disk)
+    keys, data = [key(i) for i in range(12)], [payload(i) for i in range(12)]
+    for k, d in zip(keys, data, strict=True):
+        assert put(tier, [k], [d]).all()
+        assert on_disk(tier) <= 5 * disk.per
+    assert disk.refused > 0 and tier.available
+    assert tier.drain_evicted() == keys[:7]
+    assert tier.contains(keys).tolist() == [False] * 7 + [True] * 5
+    result, outs = load(tier, keys[7:])
+    assert result.ok.all() and np.array_equal(outs, np.stack(data[7:]))
+    batch = [key(20 + i) for i in range(3)]
+    assert put(tier, batch, [payload(20 + i) for i in range(3)]).all()
+    assert tier.drain_evicted() == keys[7:10] and tier.bytes_used == on_disk(tier)
+    assert list(tier.directory.glob(".*.tmp")) == []
+
+
+def test_a_disk_full_of_other_data_fails_puts_reports_it_and_recovers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kvfsm.tiers")
+    tier = DiskTier(tmp_path / "disk", capacity_bytes=1 << 30)
+    keys, data = [key(i) for i in range(20)], [payload(i) for i in range(20)]
+    assert put(tier, keys, data).all()
+    monkeypatch.setattr(os, "writev", FullDisk(tier.directory, room(tmp_path), files=0))
+    assert put(tier, [key(30)], [payload(30)]).tolist() == [False]
+    assert put(tier, [key(31)], [payload(31)]).tolist() == [False]
+    assert not tier.available and "No space left" in (tier.last_error or "")
+    evicted = tier.drain_evicted()
+    assert 0 < len(tier) < 20 and set(evicted) | set(tier.keys()) == set(keys)  # bounded
+    assert not tier.contains(evicted).any() and tier.bytes_used == on_disk(tier)
+    assert list(tier.directory.glob(".*.tmp")) == []
+    monkeypatch.undo()  # room again
+    assert put(tier, [key(30)], [payload(30)]).all() and tier.available
+    assert tier.last_error is None
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "kvfsm.tiers"]
+    assert [level for level, _ in lines] == [logging.WARNING, logging.INFO]
+    assert str(tier.directory) in lines[0][1] and "works again" in lines[1][1]
+
+
+# -- what the engine asks from worker threads ------------------------------------------------------
+
+
+def test_contains_answers_from_memory(tier: DiskTier, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which of a set of keys the tier holds is answered without a file system call."""
+    keys = [key(i) for i in range(4)]
+    put(tier, keys[:3], [payload(i) for i in range(3)])
+    tier.remove(keys[1:2])
+
+    def no_io(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("contains touched the file system")
+
+    for name in ("open", "stat", "lstat", "access", "scandir", "listdir"):
+        monkeypatch.setattr(os, name, no_io)
+    assert tier.contains(keys).tolist() == [True, False, True, False]
+
+
+def test_remove_on_a_worker_thread_while_puts_and_loads_run(tier: DiskTier) -> None:
+    """Removes race puts and loads of the same keys: a load finds each key whole or missing,
+    never torn; every put and remove succeeds; index, files and byte count agree after."""
+    keys, data = [key(i) for i in range(24)], [payload(i) for i in range(24)]
+    put(tier, keys, data)
+    stop = threading.Event()
+    problems: list[str] = []
+    rounds = {"loads": 0, "puts": 0, "removes": 0}
+    seen: set[int] = set()
+
+    def loads() -> None:
+        while not stop.is_set():
+            result, outs = load(tier, keys)
+            for i, status in enumerate(result.status.tolist()):
+                seen.add(status)
+                if status not in (LoadStatus.OK, LoadStatus.MISSING):
+                    problems.append(f"load of key {i}: {LoadStatus(status).name}")
+                elif status == LoadStatus.OK and not np.array_equal(outs[i], data[i]):
+                    problems.append(f"load of key {i}: wrong bytes")
+            rounds["loads"] += 1
+
+    def puts() -> None:
+        while not stop.is_set():
+            picks = [(rounds["puts"] * 5 + j) % 24 for j in range(3)]
+            if not put(tier, [keys[i] for i in picks], [data[i] for i in picks]).all():
+                problems.append(f"put of keys {picks} failed")
+            rounds["puts"] += 1
+
+    def removes() -> None:
+        deadline = time.monotonic() + 30
+        while min(rounds.values()) < 100 and time.monotonic() < deadline:
+            picks = [(rounds["removes"] * 7 + j) % 24 for j in range(4)]
+            if not tier.remove([keys[i] for i in picks]).all():
+                problems.append(f"remove of keys {picks} failed")
+            rounds["removes"] += 1
+
+    workers = [threading.Thread(target=loads), threading.Thread(target=puts)]
+    for worker in workers:
+        worker.start()
+    remover = threading.Thread(target=removes)
+    remover.start()
+    remover.join()
+    stop.set()
+    for worker in workers:
+        worker.join()
+    assert problems == [] and min(rounds.values()) >= 100
+    assert seen == {LoadStatus.OK, LoadStatus.MISSING}  # loads ran among the removes
+    held = tier.keys()
+    assert sorted(p.name for p in tier.directory.iterdir()) == sorted(
+        k.name + ".kvb" for k in held)  # index and directory agree, no temporary file left
+    assert tier.contains(keys).tolist() == [k in held for k in keys]
+    assert tier.bytes_used == on_disk(tier)
+    result, outs = load(tier, held)
+    assert result.ok.all()
+    assert all(np.array_equal(outs[j], data[keys.index(k)]) for j, k in enumerate(held))

@@ -1,15 +1,24 @@
 """The remote tiers against real servers: the StoredTier contract on Mooncake Store and on Redis
 (round trips, no silent overwrite, corrupt, foreign, missing, removed, late reads), a Mooncake
 master killed and restarted, Redis evicting under ``maxmemory``, and a value put by another
-process loaded here. Servers are started per module; where a binary or client library is
-missing the tests skip, except under ``CI=true``, where they fail."""
+process loaded here; construction refusing what is not the store (nothing listening, a silent
+listener, the other store's port) within its bound; a frozen store (SIGSTOP) costing each call a
+bounded time, reported once as unavailable and once as working again. Servers are started per
+module; where a binary or client library is missing the tests skip, except under ``CI=true``,
+where they fail."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
+import os
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,6 +39,7 @@ from kvfsm.tiers import (
     RedisServer,
     RedisTier,
     StoredTier,
+    TierConnectError,
     TierError,
     encode_header,
 )
@@ -246,6 +256,7 @@ def test_mooncake_master_killed_then_restarted(master: MooncakeMaster) -> None:
             assert not tier.remove(old).any()
             # A call into a dead master can hang 4 s; once one failed the rest fail at once.
             assert attempt == 0 or time.monotonic() - began < 2.0
+            assert not tier.available and tier.last_error
         server.restart()
         fresh, deadline = key(), time.monotonic() + 20
         while not tier.put([fresh], [data[0]], sums(data[:1])).all():
@@ -255,6 +266,7 @@ def test_mooncake_master_killed_then_restarted(master: MooncakeMaster) -> None:
         # The restarted master lost every key it held.
         assert result.status.tolist() == [LoadStatus.OK, LoadStatus.MISSING, LoadStatus.MISSING]
         assert np.array_equal(outs[0], data[0])
+        assert tier.available and tier.last_error is None
         tier.close()
     finally:
         server.stop()
@@ -277,10 +289,12 @@ def test_redis_killed_then_restarted(redis_server: RedisServer) -> None:
         assert load(tier, [k])[0].status.tolist() == [LoadStatus.FAILED]
         assert not tier.put([key()], [data], sums([data])).any()
         assert not tier.contains([k]).any() and not tier.remove([k]).any()
+        assert not tier.available and "refused" in (tier.last_error or "")
         port = server.port
         server.restart()
         assert server.port == port
         assert load(tier, [k])[0].status.tolist() == [LoadStatus.MISSING]
+        assert tier.available and tier.last_error is None  # the same tier, not rebuilt
         assert tier.put([k], [data], sums([data])).all()
         assert load(tier, [k])[0].status.tolist() == [LoadStatus.OK]
         tier.close()
@@ -329,6 +343,194 @@ def test_redis_evictions_load_missing(redis_server: RedisServer) -> None:
         expected = [LoadStatus.OK if p else LoadStatus.MISSING for p in present]
         assert statuses == expected
         tier.close()
+
+
+# -- construction refuses what is not the store ---------------------------------------------------
+
+#: The bound the refusal tests give construction, and the slack a loaded 2-core box needs.
+CONNECT_S = 1.0
+SLACK_S = 2.0
+#: A frozen store's first call waits for the call timeout (CALL_S); the next ones for a probe
+#: only (PROBE_S), so they must end well before CALL_S.
+CALL_S = 2.0
+PROBE_S = 0.3
+PROBE_SLACK_S = 1.0
+
+
+@pytest.fixture
+def silent_address() -> Iterator[str]:
+    """A TCP port that accepts connections and never sends a byte."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener closed at teardown
+            while True:
+                held.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()
+    for conn in held:
+        conn.close()
+
+
+def _refused(build: Callable[[str], object], address: str) -> tuple[TierConnectError, float]:
+    began = time.monotonic()
+    with pytest.raises(TierConnectError) as caught:
+        build(address)
+    return caught.value, time.monotonic() - began
+
+
+@pytest.mark.parametrize("impostor", ["silent listener", "redis-server", "nothing"])
+def test_mooncake_refuses_what_is_not_a_master_in_bounded_time(
+        master: MooncakeMaster, redis_server: RedisServer, silent_address: str,
+        impostor: str) -> None:
+    address = {"silent listener": silent_address, "redis-server": redis_server.address,
+               "nothing": f"127.0.0.1:{free_port()}"}[impostor]
+    error, took = _refused(lambda a: MooncakeTier(a, global_segment_bytes=SEGMENT,
+                                                  connect_timeout_s=CONNECT_S), address)
+    assert took < CONNECT_S + SLACK_S
+    assert isinstance(error, TierError) and error.address == address
+    assert str(error).startswith(f"no Mooncake master answers at {address}: ")
+    expected = "connection refused" if impostor == "nothing" else "sent nothing back within 1 s"
+    assert expected in error.reason
+    # The real master at the same time is still accepted.
+    tier = MooncakeTier(master.address, global_segment_bytes=SEGMENT,
+                        local_buffer_bytes=16 << 20, connect_timeout_s=CONNECT_S)
+    assert tier.available and tier.last_error is None
+    tier.close()
+
+
+@pytest.mark.parametrize("impostor", ["silent listener", "mooncake master", "nothing"])
+def test_redis_refuses_what_is_not_redis_in_bounded_time(
+        master: MooncakeMaster, redis_server: RedisServer, silent_address: str,
+        impostor: str) -> None:
+    address = {"silent listener": silent_address, "mooncake master": master.address,
+               "nothing": f"127.0.0.1:{free_port()}"}[impostor]
+    error, took = _refused(lambda a: RedisTier(a, connect_timeout_s=CONNECT_S), address)
+    assert took < 2 * CONNECT_S + SLACK_S  # connecting, then PING, each bounded
+    assert error.address == address
+    assert str(error).startswith(f"no Redis server answers at {address}: ")
+    expected = {"silent listener": "no answer to PING within 1 s",
+                "mooncake master": "closed the connection without answering PING",
+                "nothing": "Connection refused"}[impostor]
+    assert expected in error.reason
+    tier = RedisTier(redis_server.address, connect_timeout_s=CONNECT_S)
+    assert tier.available and tier.last_error is None
+    tier.close()
+
+
+_CONSTRUCT = """
+import sys
+from kvfsm.tiers import MooncakeTier
+print("building", flush=True)
+MooncakeTier({address!r}, connect_timeout_s=600)
+"""
+
+
+def test_ctrl_c_interrupts_a_mooncake_tier_waiting_for_a_silent_master(
+        master: MooncakeMaster, silent_address: str) -> None:
+    """Construction waits on Python sockets, not in C++: SIGINT (Ctrl-C) ends the wait."""
+    child = subprocess.Popen([sys.executable, "-c", _CONSTRUCT.format(address=silent_address)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "building"
+        time.sleep(1.0)  # inside the wait for the master's answer
+        child.send_signal(signal.SIGINT)
+        _out, err = child.communicate(timeout=10)
+        assert child.returncode != 0 and "KeyboardInterrupt" in err
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+# -- a frozen store (SIGSTOP) ----------------------------------------------------------------------
+
+
+def _health_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "kvfsm.tiers"]
+
+
+def _timed(call: Callable[[], Any]) -> tuple[Any, float]:
+    began = time.monotonic()
+    result = call()
+    return result, time.monotonic() - began
+
+
+def test_redis_frozen_then_thawed(redis_server: RedisServer,
+                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kvfsm.tiers")
+    with RedisServer() as server:
+        tier = RedisTier(server.address, socket_timeout_s=CALL_S, probe_timeout_s=PROBE_S)
+        k, data = key(), payload(20)
+        assert tier.put([k], [data], sums([data])).all()
+        server.pause()
+        try:
+            status, took = _timed(lambda: load(tier, [k])[0].status.tolist())
+            assert status == [LoadStatus.FAILED] and took < CALL_S + SLACK_S
+            assert not tier.available and "Timeout" in (tier.last_error or "")
+            # While it stays frozen each call costs one short PING, not a socket timeout.
+            for call in (lambda: tier.put([key()], [data], sums([data])),
+                         lambda: tier.contains([k]), lambda: tier.remove([k])):
+                answer, took = _timed(call)
+                assert not answer.any() and took < PROBE_S + PROBE_SLACK_S
+            status, took = _timed(lambda: load(tier, [k])[0].status.tolist())
+            assert status == [LoadStatus.FAILED] and took < PROBE_S + PROBE_SLACK_S
+        finally:
+            server.resume()
+        result, outs = load(tier, [k])
+        assert result.status.tolist() == [LoadStatus.OK] and np.array_equal(outs[0], data)
+        assert tier.available and tier.last_error is None
+        lines = _health_lines(caplog)
+        assert [level for level, _ in lines] == [logging.WARNING, logging.INFO]
+        assert server.address in lines[0][1] and "failing" in lines[0][1]
+        assert "works again" in lines[1][1]
+        tier.close()
+
+
+def test_mooncake_master_frozen_then_thawed(master: MooncakeMaster,
+                                            caplog: pytest.LogCaptureFixture,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured before the bound: every call into a frozen master took Mooncake's 30 s."""
+    caplog.set_level(logging.INFO, logger="kvfsm.tiers")
+    monkeypatch.delenv("MC_RPC_TIMEOUT_MS", raising=False)
+    server = MooncakeMaster()
+    server.start()
+    try:
+        tier = MooncakeTier(server.address, global_segment_bytes=SEGMENT,
+                            local_buffer_bytes=16 << 20, rpc_timeout_s=CALL_S,
+                            probe_timeout_s=PROBE_S)
+        assert "MC_RPC_TIMEOUT_MS" not in os.environ  # set only while the client set up
+        k, data = key(), payload(21)
+        assert tier.put([k], [data], sums([data])).all()
+        server.pause()
+        try:
+            status, took = _timed(lambda: load(tier, [k])[0].status.tolist())
+            assert status == [LoadStatus.FAILED] and took < CALL_S + SLACK_S
+            assert not tier.available and tier.last_error
+            for call in (lambda: tier.put([key()], [data], sums([data])),
+                         lambda: tier.contains([k]), lambda: tier.remove([k])):
+                answer, took = _timed(call)
+                assert not answer.any() and took < PROBE_S + PROBE_SLACK_S
+        finally:
+            server.resume()
+        deadline = time.monotonic() + 20
+        result, outs = load(tier, [k])
+        while not result.ok.all():  # the client may be reconnecting for a moment
+            assert time.monotonic() < deadline, "loads did not work again after the thaw"
+            time.sleep(0.2)
+            result, outs = load(tier, [k])
+        assert np.array_equal(outs[0], data)
+        assert tier.available and tier.last_error is None
+        lines = _health_lines(caplog)
+        assert [level for level, _ in lines] == [logging.WARNING, logging.INFO]
+        assert server.address in lines[0][1] and server.address in lines[1][1]
+        tier.close()
+    finally:
+        server.stop()
 
 
 # -- another engine's copy -------------------------------------------------------------------------

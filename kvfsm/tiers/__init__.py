@@ -3,6 +3,9 @@
 ``DiskTier`` keeps one crash-safe file per block under a directory; ``MooncakeTier`` and
 ``RedisTier`` keep values in a shared store that several engines read. All keep the
 ``StoredTier`` contract and write the same header (``encode_header``) before each payload.
+Building a remote tier checks that its store answers (:class:`TierConnectError` if not); every
+tier reports whether its store works (``available``, ``last_error``; changes logged on the
+``kvfsm.tiers`` logger).
 """
 
 from kvfsm.tiers._contract import (
@@ -14,6 +17,7 @@ from kvfsm.tiers._contract import (
     LoadResult,
     LoadStatus,
     StoredTier,
+    TierConnectError,
     TierError,
     block_keys,
     decode_header,
@@ -45,6 +49,7 @@ __all__ = [
     "RedisServer",
     "RedisTier",
     "StoredTier",
+    "TierConnectError",
     "TierError",
     "block_keys",
     "decode_header",

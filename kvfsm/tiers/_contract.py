@@ -49,6 +49,18 @@ class TierError(KvfsmError):
     """A stored tier could not be opened or used as configured (a bad directory, no server)."""
 
 
+class TierConnectError(TierError):
+    """Building a remote tier found no working store at ``address``: nothing listens there, it
+    did not answer within the tier's ``connect_timeout_s``, or what answered is not the store
+    (another server's port). ``reason`` says which, with what was seen."""
+
+    def __init__(self, store: str, address: str, reason: str) -> None:
+        self.store = store
+        self.address = address
+        self.reason = reason
+        super().__init__(f"no {store} answers at {address}: {reason}")
+
+
 class LoadStatus(enum.IntEnum):
     """What a load found for one key. Only ``OK`` lets bytes reach a pool."""
 
@@ -239,6 +251,18 @@ class StoredTier(abc.ABC):
     @abc.abstractmethod
     def remove(self, keys: Sequence[BlockKey]) -> NDArray[np.bool_]:
         """Drop each key's value; True where it is gone afterwards (or was never there)."""
+
+    @property
+    def available(self) -> bool:
+        """False while the store is failing: the last call found it not answering (or, for a
+        disk, a write failed for the file system), so calls answer FAILED / False; True again
+        after a call that worked. Tiers that do not track their store always say True."""
+        return True
+
+    @property
+    def last_error(self) -> str | None:
+        """What the call that made the tier unavailable saw (None while available)."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - tiers without resources need no close
         """Release connections and files; the stored values stay."""

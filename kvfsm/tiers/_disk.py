@@ -16,16 +16,25 @@ no pickle. Why it survives crashes and bit rot:
 * **Reopening.** The constructor reads only each ``*.kvb`` file's header and indexes the whole
   ones, so a restarted engine finds its prefixes again; torn files are deleted.
 
-At most ``capacity_bytes`` (headers included) are kept, least recently used (put or loaded)
-evicted first. Threads may share a tier: one lock guards the index, the LRU order, the counters
-and the name changes (rename onto a final name, unlink), so index and directory always agree;
-reads, writes and fsyncs run outside it. One ``DiskTier`` per directory at a time: opening one
-deletes the temporary files of puts in flight.
+**Room.** Files take at most ``capacity_bytes`` of disk, counted as the file system allocates
+them (``st_blocks * 512``, at least the length rounded up to the file system's block size: the
+8 320-byte file of an 8 KiB payload takes 12 KiB with 4 KiB blocks), least recently used (put or
+loaded) evicted first.
+A write the file system refuses for want of room (``ENOSPC``, ``EDQUOT``: the disk is fuller than
+``capacity_bytes`` assumed) evicts least recently used files and retries, a bounded number of
+times, so a full disk recovers instead of refusing every put from then on.
+
+Threads may share a tier: one lock guards the index, the LRU order, the counters and the name
+changes (rename onto a final name, unlink), so index and directory always agree; reads, writes
+and fsyncs run outside it. ``remove`` may run on one thread while puts and loads run on others.
+One ``DiskTier`` per directory at a time: opening one deletes the temporary files of puts in
+flight.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import threading
@@ -52,6 +61,7 @@ from kvfsm.tiers._contract import (
     encode_header,
     verify,
 )
+from kvfsm.tiers._health import Health
 
 #: Suffix of a block's file.
 SUFFIX: Final = ".kvb"
@@ -66,6 +76,15 @@ _WRITE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 #: Bytes read past the expected end of a file to notice that it is too long.
 _TAIL_BYTES: Final = 1
 _LOST: Final = (LoadStatus.CORRUPT, LoadStatus.FOREIGN)
+#: ``st_blocks`` counts 512-byte units whatever the file system's block size (POSIX).
+_STAT_BLOCK: Final = 512
+#: Errors of a file system without room for a write.
+_NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: Times a put evicts and writes again after the file system said it is full; each round frees
+#: twice what the last did, so the last frees 2**_NO_ROOM_ROUNDS times the file's room. Bounded:
+#: another process may fill the disk faster than the tier frees it, and a put must not empty the
+#: tier trying.
+_NO_ROOM_ROUNDS: Final = 3
 
 
 def _rest(views: list[memoryview], done: int) -> list[memoryview]:
@@ -134,15 +153,36 @@ def _payload_matches(path: str, payload_bytes: int, checksum: int) -> bool:
     return len(payload) == payload_bytes and xxhash.xxh3_64_intdigest(payload) == checksum
 
 
+def _rounded(length: int, block: int) -> int:
+    """``length`` rounded up to a whole number of ``block``-byte blocks."""
+    return -(-length // block) * block
+
+
+def _block_size(directory: Path) -> int:
+    """The allocation unit of the file system ``directory`` (or its nearest existing parent)
+    is on: a file takes its length rounded up to it."""
+    for where in (directory, *directory.parents):
+        try:
+            found = os.statvfs(where)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise TierError(f"disk tier directory {str(directory)!r} is unusable: {exc}") from exc
+        return max(1, found.f_frsize or found.f_bsize)
+    raise TierError(f"disk tier directory {str(directory)!r} has no existing parent")
+
+
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):  # a leftover that cannot go stays; it is never indexed
         os.unlink(path)
 
 
 class DiskTier(StoredTier):
-    """Block copies as files under ``directory``, at most ``capacity_bytes`` of them (headers
-    included), least recently used evicted first. ``fsync=False`` skips the fsyncs (tests,
-    scratch caches): a crash may then lose recent values, never return a wrong one."""
+    """Block copies as files under ``directory``, taking at most ``capacity_bytes`` of disk (as
+    allocated: see the module's docstring), least recently used evicted first. ``fsync=False``
+    skips the fsyncs (tests, scratch caches): a crash may then lose recent values, never return
+    a wrong one. :attr:`available` turns False when a write fails for the file system (no room
+    even after evicting, an I/O error, read-only) and True at the next write that works."""
 
     tier = Tier.DISK
 
@@ -163,14 +203,45 @@ class DiskTier(StoredTier):
         self._prefix = os.path.join(self._dir, "")
         self._capacity = capacity_bytes
         self._fsync = fsync
+        self._block = _block_size(Path(self._dir))
+        self._health = Health(f"DiskTier({self._dir})")
         self._lock = threading.Lock()
-        #: File name -> (key, file bytes), least recently used first.
+        #: File name -> (key, bytes the file takes on disk), least recently used first.
         self._index: OrderedDict[str, tuple[BlockKey, int]] = OrderedDict()
         self._used = 0
-        #: Bytes reserved by puts whose files are being written.
+        #: Bytes reserved by puts whose files are being written (their length rounded up to
+        #: the block size; what they take is counted once written).
         self._pending = 0
         self._evicted: list[BlockKey] = []
         self._scan()
+
+    @staticmethod
+    def capacity_for(directory: str | os.PathLike[str], payload_bytes: int, blocks: int) -> int:
+        """The ``capacity_bytes`` that holds ``blocks`` block files of ``payload_bytes`` each in
+        ``directory`` (which need not exist yet): header and payload rounded up to the block
+        size of the file system it is on, times ``blocks``. Exact where the file system
+        allocates whole blocks and nothing more (ext4, tmpfs); a bound to check with
+        :attr:`bytes_used` elsewhere."""
+        if payload_bytes < 0 or blocks < 0:
+            raise ValueError(f"DiskTier.capacity_for needs payload_bytes and blocks >= 0, got "
+                             f"{payload_bytes} and {blocks}")
+        block = _block_size(Path(directory))
+        return blocks * _rounded(HEADER_BYTES + payload_bytes, block)
+
+    @property
+    def available(self) -> bool:
+        return self._health.available
+
+    @property
+    def last_error(self) -> str | None:
+        return self._health.last_error
+
+    def _room(self, length: int, stat: os.stat_result | None = None) -> int:
+        """Bytes a file of ``length`` bytes takes: its length rounded up to the block size, or
+        what ``stat`` of it says it takes where that is more (blocks preallocated, a bigger
+        allocation unit than the file system reports)."""
+        rounded = _rounded(length, self._block)
+        return rounded if stat is None else max(rounded, stat.st_blocks * _STAT_BLOCK)
 
     def _key_path(self, key: BlockKey) -> tuple[str, str]:
         """``(file name, path)`` of ``key``'s file. A key's name is hex and dashes by
@@ -202,7 +273,7 @@ class DiskTier(StoredTier):
             self._evict_for(0)  # the capacity shrank since the last run
 
     def _scan_one(self, name: str) -> tuple[int, str, BlockKey, int] | None:
-        """``(mtime, name, key, size)`` of a whole file; a torn or mismatched one is deleted, an
+        """``(mtime, name, key, room)`` of a whole file; a torn or mismatched one is deleted, an
         unreadable one left alone, both answer None."""
         path = self._path(name)
         head = _head(path)
@@ -213,16 +284,30 @@ class DiskTier(StoredTier):
                 or stat.st_size != HEADER_BYTES + header.payload_bytes):
             _unlink(path)
             return None
-        return stat.st_mtime_ns, name, header.key, int(stat.st_size)
+        return stat.st_mtime_ns, name, header.key, self._room(stat.st_size, stat)
 
     def _evict_for(self, size: int) -> None:
-        """Under the lock: evict least recently used files until ``size`` more bytes fit, their
-        keys queued for :meth:`drain_evicted`."""
+        """Under the lock: evict least recently used files until ``size`` more bytes fit."""
         while self._index and self._used + self._pending + size > self._capacity:
-            name, (key, old) = self._index.popitem(last=False)
-            self._used -= old
-            self._evicted.append(key)
-            _unlink(self._path(name))
+            self._evict_one()
+
+    def _evict_one(self) -> int:
+        """Under the lock: evict the least recently used file, its key queued for
+        :meth:`drain_evicted`; the bytes it took."""
+        name, (key, old) = self._index.popitem(last=False)
+        self._used -= old
+        self._evicted.append(key)
+        _unlink(self._path(name))
+        return old
+
+    def _free(self, room: int) -> bool:
+        """Evict least recently used files until they took ``room`` bytes (or none is left), for
+        a write the file system refused as full; whether any was evicted."""
+        freed = 0
+        with self._lock:
+            while self._index and freed < room:
+                freed += self._evict_one()
+        return freed > 0
 
     def _drop(self, name: str) -> None:  # under the lock
         entry = self._index.pop(name, None)
@@ -256,7 +341,8 @@ class DiskTier(StoredTier):
         name = key.name + SUFFIX
         path = self._path(name)
         size = HEADER_BYTES + view.nbytes
-        if size > self._capacity or view.nbytes > MAX_PAYLOAD_BYTES:
+        room = self._room(size)
+        if room > self._capacity or view.nbytes > MAX_PAYLOAD_BYTES:
             return False, False
         header = encode_header(key, view.nbytes, checksum)
         with self._lock:
@@ -270,41 +356,65 @@ class DiskTier(StoredTier):
                     return True, False
         with self._lock:
             self._drop(name)  # bad (or evicted meanwhile): replaced below
-            self._evict_for(size)
-            if self._used + self._pending + size > self._capacity:
+            self._evict_for(room)
+            if self._used + self._pending + room > self._capacity:
                 return False, False  # the room is reserved by puts in flight
-            self._pending += size
+            self._pending += room
         tmp = f"{self._prefix}.{name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        stored = self._write(tmp, header, view)
+        taken = self._write_making_room(tmp, header, view, room)
+        stored = taken is not None
         with self._lock:
-            self._pending -= size
-            if stored:
+            self._pending -= room
+            if taken is not None:
                 try:
                     os.replace(tmp, path)
                 except OSError:
                     stored = False
                 else:
                     self._drop(name)
-                    self._index[name] = (key, size)
-                    self._used += size
+                    self._index[name] = (key, taken)
+                    self._used += taken
+                    self._evict_for(0)  # where it took more than the room reserved
         if not stored:
             _unlink(tmp)
         return stored, stored
 
-    def _write(self, tmp: str, header: bytes, view: memoryview) -> bool:
-        try:
-            fd = os.open(tmp, _WRITE_FLAGS, _FILE_MODE)
+    def _write_making_room(self, tmp: str, header: bytes, view: memoryview,
+                           room: int) -> int | None:
+        """Write ``tmp``; the bytes it takes, or None if it could not be written. Where the file
+        system is full, evict least recently used files (twice as much each round) and write
+        again, at most ``_NO_ROOM_ROUNDS`` times."""
+        for round_ in range(_NO_ROOM_ROUNDS + 1):
             try:
-                size = HEADER_BYTES + view.nbytes
-                if _full(os.writev, fd, [memoryview(header), view], size) != size:
-                    return False
-                if self._fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError:
-            return False
-        return True
+                taken = self._write(tmp, header, view)
+            except OSError as exc:
+                _unlink(tmp)  # a partial file holds blocks
+                why = ""
+                if exc.errno in _NO_ROOM and round_ < _NO_ROOM_ROUNDS:
+                    if self._free(room << round_):
+                        continue
+                    why = " (no file of this tier left to evict)"
+                elif exc.errno in _NO_ROOM:
+                    why = f" (still full after evicting {_NO_ROOM_ROUNDS} times)"
+                self._health.failed(f"writing {tmp}: {exc}{why}")
+                return None
+            self._health.ok()
+            return taken
+        return None  # not reached: the last round returns
+
+    def _write(self, tmp: str, header: bytes, view: memoryview) -> int:
+        """Write header and payload to a new ``tmp`` (fsync-ed unless told not to); the bytes it
+        takes on disk. OSError where the file system refused."""
+        fd = os.open(tmp, _WRITE_FLAGS, _FILE_MODE)
+        try:
+            size = HEADER_BYTES + view.nbytes
+            if _full(os.writev, fd, [memoryview(header), view], size) != size:
+                raise OSError(errno.EIO, f"short write of {size} bytes")
+            if self._fsync:
+                os.fsync(fd)
+            return self._room(size, os.fstat(fd))
+        finally:
+            os.close(fd)
 
     def load_into(self, keys: Sequence[BlockKey], outs: Sequence[Any]) -> LoadResult:
         if len(keys) != len(outs):
@@ -370,10 +480,19 @@ class DiskTier(StoredTier):
             self._drop(name)
 
     def contains(self, keys: Sequence[BlockKey]) -> NDArray[np.bool_]:
+        """Which keys the tier holds, from its in-memory index: no file system call (one dict
+        lookup per key), so an engine may ask it for every key it considers. It reflects puts,
+        removes and evictions at once; a file deleted behind the tier's back is found by the
+        next load (MISSING)."""
         with self._lock:
             return np.array([key.name + SUFFIX in self._index for key in keys], dtype=np.bool_)
 
     def remove(self, keys: Sequence[BlockKey]) -> NDArray[np.bool_]:
+        """Delete each key's file; True where it is gone (or was never there). Safe on a worker
+        thread while puts and loads run: the unlink and the index change happen under the lock,
+        a load that opened the file first still reads it whole, and a put that renames its file
+        after this is simply stored (the later put wins). Removed keys are not reported by
+        :meth:`drain_evicted` (the caller knows them)."""
         gone = np.zeros(len(keys), dtype=np.bool_)
         with self._lock:
             for i, key in enumerate(keys):
@@ -408,7 +527,7 @@ class DiskTier(StoredTier):
 
     @property
     def bytes_used(self) -> int:
-        """Header + payload bytes of the indexed files."""
+        """Bytes the indexed files take on disk (as allocated: see the module's docstring)."""
         with self._lock:
             return self._used
 

@@ -12,10 +12,13 @@ Over TCP neither buffer needs ``register_buffer`` (measured: same throughput eit
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import socket
+import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -29,10 +32,12 @@ from kvfsm.tiers._contract import (
     BlockKey,
     LoadResult,
     LoadStatus,
+    TierConnectError,
     TierError,
     encode_header,
     verify,
 )
+from kvfsm.tiers._health import Health
 
 #: Mooncake ``ErrorCode`` values the tier tells apart (``mooncake-store/include/types.h``).
 NO_AVAILABLE_HANDLE: Final = -200  # no segment has room (or none is mounted yet)
@@ -49,6 +54,31 @@ _PER_KEY: Final = frozenset({NO_AVAILABLE_HANDLE, INVALID_PARAMS, REPLICA_IS_NOT
                              TRANSFER_FAIL})
 #: The master's default ``--default_kv_lease_ttl`` (10 000 ms).
 DEFAULT_LEASE_S: Final = 10.0
+#: Default bound on asking the master whether it is one, at construction: a master on the same
+#: network answers in milliseconds; a few seconds leave room for a loaded one.
+DEFAULT_CONNECT_TIMEOUT_S: Final = 3.0
+#: Default bound on one call to the master (``MC_RPC_TIMEOUT_MS``; Mooncake's own is 30 s, every
+#: call into a frozen master waiting that long): metadata calls answer in milliseconds.
+DEFAULT_RPC_TIMEOUT_S: Final = 5.0
+#: The client reads its master-call timeout from this variable when it is set up.
+_RPC_TIMEOUT_ENV: Final = "MC_RPC_TIMEOUT_MS"
+
+# The master's RPC protocol (coro_rpc of yalantinglibs), little-endian: a request header of
+# magic, version, serialization, message type, sequence number, function id, body length and
+# attachment length; a reply header of magic, version, error code, message type, sequence number,
+# body length and attachment length (read off Mooncake 0.3.13's client and master).
+_RPC_REQUEST: Final = struct.Struct("<BBBBIIII")
+_RPC_REPLY: Final = struct.Struct("<BBBBIII")
+_RPC_MAGIC: Final = 21
+#: Any number: the reply echoes it.
+_RPC_SEQUENCE: Final = 1
+#: coro_rpc names a function by the first 4 bytes (big-endian) of the MD5 of its qualified name.
+#: ``ServiceReady`` takes no argument and answers the master's version; every client calls it
+#: first, so every master a client can use serves it.
+_SERVICE_READY: Final = int.from_bytes(hashlib.md5(
+    b"mooncake::WrappedMasterService::ServiceReady", usedforsecurity=False).digest()[:4], "big")
+#: Bytes of a foreign reply quoted in an error.
+_SHOWN_BYTES: Final = 32
 _INSTALL: Final = ("pip install mooncake-transfer-engine-non-cuda && "
                    "apt-get install -y libibverbs1")
 
@@ -68,6 +98,79 @@ def byte_view(buffer: Any, *, writable: bool) -> NDArray[np.uint8]:
 def _address(array: NDArray[np.uint8]) -> int:
     address: int = array.__array_interface__["data"][0]
     return address
+
+
+def probe_master(host: str, port: int, timeout_s: float) -> str | None:
+    """None if a Mooncake master at ``host:port`` answers ``ServiceReady`` within ``timeout_s``
+    (connecting included), else what was found there instead (for an error message). Plain
+    socket calls against a deadline: a silent or frozen server costs ``timeout_s`` at most and
+    Ctrl-C interrupts the wait, where the client's own setup blocks in C++ holding the GIL and
+    retries for minutes."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+    except ConnectionRefusedError:
+        return "nothing listens there (connection refused)"
+    except TimeoutError:
+        return f"no TCP connection within {timeout_s:g} s"
+    except OSError as exc:
+        return f"cannot connect ({exc})"
+    reply, silent = b"", False
+    with sock:
+        try:
+            sock.sendall(_RPC_REQUEST.pack(_RPC_MAGIC, 0, 0, 0, _RPC_SEQUENCE, _SERVICE_READY,
+                                           0, 0))
+            while len(reply) < _RPC_REPLY.size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                sock.settimeout(left)
+                chunk = sock.recv(_RPC_REPLY.size - len(reply))
+                if not chunk:
+                    break
+                reply += chunk
+        except TimeoutError:
+            silent = not reply
+        except OSError:
+            pass  # reset: judged by what arrived before
+    if silent:
+        return (f"it accepted the connection but sent nothing back within {timeout_s:g} s: "
+                "not a Mooncake master, or a frozen one")
+    if not reply:
+        return "it closed the connection without answering: not a Mooncake master"
+    if len(reply) < _RPC_REPLY.size or reply[0] != _RPC_MAGIC:
+        return (f"it answered {reply[:_SHOWN_BYTES]!r}, not Mooncake's RPC: another server's "
+                "port?")
+    _magic, _version, error, _kind, sequence, _body, _attached = _RPC_REPLY.unpack(reply)
+    if error != 0 or sequence != _RPC_SEQUENCE:
+        return (f"it speaks Mooncake's RPC protocol but answered ServiceReady with error "
+                f"{error}: not a Mooncake master this client can use")
+    return None
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set inside the block, as it was after."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _describe(method: str, result: Any) -> str:
+    """What a failed client call answered, for :attr:`MooncakeTier.last_error`."""
+    if isinstance(result, Exception):
+        return f"{method} raised {type(result).__name__}: {result}"
+    codes = result if isinstance(result, list) else [result]
+    bad = next(c for c in codes if isinstance(c, int) and c < 0 and c not in _PER_KEY)
+    why = "the master did not answer" if bad == RPC_FAIL else "a client or master error"
+    return f"{method} answered error code {bad} ({why})"
 
 
 class MooncakeTier(ClientTier):
@@ -102,19 +205,29 @@ class MooncakeTier(ClientTier):
       store was free to replace them during the read.
     * **Store down.** Client errors, exceptions and non-zero codes are FAILED (load) / False
       (put, remove, contains), never an exception. After a call that saw the master fail, the
-      next calls first try a TCP connection to the master and answer FAILED at once while it is
-      refused (a call into a dead master can take 4 s). Mooncake's client reconnects by itself
-      (it pings the master and, after three failed pings, reconnects and remounts its segment);
-      for about a second after a master restart puts answer False (-200) and loads MISSING (a
-      restarted master has lost every key), then both work again.
+      next calls first ask the master ``ServiceReady`` (bounded by ``probe_timeout_s``) and
+      answer FAILED at once while it does not answer. A call into a killed master fails within
+      about 4 s; one into a frozen master (``kill -STOP``) waits for the master-call timeout,
+      ``rpc_timeout_s`` (Mooncake's own default is 30 s; measured: 30.0 s per call, every call,
+      before this bound). Mooncake's client reconnects by itself (it pings the master and, after
+      three failed pings, reconnects and remounts its segment); for about a second after a
+      master restart puts answer False (-200) and loads MISSING (a restarted master has lost
+      every key), then both work again.
+    * **Health.** :attr:`available` turns False (one warning on the ``kvfsm.tiers`` logger,
+      :attr:`last_error` saying what failed) when a call finds the master failing, and True
+      (one info line) at the next call that works.
     * **Evictions.** A key evicted (or removed by anyone) between ``contains`` and
       ``load_into`` is MISSING.
 
-    Building one needs a master that answers (else TierError at once; Mooncake's own setup
-    would retry for 90 s); ``close()`` takes a second or two (it unmounts at the master). With
-    ``local_hostname`` on loopback the constructor sets ``MC_TCP_BIND_ADDRESS=127.0.0.1`` and
-    ``MC_TE_FILTERS=lo`` in ``os.environ``, else the transfer engine advertises another
-    interface than the one it listens on.
+    Building one asks the master ``ServiceReady`` over its own RPC protocol first, bounded by
+    ``connect_timeout_s``: nothing listening, a silent listener, a frozen master or another
+    server's port is a :class:`TierConnectError` naming the address and what answered (setup
+    itself would block in C++ without answering Ctrl-C, retrying for minutes). ``close()``
+    takes a second or two (it unmounts at the master). With ``local_hostname`` on loopback the
+    constructor sets ``MC_TCP_BIND_ADDRESS=127.0.0.1`` and ``MC_TE_FILTERS=lo`` in
+    ``os.environ``, else the transfer engine advertises another interface than the one it
+    listens on; ``MC_RPC_TIMEOUT_MS`` is set from ``rpc_timeout_s`` only while the client is
+    set up (it reads it then), and left as it was.
     """
 
     tier = Tier.REMOTE
@@ -123,7 +236,11 @@ class MooncakeTier(ClientTier):
                  local_buffer_bytes: int = 64 << 20, local_hostname: str = "127.0.0.1",
                  prefix: str = "kvfsm/", lease_s: float = DEFAULT_LEASE_S,
                  clock: Callable[[], float] = time.monotonic,
-                 probe_timeout_s: float = 0.5) -> None:
+                 probe_timeout_s: float = 0.5,
+                 connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+                 rpc_timeout_s: float | None = None) -> None:
+        """``rpc_timeout_s``: bound on each call to the master; None takes ``MC_RPC_TIMEOUT_MS``
+        from the environment where it is set, else ``DEFAULT_RPC_TIMEOUT_S``."""
         try:
             from mooncake.store import MooncakeDistributedStore
         except (ImportError, OSError) as exc:
@@ -132,27 +249,37 @@ class MooncakeTier(ClientTier):
         host, _, port = master_address.rpartition(":")
         if not host or not port.isdigit():
             raise TierError(f"master_address must be 'host:port', got {master_address!r}")
+        for name, seconds in (("probe_timeout_s", probe_timeout_s),
+                              ("connect_timeout_s", connect_timeout_s),
+                              ("rpc_timeout_s", rpc_timeout_s)):
+            if seconds is not None and not seconds > 0:
+                raise ValueError(f"MooncakeTier {name} must be > 0 seconds, got {seconds!r}")
         self.master_address = master_address
         self.prefix = prefix
         self.lease_s = lease_s
         self._master = (host, int(port))
         self._clock = clock
         self._probe_timeout_s = probe_timeout_s
-        self._suspect = True  # a probe first: setup() retries a dead master for 90 s
-        if not self._reachable():
-            raise TierError(f"no Mooncake master answers at {master_address}: is "
-                            "`mooncake_master` running there?")
+        self._health = Health(f"MooncakeTier(master {master_address})")
+        self._suspect = False
+        refused = probe_master(host, int(port), connect_timeout_s)
+        if refused is not None:
+            raise TierConnectError("Mooncake master", master_address, refused)
         if local_hostname in ("127.0.0.1", "localhost"):
             os.environ["MC_TCP_BIND_ADDRESS"] = "127.0.0.1"
             os.environ["MC_TE_FILTERS"] = "lo"
+        setting: dict[str, str] = {}
+        if rpc_timeout_s is not None or _RPC_TIMEOUT_ENV not in os.environ:
+            seconds = DEFAULT_RPC_TIMEOUT_S if rpc_timeout_s is None else rpc_timeout_s
+            setting[_RPC_TIMEOUT_ENV] = str(max(1, round(seconds * 1000)))
         self._client = MooncakeDistributedStore()
-        code = self._client.setup(local_hostname, "P2PHANDSHAKE", global_segment_bytes,
-                                 local_buffer_bytes, "tcp", "", master_address)
+        with _environment(setting):
+            code = self._client.setup(local_hostname, "P2PHANDSHAKE", global_segment_bytes,
+                                      local_buffer_bytes, "tcp", "", master_address)
         if code != 0:
             self._client = None
             raise TierError(f"Mooncake client setup against master {master_address} failed "
                             f"with code {code}")
-        self._suspect = False
 
     def close(self) -> None:
         """Unmount this process's segment (values stored in it are gone) and close the client."""
@@ -161,26 +288,34 @@ class MooncakeTier(ClientTier):
     # -- plumbing ------------------------------------------------------------------------------
 
     def _reachable(self) -> bool:
-        """True unless a recent call saw the master fail and it still refuses connections."""
+        """True unless a recent call saw the master fail and it still does not answer."""
         if not self._suspect:
             return True
-        try:
-            with socket.create_connection(self._master, timeout=self._probe_timeout_s):
-                return True
-        except OSError:
-            return False
+        host, port = self._master
+        refused = probe_master(host, port, self._probe_timeout_s)
+        if refused is None:
+            return True
+        self._health.failed(f"master {self.master_address}: {refused}")
+        return False
 
     def _call(self, method: str, *args: Any) -> Any:
-        """``client.method(*args)``; None on an exception (and the master is suspect)."""
+        """``client.method(*args)``; None on an exception. A call that finds the client or
+        master in trouble (an exception, a code not about one key) makes the master suspect and
+        the tier unavailable; one that does not makes it available."""
         try:
             result = getattr(self.client, method)(*args)
         except TierError:
             raise
-        except Exception:
+        except Exception as exc:
             self._suspect = True
+            self._health.failed(_describe(method, exc))
             return None
         codes = result if isinstance(result, list) else [result]
         self._suspect = any(isinstance(c, int) and c < 0 and c not in _PER_KEY for c in codes)
+        if self._suspect:
+            self._health.failed(_describe(method, result))
+        else:
+            self._health.ok()
         return result
 
     @staticmethod

@@ -27,14 +27,24 @@ from kvfsm.tiers._contract import (
     BlockKey,
     LoadResult,
     LoadStatus,
+    TierConnectError,
     TierError,
     encode_header,
     verify,
 )
+from kvfsm.tiers._health import Health
 from kvfsm.tiers._mooncake import byte_view
 
 #: Default seconds a read may take before its bytes are not trusted (LATE).
 DEFAULT_READ_DEADLINE_S: Final = 5.0
+#: Default bound on each socket read or write of a call: a Redis answers in milliseconds, and a
+#: multi-megabyte ``MGET`` reply arrives over many reads, each bounded on its own.
+DEFAULT_SOCKET_TIMEOUT_S: Final = 10.0
+#: Default bound on opening a connection, and on the construction's ``PING`` answering.
+DEFAULT_CONNECT_TIMEOUT_S: Final = 1.0
+#: Default bound on the ``PING`` that calls send first while the server is failing: short, as a
+#: call answers FAILED / False at once when it goes unanswered.
+DEFAULT_PROBE_TIMEOUT_S: Final = 0.5
 _LINE_CHUNK: Final = 4096
 #: Payload bytes asked for per ``MGET`` of a load (measured: 8 MiB replies beat one huge one).
 MGET_BYTES: Final = 8 << 20
@@ -92,17 +102,30 @@ class RedisTier(ClientTier):
     * **Server down.** Connection errors, timeouts and error replies are FAILED (load) / False
       (put, remove, contains), never an exception; the client reconnects on the next call, so
       the tier works again as soon as the server is back (a restarted server without
-      persistence has lost every key: MISSING).
+      persistence has lost every key: MISSING). Every socket read and write of a call is
+      bounded by ``socket_timeout_s`` and every connect by ``connect_timeout_s``, so a frozen
+      server (``kill -STOP``) costs a call ``socket_timeout_s``, never a hang.
+    * **Health.** :attr:`available` turns False (one warning on the ``kvfsm.tiers`` logger,
+      :attr:`last_error` saying what failed) when the server does not answer a call (refused,
+      reset, timed out, a reply that does not parse), and True (one info line) at the next call
+      that it answers. While it is False each call first sends a ``PING`` bounded by
+      ``probe_timeout_s`` and answers FAILED / False at once if that goes unanswered.
     * **Evictions.** With ``maxmemory`` and an ``allkeys-*`` policy the server drops values to
       make room; a key evicted (or deleted by anyone) before ``load_into`` is MISSING.
+
+    Building one sends ``PING`` (connect and answer each bounded by ``connect_timeout_s``):
+    nothing listening, a silent listener, a frozen server or another server's port is a
+    :class:`TierConnectError` naming the address and what answered.
     """
 
     tier = Tier.REMOTE
 
     def __init__(self, address: str, *, prefix: str = "kvfsm/",
                  lease_s: float = DEFAULT_READ_DEADLINE_S,
-                 clock: Callable[[], float] = time.monotonic, socket_timeout_s: float = 10.0,
-                 connect_timeout_s: float = 1.0) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S,
+                 connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+                 probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S) -> None:
         try:
             import redis
             from redis.backoff import NoBackoff
@@ -110,30 +133,86 @@ class RedisTier(ClientTier):
         except ImportError as exc:
             raise TierError(f"RedisTier needs the `redis` client ({exc}); install it with: "
                             "pip install 'redis>=5'") from exc
+        for name, seconds in (("socket_timeout_s", socket_timeout_s),
+                              ("connect_timeout_s", connect_timeout_s),
+                              ("probe_timeout_s", probe_timeout_s)):
+            if not seconds > 0:
+                raise ValueError(f"RedisTier {name} must be > 0 seconds, got {seconds!r}")
         self.address = address
         self.prefix = prefix
         self.lease_s = lease_s
         self._clock = clock
+        self._probe_timeout_s = probe_timeout_s
+        self._health = Health(f"RedisTier({address})")
+        self._redis = redis
         # OSError covers ConnectionError; ValueError is a reply that does not parse.
         self._errors: tuple[type[Exception], ...] = (redis.RedisError, OSError, ValueError)
-        # No retries inside the client: a failed call is FAILED now, and the next one reconnects.
-        options: dict[str, Any] = {"socket_timeout": socket_timeout_s,
-                                   "socket_connect_timeout": connect_timeout_s,
-                                   "retry": Retry(NoBackoff(), 0), "protocol": 2}
-        if "://" in address:
-            self._client = redis.Redis.from_url(address, **options)
-        else:
+        if "://" not in address:
             host, _, port = address.rpartition(":")
             if not host or not port.isdigit():
                 raise TierError(f"address must be 'host:port' or a redis:// URL, got "
                                 f"{address!r}")
-            self._client = redis.Redis(host=host, port=int(port), **options)
+
+        def connect(socket_timeout: float, connect_timeout: float) -> Any:
+            # No retries inside the client: a failed call is FAILED now, and the next one
+            # reconnects.
+            options: dict[str, Any] = {"socket_timeout": socket_timeout,
+                                       "socket_connect_timeout": connect_timeout,
+                                       "retry": Retry(NoBackoff(), 0), "protocol": 2}
+            if "://" in address:
+                return redis.Redis.from_url(address, **options)
+            return redis.Redis(host=host, port=int(port), **options)
+
+        self._connect = connect
+        refused = self._ping(connect_timeout_s)
+        if refused is not None:
+            raise TierConnectError("Redis server", address, refused)
+        self._client = connect(socket_timeout_s, connect_timeout_s)
 
     def close(self) -> None:
         """Close the connections; the stored values stay on the server."""
         super().close()
 
     # -- plumbing ------------------------------------------------------------------------------
+
+    def _ping(self, timeout_s: float) -> str | None:
+        """None if the server answers ``PING`` on a new connection, each step bounded by
+        ``timeout_s``; else what was found there instead (for an error message)."""
+        redis = self._redis
+        probe = self._connect(timeout_s, timeout_s)
+        try:
+            answer = probe.ping()
+        except redis.TimeoutError as exc:
+            return (f"no answer to PING within {timeout_s:g} s ({exc}): a silent or frozen "
+                    "server, or not Redis")
+        except redis.AuthenticationError as exc:
+            return f"it refused the credentials ({exc})"
+        except redis.ConnectionError as exc:
+            if "connecting" in str(exc):
+                return f"nothing answers there ({exc})"
+            return f"it closed the connection without answering PING ({exc}): not Redis?"
+        except redis.ResponseError as exc:
+            return f"it refused PING ({exc})"
+        except self._errors as exc:
+            return f"it answered PING with something that is not Redis's protocol ({exc})"
+        finally:
+            probe.close()
+        if answer is not True:
+            return f"it answered PING with {answer!r}, not PONG"
+        return None
+
+    def _usable(self) -> bool:
+        """True unless the server is failing and still does not answer a short ``PING``."""
+        if self._health.available:
+            return True
+        refused = self._ping(self._probe_timeout_s)
+        if refused is None:
+            return True
+        self._health.failed(refused)
+        return False
+
+    def _failed(self, exc: Exception) -> None:
+        self._health.failed(f"{type(exc).__name__}: {exc}")
 
     def _pipeline(self, command: str, calls: Sequence[tuple[Any, ...]],
                   **options: Any) -> list[Any] | None:
@@ -145,8 +224,10 @@ class RedisTier(ClientTier):
             for args in calls:
                 getattr(pipe, command)(*args, **options)
             replies: list[Any] = pipe.execute(raise_on_error=False)
-        except self._errors:
+        except self._errors as exc:
+            self._failed(exc)
             return None
+        self._health.ok()
         return replies
 
     def _read(self, keys: Sequence[BlockKey], names: list[str],
@@ -170,13 +251,15 @@ class RedisTier(ClientTier):
                 conn.send_command("MGET", *names[first:last])
                 self._parse(_Reply(conn._sock), keys[first:last], arrays[first:last], found)
                 first = last
-        except self._errors:
+        except self._errors as exc:
+            self._failed(exc)
             if conn is not None:
                 conn.disconnect()  # a reply read halfway leaves the connection unusable
             return None
         finally:
             if conn is not None:
                 pool.release(conn)
+        self._health.ok()
         return found
 
     @staticmethod
@@ -210,7 +293,7 @@ class RedisTier(ClientTier):
             raise ValueError("put needs as many payloads and checksums as keys")
         done = np.zeros(len(keys), np.bool_)
         arrays = [byte_view(p, writable=False) for p in payloads]
-        if len(keys) == 0:
+        if len(keys) == 0 or not self._usable():
             return done
         names = self._names(keys)
         values = [b"".join((encode_header(key, a.nbytes, int(c)), a.data))
@@ -249,7 +332,7 @@ class RedisTier(ClientTier):
         arrays = [byte_view(o, writable=True) for o in outs]
         status = np.full(len(keys), LoadStatus.FAILED, np.uint8)
         checksum = np.zeros(len(keys), np.uint64)
-        if len(keys) == 0:
+        if len(keys) == 0 or not self._usable():
             return LoadResult(status, checksum)
         names = self._names(keys)
         start = self._clock()
@@ -268,12 +351,16 @@ class RedisTier(ClientTier):
         return LoadResult(status, checksum)
 
     def contains(self, keys: Sequence[BlockKey]) -> NDArray[np.bool_]:
+        if len(keys) == 0 or not self._usable():
+            return np.zeros(len(keys), np.bool_)
         replies = self._pipeline("exists", [(name,) for name in self._names(keys)])
         if replies is None:
             return np.zeros(len(keys), np.bool_)
         return np.array([r == 1 for r in replies], np.bool_)
 
     def remove(self, keys: Sequence[BlockKey]) -> NDArray[np.bool_]:
+        if len(keys) == 0 or not self._usable():
+            return np.zeros(len(keys), np.bool_)
         replies = self._pipeline("delete", [(name,) for name in self._names(keys)])
         if replies is None:
             return np.zeros(len(keys), np.bool_)

@@ -4,7 +4,8 @@
 the segments that clients mount) and ``RedisServer`` runs ``redis-server``. Both bind 127.0.0.1
 only, on free ports, and are context managers: ``start()`` waits until the server answers,
 ``stop()`` terminates it (and kills it after a timeout), ``restart()`` brings it back on the same
-port so clients can reconnect, and an ``atexit`` hook stops whatever is still running. A missing
+port so clients can reconnect, ``pause()`` / ``resume()`` freeze and thaw it (a hung server that
+still accepts connections), and an ``atexit`` hook stops whatever is still running. A missing
 binary is a :class:`TierError` that says how to install it. Servers started from the main thread
 also die with their parent (Linux ``PR_SET_PDEATHSIG``), so not even a killed test run leaves one
 behind.
@@ -31,6 +32,9 @@ from kvfsm.tiers._contract import TierError
 _HOST: Final = "127.0.0.1"
 #: Default seconds to wait for a server to answer after it is spawned.
 READY_TIMEOUT_S: Final = 15.0
+#: Seconds to wait for a paused server to be stopped (SIGSTOP is delivered asynchronously).
+_PAUSE_TIMEOUT_S: Final = 5.0
+_POLL_S: Final = 0.01
 
 
 def free_port() -> int:
@@ -164,6 +168,29 @@ class _Server:
             self._process.kill()
             self._process.wait()
 
+    def pause(self) -> None:
+        """SIGSTOP the server and wait until it is stopped: it keeps its port and the kernel
+        still accepts connections for it, but it answers nothing, as a hung server would
+        (``resume()`` thaws it; ``stop()`` also works on a paused server)."""
+        process = self._running_process("pause")
+        process.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + _PAUSE_TIMEOUT_S
+        while not _stopped(process.pid):
+            if time.monotonic() > deadline:
+                raise TierError(f"{self.binary} (pid {process.pid}) did not stop within "
+                                f"{_PAUSE_TIMEOUT_S:g} s of SIGSTOP")
+            time.sleep(_POLL_S)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server: it answers again, with everything it held."""
+        self._running_process("resume").send_signal(signal.SIGCONT)
+
+    def _running_process(self, action: str) -> subprocess.Popen[bytes]:
+        process = self._process
+        if process is None or process.poll() is not None:
+            raise TierError(f"cannot {action} {self.binary} on {self.address}: not running")
+        return process
+
     def restart(self) -> None:
         """Stop (if running) and start again on the same port(s), so clients can reconnect."""
         self._terminate()
@@ -177,6 +204,7 @@ class _Server:
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return
+        process.send_signal(signal.SIGCONT)  # a paused server acts on SIGTERM only once thawed
         process.terminate()
         try:
             process.wait(timeout=self.stop_timeout_s)
@@ -205,6 +233,15 @@ class _Server:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"{type(self).__name__}({self.address}, {state})"
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (Linux ``/proc``; elsewhere assumed at once)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("T", "t")
 
 
 def _connects(port: int, timeout: float = 0.2) -> bool:
