@@ -89,7 +89,8 @@ def make(tmp_path: Path, *, device: int = 8, host: int = 8, disk: int = 64,
          fsync: bool = False) -> tuple[Engine, DiskTier]:
     """An engine on the dense model with a disk tier holding at most ``files`` block files
     (seen through ``wrap`` when given)."""
-    store = DiskTier(tmp_path / "d", capacity_bytes=files * FILE_BYTES, fsync=fsync)
+    store = DiskTier(tmp_path / "d", capacity_bytes=DiskTier.capacity_for(tmp_path / "d", WIDTH,
+                                                                         files), fsync=fsync)
     config = CoreConfig(device_blocks=device, host_blocks=host, disk_blocks=disk,
                         backend="numpy")
     tier = store if wrap is None else wrap(store)
