@@ -174,6 +174,9 @@ class Engine:
             event_log.attach(self.core)
         if metrics is not None:
             self.core.add_observer(metrics)
+            for tier, health in self.restorer.health.items():
+                metrics.observe_tier(tier, True)
+                health.listeners.append(metrics.observe_tier)
         #: Gate 1: measures restore bandwidth (every restore batch) and the prefill rate
         #: (:meth:`record_prefill`) and chooses per request (:meth:`plan`); it caps restores
         #: in flight from those measurements only where ``admission`` is given.

@@ -212,6 +212,62 @@ def test_a_failing_store_backs_off_is_named_and_a_commit_replaces_its_copies(
     assert eng.core.check_invariants() == []
 
 
+def test_a_directory_where_a_block_file_belongs_costs_that_block_only(tmp_path: Path) -> None:
+    """Something else sitting where a block's file belongs (a directory) is that block's
+    trouble: the blocks before it restore, it is forgotten and recomputed, the prompt is usable
+    whole after its commit, and the disk tier is not called failing (before, the load failed,
+    the copy stayed counted as cached and the prefix was blocked for good)."""
+    eng = Engine("dense", CoreConfig(device_blocks=16, host_blocks=8, disk_blocks=16,
+                                     backend="numpy"),
+                 tiers={"disk": DiskTier(tmp_path, capacity_bytes=1 << 30, fsync=False)})
+    prompt = eng.prompt(tokens(0))
+    eng.commit(prompt, payload=payload_of(prompt))
+    ids = ids_of(eng, prompt)
+    eng.offload(GROUP, ids)
+    eng.spill_down(GROUP, Tier.HOST, ids.size)
+    assert set(states(eng, prompt)) == {"disk"}
+    (key,) = eng.restorer.keys.keys(GROUP, ids[3:4])
+    path = tmp_path / f"{key.name}.kvb"
+    path.unlink()
+    path.mkdir()
+    verdict = eng.lookup(prompt)
+    eng.restore(verdict, prompt).wait(timeout=WAIT)
+    assert eng.lookup(prompt).usable_tokens == 48
+    assert not eng.restorer.health[Tier.DISK].down()
+    eng.commit(prompt, payload=payload_of(prompt), computed_from=48)
+    assert eng.lookup(prompt).usable_tokens == 128
+    assert eng.core.check_invariants() == []
+
+
+def test_a_failing_store_shows_on_the_metrics_and_comes_back(tmp_path: Path) -> None:
+    """``kvfsm_tier_up`` is 1 while a tier answers, 0 while it backs off, 1 again when it
+    answers; ``kvfsm_tier_failures_total`` counts the times it stopped."""
+    from prometheus_client import CollectorRegistry
+
+    from kvfsm.obs import EngineMetrics
+
+    registry = CollectorRegistry()
+    held = Held(DiskTier(tmp_path / "remote", capacity_bytes=1 << 30, fsync=False))
+    eng = Engine("dense", CoreConfig(device_blocks=16, host_blocks=8, disk_blocks=8,
+                                     remote_blocks=64, backend="numpy"),
+                 tiers={"disk": DiskTier(tmp_path / "disk", capacity_bytes=1 << 30,
+                                         fsync=False), "remote": held},
+                 metrics=EngineMetrics(registry))
+
+    def up() -> float | None:
+        return registry.get_sample_value("kvfsm_tier_up", {"tier": "remote"})
+
+    assert up() == 1
+    held.error = OSError("the store went away")
+    eng.lookup(eng.prompt(tokens(7)))  # a presence question that raises
+    assert up() == 0
+    assert registry.get_sample_value("kvfsm_tier_failures_total", {"tier": "remote"}) == 1
+    held.error = None
+    eng.restorer.health[Tier.REMOTE].retry_at = 0.0
+    eng.lookup(eng.prompt(tokens(8)))
+    assert up() == 1
+
+
 # -- the disk holds what the core counts --------------------------------------------------------
 
 

@@ -170,12 +170,16 @@ def test_a_damaged_file_is_found_and_lost_for_good(tier: DiskTier, fault: str) -
     assert load(tier, keys[:1])[0].status.tolist() == [LoadStatus.MISSING]
 
 
-def test_a_value_that_cannot_be_read_is_failed_and_kept(tier: DiskTier) -> None:
+def test_a_directory_where_a_file_belongs_is_no_copy_and_is_left_alone(tier: DiskTier) -> None:
+    """A directory sitting under a block's file name is not a copy of it, for good (CORRUPT:
+    the engine forgets the block and recomputes it) rather than a failed read to retry for
+    ever; the directory is not the tier's to delete, and a put cannot replace it."""
     put(tier, [key(1)], [payload(1)])
-    file_of(tier, key(0)).mkdir()  # opens, but reading it is an I/O error
+    file_of(tier, key(0)).mkdir()  # opens, but reading it is EISDIR
     result, _ = load(tier, [key(0), key(1)])
-    assert result.status.tolist() == [LoadStatus.FAILED, LoadStatus.OK]
-    assert not LoadStatus.FAILED.lost and file_of(tier, key(0)).is_dir()
+    assert result.status.tolist() == [LoadStatus.CORRUPT, LoadStatus.OK]
+    assert LoadStatus.CORRUPT.lost and file_of(tier, key(0)).is_dir()
+    assert tier.available
     assert put(tier, [key(0), key(2)], [payload(0), payload(2)]).tolist() == [False, True]
     assert list(tier.directory.glob(".*.tmp")) == [] and len(tier) == 2
 

@@ -125,6 +125,11 @@ class EngineMetrics:
         self.admission_wait = metric(histogram, "admission_wait_seconds",
                                      "Time requests waited for restore admission.",
                                      buckets=ADMISSION_WAIT_SECONDS_BUCKETS)
+        self.tier_up = metric(prom.Gauge, "tier_up", "1 while a stored tier answers, 0 while "
+                              "it backs off after failed calls, by tier.", ("tier",))
+        self.tier_failures = metric(counter, "tier_failures", "Times a stored tier stopped "
+                                    "answering (went from up to backing off), by tier.",
+                                    ("tier",))
         # Labelled children by key: a transition batch or a lookup costs a dict lookup and
         # an inc per labelled figure (``labels()`` costs several times more).
         self._moves: dict[tuple[str, Event], Any] = {}
@@ -159,6 +164,12 @@ class EngineMetrics:
 
     def observe_admission_wait(self, seconds: float) -> None:
         self.admission_wait.observe(_seconds(seconds, "observe_admission_wait"))
+
+    def observe_tier(self, tier: Tier | str, up: bool) -> None:
+        """A stored tier answers (``up``) or stopped answering and backs off."""
+        self.tier_up.labels(_name(tier)).set(1 if up else 0)
+        if not up:
+            self.tier_failures.labels(_name(tier)).inc()
 
     # -- a core observer (transitions) --------------------------------------------------------
 

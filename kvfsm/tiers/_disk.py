@@ -428,12 +428,19 @@ class DiskTier(StoredTier):
         tail = memoryview(bytearray(_TAIL_BYTES))
         touched: list[str] = []
         lost: list[tuple[str, tuple[int, int] | None]] = []
+        # Names where something else (a directory) sits instead of a file: no copy there, for
+        # good; one key's trouble, never a reason to call the whole tier failing.
+        blocked: list[str] = []
         for i, (key, view) in enumerate(zip(keys, views, strict=True)):
             name, path = self._key_path(key)
             try:
                 fd = os.open(path, _READ_FLAGS)
             except FileNotFoundError:
                 lost.append((name, None))
+                continue
+            except IsADirectoryError:
+                status[i] = LoadStatus.CORRUPT
+                blocked.append(name)
                 continue
             except OSError:
                 status[i] = LoadStatus.FAILED
@@ -453,6 +460,9 @@ class DiskTier(StoredTier):
                 else:
                     touched.append(name)
                 status[i] = found
+            except IsADirectoryError:
+                status[i] = LoadStatus.CORRUPT
+                blocked.append(name)
             except OSError:
                 status[i] = LoadStatus.FAILED
             finally:
@@ -463,6 +473,8 @@ class DiskTier(StoredTier):
                     self._index.move_to_end(name)
             for name, inode in lost:
                 self._forget(name, inode)
+            for name in blocked:
+                self._drop(name)
         return LoadResult(np.array(status, dtype=np.uint8), np.array(checksum, dtype=np.uint64))
 
     def _forget(self, name: str, inode: tuple[int, int] | None) -> None:
