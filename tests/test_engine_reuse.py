@@ -156,7 +156,14 @@ def test_one_restore_call_lands_the_fallback_length_after_a_failed_step() -> Non
         ids = ids_of(eng, prompt, name)
         eng.offload(name, ids[ids >= 0])
     corrupt_host_copy(eng, prompt, index=8, group="full")  # tokens [128, 144)
-    assert restored(eng, prompt, Level.FULL) == 128
+    verdict = eng.lookup(prompt, level=Level.FULL)
+    assert verdict.restorable_tokens == 192
+    ticket = eng.restore(verdict, prompt)
+    outcomes = ticket.wait(timeout=WAIT)
+    assert ticket.rounds == 2  # the plan for 192, then the fallback's for 128
+    assert eng.lookup(prompt, level=Level.FULL).usable_tokens == 128
+    full = ids_of(eng, prompt, "full")
+    assert set(full[:8].tolist()) <= set(outcomes["full"].restored)
     right_bytes(eng, prompt)
     assert eng.core.check_invariants() == []
 

@@ -157,7 +157,8 @@ class RestoreTicket:
             self.immediate[name] = (*self.immediate.get(name, ()), *ids)
         self.notes = (*self.notes, *other.notes)
         for name, outcome in other._outcomes.items():
-            self._outcomes[name] = outcome
+            mine = self._outcomes.get(name)
+            self._outcomes[name] = outcome if mine is None else _merged(mine, outcome)
         self._round_failed = other._round_failed
         self.rounds += 1
 
@@ -728,6 +729,17 @@ class RestoreExecutor:
 def _put(into: StoredTier, keys: Sequence[BlockKey], rows: Sequence[Any],
          sums: NDArray[np.uint64]) -> _Stored:
     return np.asarray(into.put(keys, rows, sums), dtype=np.bool_), np.zeros(len(keys), np.bool_)
+
+
+def _merged(first: GroupOutcome, then: GroupOutcome) -> GroupOutcome:
+    """One group's outcomes over two rounds of a restore."""
+    statuses = dict(first.statuses)
+    for name, count in then.statuses.items():
+        statuses[name] = statuses.get(name, 0) + count
+    return GroupOutcome(first.group, (*first.restored, *then.restored),
+                        (*first.failed, *then.failed), (*first.lost, *then.lost),
+                        (*first.pending, *then.pending), statuses,
+                        first.bytes_loaded + then.bytes_loaded)
 
 
 def _remove(store: StoredTier, keys: list[BlockKey]) -> None:
