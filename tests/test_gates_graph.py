@@ -169,7 +169,7 @@ def test_a_verdict_checked_against_another_graph_is_not_replayable() -> None:
     (lambda sig: attrs.evolve(sig.group("attn"), max_blocks=-1), ("'attn'", "max_blocks")),
     (lambda sig: attrs.evolve(sig.group("attn"), page_size=0), ("'attn'", "page_size")),
     (lambda sig: attrs.evolve(sig.group("attn"), alignment=3), ("'attn'", "power of two")),
-    (lambda sig: attrs.evolve(sig.group("attn"), dtype="bfloat16"), ("unknown dtype",)),
+    (lambda sig: attrs.evolve(sig.group("attn"), dtype="bfloat8"), ("unknown dtype",)),
     (lambda sig: attrs.evolve(sig.group("attn"), tiers=["disk"]), ("stored tier 'disk'",)),
     (lambda sig: attrs.evolve(sig.group("attn"), tiers=["nvme"]), ("unknown tier 'nvme'",)),
     (lambda sig: attrs.evolve(sig.group("attn"), tiers=[]), ("tiers is empty",)),

@@ -165,6 +165,17 @@ def test_valid_model_parses() -> None:
         model.group("nope")
 
 
+@pytest.mark.parametrize(("dtype", "itemsize"), [("bfloat16", 2), ("float8_e4m3fn", 1),
+                                                 ("float8_e5m2", 1), ("float32", 4)])
+def test_kv_cache_dtypes_without_a_numpy_dtype_are_declared(dtype: str, itemsize: int) -> None:
+    """bfloat16 (most models' KV cache in vLLM) and the float8 KV types are declared and sized
+    like any other: pools hold bytes, the dtype names the layout."""
+    model = parse(edit('dtype = "float16"', f'dtype = "{dtype}"'))
+    attn = model.group("attn")
+    assert attn.dtype == dtype and attn.itemsize == itemsize
+    assert attn.payload_bytes == 16 * 2 * 2 * 16 * itemsize
+
+
 def test_default_lifecycles_are_the_shipped_ones() -> None:
     assert parse_model(VALID_MODEL).name == "mini"
     some = {name: LIFECYCLES[name] for name in ("sliding_window", "compressed")}
@@ -365,8 +376,8 @@ MALFORMED: list[tuple[str, str, str, str, str]] = [
     ),
     (
         "unknown-dtype",
-        edit('dtype = "float16"', 'dtype = "bfloat16"'),
-        "groups", "#1 (attn)", "unknown dtype 'bfloat16'",
+        edit('dtype = "float16"', 'dtype = "bfloat8"'),
+        "groups", "#1 (attn)", "unknown dtype 'bfloat8'",
     ),
     (
         "bad-group-name",

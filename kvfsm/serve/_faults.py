@@ -246,7 +246,7 @@ def flip_device_bytes(engine: Engine, prompt: Prompt | Sequence[int] | ArrayLike
     slot = int(state.slot[Tier.DEVICE][block])
     if slot < 0:
         return f"{_where(name, index, block)}: not on the device ({_state(state, block)!r})"
-    size = np.dtype(state.decl.dtype).itemsize
+    size = state.decl.itemsize
     top = (first + np.arange(values)) * size + size - 1  # little-endian: sign in the last byte
     state.pools[Tier.DEVICE].data[slot, top] ^= 0x80
     return (f"{_where(name, index, block)}: sign bits of values {first}..{first + values - 1} "

@@ -45,7 +45,7 @@ Injector = Callable[[Engine, Sequence[int], str, int], str]
 
 def _flip_whole_block(engine: Engine, tokens: Sequence[int], group: str, index: int) -> str:
     decl = engine.core.group(group).decl
-    values = (decl.payload_bytes - decl.layout.padding) // np.dtype(decl.dtype).itemsize
+    values = (decl.payload_bytes - decl.layout.padding) // decl.itemsize
     return faults.flip_device_bytes(engine, tokens, index=index, group=group, values=values)
 
 

@@ -9,17 +9,22 @@ the declarations into these frozen values.
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 from typing import Final
 
 import attrs
-import numpy as np
 
 # GroupKind lives in the vocabulary because lifecycles carry one too; re-exported for old imports.
 from kvfsm.spec._vocabulary import GroupKind as GroupKind
 
-#: Element types a block may hold. Only names numpy knows, because pools are numpy/cupy arrays;
-#: bfloat16 and the float8 types have no numpy dtype.
-DTYPES: Final = ("float16", "float32", "int8", "uint8", "int32")
+#: Element types a block may hold, with their bytes. Pools hold a block's bytes, never typed
+#: elements, so types numpy has no dtype for (bfloat16, the float8 KV cache types) are fine:
+#: the dtype names the layout (it is part of every stored copy's layout hash) and sizes it.
+ITEMSIZE: Final = MappingProxyType({
+    "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "int32": 4, "int8": 1, "uint8": 1,
+})
+DTYPES: Final = tuple(ITEMSIZE)
 
 #: A compressed block's written sub-blocks are tracked in a 16-bit mask.
 MAX_SUB_BLOCKS: Final = 16
@@ -72,7 +77,7 @@ class GroupDecl:
 
     @property
     def itemsize(self) -> int:
-        return int(np.dtype(self.dtype).itemsize)
+        return ITEMSIZE[self.dtype]
 
     @property
     def payload_bytes(self) -> int:

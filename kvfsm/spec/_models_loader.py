@@ -15,13 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-import numpy as np
-
 from kvfsm._errors import SpecError
 from kvfsm.spec._loader import _Problems, read_spec_text
 from kvfsm.spec._model import Lifecycle
 from kvfsm.spec._models import (
     DTYPES,
+    ITEMSIZE,
     MAX_BLOCK_BYTES,
     MAX_SUB_BLOCKS,
     GroupDecl,
@@ -313,7 +312,7 @@ def _check_block_bytes(
     name: Any, shape: tuple[int, ...], dtype: str, layout: Layout | None, read: _Reader
 ) -> None:
     """Refuse a block over :data:`MAX_BLOCK_BYTES` here, not as a MemoryError in the pools."""
-    size = math.prod(shape) * int(np.dtype(dtype).itemsize)
+    size = math.prod(shape) * ITEMSIZE[dtype]
     if layout is not None:
         size = -(-(size + layout.padding) // layout.alignment) * layout.alignment
     if size > MAX_BLOCK_BYTES:
