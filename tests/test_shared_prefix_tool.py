@@ -26,9 +26,9 @@ pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--documents", "1", "--doc-tokens", "48", "--questions", "2", "--rounds", "2"]
 SCENARIO_KEYS = {"tier", "prompts", "prompt_tokens", "reused_tokens", "restored_tokens",
-                 "device_tokens", "recomputed_tokens", "expected_tokens", "lost_tokens",
-                 "restored_from", "outputs_match", "max_logit_delta", "a_states", "invariants",
-                 "ttft"}
+                 "device_tokens", "restored_blocks", "recomputed_tokens", "expected_tokens",
+                 "lost_tokens", "restored_from", "outputs_match", "max_logit_delta", "a_states",
+                 "invariants", "ttft"}
 TTFT_KEYS = {"prompts", "rounds", "restored_ms", "restored_parts_ms", "recompute_ms", "ratio",
              "ratio_quartiles", "reused_tokens", "expected_tokens", "max_logit_delta"}
 
@@ -79,6 +79,7 @@ def test_every_model_restores_from_the_stored_tier_and_loses_no_reuse(
         for name, tier in (("restart", "disk"), ("shared", "remote")):
             scenario = figures[name]
             assert scenario["restored_tokens"] > 0, (model, name, scenario)
+            assert scenario["restored_blocks"] > 0, (model, name, scenario)
             assert scenario["restored_from"] == [tier], (model, name)
             assert scenario["lost_tokens"] == 0, (model, name, scenario)
             assert scenario["outputs_match"] and scenario["invariants"] == [], (model, name)

@@ -24,8 +24,9 @@ Figures per scenario (``models.<model>.<scenario>``):
 
 * Tokens of B's prompts (``serve`` in ``kvfsm`` mode): ``restored_tokens`` (reused, and not
   usable at B's first lookup of the prompt: made usable by restores from the stored tier, each
-  copy loaded and verified), ``device_tokens`` (usable from B's own device at its first lookup,
-  e.g. a document B restored for an earlier question), ``recomputed_tokens``;
+  copy loaded and verified; ``restored_blocks`` counts the blocks loaded, every group's),
+  ``device_tokens`` (usable from B's own device at its first lookup, e.g. a document B restored
+  for an earlier question), ``recomputed_tokens``;
   ``expected_tokens`` is what A could reuse of the same prompts from its own device before
   pushing its blocks down, ``lost_tokens`` what B reused less. ``outputs_match``: B's greedy
   tokens equal recomputing's and its first-step logits are within ``TOLERANCE`` of them
@@ -408,6 +409,7 @@ def figures(served: dict[str, Any], expected: Sequence[int], ttft: dict[str, Any
     return {
         "prompts": len(results), "prompt_tokens": total, "reused_tokens": reused,
         "restored_tokens": restored, "device_tokens": reused - restored,
+        "restored_blocks": sum(r["restored_blocks"] for r in results),
         "recomputed_tokens": total - reused, "expected_tokens": sum(expected),
         "lost_tokens": sum(expected) - reused,
         "restored_from": sorted({t for r in results for t in r["tiers"]}),
