@@ -2,15 +2,16 @@
 restarted on the same disk directory, and a second engine in another process reading the first
 one's blocks from the same Mooncake Store.
 
-Engine A serves questions over two long documents (prompt lengths on and off the 16-token block
+Engine A serves questions over two documents (prompt lengths on and off the 16-token block
 boundaries) and pushes every block of every cache group down the tiers (``offload``, then
 ``spill_down``): to disk for a restart, to the remote store for a second engine. Engine B then
 serves prompts sharing those prefixes. Each output must be the one recomputing gives (greedy
 tokens identical, first-step logits within :data:`TOLERANCE`), and B must reuse, restored from
 the stored copies and verified, exactly as many tokens of each prompt as A could reuse from its
 own device: no reuse is lost by moving a prefix to another engine. Before every cache kind a
-prefix needs was stored (sliding windows and compressed history stopped at host), B reused
-nothing of a GPT-OSS or DeepSeek-V4 prefix, and nothing of a Qwen3-Next prefix from the store.
+prefix needs was stored (sliding windows stopped at host, compressed history and recurrent
+snapshots at disk), B restored nothing of a GPT-OSS or DeepSeek-V4 prefix after a restart, and
+nothing of any model's prefix from the store (DeepSeek-V4 could not even attach a remote tier).
 
 The Mooncake master is started per module on 127.0.0.1 (skipped where it cannot run, except under
 ``CI=true``, where that fails); B runs in ``tests/serve_worker.py``, and A stays up while B reads,
