@@ -67,9 +67,9 @@ REQUESTS = [Request("first", FIRST, NEW_TOKENS), Request("second", SECOND, NEW_T
 
 def engine_with(config: Any, tiers: dict[Tier | str, Any], salt: str, device: int = 16,
                 host: int = 4) -> Engine:
-    """GPT-OSS with ``device`` / ``host`` blocks per group, 8 disk and 16 remote blocks for the
-    full group; the sliding window (whose lifecycle stops at host) keeps 32 host blocks, so
-    the full group's tiers decide what is restored."""
+    """GPT-OSS with ``device`` / ``host`` blocks per group and 8 disk and 16 remote blocks per
+    group; the sliding window keeps 32 host blocks, so its blocks mostly stay on host and the
+    full group's tiers decide what is restored."""
     return Engine(declare(config), CoreConfig(
         device_blocks=device, host_blocks=host, disk_blocks=8 if "disk" in tiers else 0,
         remote_blocks=16 if "remote" in tiers else 0, per_group={"sliding": {"host": 32}},
