@@ -191,3 +191,78 @@ def test_serve_checks_its_mode(model: Any, config: Any) -> None:
         serve(model, None, [], "cached")  # type: ignore[arg-type]
     with pytest.raises(KvfsmError, match="needs an engine"):
         serve(model, None, [], "kvfsm")
+
+
+# -- partial commits: a block the adapter lacks costs only itself -----------------------------
+
+TURNS = (101, 141, 171)  # three turns of one chat, each extending the last; none a multiple of 16
+#: The group whose block 0 (tokens [0, 16)) leaves the cache between turns 1 and 2: long out of
+#: turn 2's window (sliding) or before its resume point (a snapshot), so the rebuilt cache of
+#: turn 2 never holds it and no prefill of turn 2 captures it.
+OLDER_BLOCK = {"gpt_oss": "sliding", "qwen3_next": "linear"}
+
+
+@pytest.fixture(scope="module")
+def qwen3_next() -> Any:
+    from kvfsm.serve import tiny_model
+
+    return tiny_model("qwen3_next", seed=0)
+
+
+def chat_turns() -> list[Request]:
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, 1000, TURNS[-1])]
+    return [Request(f"t{i}", tokens[:n], 2) for i, n in enumerate(TURNS)]
+
+
+def older_block_hook(group: str, move: Event) -> Callable[[Engine, Request], list[str]]:
+    """Before turn 2: block 0 of ``group`` (turn 1's) moved on ``move`` (evicted, spilled)."""
+
+    def hook(engine: Engine, request: Request) -> list[str]:
+        if request.rid != "t1":
+            return []
+        block = faults.block_id(engine, request.tokens, group, 0)
+        engine.core.fire(group, [block], move)
+        if move is Event.SPILL_BEGIN:
+            engine.core.fire(group, [block], Event.SPILL_DONE)
+        return [f"{group} block 0 {move.spec_name}"]
+
+    return hook
+
+
+@pytest.mark.parametrize("model_type", sorted(OLDER_BLOCK))
+def test_an_older_block_evicted_between_turns_costs_only_itself(
+        model: Any, qwen3_next: Any, model_type: str) -> None:
+    """Turn 2 resumes at 96 after an older window block / snapshot of turn 1 (block 0) was
+    evicted: its commit leaves out block 0 alone, so turn 3 reuses all 128 tokens turn 2
+    computed (before: the whole group was skipped and turn 3 reused 96), and the outputs are
+    those of recomputing."""
+    served = {"gpt_oss": model, "qwen3_next": qwen3_next}[model_type]
+    group = OLDER_BLOCK[model_type]
+    requests = chat_turns()
+    engine = Engine(declare(served.config), CoreConfig(device_blocks=32, host_blocks=8,
+                                                       backend="numpy"))
+    results = serve(served, engine, requests, "kvfsm", level=Level.FULL,
+                    hook=older_block_hook(group, Event.EVICT))
+    reference = serve(served, None, requests, "nocache")
+    assert [r.reused_tokens for r in results] == [0, 96, TURNS[1] // 16 * 16]
+    for turn in results[1:]:  # only the block really missing is named
+        (skipped,) = turn.store_skipped
+        assert skipped.startswith(f"{group}: blocks [0] (tokens [0, 16)) not committed"), skipped
+    for got, ref in zip(results, reference, strict=True):
+        assert got.tokens == ref.tokens and delta(got, ref) <= TOLERANCE, got.rid
+    assert engine.core.check_invariants() == []
+
+
+def test_an_older_window_block_spilled_between_turns_stays_where_it_is(
+        model: Any, config: Any) -> None:
+    """Block 0 of turn 1's window spilled to host before turn 2: turn 2 reused 96 tokens
+    (``computed_from``), so the commit keeps the host copy (it has nothing to rewrite it from)
+    and commits the rest; nothing is reported missing and turn 3 reuses all of turn 2."""
+    requests = chat_turns()
+    engine = engine_for(config, device_blocks=32, host_blocks=8)
+    results = serve(model, engine, requests, "kvfsm", level=Level.FULL,
+                    hook=older_block_hook("sliding", Event.SPILL_BEGIN))
+    assert [r.store_skipped for r in results] == [(), (), ()]
+    assert [r.reused_tokens for r in results] == [0, 96, TURNS[1] // 16 * 16]
+    block = faults.block_id(engine, requests[0].tokens, "sliding", 0)
+    assert engine.core.describe("sliding", block).state == "host"

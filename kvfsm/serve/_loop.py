@@ -25,8 +25,9 @@ requests:
   reads only readable blocks).
 
 In both caching modes only the tokens from the reused length on are forwarded, the prompt's
-blocks are committed (:meth:`CacheAdapter.store`; a commit the pools cannot make room for is
-skipped, never fatal), and then ``max_new_tokens`` tokens are decoded greedily on the request's
+blocks are committed (:meth:`CacheAdapter.store` with ``computed_from`` the reused length: a
+block the adapter has no content for costs only itself; a commit the pools cannot make room for
+is skipped, never fatal), and then ``max_new_tokens`` tokens are decoded greedily on the request's
 own cache (decode tokens are not committed). Memory pressure comes from the engine's pool
 sizes: ``Engine.commit`` gives back least recently used blocks, spilled device -> host, and
 with stored tiers attached host -> disk -> remote (``Engine.spill_down``), else evicted.
@@ -410,7 +411,7 @@ class ServeLoop:
             self._copy_s = 0.0
             clock = time.perf_counter()
             try:
-                stored = self.adapter.store(prompt, cache)
+                stored = self.adapter.store(prompt, cache, computed_from=reused)
                 skipped = tuple(f"{name}: {why}" for name, why in stored.skipped.items())
             except StateError as why:
                 skipped = (f"all groups: {why}",)
