@@ -4,6 +4,7 @@ under faults that make a hit-only engine read wrong bytes."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ from numpy.typing import NDArray
 from kvfsm import Engine, KvfsmError
 from kvfsm.serve import _faults as faults
 from kvfsm.serve import declare
-from kvfsm.serve._loop import Request, Result, restore_plan, serve
+from kvfsm.serve._loop import Request, Result, intact_tokens, restore_plan, serve
 from kvfsm.spec import Event, Tier
 from kvfsm.state import CoreConfig, GroupState
 from kvfsm.verify import Level, Reason
@@ -266,3 +267,59 @@ def test_an_older_window_block_spilled_between_turns_stays_where_it_is(
     assert [r.reused_tokens for r in results] == [0, 96, TURNS[1] // 16 * 16]
     block = faults.block_id(engine, requests[0].tokens, "sliding", 0)
     assert engine.core.describe("sliding", block).state == "host"
+
+
+# -- the intact-tokens oracle -----------------------------------------------------------------
+
+#: Disk bytes each test engine may keep: far above its 8 disk blocks, so the core decides.
+DISK_BYTES = 1 << 24
+
+
+def test_intact_tokens_reads_every_copy_and_not_the_verdict(config: Any, tmp_path: Path) -> None:
+    """A 75-token prompt (full and sliding blocks 0..3, lengths 0..64 to try): the oracle finds
+    the largest length whose every needed block has a copy whose bytes match their checksum,
+    wherever it lies, whatever the verdict says."""
+    from kvfsm.serve._stores import ObservedTier
+    from kvfsm.tiers import DiskTier
+
+    tokens = list(range(75))
+
+    def committed(name: str) -> Engine:
+        disk = ObservedTier(DiskTier(tmp_path / name, capacity_bytes=DISK_BYTES, fsync=False))
+        engine = Engine(declare(config), CoreConfig(device_blocks=16, host_blocks=4,
+                                                    disk_blocks=8, backend="numpy"),
+                        tiers={"disk": disk})
+        engine.commit(tokens, payload=random_payload)
+        assert intact_tokens(engine, engine.prompt(tokens)) == 64
+        return engine
+
+    def both(engine: Engine, level: Level = Level.FULL) -> tuple[int, int]:
+        """(the oracle's intact tokens, the verdict's usable tokens)"""
+        prompt = engine.prompt(tokens)
+        return intact_tokens(engine, prompt), engine.lookup(prompt, level=level).usable_tokens
+
+    engine = committed("device")  # silent device damage the STANDARD verdict does not see
+    faults.flip_device_bytes(engine, tokens, index=2)
+    assert both(engine, Level.STANDARD) == (32, 64)
+
+    engine = committed("in_flight")  # the device copy half landed; the host copy is whole
+    faults.restore_in_flight(engine, tokens, index=0)
+    assert both(engine) == (64, 0)
+
+    engine = committed("host")  # spilled to host: intact there, usable after a restore
+    faults.spill_block(engine, tokens, index=1)
+    assert both(engine) == (64, 16)
+    faults.corrupt_host_copy(engine, tokens, index=1)  # now its only copy is damaged
+    assert both(engine) == (16, 16)
+
+    engine = committed("disk")  # a disk file: intact while its header and payload verify
+    assert "moved to disk" in faults.delete_disk_file(engine, tokens, index=3)
+    assert both(engine)[0] == 48
+    assert "flipped" in faults.flip_disk_byte(engine, tokens, index=1)
+    assert both(engine)[0] == 16
+    assert "torn write" in faults.truncate_disk_file(engine, tokens, index=0)
+    assert both(engine)[0] == 0
+
+    engine = committed("window")  # the window block of 64 gone: 48 is the longest intact
+    assert "evicted" in faults.evict_window_block(engine, tokens)
+    assert both(engine) == (48, 48)
