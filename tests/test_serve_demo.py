@@ -276,6 +276,7 @@ def test_quick_demo_headline_shows_reuse_after_restores(
     assert "| model | workload | engine | hit rate | usable rate now | reused after restores |" \
         in report
     assert "reused after restores" in report and "lost_reuse" in report
+    assert "intact tokens kvfsm did not reuse (faulted): " in report
 
 
 def test_quick_demo_writes_report_plots_and_diagrams(

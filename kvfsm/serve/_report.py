@@ -416,6 +416,17 @@ def _faults_text(rows: Sequence[Mapping[str, Any]]) -> str:
                      for row in rows)
 
 
+def _lost_text(lost: Sequence[Mapping[str, Any]]) -> str:
+    """Per request that lost intact tokens: how many of how many, and the restores that did
+    not land (what kept them from being reused)."""
+    if not lost:
+        return "none"
+    return "; ".join(f"{r['request']} {r['lost_tokens']} of {r['intact_tokens']} ("
+                     + (", ".join(f"{k} {n}" if n > 1 else k
+                                  for k, n in r["restores_not_landed"].items())
+                        or "no restore failed") + ")" for r in lost)
+
+
 def _reasons_text(reasons: Sequence[Mapping[str, Any]]) -> str:
     if not reasons:
         return "none (every hit token was usable)"
@@ -458,6 +469,7 @@ def model_lines(model_type: str, m: Mapping[str, Any]) -> list[str]:
         f"{_tiers_text(m['restores_by_tier'])}",
         f"  restores: {_restores_text(m['restores'])}",
         f"  why hit tokens were not usable: {_reasons_text(m['top_reasons'])}",
+        f"  intact tokens kvfsm did not reuse (faulted): {_lost_text(m['lost_requests'])}",
         f"  faults (what kvfsm saw; naive wrong): {_faults_text(m['faults_by_injector'])}",
         f"  without faults: kvfsm reused {clean['reuse_of_hit']:.0%} of the hit after restores "
         f"({clean['tokens_reused'] + clean['tokens_restored']:,} tokens; naive "
