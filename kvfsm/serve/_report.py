@@ -759,7 +759,7 @@ _OUTCOME_COLORS: Final = {"restored": "#2ca02c", "failed": "#ff7f0e", "lost": "#
 #: The side-by-side reuse figures the overview plots per engine: (key, label, shade, hatch).
 _REUSE_BARS: Final = (("hit_rate", "hit", 0.35, ""), ("usable_rate", "usable now", 0.6, ""),
                       ("reused_rate", "reused after restores", 0.85, ""),
-                      ("lost_rate", "lost", 1.0, "////"))
+                      ("lost_rate", "lost", 0.0, "////"))  # white, hatched in colour
 #: Each engine's colour in the overview (naive red, kvfsm green).
 _ENGINE_COLORS: Final = {"naive": (0.84, 0.15, 0.16), "kvfsm": (0.17, 0.63, 0.17)}
 
