@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvfsm import Engine, shipped_models
+from kvfsm import Engine, KvfsmError, shipped_models
 from kvfsm.serve import declare, tiny_config
 from kvfsm.serve._adapter import CacheAdapter, CacheAdapterError
 from kvfsm.spec import Event, Form
@@ -152,8 +152,9 @@ def test_a_plain_cache_commits_full_attention_only(model: Any, config: Any,
     cache = DynamicCache(config=config)
     prefill(model, cache, tokens)
     result = adapter.store(tokens, cache)
-    assert set(result.ids) == {"full"} and result.ids["full"].size == PROMPT // BLOCK
+    assert result.ids["full"].size == PROMPT // BLOCK and result.ids["sliding"].size == 0
     assert "slid out of its window" in result.skipped["sliding"]
+    assert dict(result.missing) == {"sliding": tuple(range(PROMPT // BLOCK))}
     verdict = engine.lookup(tokens)
     assert verdict.group("full").usable_tokens == 80
     assert verdict.usable_tokens == 0
@@ -221,3 +222,39 @@ def test_prefill_without_capture_points_is_one_forward(model: Any, config: Any,
         expected = model(input_ids=torch.tensor([[*tokens, 5]])).logits[0, -1]
     assert last.shape == (1, config.vocab_size)
     assert float((last[0] - expected).abs().max()) <= TOLERANCE
+
+
+def test_a_failed_block_the_cache_no_longer_holds_costs_only_itself(
+        model: Any, config: Any, tokens: list[int]) -> None:
+    """A window block long out of the cache that a lookup saw failing its checksum: the commit
+    would replace it but the adapter has no content for it, so it alone is left out (and named
+    as such); the blocks computed past the resume point are committed and reused next."""
+    from kvfsm.serve import flip_device_bytes
+
+    engine, adapter = stored(model, config, tokens[:60])
+    flip_device_bytes(engine, tokens[:60], index=0, group="sliding")
+    assert engine.lookup(tokens[:17], level="full").usable_tokens == 0  # block 0 seen failing
+    longer = tokens[:60] + [7] * 35
+    verdict = engine.lookup(longer, level="full")
+    assert verdict.usable_tokens == 48
+    cache = adapter.rebuild(longer, 48, verdict=verdict)
+    prefill(model, cache, longer, 48)
+    result = adapter.store(longer, cache, computed_from=48)
+    assert {name: ids.size for name, ids in result.ids.items()} == {"full": 2, "sliding": 2}
+    assert dict(result.missing) == {"sliding": (0,)}
+    assert result.skipped["sliding"].startswith("blocks [0] (tokens [0, 16)) not committed")
+    assert "its copy of [0] is one the commit would replace" in result.skipped["sliding"]
+    assert engine.lookup(longer, level="full").usable_tokens == 80
+    assert engine.core.check_invariants() == []
+
+
+def test_store_refuses_a_bad_computed_from_before_anything(model: Any, config: Any,
+                                                           tokens: list[int]) -> None:
+    engine, adapter = fresh(config)
+    cache = adapter.new_cache()
+    prefill(model, cache, tokens)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(KvfsmError, match="computed_from"):
+            adapter.store(tokens, cache, computed_from=bad)  # type: ignore[arg-type]
+    assert adapter.recording(cache) and engine.lookup(tokens).hit_tokens == 0  # untouched
+    assert dict(adapter.store(tokens, cache).skipped) == {}

@@ -231,6 +231,54 @@ def test_kvfsm_is_never_wrong_and_naive_is(quick: tuple[Path, dict[str, Any]]) -
             clean["naive_tokens_reused"], model_type
 
 
+def test_quick_demo_lost_reuse(quick: tuple[Path, dict[str, Any]]) -> None:
+    """Lost reuse (intact tokens, by the oracle, not reused): none without faults, where kvfsm
+    reuses every intact token; a fraction in [0, 1] with faults, every lost request listed.
+    kvfsm never reuses a token past the intact length here (each engine has its own stored
+    values), while naive reuses damaged bytes past it."""
+    _out, figures = quick
+    assert figures["clean_lost_reuse"] == 0
+    assert 0 <= figures["lost_reuse"] <= 1
+    for model_type, m in figures["models"].items():
+        clean = m["clean"]
+        assert clean["lost_reuse"] == clean["lost_tokens"] == 0, model_type
+        assert clean["intact_tokens"] == clean["reused_tokens"] > 0, model_type
+        assert m["clean_lost_requests"] == [], model_type
+        assert 0 <= m["lost_reuse"] <= 1, model_type
+        assert m["lost_tokens"] == sum(r["lost_tokens"] for r in m["lost_requests"])
+        assert m["lost_reuse"] == pytest.approx(m["lost_tokens"] / m["intact_tokens"])
+        assert m["reused_beyond_intact"] == 0, model_type
+        assert m["modes"]["naive"]["reused_beyond_intact"] > 0, model_type
+        for r in m["lost_requests"]:
+            assert 0 < r["lost_tokens"] == r["intact_tokens"] - r["reused_tokens"], r
+        print(f"\n{model_type}: lost_reuse faulted {m['lost_reuse']:.4f} "
+              f"({m['lost_tokens']} of {m['intact_tokens']} intact tokens), clean "
+              f"{clean['lost_reuse']:.4f}")
+
+
+def test_quick_demo_headline_shows_reuse_after_restores(
+        quick: tuple[Path, dict[str, Any]]) -> None:
+    """The headline puts naive and kvfsm side by side: hit, usable now (before restores),
+    reused after restores and lost. Without faults kvfsm's usable-now understates what it
+    reuses: after its restores it reuses the whole hit, as naive does."""
+    out, figures = quick
+    for model_type, m in figures["models"].items():
+        for per in (m, m["clean"]):
+            for mode in ("naive", "kvfsm"):
+                f = per["modes"][mode]
+                assert {"hit_rate", "usable_rate", "reused_rate", "lost_rate",
+                        "lost_reuse"} <= set(f), (model_type, mode)
+        kvfsm, naive = m["clean"]["modes"]["kvfsm"], m["clean"]["modes"]["naive"]
+        assert kvfsm["usable_rate"] < kvfsm["reused_rate"] == kvfsm["hit_rate"], model_type
+        assert kvfsm["reused_tokens"] == naive["reused_tokens"], model_type
+        assert m["modes"]["kvfsm"]["hit_rate"] == m["hit_rate"], model_type
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "| model | workload | engine | hit rate | usable rate now | reused after restores |" \
+        in report
+    assert "reused after restores" in report and "lost_reuse" in report
+    assert "intact tokens kvfsm did not reuse (faulted): " in report
+
+
 def test_quick_demo_writes_report_plots_and_diagrams(
         quick: tuple[Path, dict[str, Any]]) -> None:
     out, figures = quick
@@ -277,6 +325,8 @@ def test_quick_demo_metrics_parse(quick: tuple[Path, dict[str, Any]]) -> None:
         assert value("kvfsm_usable_tokens", **run) / prompt == pytest.approx(
             m["usable_rate"], rel=1e-5)
         assert value("kvfsm_wrong_outputs", **run) == 0
+        assert value("kvfsm_intact_tokens", **run) == m["intact_tokens"]
+        assert value("kvfsm_lost_tokens", **run) == m["lost_tokens"]
         assert value("kvfsm_wrong_outputs", model=model_type, workload="faulted",
                      mode="naive") == m["naive_wrong"]
         assert value("kvfsm_restores", model=model_type, workload="faulted") == sum(

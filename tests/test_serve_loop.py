@@ -4,6 +4,7 @@ under faults that make a hit-only engine read wrong bytes."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ from numpy.typing import NDArray
 from kvfsm import Engine, KvfsmError
 from kvfsm.serve import _faults as faults
 from kvfsm.serve import declare
-from kvfsm.serve._loop import Request, Result, restore_plan, serve
+from kvfsm.serve._loop import Request, Result, intact_tokens, restore_plan, serve
 from kvfsm.spec import Event, Tier
 from kvfsm.state import CoreConfig, GroupState
 from kvfsm.verify import Level, Reason
@@ -191,3 +192,134 @@ def test_serve_checks_its_mode(model: Any, config: Any) -> None:
         serve(model, None, [], "cached")  # type: ignore[arg-type]
     with pytest.raises(KvfsmError, match="needs an engine"):
         serve(model, None, [], "kvfsm")
+
+
+# -- partial commits: a block the adapter lacks costs only itself -----------------------------
+
+TURNS = (101, 141, 171)  # three turns of one chat, each extending the last; none a multiple of 16
+#: The group whose block 0 (tokens [0, 16)) leaves the cache between turns 1 and 2: long out of
+#: turn 2's window (sliding) or before its resume point (a snapshot), so the rebuilt cache of
+#: turn 2 never holds it and no prefill of turn 2 captures it.
+OLDER_BLOCK = {"gpt_oss": "sliding", "qwen3_next": "linear"}
+
+
+@pytest.fixture(scope="module")
+def qwen3_next() -> Any:
+    from kvfsm.serve import tiny_model
+
+    return tiny_model("qwen3_next", seed=0)
+
+
+def chat_turns() -> list[Request]:
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, 1000, TURNS[-1])]
+    return [Request(f"t{i}", tokens[:n], 2) for i, n in enumerate(TURNS)]
+
+
+def older_block_hook(group: str, move: Event) -> Callable[[Engine, Request], list[str]]:
+    """Before turn 2: block 0 of ``group`` (turn 1's) moved on ``move`` (evicted, spilled)."""
+
+    def hook(engine: Engine, request: Request) -> list[str]:
+        if request.rid != "t1":
+            return []
+        block = faults.block_id(engine, request.tokens, group, 0)
+        engine.core.fire(group, [block], move)
+        if move is Event.SPILL_BEGIN:
+            engine.core.fire(group, [block], Event.SPILL_DONE)
+        return [f"{group} block 0 {move.spec_name}"]
+
+    return hook
+
+
+@pytest.mark.parametrize("model_type", sorted(OLDER_BLOCK))
+def test_an_older_block_evicted_between_turns_costs_only_itself(
+        model: Any, qwen3_next: Any, model_type: str) -> None:
+    """Turn 2 resumes at 96 after an older window block / snapshot of turn 1 (block 0) was
+    evicted: its commit leaves out block 0 alone, so turn 3 reuses all 128 tokens turn 2
+    computed (before: the whole group was skipped and turn 3 reused 96), and the outputs are
+    those of recomputing."""
+    served = {"gpt_oss": model, "qwen3_next": qwen3_next}[model_type]
+    group = OLDER_BLOCK[model_type]
+    requests = chat_turns()
+    engine = Engine(declare(served.config), CoreConfig(device_blocks=32, host_blocks=8,
+                                                       backend="numpy"))
+    results = serve(served, engine, requests, "kvfsm", level=Level.FULL,
+                    hook=older_block_hook(group, Event.EVICT))
+    reference = serve(served, None, requests, "nocache")
+    assert [r.reused_tokens for r in results] == [0, 96, TURNS[1] // 16 * 16]
+    for turn in results[1:]:  # only the block really missing is named
+        (skipped,) = turn.store_skipped
+        assert skipped.startswith(f"{group}: blocks [0] (tokens [0, 16)) not committed"), skipped
+    for got, ref in zip(results, reference, strict=True):
+        assert got.tokens == ref.tokens and delta(got, ref) <= TOLERANCE, got.rid
+    assert engine.core.check_invariants() == []
+
+
+def test_an_older_window_block_spilled_between_turns_stays_where_it_is(
+        model: Any, config: Any) -> None:
+    """Block 0 of turn 1's window spilled to host before turn 2: turn 2 reused 96 tokens
+    (``computed_from``), so the commit keeps the host copy (it has nothing to rewrite it from)
+    and commits the rest; nothing is reported missing and turn 3 reuses all of turn 2."""
+    requests = chat_turns()
+    engine = engine_for(config, device_blocks=32, host_blocks=8)
+    results = serve(model, engine, requests, "kvfsm", level=Level.FULL,
+                    hook=older_block_hook("sliding", Event.SPILL_BEGIN))
+    assert [r.store_skipped for r in results] == [(), (), ()]
+    assert [r.reused_tokens for r in results] == [0, 96, TURNS[1] // 16 * 16]
+    block = faults.block_id(engine, requests[0].tokens, "sliding", 0)
+    assert engine.core.describe("sliding", block).state == "host"
+
+
+# -- the intact-tokens oracle -----------------------------------------------------------------
+
+#: Disk bytes each test engine may keep: far above its 8 disk blocks, so the core decides.
+DISK_BYTES = 1 << 24
+
+
+def test_intact_tokens_reads_every_copy_and_not_the_verdict(config: Any, tmp_path: Path) -> None:
+    """A 75-token prompt (full and sliding blocks 0..3, lengths 0..64 to try): the oracle finds
+    the largest length whose every needed block has a copy whose bytes match their checksum,
+    wherever it lies, whatever the verdict says."""
+    from kvfsm.serve._stores import ObservedTier
+    from kvfsm.tiers import DiskTier
+
+    tokens = list(range(75))
+
+    def committed(name: str) -> Engine:
+        disk = ObservedTier(DiskTier(tmp_path / name, capacity_bytes=DISK_BYTES, fsync=False))
+        engine = Engine(declare(config), CoreConfig(device_blocks=16, host_blocks=4,
+                                                    disk_blocks=8, backend="numpy"),
+                        tiers={"disk": disk})
+        engine.commit(tokens, payload=random_payload)
+        assert intact_tokens(engine, engine.prompt(tokens)) == 64
+        return engine
+
+    def both(engine: Engine, level: Level = Level.FULL) -> tuple[int, int]:
+        """(the oracle's intact tokens, the verdict's usable tokens)"""
+        prompt = engine.prompt(tokens)
+        return intact_tokens(engine, prompt), engine.lookup(prompt, level=level).usable_tokens
+
+    engine = committed("device")  # silent device damage the STANDARD verdict does not see
+    faults.flip_device_bytes(engine, tokens, index=2)
+    assert both(engine, Level.STANDARD) == (32, 64)
+
+    engine = committed("in_flight")  # the device copy half landed; the host copy is whole
+    faults.restore_in_flight(engine, tokens, index=0)
+    assert both(engine) == (64, 0)
+
+    engine = committed("host")  # spilled to host: intact there, usable after a restore
+    faults.spill_block(engine, tokens, index=1)
+    assert both(engine) == (64, 16)
+    faults.corrupt_host_copy(engine, tokens, index=1)  # now its only copy is damaged
+    assert both(engine) == (16, 16)
+
+    engine = committed("disk")  # a disk file: intact while its header and payload verify
+    assert "moved to disk" in faults.delete_disk_file(engine, tokens, index=3)
+    assert both(engine)[0] == 48
+    assert "flipped" in faults.flip_disk_byte(engine, tokens, index=1)
+    assert both(engine)[0] == 16
+    assert "torn write" in faults.truncate_disk_file(engine, tokens, index=0)
+    assert both(engine)[0] == 0
+
+    engine = committed("window")  # the window block of 64 gone: 48 is the longest intact
+    assert "evicted" in faults.evict_window_block(engine, tokens)
+    assert both(engine) == (48, 48)

@@ -42,10 +42,15 @@ adapter gets the rest two ways, both only while a cache it handed out (:meth:`ne
   :meth:`prefill`; a model called directly leaves only what the cache itself holds (a snapshot
   only at the cache's own length).
 
-A block the engine asks for that was never captured and that the cache no longer holds (e.g.
-an earlier checkpoint of a cache rebuilt at a later one, given back since) makes that group
-skipped for this prompt (:attr:`Stored.skipped` says why); the other groups are committed. This
-never makes anything usable that is not, it only caches less.
+**Partial commits.** :meth:`CacheAdapter.store` works out, per group, which of the prompt's
+blocks it can give content for (captured during a prefill, or still held by the cache) and
+passes the others that the engine would have to write (not cached, or cached but failing) to
+``Engine.commit(unavailable=...)``: only those are left out, the group's other blocks are
+committed. So a block before the resume point that was given back since the lookup (an older
+window block, an earlier snapshot of a cache rebuilt at a later one) costs only itself, never the
+blocks the prefill computed past it. :attr:`Stored.missing` names the blocks left out and
+:attr:`Stored.skipped` says why. This never makes anything usable that is not, it only caches
+less.
 
 **Rebuild.** :meth:`rebuild` reads, through ``engine.core.read`` (which refuses unreadable
 blocks), exactly the blocks the verdict's usable length ``L`` needs, each kind by its rule:
@@ -82,6 +87,7 @@ import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from kvfsm import _args
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
 from kvfsm.spec import Form, GroupDecl, GroupKind
@@ -127,12 +133,15 @@ class CacheAdapterError(KvfsmError):
 
 
 class _Unavailable(KvfsmError):
-    """The model's cache no longer holds a block the engine asks for (internal)."""
+    """The model's cache no longer holds blocks the engine asks for (internal): ``index``, the
+    prompt block indices it lacks (empty: it cannot tell which)."""
 
-    def __init__(self, group: str, why: str) -> None:
+    def __init__(self, group: str, why: str,
+                 index: NDArray[np.int64] | None = None) -> None:
         super().__init__(f"{group}: {why}")
         self.group = group
         self.why = why
+        self.index = np.zeros(0, dtype=np.int64) if index is None else index
 
 
 @attrs.frozen
@@ -152,8 +161,12 @@ class Stored:
 
     #: New block ids per committed group (``Engine.commit``'s answer).
     ids: Mapping[str, NDArray[np.intp]]
-    #: Groups not committed for this prompt, and why (blocks the cache never held).
+    #: Groups with blocks left out for this prompt, and why: the blocks, and what the cache
+    #: held instead (the group's other blocks were committed).
     skipped: Mapping[str, str]
+    #: Per group in :attr:`skipped`: the prompt block indices left out (the adapter had no
+    #: content for them and the engine held no good copy), in order.
+    missing: Mapping[str, tuple[int, ...]] = attrs.field(factory=dict)
 
 
 @attrs.define
@@ -185,6 +198,18 @@ def _check_dtype(group: str, layer: int, tensor: Any, decl: GroupDecl) -> None:
     if str(tensor.dtype) != f"torch.{decl.dtype}":
         raise CacheAdapterError(f"{group}: layer {layer} holds {tensor.dtype}, the declaration "
                                 f"{decl.dtype}")
+
+
+def _spans(index: NDArray[np.int64], size: int) -> str:
+    """Token ranges of blocks ``index`` (sorted) of ``size`` tokens, runs merged:
+    ``[0, 16), [96, 128)``."""
+    runs: list[list[int]] = []
+    for i in index.tolist():
+        if runs and runs[-1][1] == i * size:
+            runs[-1][1] = (i + 1) * size
+        else:
+            runs.append([i * size, (i + 1) * size])
+    return ", ".join(f"[{lo}, {hi})" for lo, hi in runs)
 
 
 # ------------------------------------------------------------------------------ codecs
@@ -224,6 +249,15 @@ class Codec:
     def capture(self, cache: Any, end: int) -> Any | None:
         """The block ending at ``end`` (the cache's current length), or None."""
         return None
+
+    def holds(self, cache: Any, index: NDArray[np.int64]) -> NDArray[np.bool_]:
+        """Per block of ``index``: whether :meth:`encode` can slice it from what ``cache``
+        holds now."""
+        raise NotImplementedError
+
+    def held(self, cache: Any) -> str:
+        """What ``cache`` holds of this group now, in words (for :attr:`Stored.skipped`)."""
+        raise NotImplementedError
 
     def encode(self, cache: Any, index: NDArray[np.int64]) -> Any:
         """Blocks ``index`` from what ``cache`` holds now: ``[k, *shape]``; raises
@@ -300,6 +334,30 @@ class KVBlocks(Codec):
         except _Unavailable:
             return None
 
+    def _span(self, cache: Any, layer_idx: int) -> tuple[int, int]:
+        """Tokens ``[first, end)`` (absolute positions) layer ``layer_idx`` holds now."""
+        layer: Any = cache.layers[layer_idx]
+        keys = layer.keys
+        if keys is None or keys.dim() != 4 or keys.shape[0] != 1:
+            raise CacheAdapterError(f"{self.group.name}: layer {layer_idx} holds no "
+                                    "batch-1 K/V")
+        held = int(keys.shape[-2])
+        end = int(getattr(layer, "cumulative_length", held))
+        return end - held, end
+
+    def holds(self, cache: Any, index: NDArray[np.int64]) -> NDArray[np.bool_]:
+        size = self.decl.block_size
+        inside = np.ones(index.size, dtype=np.bool_)
+        for layer_idx in self.group.layers:
+            first, end = self._span(cache, layer_idx)
+            inside &= (index * size >= first) & ((index + 1) * size <= end)
+        return inside
+
+    def held(self, cache: Any) -> str:
+        spans = {self._span(cache, i) for i in self.group.layers}
+        said = ", ".join(f"[{first}, {end})" for first, end in sorted(spans))
+        return f"its layers hold tokens {said} (earlier ones slid out of its window)"
+
     def encode(self, cache: Any, index: NDArray[np.int64]) -> Any:
         torch = _torch()
         size = self.decl.block_size
@@ -307,18 +365,13 @@ class KVBlocks(Codec):
         for layer_idx in self.group.layers:
             layer: Any = cache.layers[layer_idx]
             keys, values = layer.keys, layer.values
-            if keys is None or keys.dim() != 4 or keys.shape[0] != 1:
-                raise CacheAdapterError(f"{self.group.name}: layer {layer_idx} holds no "
-                                        "batch-1 K/V")
-            held = int(keys.shape[-2])
-            end = int(getattr(layer, "cumulative_length", held))
-            first = end - held  # absolute position of the first token the layer holds
+            first, end = self._span(cache, layer_idx)  # absolute positions held
             lo, hi = int(index.min()) * size, (int(index.max()) + 1) * size
             if lo < first or hi > end:
                 raise _Unavailable(self.group.name, (
                     f"blocks {index.tolist()} need tokens [{lo}, {hi}); layer {layer_idx} holds "
                     f"[{first}, {end}) (earlier ones slid out of its window before they could "
-                    "be captured)"))
+                    "be captured)"), index[~self.holds(cache, index)])
             _check_dtype(self.group.name, layer_idx, keys, self.decl)
             tokens = (torch.as_tensor(index, device=keys.device)[:, None] * size
                       + torch.arange(size, device=keys.device)[None, :]).reshape(-1) - first
@@ -405,13 +458,25 @@ class Snapshots(Codec):
         except _Unavailable:
             return None
 
+    def holds(self, cache: Any, index: NDArray[np.int64]) -> NDArray[np.bool_]:
+        at = _seen(cache)
+        ready = at is not None and all(self._get(cache.layers[layer_idx], path) is not None
+                                       for layer_idx, path, _shape in self.pieces)
+        inside: NDArray[np.bool_] = ((index + 1) * self.decl.block_size == at) & ready
+        return inside
+
+    def held(self, cache: Any) -> str:
+        return (f"the cache holds only the state after {_seen(cache)} tokens (a snapshot is "
+                "captured only by a CacheAdapter.prefill passing its checkpoint)")
+
     def encode(self, cache: Any, index: NDArray[np.int64]) -> Any:
         at = _seen(cache)
         ends = ((index + 1) * self.decl.block_size).tolist()
         if at is None or ends != [at]:
             raise _Unavailable(self.group.name, (
                 f"snapshots after tokens {ends} were not captured and the cache holds only the "
-                f"state after {at} (prefill through CacheAdapter.prefill to capture them)"))
+                f"state after {at} (prefill through CacheAdapter.prefill to capture them)"),
+                index[~self.holds(cache, index)])
         return self._pack(cache)[None]
 
     def decode(self, cache: Any, blocks: Any, index: NDArray[np.int64], length: int) -> None:
@@ -459,6 +524,21 @@ class Entries(Codec):
             raise self._shape_error(expected, f"layers, entries of {self.rate} tokens, dim")
         self.per_block = size // self.rate
 
+    def _entries(self, cache: Any) -> list[int]:
+        """Entries each of the group's layers holds now."""
+        counts = []
+        for layer_idx in self.group.layers:
+            entries = cache.layers[layer_idx].compressed_kv[self.part]
+            counts.append(0 if entries is None else int(entries.shape[1]))
+        return counts
+
+    def holds(self, cache: Any, index: NDArray[np.int64]) -> NDArray[np.bool_]:
+        inside: NDArray[np.bool_] = (index + 1) * self.per_block <= min(self._entries(cache))
+        return inside
+
+    def held(self, cache: Any) -> str:
+        return f"its layers hold {sorted(set(self._entries(cache)))} entries"
+
     def encode(self, cache: Any, index: NDArray[np.int64]) -> Any:
         torch = _torch()
         per, rows = self.per_block, []
@@ -469,7 +549,7 @@ class Entries(Codec):
             if int(wanted.max()) >= have:
                 raise _Unavailable(self.group.name, (
                     f"blocks {index.tolist()} need entries up to {int(wanted.max())}; layer "
-                    f"{layer_idx} holds {have}"))
+                    f"{layer_idx} holds {have}"), index[~self.holds(cache, index)])
             _check_dtype(self.group.name, layer_idx, entries, self.decl)
             picked = entries[0][torch.as_tensor(wanted, device=entries.device)]
             rows.append(picked.reshape(index.size, per, -1))
@@ -642,14 +722,21 @@ class CacheAdapter:
 
     # -- store -----------------------------------------------------------------------------
 
-    def store(self, prompt: Prompt | Sequence[int] | ArrayLike, cache: DynamicCache) -> Stored:
+    def store(self, prompt: Prompt | Sequence[int] | ArrayLike, cache: DynamicCache, *,
+              computed_from: int = 0) -> Stored:
         """Commit every complete block of ``prompt`` from ``cache`` (which holds at least the
         prompt's tokens, e.g. right after its prefill) through ``Engine.commit``, then end the
         cache's recording (also when the commit raises, e.g. a ``StateError`` for lack of
-        room). A group whose blocks were never captured and that the cache no longer holds is
-        skipped (see the module docstring); the others are committed, all or nothing among
-        themselves."""
+        room). ``computed_from``: the tokens the prefill reused before it computed the rest
+        (the rebuilt length; 0 for a cache prefilled from the start), passed on to the commit,
+        which writes anew a block computed past it that is cached only in a lower tier.
+
+        Per group, the blocks the adapter has no content for (neither captured nor held by the
+        cache) and the engine holds no good copy of are left out (``Engine.commit``'s
+        ``unavailable``), the group's other blocks committed; :attr:`Stored.missing` and
+        :attr:`Stored.skipped` name them. All groups are committed or none (a ``StateError``)."""
         prompt = self._prompt(prompt)
+        computed_from = _args.count("computed_from", computed_from)
         layers = cache.layers
         if len(layers) != len(self.config.layer_types):
             raise CacheAdapterError(f"cache has {len(layers)} layers, the config "
@@ -658,22 +745,81 @@ class CacheAdapter:
         def payload(group: GroupState, index: NDArray[np.int64]) -> NDArray[np.uint8]:
             return self._payload(cache, self._group(group.name), index)
 
-        names = [g.name for g in self.groups]
-        skipped: dict[str, str] = {}
-        ids: Mapping[str, NDArray[np.intp]] = {}
-        # Engine.commit asks for every payload before it changes anything, so a refused group
-        # is simply left out of the next try.
         try:
-            while names:
+            missing = self._missing(prompt, cache)
+            absent = {name: index.copy() for name, index in missing.items()}
+            # Engine.commit asks for every payload before it changes anything, so blocks it
+            # asked for and the adapter lacks (a cached copy it replaces: one a lookup saw
+            # fail, or one only in a lower tier past ``computed_from``) are left out of the
+            # next try. Each retry leaves out at least one more block, so this ends.
+            while True:
                 try:
-                    ids = self.engine.commit(prompt, payload=payload, groups=names)
+                    ids = self.engine.commit(prompt, payload=payload,
+                                             computed_from=computed_from, unavailable=missing)
                     break
                 except _Unavailable as gap:
-                    skipped[gap.group] = gap.why
-                    names.remove(gap.group)
+                    known = missing.get(gap.group, np.zeros(0, dtype=np.int64))
+                    more = np.setdiff1d(gap.index, known)
+                    if not more.size:  # cannot happen: the commit never asks for these
+                        raise CacheAdapterError(f"{gap.group}: the commit asked again for "
+                                                f"blocks left out ({gap.why})") from None
+                    missing[gap.group] = np.union1d(known, more)
+            skipped = {name: self._skip_text(name, cache, index, absent.get(name))
+                       for name, index in missing.items() if index.size}
         finally:
             self._end(cache)
-        return Stored(MappingProxyType(dict(ids)), MappingProxyType(skipped))
+        return Stored(MappingProxyType(dict(ids)), MappingProxyType(skipped),
+                      MappingProxyType({name: tuple(int(i) for i in index)
+                                        for name, index in missing.items() if index.size}))
+
+    def _missing(self, prompt: Prompt, cache: DynamicCache) -> dict[str, NDArray[np.int64]]:
+        """Per group: the blocks a commit of ``prompt`` keeps (the kind's ``commit_blocks``)
+        that the adapter has no content for and the engine does not hold (not in its hash
+        map). Those the engine holds are left to the commit: it keeps a good copy (and never
+        gives it back for this prompt's room), and asks for content only to replace a bad
+        one, which :meth:`store` then leaves out too."""
+        out: dict[str, NDArray[np.int64]] = {}
+        core = self.engine.core
+        for group in self.groups:
+            decl = group.decl
+            high, low = prompt.words(decl.block_size)
+            index = core.group(group.name).rule.commit_blocks(decl, high.size)
+            lacking = index[~self._providable(cache, group, index)]
+            if not lacking.size:
+                continue
+            with self.engine.lock:
+                cached = core.lookup_words(group.name, high[lacking], low[lacking]) >= 0
+            out[group.name] = lacking[~cached]
+        return out
+
+    def _providable(self, cache: DynamicCache, group: LayerGroup,
+                    index: NDArray[np.int64]) -> NDArray[np.bool_]:
+        """Per block of ``index``: captured during a prefill of the recording ``cache``, or
+        still held by it."""
+        record = self._records.get(cache)
+        captured = record.captured.get(group.name, {}) if record is not None else {}
+        have = np.isin(index, np.fromiter(captured, dtype=np.int64, count=len(captured)))
+        if not have.all():
+            have[~have] = self.codecs[group.name].holds(cache, index[~have])
+        return have
+
+    def _skip_text(self, name: str, cache: DynamicCache, index: NDArray[np.int64],
+                   absent: NDArray[np.int64] | None) -> str:
+        """Why blocks ``index`` of group ``name`` were left out; ``absent``: those of them the
+        engine had no copy of (the others it holds a copy of that it would have replaced)."""
+        size = self._group(name).decl.block_size
+        absent = np.zeros(0, dtype=np.int64) if absent is None else absent
+        replaced = np.setdiff1d(index, absent)
+        said = []
+        if absent.size:
+            said.append(f"the engine has no copy of {absent.tolist()}")
+        if replaced.size:
+            said.append(f"its copy of {replaced.tolist()} is one the commit would replace "
+                        "(seen failing a checksum, or computed by this prefill yet only in a "
+                        "lower tier)")
+        return (f"blocks {index.tolist()} (tokens {_spans(index, size)}) not committed: not "
+                f"captured during a prefill and {self.codecs[name].held(cache)}; "
+                + "; ".join(said))
 
     def _group(self, name: str) -> LayerGroup:
         for group in self.groups:
@@ -689,6 +835,11 @@ class CacheAdapter:
         decl = group.decl
         if not index.size:
             return np.zeros((0, decl.payload_bytes), dtype=np.uint8)
+        have = self._providable(cache, group, index)
+        if not have.all():
+            lacking = index[~have]
+            raise _Unavailable(group.name, f"blocks {lacking.tolist()} were neither captured "
+                               f"nor held by the cache", lacking)
         record = self._records.get(cache)
         captured = record.captured.get(group.name, {}) if record is not None else {}
         live = np.array([i for i in index.tolist() if i not in captured], dtype=np.int64)

@@ -9,6 +9,9 @@ For each served model (:func:`served_models`, DeepSeek-V4 first), in this order:
 3. ``naive`` and ``kvfsm`` on the same workload without faults, to show that kvfsm is not merely
    conservative: with nothing wrong it reuses every token a hit-only engine reuses.
 
+In both caching modes each request's intact tokens are measured just before its lookup
+(``ServeLoop(intact=True)``, :func:`kvfsm.serve._loop.intact_tokens`): the report's lost reuse.
+
 Each caching run gets a fresh engine with the same pool sizes (:class:`Pools`: tight enough
 that the working set spills device -> host -> disk -> remote and later prompts restore from
 every tier) and its own stored tiers (:mod:`kvfsm.serve._stores`): a disk tier in a temporary
@@ -251,8 +254,10 @@ Progress = Callable[[str, str, str], None]
 
 def _serve(model: Any, engine: Engine | None, workload: Workload, mode: Mode, faulted: bool,
            tick: Callable[[], None]) -> tuple[Result, ...]:
+    # Each caching request's intact tokens measured (after the hook, before the lookup): what
+    # it could have reused, for the report's lost reuse.
     loop = ServeLoop(model, engine, mode, level=Level.FULL if mode == "kvfsm" else None,
-                     hook=workload.hook() if faulted else None)
+                     hook=workload.hook() if faulted else None, intact=engine is not None)
     for request in workload.requests:
         loop.submit(request)
     out = []

@@ -25,11 +25,18 @@ requests:
   reads only readable blocks).
 
 In both caching modes only the tokens from the reused length on are forwarded, the prompt's
-blocks are committed (:meth:`CacheAdapter.store`; a commit the pools cannot make room for is
-skipped, never fatal), and then ``max_new_tokens`` tokens are decoded greedily on the request's
+blocks are committed (:meth:`CacheAdapter.store` with ``computed_from`` the reused length: a
+block the adapter has no content for costs only itself; a commit the pools cannot make room for
+is skipped, never fatal), and then ``max_new_tokens`` tokens are decoded greedily on the request's
 own cache (decode tokens are not committed). Memory pressure comes from the engine's pool
 sizes: ``Engine.commit`` gives back least recently used blocks, spilled device -> host, and
 with stored tiers attached host -> disk -> remote (``Engine.spill_down``), else evicted.
+
+With ``intact=True`` a caching loop also measures, after the hook and just before the lookup,
+what each request could have reused: :func:`intact_tokens`, an oracle that reads every copy of
+the prompt's blocks (pool slots, disk files, remote values) and checks their bytes against
+their checksums without asking the verdict (:attr:`Result.intact_tokens`; its time counts in
+neither the request's wall time nor its bookkeeping).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, get_args
 
 import attrs
 import numpy as np
+import xxhash
 from numpy.typing import NDArray
 
 from kvfsm._engine import Engine
@@ -49,8 +57,8 @@ from kvfsm.restore import GroupOutcome
 from kvfsm.serve._adapter import CacheAdapter
 from kvfsm.serve._stores import observed, read_value, value_name
 from kvfsm.spec import Event, Tier
-from kvfsm.state import StateCore, StateError
-from kvfsm.tiers import HEADER_BYTES, BlockKey, LoadStatus
+from kvfsm.state import GroupState, StateCore, StateError
+from kvfsm.tiers import HEADER_BYTES, BlockKey, LoadStatus, verify
 from kvfsm.verify import Level, Prompt, Verdict, lookup
 
 if TYPE_CHECKING:
@@ -161,6 +169,10 @@ class Result:
     #: ``naive`` mode: a hit block's stored value was not there to read (a read error), so the
     #: whole prompt was recomputed.
     read_error: str = ""
+    #: The largest prefix whose blocks all had an intact copy somewhere just before the lookup
+    #: (:func:`intact_tokens`, which does not ask the verdict); None where not measured (a
+    #: loop made without ``intact=True``, or ``nocache`` mode).
+    intact_tokens: int | None = None
 
 
 def restore_plan(engine: Engine, verdict: Verdict, prompt: Prompt | None = None, *,
@@ -287,6 +299,62 @@ def hit_bytes(engine: Engine | StateCore) -> Callable[[str, NDArray[np.intp]], N
     return read
 
 
+def _intact_blocks(engine: Engine, group: GroupState, ids: NDArray[np.intp]
+                   ) -> NDArray[np.bool_]:
+    """Per block id of ``group`` (-1: not in the hash map, never intact): whether some copy
+    of its bytes is intact. A device or host slot whose bytes hash (xxh3-64) to the checksum
+    its pool recorded; else a disk file or remote value, read raw as :func:`hit_bytes` reads it,
+    whose header verifies against the block's key and whose payload against the header's
+    checksum (whether or not the core still counts that copy)."""
+    intact = np.zeros(ids.size, dtype=np.bool_)
+    for tier, pool in group.pools.items():
+        slots = np.where(ids >= 0, group.slot[tier][np.maximum(ids, 0)], -1)
+        rows = np.flatnonzero((slots >= 0) & ~intact)
+        if not rows.size:
+            continue
+        data = np.ascontiguousarray(pool.read(slots[rows]))  # a copy, one gather
+        recorded = pool.checksum[slots[rows]]
+        for i, row in enumerate(rows.tolist()):
+            intact[row] = xxhash.xxh3_64_intdigest(memoryview(data[i])) == int(recorded[i])
+    width = group.decl.payload_bytes
+    for tier in STORED_TIERS:
+        store = engine.tiers.get(tier)
+        rows = np.flatnonzero((ids >= 0) & ~intact)
+        if store is None or tier not in group.stored or not rows.size:
+            continue
+        for row, key in zip(rows.tolist(), engine.restorer.keys.keys(group.name, ids[rows]),
+                            strict=True):
+            value = read_value(store, key)
+            if value is not None:
+                view = memoryview(value)
+                status, _sum = verify(key, view[:HEADER_BYTES], view[HEADER_BYTES:], width)
+                intact[row] = status == LoadStatus.OK
+    return intact
+
+
+def intact_tokens(engine: Engine, prompt: Prompt) -> int:
+    """The largest ``L`` (a multiple of the model's LCM block size, below the prompt's length)
+    whose blocks are all intact, found without asking the verdict: for every group, every block
+    its kind needs at ``L`` (``rule.needed``) is in the hash map and has some intact copy
+    (:func:`_intact_blocks`), and a recurrent group can serve ``L`` (a snapshot there). What a
+    request could have reused had every intact copy been restored; 0 when nothing is."""
+    core = engine.core
+    lengths = np.arange(0, prompt.n_tokens, engine.model.lcm_block_size, dtype=np.int64)
+    ok = np.ones(lengths.size, dtype=np.bool_)
+    with engine.lock:
+        for name, group in core.groups.items():
+            decl = group.decl
+            high, low = prompt.words(decl.block_size)
+            good = _intact_blocks(engine, group, core.lookup_words(name, high, low))
+            # Blocks [0, i) all intact, per i: a run [lo, hi) is intact when the counts agree.
+            runs = np.concatenate([[0], np.cumsum(good)])
+            needed = group.rule.needed(decl, lengths)
+            ok &= runs[needed.hi] - runs[needed.lo] == needed.hi - needed.lo
+            if needed.servable is not None:
+                ok &= needed.servable
+    return int(lengths[ok].max())
+
+
 class ServeLoop:
     """A request queue and a step function: :meth:`step` serves the next request."""
 
@@ -299,6 +367,7 @@ class ServeLoop:
         level: Level | str | None = None,
         hook: Hook | None = None,
         restore_timeout: float | None = RESTORE_TIMEOUT_S,
+        intact: bool = False,
     ) -> None:
         if mode not in MODES:
             raise KvfsmError(f"mode must be one of {list(MODES)}, got {mode!r}")
@@ -311,6 +380,12 @@ class ServeLoop:
         self.hook = hook
         #: Seconds to wait for a restore plan's disk and remote loads (None: until they end).
         self.restore_timeout = restore_timeout
+        #: Measure each request's :attr:`Result.intact_tokens` (:func:`intact_tokens`) just
+        #: before its lookup, after the hook: a measurement, kept out of the request's wall
+        #: and bookkeeping times.
+        self.intact = bool(intact)
+        #: Seconds the current request spent measuring its intact tokens.
+        self._oracle_s = 0.0
         self.adapter = None if engine is None else CacheAdapter(engine, model.config)
         #: Seconds the adapter spent slicing payloads out of caches since the last reset
         #: (subtracted from the commit's time in ``Result.bookkeeping_s``).
@@ -352,10 +427,11 @@ class ServeLoop:
         import torch
 
         request = self.queue.popleft()
+        self._oracle_s = 0.0
         start = time.perf_counter()
         with torch.no_grad():
             result = self._serve(request)
-        return attrs.evolve(result, wall_s=time.perf_counter() - start)
+        return attrs.evolve(result, wall_s=time.perf_counter() - start - self._oracle_s)
 
     def _serve(self, request: Request) -> Result:
         from transformers import DynamicCache
@@ -373,6 +449,7 @@ class ServeLoop:
         steps: tuple[StepOutcome, ...] = ()
         read_error = ""
         bookkeeping = 0.0
+        intact: int | None = None
         if self.mode == "nocache" or self.engine is None or self.adapter is None:
             cache: DynamicCache = DynamicCache(config=self.model.config)
             reused = 0
@@ -380,6 +457,12 @@ class ServeLoop:
             engine, adapter = self.engine, self.adapter
             clock = time.perf_counter()
             prompt = engine.prompt(tokens)
+            if self.intact:  # a measurement, not bookkeeping: the clock stops meanwhile
+                bookkeeping += time.perf_counter() - clock
+                oracle = time.perf_counter()
+                intact = intact_tokens(engine, prompt)
+                self._oracle_s = time.perf_counter() - oracle
+                clock = time.perf_counter()
             if self.mode == "naive":
                 verdict = lookup(engine.core, prompt, level=Level.FAST, checksums=False)
                 bookkeeping += time.perf_counter() - clock
@@ -410,7 +493,7 @@ class ServeLoop:
             self._copy_s = 0.0
             clock = time.perf_counter()
             try:
-                stored = self.adapter.store(prompt, cache)
+                stored = self.adapter.store(prompt, cache, computed_from=reused)
                 skipped = tuple(f"{name}: {why}" for name, why in stored.skipped.items())
             except StateError as why:
                 skipped = (f"all groups: {why}",)
@@ -421,7 +504,7 @@ class ServeLoop:
                       first.cpu().numpy().astype(np.float32), 0.0, restore, events, skipped,
                       reasons=reasons, steps=steps, hit_reasons=hit_reasons,
                       hit_shortfalls=shortfalls, bookkeeping_s=bookkeeping,
-                      read_error=read_error)
+                      read_error=read_error, intact_tokens=intact)
 
     def _forward(self, cache: DynamicCache, tokens: Sequence[int], start: int) -> Any:
         """Forward ``tokens`` at positions ``start``.. on ``cache``; the last position's logits.
@@ -458,11 +541,13 @@ def serve(
     level: Level | str | None = None,
     hook: Hook | None = None,
     restore_timeout: float | None = RESTORE_TIMEOUT_S,
+    intact: bool = False,
 ) -> list[Result]:
     """Serve ``requests`` in order on ``model`` with ``engine``'s cache, reusing what ``mode``
-    allows (see the module docstring); one :class:`Result` per request."""
+    allows (see the module docstring); one :class:`Result` per request, with its
+    :attr:`Result.intact_tokens` measured where ``intact``."""
     loop = ServeLoop(model, engine, mode, level=level, hook=hook,
-                     restore_timeout=restore_timeout)
+                     restore_timeout=restore_timeout, intact=intact)
     for request in requests:
         loop.submit(request)
     return loop.run()

@@ -5,10 +5,23 @@ Definitions (every rate is over the prompt tokens of the workload's requests):
 
 * **hit rate**: tokens of each prompt whose blocks a prefix-hash lookup finds (the classic hit,
   every group's hash chain present), on kvfsm's first lookup of each request.
-* **usable rate**: tokens kvfsm says are reusable right now, on the same first lookup.
+* **usable rate** (*usable now*): tokens kvfsm says are reusable right now, on the same first
+  lookup, before any restore (``naive``: what that verdict, at FAST and without checksums, says
+  of the hit-only engine's own state).
+* **reused rate** (*reused after restores*): tokens taken from the cache instead of computed
+  (kvfsm: after its restore plan ran; naive: the hit, unless a read error made it recompute).
 * **reused / restored / recomputed** (kvfsm, a partition of the prompt tokens): taken from the
   cache as they were; taken from the cache after the verdict's restore plan ran; forwarded
   through the model.
+* **intact tokens** of a request: the largest prefix length whose every needed block had an
+  intact copy somewhere just before the lookup (after the fault hook), by an oracle that does
+  not ask the verdict (:func:`kvfsm.serve._loop.intact_tokens`).
+* **lost tokens** of a request: its intact tokens minus the tokens it reused, where positive
+  (intact but not reused). **lost_reuse**: the lost tokens of a workload's requests over their
+  intact tokens (0 to 1); **lost rate**: the lost tokens over the prompt tokens.
+  **reused_beyond_intact**: tokens reused past the intact length (kvfsm: copies its lookup
+  found in a stored tier for blocks the core had forgotten; naive: bytes reused that no intact
+  copy backed, i.e. damaged ones).
 * **restores** (kvfsm): the restore plans' steps by group kind, tier the copy came from (host,
   disk, remote; ``device`` for a block already there that only needs finishing), outcome
   (``restored``, ``failed``: rolled back with the copy kept, ``lost``: the copy gone or bad
@@ -107,9 +120,46 @@ def _ratio(part: float, whole: float) -> float:
     return part / whole if whole else 0.0
 
 
+def _intact(result: Result) -> int:
+    """A caching request's intact tokens (a run made without the oracle counts none)."""
+    return result.intact_tokens or 0
+
+
+def lost_tokens(result: Result) -> int:
+    """Intact tokens the request did not reuse (0 where it reused at least its intact
+    length)."""
+    return max(_intact(result) - result.reused_tokens, 0)
+
+
+def _reuse_figures(results: Sequence[Result]) -> dict[str, Any]:
+    """One caching run's reuse, side by side with the other mode's: hit, usable now, reused
+    after restores, intact and lost (see the module docstring)."""
+    prompt = sum(r.prompt_tokens for r in results)
+    hit = sum(r.hit_tokens for r in results)
+    usable = sum(r.usable_tokens for r in results)
+    reused = sum(r.reused_tokens for r in results)
+    intact = sum(map(_intact, results))
+    lost = sum(map(lost_tokens, results))
+    return {
+        "hit_tokens": hit, "usable_tokens": usable, "reused_tokens": reused,
+        "intact_tokens": intact, "lost_tokens": lost,
+        "lost_reuse": _ratio(lost, intact),
+        "reused_beyond_intact": sum(max(r.reused_tokens - _intact(r), 0) for r in results),
+        "hit_rate": _ratio(hit, prompt), "usable_rate": _ratio(usable, prompt),
+        "reused_rate": _ratio(reused, prompt), "lost_rate": _ratio(lost, prompt),
+    }
+
+
+#: The per-workload keys a model's reuse figures repeat from the kvfsm run's side-by-side
+#: entry.
+_REUSE_KEYS: Final = ("reused_tokens", "intact_tokens", "lost_tokens", "lost_reuse",
+                      "reused_beyond_intact", "reused_rate", "lost_rate")
+
+
 def _workload_figures(kvfsm: Sequence[Result], naive: Sequence[Result],
                       reference: Sequence[Result]) -> dict[str, Any]:
     prompt = sum(r.prompt_tokens for r in kvfsm)
+    modes = {"naive": _reuse_figures(naive), "kvfsm": _reuse_figures(kvfsm)}
     direct, restored, recomputed = (sum(column) for column in
                                     zip(*map(_sources, kvfsm), strict=True))
     restores = _restores(kvfsm)
@@ -125,6 +175,8 @@ def _workload_figures(kvfsm: Sequence[Result], naive: Sequence[Result],
         "tokens_restored": restored,
         "tokens_recomputed": recomputed,
         "reuse_of_hit": _ratio(direct + restored, hit),
+        **{key: modes["kvfsm"][key] for key in _REUSE_KEYS},
+        "modes": modes,
         "naive_tokens_reused": sum(r.reused_tokens for r in naive),
         "naive_wrong": sum(map(is_wrong, naive, reference)),
         "naive_wrong_tokens": sum(n.tokens != r.tokens for n, r in zip(naive, reference,
@@ -201,6 +253,20 @@ def _faults_by_injector(outcomes: Sequence[Mapping[str, Any]]) -> list[dict[str,
     return list(rows.values())
 
 
+def _lost_requests(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """The kvfsm requests that reused fewer tokens than were intact: what each lost and what
+    its lookup and restores said (the first verdict's shortfalls, the restore steps that did
+    not land)."""
+    return [{"request": r.rid, "intact_tokens": _intact(r), "reused_tokens": r.reused_tokens,
+             "lost_tokens": lost_tokens(r), "usable_tokens": r.usable_tokens,
+             "restorable_tokens": r.restorable_tokens, "reasons": sorted(set(r.reasons)),
+             "restores_not_landed": dict(sorted(Counter(
+                 f"{s.group} {s.tier} {s.outcome} {s.status}".strip()
+                 for s in r.steps if s.outcome != "restored").items())),
+             "events": list(r.events)}
+            for r in results if lost_tokens(r)]
+
+
 def model_figures(run: ModelRun) -> dict[str, Any]:
     """One model's figures (the JSON under ``models``; see the module docstring)."""
     reference = run.runs[("reference", "nocache")]
@@ -234,12 +300,14 @@ def model_figures(run: ModelRun) -> dict[str, Any]:
             "hit_rate", "usable_rate", "tokens_reused", "tokens_restored", "tokens_recomputed",
             "naive_tokens_reused", "naive_wrong", "naive_wrong_tokens", "naive_read_errors",
             "kvfsm_wrong", "max_logit_diff", "naive_max_logit_diff", "restores",
-            "restores_by_tier")},
+            "restores_by_tier", *_REUSE_KEYS, "modes")},
         "top_reasons": _reasons(run.runs[("faulted", "kvfsm")])[:TOP_REASONS],
+        "lost_requests": _lost_requests(run.runs[("faulted", "kvfsm")]),
         "clean": {key: clean[key] for key in (
             "hit_rate", "usable_rate", "tokens_reused", "tokens_restored", "tokens_recomputed",
             "reuse_of_hit", "naive_tokens_reused", "naive_wrong", "kvfsm_wrong",
-            "max_logit_diff", "restores", "restores_by_tier")},
+            "max_logit_diff", "restores", "restores_by_tier", *_REUSE_KEYS, "modes")},
+        "clean_lost_requests": _lost_requests(run.runs[("clean", "kvfsm")]),
         "bookkeeping_s": bookkeeping,
         "serve_wall_s": {
             "nocache": sum(r.wall_s for r in reference),
@@ -280,6 +348,12 @@ def demo_figures(demo: DemoRun) -> dict[str, Any]:
         "tokens_reused": sum(m["tokens_reused"] for m in per),
         "tokens_restored": sum(m["tokens_restored"] for m in per),
         "tokens_recomputed": sum(m["tokens_recomputed"] for m in per),
+        "intact_tokens": sum(m["intact_tokens"] for m in per),
+        "lost_tokens": sum(m["lost_tokens"] for m in per),
+        "lost_reuse": _ratio(sum(m["lost_tokens"] for m in per),
+                             sum(m["intact_tokens"] for m in per)),
+        "clean_lost_reuse": _ratio(sum(m["clean"]["lost_tokens"] for m in per),
+                                   sum(m["clean"]["intact_tokens"] for m in per)),
         "restores_by_tier": restores_by_tier(r for m in per for r in m["restores"]),
         "clean_restores_by_tier": restores_by_tier(r for m in per
                                                    for r in m["clean"]["restores"]),
@@ -342,10 +416,38 @@ def _faults_text(rows: Sequence[Mapping[str, Any]]) -> str:
                      for row in rows)
 
 
+def _lost_text(lost: Sequence[Mapping[str, Any]]) -> str:
+    """Per request that lost intact tokens: how many of how many, and the restores that did
+    not land (what kept them from being reused)."""
+    if not lost:
+        return "none"
+    return "; ".join(f"{r['request']} {r['lost_tokens']} of {r['intact_tokens']} ("
+                     + (", ".join(f"{k} {n}" if n > 1 else k
+                                  for k, n in r["restores_not_landed"].items())
+                        or "no restore failed") + ")" for r in lost)
+
+
 def _reasons_text(reasons: Sequence[Mapping[str, Any]]) -> str:
     if not reasons:
         return "none (every hit token was usable)"
     return ", ".join(f"{r['reason']} ({r['requests']} req)" for r in reasons)
+
+
+def reuse_lines(m: Mapping[str, Any]) -> list[str]:
+    """The side-by-side reuse of one model: per workload and mode, hit, usable now (before
+    restores), reused after restores and lost (intact, not reused), in % of prompt tokens."""
+    lines = [f"  {'% of prompt tokens':<22}{'hit rate':>10}{'usable rate now':>17}"
+             f"{'reused after restores':>23}{'lost':>7}   lost_reuse (lost / intact tokens)"]
+    for workload, figures in (("faulted", m), ("clean", m["clean"])):
+        for mode in ("naive", "kvfsm"):
+            f = figures["modes"][mode]
+            beyond = (f"; {f['reused_beyond_intact']:,} reused tokens not intact"
+                      if mode == "naive" and f["reused_beyond_intact"] else "")
+            lines.append(f"    {workload + ', ' + mode:<20}{f['hit_rate']:>10.1%}"
+                         f"{f['usable_rate']:>17.1%}{f['reused_rate']:>23.1%}"
+                         f"{f['lost_rate']:>7.1%}   {f['lost_reuse']:.4f} ({f['lost_tokens']:,} / "
+                         f"{f['intact_tokens']:,}){beyond}")
+    return lines
 
 
 def model_lines(model_type: str, m: Mapping[str, Any]) -> list[str]:
@@ -356,8 +458,7 @@ def model_lines(model_type: str, m: Mapping[str, Any]) -> list[str]:
         f"{pretty(model_type)} [{groups}]",
         f"  {m['requests']} requests, {m['prompt_tokens']:,} prompt tokens, "
         f"{m['faults']} faults injected ({m['faults_landed']} landed on cached blocks)",
-        f"  hit rate {m['hit_rate']:.1%} vs usable rate {m['usable_rate']:.1%} "
-        "(tokens hit / usable now, over prompt tokens)",
+        *reuse_lines(m),
         f"  kvfsm tokens: {m['tokens_reused']:,} reused, {m['tokens_restored']:,} restored, "
         f"{m['tokens_recomputed']:,} recomputed (naive reused {m['naive_tokens_reused']:,})",
         f"  wrong outputs vs nocache: naive {m['naive_wrong']}/{m['requests']} "
@@ -368,9 +469,9 @@ def model_lines(model_type: str, m: Mapping[str, Any]) -> list[str]:
         f"{_tiers_text(m['restores_by_tier'])}",
         f"  restores: {_restores_text(m['restores'])}",
         f"  why hit tokens were not usable: {_reasons_text(m['top_reasons'])}",
+        f"  intact tokens kvfsm did not reuse (faulted): {_lost_text(m['lost_requests'])}",
         f"  faults (what kvfsm saw; naive wrong): {_faults_text(m['faults_by_injector'])}",
-        f"  without faults: hit {clean['hit_rate']:.1%}, usable {clean['usable_rate']:.1%}, "
-        f"kvfsm reused {clean['reuse_of_hit']:.0%} of the hit after restores "
+        f"  without faults: kvfsm reused {clean['reuse_of_hit']:.0%} of the hit after restores "
         f"({clean['tokens_reused'] + clean['tokens_restored']:,} tokens; naive "
         f"{clean['naive_tokens_reused']:,}), wrong: kvfsm {clean['kvfsm_wrong']}, "
         f"naive {clean['naive_wrong']}; restores by tier: "
@@ -407,7 +508,9 @@ def summary_lines(figures: Mapping[str, Any]) -> list[str]:
         lines.append(f"event logs: {replayed}")
     lines.append(
         f"total: {figures['requests']} requests, hit rate {figures['hit_rate']:.1%}, usable "
-        f"{figures['usable_rate']:.1%}; wrong outputs naive {figures['naive_wrong']}, kvfsm "
+        f"rate now {figures['usable_rate']:.1%}; kvfsm lost_reuse {figures['lost_reuse']:.4f} "
+        f"faulted, {figures['clean_lost_reuse']:.4f} clean; wrong outputs naive "
+        f"{figures['naive_wrong']}, kvfsm "
         f"{figures['kvfsm_wrong']}; max |dlogit| kvfsm {figures['max_logit_diff']:.2e}; "
         f"restores by tier {_tiers_text(figures['restores_by_tier'])}; overhead "
         f"{figures['overhead_vs_naive']:.1%}; {figures['wall_s']:.0f} s")
@@ -427,15 +530,17 @@ def _per_request_table(run: ModelRun) -> list[str]:
     reference = run.runs[("reference", "nocache")]
     naive = run.runs[("faulted", "naive")]
     kvfsm = run.runs[("faulted", "kvfsm")]
-    lines = ["| request | prompt | hit | usable | reused | restored | recomputed | restores "
-             "(tier, outcome) | naive \\|Δlogit\\| | kvfsm \\|Δlogit\\| | fault before it |",
-             "|---|--:|--:|--:|--:|--:|--:|---|--:|--:|---|"]
+    lines = ["| request | prompt | hit | usable | intact | reused | restored | recomputed | lost | "
+             "restores (tier, outcome) | naive \\|Δlogit\\| | kvfsm \\|Δlogit\\| | fault before "
+             "it |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|---|"]
     for ref, n, k in zip(reference, naive, kvfsm, strict=True):
         direct, restored, recomputed = _sources(k)
         mark = " ✗" if is_wrong(n, ref) else " (read error)" if n.read_error else ""
         fault = "; ".join(k.events).replace("|", "\\|") or ""
         lines.append(f"| {k.rid} | {k.prompt_tokens} | {k.hit_tokens} | {k.usable_tokens} | "
-                     f"{direct} | {restored} | {recomputed} | {_steps_text(k)} | "
+                     f"{_intact(k)} | {direct} | {restored} | {recomputed} | {lost_tokens(k)} | "
+                     f"{_steps_text(k)} | "
                      f"{logit_diff(n, ref):.1e}{mark} | {logit_diff(k, ref):.1e} | {fault} |")
     return lines
 
@@ -500,20 +605,46 @@ def report_markdown(demo: DemoRun, figures: Mapping[str, Any], *, command: str =
         "copy kept, *pending* when its load outlived the wait (recomputed this time, usable "
         "once it lands).",
         "",
-        "| model | requests | hit rate | usable rate | reused | restored | recomputed | "
-        "naive wrong | kvfsm wrong | max \\|Δlogit\\| kvfsm | overhead |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "Reuse side by side, in % of the prompt tokens: the prefix *hit*; what the first "
+        "verdict called *usable now*, before any restore; what was *reused after restores* "
+        "(taken from the cache instead of computed); and what was *lost*: intact tokens not "
+        "reused, where a request's *intact tokens* are the longest prefix whose every needed "
+        "block had an intact copy somewhere (device, host, disk file or remote value, its bytes "
+        "matching the checksum recorded for them) just before its lookup, found by an oracle "
+        "that does not ask the verdict. *lost_reuse* is the lost tokens over the intact tokens "
+        "(0 to 1). A hit-only engine may reuse more than is intact: those are the damaged "
+        "bytes behind its wrong outputs.",
+        "",
+        "| model | workload | engine | hit rate | usable rate now | reused after restores | "
+        "lost | lost_reuse | intact tokens | reused tokens |",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for model_type, m in figures["models"].items():
+        for workload, per in (("faulted", m), ("clean", m["clean"])):
+            for mode in ("naive", "kvfsm"):
+                f = per["modes"][mode]
+                out.append(f"| {pretty(model_type)} | {workload} | {mode} | {f['hit_rate']:.1%} | "
+                           f"{f['usable_rate']:.1%} | {f['reused_rate']:.1%} | "
+                           f"{f['lost_rate']:.1%} | {f['lost_reuse']:.4f} | "
+                           f"{f['intact_tokens']:,} | {f['reused_tokens']:,} |")
+    out += [
+        "",
+        "| model | requests | hit rate | usable rate now | reused | restored | recomputed | "
+        "lost_reuse | naive wrong | kvfsm wrong | max \\|Δlogit\\| kvfsm | overhead |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for model_type, m in figures["models"].items():
         out.append(f"| {pretty(model_type)} | {m['requests']} | {m['hit_rate']:.1%} | "
                    f"{m['usable_rate']:.1%} | {m['tokens_reused']:,} | {m['tokens_restored']:,} | "
-                   f"{m['tokens_recomputed']:,} | {m['naive_wrong']} | {m['kvfsm_wrong']} | "
-                   f"{m['max_logit_diff']:.1e} | {m['overhead_vs_naive']:.1%} |")
+                   f"{m['tokens_recomputed']:,} | {m['lost_reuse']:.4f} | {m['naive_wrong']} | "
+                   f"{m['kvfsm_wrong']} | {m['max_logit_diff']:.1e} | "
+                   f"{m['overhead_vs_naive']:.1%} |")
     out.append(f"| **total** | {figures['requests']} | {figures['hit_rate']:.1%} | "
                f"{figures['usable_rate']:.1%} | {figures['tokens_reused']:,} | "
                f"{figures['tokens_restored']:,} | {figures['tokens_recomputed']:,} | "
-               f"{figures['naive_wrong']} | {figures['kvfsm_wrong']} | "
-               f"{figures['max_logit_diff']:.1e} | {figures['overhead_vs_naive']:.1%} |")
+               f"{figures['lost_reuse']:.4f} | {figures['naive_wrong']} | "
+               f"{figures['kvfsm_wrong']} | {figures['max_logit_diff']:.1e} | "
+               f"{figures['overhead_vs_naive']:.1%} |")
     out += ["", f"Wall time of the whole demo: {figures['wall_s']:.0f} s. *Overhead* is kvfsm's "
             "bookkeeping (lookups, restores and the waits for their loads, commits and the "
             "spills they cause; not the forwards nor the adapter's tensor copies) over the "
@@ -526,7 +657,8 @@ def report_markdown(demo: DemoRun, figures: Mapping[str, Any], *, command: str =
     if figures["skipped"]:
         out += ["Not served yet: " + "; ".join(f"{pretty(t)} ({why})"
                                               for t, why in figures["skipped"].items()), ""]
-    out += [f"![hit and usable rates per model]({image_prefix}overview.png)", "",
+    out += [f"![hit, usable now, reused after restores and lost, naive and kvfsm, per model]"
+            f"({image_prefix}overview.png)", "",
             "Restores of the faulted workload by tier the copy came from (kvfsm runs):", "",
             *_restores_table(figures), ""]
     runs = {run.model_type: run for run in demo.models}
@@ -555,8 +687,8 @@ def _faulted_positions(results: Sequence[Result]) -> list[int]:
 
 def plot_hit_vs_usable(run: ModelRun, path: Path) -> None:
     """Per request: its prompt (grey), the prefix hit (what a hit-only engine reuses), what
-    kvfsm found usable now, and what kvfsm reused after its restores; the faulted workload
-    above, the clean one below."""
+    kvfsm found usable now, what kvfsm reused after its restores, and its intact tokens (a
+    black tick: what it could have reused); the faulted workload above, the clean one below."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 6.4), dpi=100, layout="constrained")
@@ -574,6 +706,8 @@ def plot_hit_vs_usable(run: ModelRun, path: Path) -> None:
                label="usable now (kvfsm)")
         ax.bar(x + 0.27, [r.reused_tokens for r in kvfsm], 0.27, color="#2ca02c",
                label="reused by kvfsm after restores")
+        ax.plot(x + 0.27, [_intact(r) for r in kvfsm], "_", color="black", ms=9, mew=1.5,
+                label="intact (could have been reused)")
         for i in _faulted_positions(kvfsm):
             ax.axvline(i, color="#ff7f0e", lw=0.9, ls=":")
         wrong = [i for i, (n, ref) in enumerate(zip(naive, reference, strict=True))
@@ -586,7 +720,7 @@ def plot_hit_vs_usable(run: ModelRun, path: Path) -> None:
         ax.set_title(f"{pretty(run.model_type)}, {name} workload"
                      + (" (dotted: a fault injected before the request)"
                         if name == "faulted" else ""), fontsize=10)
-        ax.legend(fontsize=7, loc="upper left", ncols=5)
+        ax.legend(fontsize=7, loc="upper left", ncols=6)
     axes[-1].set_xticks(np.arange(len(reference)), [r.rid for r in reference], rotation=90,
                         fontsize=7)
     axes[-1].set_xlabel("request, in serving order")
@@ -622,30 +756,57 @@ _OUTCOME_COLORS: Final = {"restored": "#2ca02c", "failed": "#ff7f0e", "lost": "#
                           "pending": "#7f7f7f"}
 
 
+#: The side-by-side reuse figures the overview plots per engine: (key, label, shade, hatch).
+_REUSE_BARS: Final = (("hit_rate", "hit", 0.35, ""), ("usable_rate", "usable now", 0.6, ""),
+                      ("reused_rate", "reused after restores", 0.85, ""),
+                      ("lost_rate", "lost", 0.0, "////"))  # white, hatched in colour
+#: Each engine's colour in the overview (naive red, kvfsm green).
+_ENGINE_COLORS: Final = {"naive": (0.84, 0.15, 0.16), "kvfsm": (0.17, 0.63, 0.17)}
+
+
+def _shade(color: tuple[float, float, float], amount: float) -> tuple[float, float, float]:
+    """``color`` mixed with white: ``amount`` 1 is the colour itself, 0 white."""
+    r, g, b = color
+    return (1 - amount * (1 - r), 1 - amount * (1 - g), 1 - amount * (1 - b))
+
+
+def _plot_reuse(ax: Any, per: Sequence[Mapping[str, Any]], names: Sequence[str],
+                workload: str) -> None:
+    """Per model, naive and kvfsm side by side: hit, usable now, reused after restores and
+    lost, in % of prompt tokens (``workload``: ``faulted`` or ``clean``)."""
+    bars = len(_REUSE_BARS) * len(_ENGINE_COLORS)
+    width = 0.9 / bars
+    for e, (mode, color) in enumerate(_ENGINE_COLORS.items()):
+        for b, (key, label, amount, hatch) in enumerate(_REUSE_BARS):
+            offset = (e * len(_REUSE_BARS) + b - (bars - 1) / 2) * width
+            values = [100 * (m if workload == "faulted" else m["clean"])["modes"][mode][key]
+                      for m in per]
+            drawn = ax.bar(np.arange(len(per)) + offset, values, width * 0.95,
+                           color=_shade(color, amount), edgecolor=color, lw=0.5,
+                           hatch=hatch, label=f"{mode}: {label}")
+            ax.bar_label(drawn, fmt="%.0f", fontsize=6)
+    ax.set_xticks(np.arange(len(per)), names)
+    ax.set_ylim(0, 125)
+    ax.set_ylabel("% of prompt tokens")
+    ax.set_title(f"{workload} workload: hit, usable now, reused after restores, lost "
+                 "(intact, not reused)", fontsize=10)
+    ax.legend(fontsize=6.5, ncols=2, loc="upper left")
+
+
 def plot_overview(figures: Mapping[str, Any], path: Path) -> None:
-    """Per model: hit rate vs usable rate, wrong outputs of naive vs kvfsm, and the faulted
-    kvfsm run's restore steps per tier by outcome."""
+    """Per model: naive and kvfsm side by side (hit, usable now before restores, reused after
+    restores, lost) on the faulted and the clean workload; wrong outputs of naive vs kvfsm; and
+    the faulted kvfsm run's restore steps per tier by outcome."""
     from matplotlib.figure import Figure
 
     models = list(figures["models"])
     per = [figures["models"][t] for t in models]
-    fig = Figure(figsize=(15, 3.8), dpi=100, layout="constrained")
-    left, right, tiers = fig.subplots(1, 3, width_ratios=[3, 2, 3])
+    fig = Figure(figsize=(15, 7.6), dpi=100, layout="constrained")
+    (faulted, clean), (right, tiers) = fig.subplots(2, 2, width_ratios=[1, 1])
     x = np.arange(len(models))
     names = [pretty(t) for t in models]
-    for offset, values, color, label in (
-            (-0.3, [m["hit_rate"] for m in per], "#d62728", "hit, faulted"),
-            (-0.1, [m["usable_rate"] for m in per], "#1f77b4", "usable now, faulted"),
-            (0.1, [m["clean"]["hit_rate"] for m in per], "#ff9896", "hit, no faults"),
-            (0.3, [m["clean"]["hit_rate"] * m["clean"]["reuse_of_hit"] for m in per],
-             "#98df8a", "kvfsm reused after restores, no faults")):
-        bars = left.bar(x + offset, [100 * v for v in values], 0.2, color=color, label=label)
-        left.bar_label(bars, fmt="%.0f", fontsize=7)
-    left.set_xticks(x, names)
-    left.set_ylim(0, 115)
-    left.set_ylabel("% of prompt tokens")
-    left.set_title("prefix hit vs usable now", fontsize=10)
-    left.legend(fontsize=7, ncols=2, loc="upper left")
+    _plot_reuse(faulted, per, names, "faulted")
+    _plot_reuse(clean, per, names, "clean")
     for offset, key, color in ((-0.2, "naive_wrong", "#d62728"), (0.2, "kvfsm_wrong", "#2ca02c")):
         bars = right.bar(x + offset, [m[key] for m in per], 0.4, color=color,
                          label=key.split("_")[0])
@@ -653,7 +814,7 @@ def plot_overview(figures: Mapping[str, Any], path: Path) -> None:
     right.set_xticks(x, names)
     right.set_ylim(0, 1.2 * max([m["naive_wrong"] for m in per] + [1]))
     right.set_ylabel("requests")
-    right.set_title("wrong outputs vs recomputing", fontsize=10)
+    right.set_title("wrong outputs vs recomputing (faulted workload)", fontsize=10)
     right.legend(fontsize=7)
     _plot_restores_by_tier(tiers, per, names)
     fig.savefig(path)
@@ -709,6 +870,9 @@ def _families(demo: DemoRun) -> Iterator[Any]:
         "restored": counter("kvfsm_restored_tokens",
                             "Prompt tokens taken from the cache after a restore plan."),
         "recomputed": counter("kvfsm_recomputed_tokens", "Prompt tokens forwarded."),
+        "intact": counter("kvfsm_intact_tokens", "Prompt tokens whose every needed block had "
+                          "an intact copy somewhere just before the lookup (the oracle)."),
+        "lost": counter("kvfsm_lost_tokens", "Intact prompt tokens not reused."),
         "wrong": counter("kvfsm_wrong_outputs", "Requests whose greedy tokens or first "
                          "logits differ from recomputing everything."),
         "bookkeeping": counter("kvfsm_bookkeeping_seconds", "Time in lookups, plan "
@@ -748,6 +912,8 @@ def _families(demo: DemoRun) -> Iterator[Any]:
                 "reused": reused,
                 "restored": restored,
                 "recomputed": sum(r.prompt_tokens for r in results) - reused,
+                "intact": sum(map(_intact, results)),
+                "lost": sum(map(lost_tokens, results)),
                 "wrong": sum(map(is_wrong, results, reference)),
                 "bookkeeping": sum(r.bookkeeping_s for r in results),
                 "serve": sum(r.wall_s for r in results),
