@@ -6,7 +6,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, Final, ParamSpec, TypeVar
 
 import attrs
 import numpy as np
@@ -66,6 +66,16 @@ def _locked(method: Callable[Concatenate[Engine, _Args], _Result]
             return method(self, *args, **kwargs)
 
     return locked
+
+
+#: Most plans one restore call runs (its first and the rounds after failed steps): each
+#: round's plan is new, and a prompt's blocks fail in few distinct ways.
+MAX_RESTORE_ROUNDS: Final = 8
+
+
+def _steps(verdict: Verdict) -> frozenset[tuple[str, int, tuple[Event, ...]]]:
+    """What a verdict's plan does, to tell one plan from another."""
+    return frozenset((step.group, step.block_id, step.path) for step in verdict.plan)
 
 
 def _restores_per_group(verdict: Verdict) -> dict[str, int]:
@@ -478,17 +488,21 @@ class Engine:
             ticket = self._stored.restore(verdict, prompt)
         if prompt is None:
             return ticket
-        promised = [verdict.restorable_tokens]
+        tried = {_steps(verdict)}
         level = verdict.level
 
         def replan() -> RestoreTicket | None:
+            # Each round's plan differs from every one tried (a failed copy is forgotten, a
+            # half-landed one rolled back to be copied again, a longer length given up), so
+            # the rounds end; a tier backing off keeps its steps in the plan and ends them.
             with self._lock:
                 self.restorer.poll()
                 again = self._lookup(prompt, level, None, False, False)
+                steps = _steps(again)
                 if again.restorable_tokens <= again.usable_tokens or not again.plan \
-                        or again.restorable_tokens >= promised[0]:
+                        or steps in tried or len(tried) >= MAX_RESTORE_ROUNDS:
                     return None
-                promised[0] = again.restorable_tokens
+                tried.add(steps)
                 return self._stored.restore(again, prompt)
 
         return ticket.with_replan(replan)

@@ -19,7 +19,7 @@ import pytest
 from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, Engine, KvfsmError
-from kvfsm.serve import corrupt_host_copy, flip_device_bytes
+from kvfsm.serve import corrupt_host_copy, flip_device_bytes, restore_in_flight
 from kvfsm.spec import Tier
 from kvfsm.state import GroupState
 from kvfsm.tiers import DiskTier
@@ -164,6 +164,19 @@ def test_one_restore_call_lands_the_fallback_length_after_a_failed_step() -> Non
     assert eng.lookup(prompt, level=Level.FULL).usable_tokens == 128
     full = ids_of(eng, prompt, "full")
     assert set(full[:8].tolist()) <= set(outcomes["full"].restored)
+    right_bytes(eng, prompt)
+    assert eng.core.check_invariants() == []
+
+
+def test_a_half_landed_restore_is_copied_again_from_its_intact_host_copy() -> None:
+    """A restore begun earlier whose device copy only half landed fails its check; the block
+    rolls back to its host copy, which is intact, and the same restore call copies it again
+    (before, the host copy was dropped with the bad device bytes and the prefix recomputed)."""
+    eng = Engine("dense", CoreConfig(device_blocks=16, host_blocks=16, backend="numpy"))
+    prompt = eng.prompt(tokens(8 * 16 + 1))
+    eng.commit(prompt, payload=payload_of(prompt))
+    restore_in_flight(eng, prompt, index=2, group="attn")
+    assert restored(eng, prompt, Level.FULL) == 128
     right_bytes(eng, prompt)
     assert eng.core.check_invariants() == []
 

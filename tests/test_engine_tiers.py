@@ -414,27 +414,24 @@ def test_a_plan_made_while_loads_run_leaves_their_slots_alone(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("status", [LoadStatus.LATE, LoadStatus.FAILED], ids=lambda s: s.name)
-def test_a_late_or_failed_load_keeps_the_copy_for_a_retry(tmp_path: Path,
-                                                          status: LoadStatus) -> None:
+def test_a_late_or_failed_load_keeps_the_copy_and_the_same_restore_retries_it(
+        tmp_path: Path, status: LoadStatus) -> None:
+    """A load answering LATE or FAILED (the other blocks of the batch loading fine) rolls its
+    block back with the copy kept (``restore_fail``, still a hit), and the restore call's next
+    round loads it again: the whole prefix lands in one call."""
     eng, store = make(tmp_path, wrap=lambda inner: Flaky(inner, status, set()))
     flaky = eng.tiers[Tier.DISK]
     assert isinstance(flaky, Flaky)
     prompt = eng.prompt(text(0))
     park(eng, prompt)
     flaky.bad = {key(eng, prompt, 3)}
-    out = restore(eng, prompt)
-    assert out.statuses == {"OK": BLOCKS - 1, status.name: 1}
-    assert out.failed == (int(ids_of(eng, prompt)[3]),) and out.lost == ()
-    assert states(eng, prompt)[3] == "disk"  # restore_fail: the copy is kept
-    assert file_of(store, eng, prompt, 3).exists()
     verdict = eng.lookup(prompt)
-    assert verdict.hit_tokens == BLOCKS * BS  # still a hit
-    assert verdict.usable_tokens == 3 * BS
-    assert verdict.restorable_tokens == BLOCKS * BS
-    sound(eng, prompt)
-
-    again = restore(eng, prompt)  # the retry loads it
-    assert again.statuses == {"OK": 1}
+    ticket = eng.restore(verdict, prompt)
+    out = ticket.wait(timeout=WAIT)[GROUP]
+    assert ticket.rounds == 2
+    assert out.statuses == {"OK": BLOCKS, status.name: 1}
+    assert out.failed == (int(ids_of(eng, prompt)[3]),) and out.lost == ()
+    assert file_of(store, eng, prompt, 3).exists()
     assert eng.lookup(prompt).usable_tokens == BLOCKS * BS
     sound(eng, prompt)
     assert readable_ok(eng, prompt) == BLOCKS

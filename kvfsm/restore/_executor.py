@@ -163,10 +163,10 @@ class RestoreTicket:
         self.rounds += 1
 
     def _next_rounds(self, deadline: float | None, *, block: bool = True) -> None:
-        """While the latest round failed a step and its loads have all settled, run the
-        next, waiting for its loads until ``deadline`` (a ``time.monotonic`` instant; None:
-        no limit); ``block=False`` runs only rounds that need no waiting."""
-        while self._replan is not None and self._round_failed:
+        """While the latest round failed a step, run the next once its loads have settled,
+        waiting for loads until ``deadline`` (a ``time.monotonic`` instant; None: no limit);
+        ``block=False`` runs only rounds that need no waiting."""
+        while self._replan is not None:
             if any(not load.settled for load in self._loads):
                 if not block:
                     return
@@ -178,6 +178,8 @@ class RestoreTicket:
                 self._executor.settle_all(self._loads)
                 if any(not load.settled for load in self._loads):
                     return
+            if not self._round_failed:
+                return
             self._round_failed = False
             more = self._replan()
             if more is None:
@@ -345,9 +347,14 @@ class RestoreExecutor:
                 refused = ids[~moved]
                 notes += self._refused(group, refused, event)
                 if event is Event.RESTORE_DONE and refused.size:
-                    # The host copy arrived different from its checksum: drop it, recompute.
                     core.fire(group, refused, Event.RESTORE_FAIL, masked=True)
-                    core.fire(group, refused, Event.INVALIDATE, masked=True)
+                    if Event.RESTORE_BEGIN in path:
+                        # Copied from host just now and different from its checksum: the
+                        # host copy is bad; drop it, recompute.
+                        core.fire(group, refused, Event.INVALIDATE, masked=True)
+                    # Else the device copy of a restore begun earlier is what failed (half
+                    # landed): rolled back to its source copy, which the next round copies
+                    # again and checks.
                 ids = ids[moved]
                 if event is Event.RESTORE_BEGIN:
                     loading = core.group(group).table.loading[core.group(group).states[ids]]
