@@ -489,6 +489,33 @@ def test_replay_bad_lifecycles_exit_2(tmp_path: Path, capsys: pytest.CaptureFixt
     assert words in capsys.readouterr().err
 
 
+def test_replay_takes_several_logs_and_fails_on_any_rejected(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``kvfsm replay events/*.jsonl``: every log replayed on its own, each one's summary
+    printed; exit 1 when any is rejected; ``--json`` gives a list, one entry per log."""
+    good = _event_log(tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    lines = good.read_text().splitlines()
+    lines[3] = lines[3].replace('"epochs":[2,', '"epochs":[7,')
+    bad.write_text("\n".join(lines) + "\n")
+    assert main(["replay", str(good), str(good)]) == 0
+    assert capsys.readouterr().out.count("accepted") == 2
+    assert main(["replay", str(good), str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert f"accepted {good}" in captured.out and f"rejected {bad}" in captured.err
+    assert main(["replay", str(good), str(bad), "--json"]) == 1
+    listed = json.loads(capsys.readouterr().out)
+    assert [(f["log"], f["accepted"]) for f in listed] == [(str(good), True), (str(bad), False)]
+    assert main(["replay", str(good), str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_the_help_says_what_kvfsm_is(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and "prefix hit is never taken for a usable" in out
+
+
 def test_replay_an_unreadable_file_exits_2(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(tmp_path / "missing.jsonl")]) == 2
