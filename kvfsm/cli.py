@@ -11,6 +11,7 @@ import sys
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Final
 
 import attrs
 
@@ -258,6 +259,20 @@ def _demo_command(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
+#: What a demo run writes into its folder: an earlier run's files of these names go first,
+#: so no stale plot or event log of a model this run does not serve stays beside the new
+#: report (nothing else in the folder is touched).
+_DEMO_OUTPUTS: Final = ("*_hit_vs_usable.png", "*_token_sources.png", "overview.png",
+                        "report.md", "report.json", "metrics.prom", "*.mmd", "events/*.jsonl")
+
+
+def _clear_demo_outputs(out_dir: Path) -> None:
+    for pattern in _DEMO_OUTPUTS:
+        for path in out_dir.glob(pattern):
+            if path.is_file():
+                path.unlink()
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     out_dir = Path(args.output)
     if not args.faults:
@@ -271,6 +286,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         settings = attrs.evolve(settings, seed=args.seed, remote=args.remote)
     with _doing("create folder", out_dir):  # first, so a bad -o fails before any work
         out_dir.mkdir(parents=True, exist_ok=True)
+        _clear_demo_outputs(out_dir)
     if args.faults:
         return _cmd_demo_faults(out_dir)
     from kvfsm.serve._demo import run_demo
