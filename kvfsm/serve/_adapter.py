@@ -895,8 +895,12 @@ class CacheAdapter:
             compressed = int(needed.cut[0] - needed.lo[0])
             core.pin(name, ids)  # a reader pins what it reads
             try:
-                return np.concatenate([core.read(name, ids[:compressed], form=Form.COMPRESSED),
+                data = np.concatenate([core.read(name, ids[:compressed], form=Form.COMPRESSED),
                                        core.read(name, ids[compressed:], form=Form.RAW)])
+                # Told to the observers (an event log's replay checks every read was of a
+                # readable block at its epoch).
+                core.record_read(name, ids)
+                return data
             finally:
                 core.unpin(name, ids)
 
