@@ -503,6 +503,20 @@ def test_verdict_summary_is_short() -> None:
     assert "not_cached (history)" in shown
 
 
+def test_verdict_summary_says_where_a_reason_was_listed_only_in_part() -> None:
+    """A verdict lists the first 16 blocks per group and reason: a miss of 40 blocks shows as
+    "16+ blocks", never as a count of 16."""
+    eng = Engine(DENSE, CoreConfig(device_blocks=64, host_blocks=64, backend="numpy"))
+    text = tokens(50 * 16 + 1)
+    eng.commit(text)
+    ids = [block_id(eng, "attn", text, i) for i in range(10, 50)]
+    eng.core.fire("attn", ids, "spill_begin")
+    eng.core.fire("attn", ids, "spill_done")
+    shown = str(eng.lookup(text))
+    assert "not_resident (attn) (16+ blocks, the first 16 listed)" in shown
+    assert "x16" not in shown
+
+
 def test_commit_settles_cached_history_before_indexing_it() -> None:
     """Index rows cached over a history block that was left raw (a prefill interrupted before
     compressing) are rewritten by the next commit of the prompt: it compresses the block
