@@ -788,3 +788,24 @@ def test_a_prefix_is_never_usable_past_where_two_requests_kv_agree(
     assert verdict.usable_tokens <= verdict.hit_tokens <= agree // FULL_BLOCK * FULL_BLOCK
     if decl is DENSE:
         assert verdict.usable_tokens == min(agree, other.size - 1) // FULL_BLOCK * FULL_BLOCK
+
+
+@pytest.mark.parametrize("how", ["float32", "transposed", "flat", "list"])
+def test_a_payload_of_the_wrong_type_or_shape_is_refused_and_nothing_cached(how: str) -> None:
+    """The payload is the blocks' bytes: a float array of the right byte count would be cached
+    as its rounded values, a transposed one scrambled. Both are refused, naming the group and
+    the shape expected, and nothing is cached."""
+    eng = Engine(DENSE, CoreConfig(device_blocks=16, backend="numpy"))
+    text = tokens(4 * 16 + 1)
+    width = eng.core.group("attn").decl.payload_bytes
+
+    def payload(group: Any, index: Any) -> Any:
+        good = np.zeros((index.size, width), dtype=np.uint8)
+        return {"float32": good.view(np.float32), "transposed": good.T, "flat": good.ravel(),
+                "list": good.tolist()}[how]
+
+    with pytest.raises(KvfsmError, match=r"attn: the payload of 4 blocks must be a uint8 array "
+                                         r"of shape \[4, "):
+        eng.commit(text, payload=payload)
+    assert eng.lookup(text).hit_tokens == 0
+    assert eng.core.check_invariants() == []
