@@ -456,7 +456,7 @@ def test_replay_a_truncated_log_is_rejected_not_a_traceback(
     path.write_text(path.read_text()[:-25])
     assert main(["replay", str(path)]) == 1
     err = capsys.readouterr().err
-    assert "line 7: malformed: not JSON" in err and "Traceback" not in err
+    assert "line 8: malformed: not JSON" in err and "Traceback" not in err  # the chain line
 
 
 def test_replay_with_a_given_lifecycle(tmp_path: Path,
