@@ -679,6 +679,9 @@ class Engine:
         its copies written without the engine's lock. Returns the new block ids per group.
         """
         computed_from = _args.count("computed_from", computed_from)
+        if not callable(payload):  # before any room is made: bad input changes nothing
+            raise KvfsmError(f"commit(payload=...) takes a function (group, block indices) -> "
+                             f"uint8 [k, payload_bytes], got {type(payload).__name__}")
         with self._lock:
             prompt = self._own(prompt)
             skip = self._unavailable(unavailable)

@@ -82,9 +82,12 @@ class Committer:
 
     def _groups(self, names: Sequence[str] | None) -> list[GroupState]:
         if names is not None:
-            if isinstance(names, str):
-                raise KvfsmError("commit(groups=...) takes a list of group names, not a str")
+            if isinstance(names, str) or not isinstance(names, Sequence | set | frozenset):
+                raise KvfsmError(f"commit(groups=...) takes a list of group names, not a "
+                                 f"{type(names).__name__}")
             for name in names:
+                if not isinstance(name, str):
+                    raise KvfsmError(f"commit(groups=...): {name!r} is not a group name")
                 self.core.group(name)  # names the groups when one does not exist
         chosen = [g for g in self.core.groups.values() if names is None or g.name in names]
         # Groups whose blocks point into another group come after it.

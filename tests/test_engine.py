@@ -810,3 +810,67 @@ def test_a_payload_of_the_wrong_type_or_shape_is_refused_and_nothing_cached(how:
         eng.commit(text, payload=payload)
     assert eng.lookup(text).hit_tokens == 0
     assert eng.core.check_invariants() == []
+
+
+#: Values no argument of the public calls below accepts in that place (some are good
+#: elsewhere: a call taking one is simply not refused).
+BAD_ARGUMENTS = [None, -1, 1.5, "x", [[1, 2]], [1 << 70], float("inf"), float("nan"),
+                 {"a": 1}, object(), b"xx", True, 2**63, [-1], np.array([[1]]), ()]
+
+
+def _fingerprint(eng: Engine) -> tuple[bytes, ...]:
+    return tuple(array.tobytes() for group in eng.core.groups.values()
+                 for array in (group.states, group.epoch, group.block_pins, group.check))
+
+
+def test_bad_arguments_of_every_public_call_are_a_kvfsm_error_and_change_nothing() -> None:
+    """A seeded sweep of bad values through every argument of the public calls: each is
+    accepted (where it is a good value there) or refused with a KvfsmError, never a bare
+    TypeError / ValueError / OverflowError, and a refused call leaves every block as it was
+    (its state, epoch, pins and checksum record)."""
+    eng = Engine(DENSE, CoreConfig(device_blocks=16, host_blocks=8, backend="numpy"))
+    prompt = eng.prompt(tokens(65))
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    calls: dict[str, Callable[[Any], object]] = {
+        "lookup(level)": lambda b: eng.lookup(prompt, level=b),
+        "lookup(priority)": lambda b: eng.lookup(prompt, priority=b),
+        "lookup(drop_last_block)": lambda b: eng.lookup(prompt, drop_last_block=b),
+        "lookup(kernel_layouts)": lambda b: eng.lookup(prompt, kernel_layouts=b),
+        "lookup(prompt)": lambda b: eng.lookup(b),
+        "commit(groups)": lambda b: eng.commit(prompt, groups=b),
+        "commit(computed_from)": lambda b: eng.commit(prompt, computed_from=b),
+        "commit(unavailable)": lambda b: eng.commit(prompt, unavailable=b),
+        "commit(payload)": lambda b: eng.commit(prompt, payload=b),
+        "give_back(group)": lambda b: eng.give_back(b, 1),
+        "give_back(count)": lambda b: eng.give_back("attn", b),
+        "give_back(keep)": lambda b: eng.give_back("attn", 1, keep=b),
+        "offload(group)": lambda b: eng.offload(b, [0]),
+        "offload(ids)": lambda b: eng.offload("attn", b),
+        "spill_down(tier)": lambda b: eng.spill_down("attn", b, 1),
+        "spill_down(count)": lambda b: eng.spill_down("attn", "host", b),
+        "restore(verdict)": lambda b: eng.restore(b),
+        "restore(prompt)": lambda b: eng.restore(verdict, b),
+        "lease(ttl_s)": lambda b: eng.lease(verdict, prompt, ttl_s=b),
+        "lease(verdict)": lambda b: eng.lease(b, prompt),
+        "lease(prompt)": lambda b: eng.lease(verdict, b),
+        "plan(priority)": lambda b: eng.plan(prompt, priority=b),
+        "record_prefill(tokens)": lambda b: eng.record_prefill(b, 1.0),
+        "record_prefill(seconds)": lambda b: eng.record_prefill(10, b),
+        "prompt(namespace)": lambda b: eng.prompt([1, 2, 3], namespace=b),
+        "prompt(content_keys)": lambda b: eng.prompt([1, 2, 3], content_keys=b),
+        "discover(prompt)": lambda b: eng.discover(b),
+        "register_graph": lambda b: eng.register_graph(b),
+        "activate_graph": lambda b: eng.activate_graph(b),
+        "wait(group)": lambda b: eng.restore(verdict, prompt).wait(b),
+        "wait(timeout)": lambda b: eng.restore(verdict, prompt).wait(timeout=b),
+    }
+    for name, call in calls.items():
+        for bad in BAD_ARGUMENTS:
+            before = _fingerprint(eng)
+            try:
+                with eng.lock:  # nothing else moves meanwhile
+                    call(bad)
+            except KvfsmError:
+                assert _fingerprint(eng) == before, (name, bad)
+    assert eng.core.check_invariants() == []
