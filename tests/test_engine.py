@@ -874,3 +874,34 @@ def test_bad_arguments_of_every_public_call_are_a_kvfsm_error_and_change_nothing
             except KvfsmError:
                 assert _fingerprint(eng) == before, (name, bad)
     assert eng.core.check_invariants() == []
+
+
+def test_a_closed_engine_refuses_every_call_and_leaves_nothing_in_flight(tmp_path: Any) -> None:
+    """After close() every call is an EngineClosed (a KvfsmError) and moves no block; close
+    settles what was in flight, so no block is left restoring or spilling; a second close does
+    nothing."""
+    from kvfsm import EngineClosed
+    from kvfsm.tiers import DiskTier
+
+    eng = Engine(DENSE, CoreConfig(device_blocks=16, host_blocks=8, disk_blocks=16,
+                                   backend="numpy"),
+                 tiers={"disk": DiskTier(tmp_path, capacity_bytes=1 << 30, fsync=False)})
+    prompt = eng.prompt(tokens(65))
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    eng.offload("attn", [0, 1])
+    eng.close()
+    eng.close()
+    in_flight = eng.core.group("attn").table.in_flight
+    before = _fingerprint(eng)
+    for call in (lambda: eng.lookup(prompt), lambda: eng.commit(prompt),
+                 lambda: eng.restore(verdict, prompt), lambda: eng.offload("attn", [2]),
+                 lambda: eng.give_back("attn", 1), lambda: eng.spill_down("attn", "host", 1),
+                 lambda: eng.lease(verdict, prompt), lambda: eng.lookup_and_lease(prompt),
+                 lambda: eng.discover(prompt), lambda: eng.plan(prompt),
+                 lambda: eng.prompt([1, 2])):
+        with pytest.raises(EngineClosed, match="closed"):
+            call()
+    assert _fingerprint(eng) == before
+    assert not in_flight[eng.core.group("attn").states].any()
+    assert eng.core.check_invariants() == []
