@@ -1,0 +1,534 @@
+"""A remote store that freezes, black-holes or dies under a serving load: what it costs the
+calls that never touch it. Prints one JSON object.
+
+Usage (from the repository root, so this checkout's kvfsm is imported)::
+
+    python -m tools.store_outage [--store redis|mooncake|both] [--threads 4] [--frozen-s 5]
+        [--blackhole-s 10] [--killed-s 3] [--no-kill] [--normal-s 5] [--hole drop|hold]
+
+An engine (``dense`` by default) with a disk tier in a temporary directory and a remote tier
+(Redis or Mooncake: a real server on 127.0.0.1 reached through ``tools/blackhole.py``'s proxy
+from the start, each client with its default timeouts) serves ``--threads`` threads, each
+running a random mix (``--mix``, in percent) of
+
+* ``resident``: a lookup of a prompt whose blocks are all on the device (timed alone), then a
+  lease of it and its release, as a scheduler runs the request;
+* ``stored``: a prompt whose blocks only the remote store holds (another engine published
+  them): lookup (its presence question discovers them), restore, wait up to
+  ``--restore-wait-s``, lookup, and the device slots given back (``offload``: the blocks stay
+  hits on the store's copies);
+* ``commit``: a new prompt looked up (a miss: the store is asked about it) and committed; with
+  device, host and disk full, each commit pushes older blocks down, host -> disk -> remote.
+
+Phases: ``normal``; ``frozen`` (the server SIGSTOPped for ``--frozen-s``); ``after_frozen``;
+``blackhole`` (the proxy swallows everything for ``--blackhole-s``); ``after_blackhole``;
+``killed`` (the server SIGKILLed and restarted on the same port after ``--killed-s``; it comes
+back empty, so the publisher puts the stored prompts again) and ``after_killed``; each
+``after_*`` and ``normal`` lasts ``--normal-s``. Per phase: median and p99 of the resident
+lookups and their ratios to ``normal``; operations completed per second and the ratio to
+``normal``; restores from the store tried and succeeded; for each ``after_*`` phase the seconds
+from the store's return to the first restore from it that succeeded. ``targets`` checks the
+issue's: resident lookups within 2x normal and throughput at least 80 % of normal during each
+outage, the first good restore within 1 s of the return. Timing ratios mean something within one
+run only. ``--dump-after-s`` prints every thread's stack to stderr (a few times at most) when an
+operation has run that long: what it waits on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import faulthandler
+import json
+import shlex
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import xxhash
+from numpy.typing import NDArray
+
+from kvfsm import CoreConfig, Engine, shipped_models
+from kvfsm.spec import Tier
+from kvfsm.state import GroupState
+from kvfsm.tiers import (
+    DiskTier,
+    MooncakeMaster,
+    MooncakeTier,
+    RedisServer,
+    RedisTier,
+    StoredTier,
+)
+from kvfsm.verify import Prompt
+from tools.blackhole import MODES, BlackHole
+
+#: The issue's targets: ratios to the normal phase, seconds after the store's return.
+LOOKUP_RATIO_MAX = 2.0
+THROUGHPUT_RATIO_MIN = 0.8
+FIRST_RESTORE_MAX_S = 1.0
+KINDS = ("resident", "stored", "commit")
+#: Dumps of all threads' stacks at most, per run.
+_DUMPS = 3
+
+
+class Op(NamedTuple):
+    """One operation a load thread completed."""
+
+    kind: str
+    start: float
+    end: float
+    #: The timed lookup of a resident prompt (seconds; 0 for other kinds).
+    lookup_s: float = 0.0
+    #: A restore from the remote store was started / made at least one block readable.
+    tried: bool = False
+    restored: bool = False
+    #: A resident prompt not fully usable, or a stored one that was not even a hit.
+    missed: bool = False
+
+
+class Phase(NamedTuple):
+    name: str
+    start: float
+    end: float
+    #: When the store answered again (the phases after an outage), else None.
+    returned: float | None
+
+
+class Servers:
+    """The store's server, the proxy in front of it and the engine's client of it."""
+
+    def __init__(self, store: str, hole: str) -> None:
+        self.store = store
+        self.server: RedisServer | MooncakeMaster = (
+            RedisServer() if store == "redis" else MooncakeMaster())
+        self.server.start()
+        self.proxy = BlackHole(self.server.port, mode=hole)
+        self.tier: StoredTier = (
+            RedisTier(self.proxy.address) if store == "redis" else
+            MooncakeTier(self.proxy.address, global_segment_bytes=1 << 30,
+                         local_buffer_bytes=64 << 20))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.tier.close()
+        self.proxy.close()
+        self.server.stop()
+
+
+def _payload(fill: int) -> Any:
+    def payload(group: GroupState, index: NDArray[np.int64]) -> NDArray[np.uint8]:
+        return np.full((index.size, group.decl.payload_bytes), fill % 251, np.uint8)
+
+    return payload
+
+
+class Load:
+    """The engine, its prompts and the threads running the mix."""
+
+    def __init__(self, engine: Engine, tier: StoredTier, *, threads: int, mix: list[int],
+                 prompt_blocks: int, resident: int, stored: int, restore_wait_s: float,
+                 dump_after_s: float, seed: int) -> None:
+        self.engine = engine
+        self.tier = tier
+        self.threads = threads
+        self.weights = np.asarray(mix, dtype=np.float64) / sum(mix)
+        self.restore_wait_s = restore_wait_s
+        self.dump_after_s = dump_after_s
+        self.seed = seed
+        size = max(group.decl.block_size for group in engine.core.groups.values())
+        self.tokens = prompt_blocks * size + 1
+        self.resident = [engine.prompt(self._ids(0, k)) for k in range(resident)]
+        self.stored = [engine.prompt(self._ids(1, k)) for k in range(stored)]
+        self.fillers = 0
+        self.ops: list[Op] = []
+        self._ops_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._workers: list[threading.Thread] = []
+        #: Per worker: the kind and start of the operation it is in (None: between two).
+        self._current: dict[int, tuple[str, float] | None] = {}
+        self.dumps = 0
+        self.started = 0.0
+        self.full_usable = 0
+        self.published: list[float] = []
+
+    def _ids(self, family: int, a: int, b: int = 0) -> NDArray[np.int64]:
+        """Token ids of a prompt no other shares: its first three say whose it is."""
+        return np.concatenate([np.array([family, a, b], dtype=np.int64) + 1,
+                               np.arange(self.tokens - 3, dtype=np.int64) + 10])
+
+    # -- setup -----------------------------------------------------------------------------------
+
+    def publish(self, *, until: float | None = None) -> bool:
+        """Put the stored prompts' blocks into the remote store, as another engine that
+        computed them would (retrying until the store takes all of them, or ``until``)."""
+        core = self.engine.core
+        keys, rows, sums = [], [], []
+        for k, prompt in enumerate(self.stored):
+            for name, group in core.groups.items():
+                if Tier.REMOTE not in group.stored:
+                    continue
+                decl = group.decl
+                high, low = prompt.words(decl.block_size)
+                index = group.rule.commit_blocks(decl, high.size)
+                for key in self.engine.restorer.keys.prompt_keys(name, high, low, index):
+                    row = np.full(decl.payload_bytes, (k * 7 + 3) % 251, np.uint8)
+                    keys.append(key)
+                    rows.append(row)
+                    sums.append(xxhash.xxh3_64_intdigest(row))
+        checksums = np.asarray(sums, dtype=np.uint64)
+        while True:
+            if bool(np.asarray(self.tier.put(keys, rows, checksums)).all()):
+                self.published.append(time.monotonic())
+                return True
+            if until is not None and time.monotonic() > until:
+                return False
+            time.sleep(0.05)
+
+    def fill(self) -> None:
+        """Enough prompts that device, host and disk are full (every later commit pushes blocks
+        down to the remote store), then the resident prompts, on the device (leased once: a
+        lease marks them used, as every request reading them does)."""
+        engine = self.engine
+        group = next(iter(engine.core.groups.values()))
+        blocks_per_prompt = self.tokens // group.decl.block_size
+        room = sum(pool.capacity for pool in group.pools.values()) + group.stored.get(
+            Tier.DISK, 0)
+        self.fillers = room // blocks_per_prompt + 4
+        for n in range(self.fillers):
+            self._commit_new(-1, n, record=False)
+        for k, prompt in enumerate(self.resident):
+            engine.commit(prompt, payload=_payload(k))
+            engine.lease(engine.lookup(prompt), prompt).release()
+        self.full_usable = min(engine.lookup(p).usable_tokens for p in self.resident)
+
+    # -- the mix -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        for t in range(self.threads):
+            worker = threading.Thread(target=self._run, args=(t,), daemon=True,
+                                      name=f"load-{t}")
+            self._workers.append(worker)
+            worker.start()
+        if self.dump_after_s > 0:
+            threading.Thread(target=self._watch, daemon=True, name="load-watch").start()
+
+    def stop(self, timeout_s: float) -> int:
+        """Stop the workers and let the I/O they started end (settled by polls); returns how
+        many workers did not end within ``timeout_s``."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        for worker in self._workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        restorer = self.engine.restorer
+        while time.monotonic() < deadline:
+            with self.engine.lock:
+                restorer.poll()
+                if not restorer.loads_in_flight and not restorer.stores_in_flight:
+                    break
+            time.sleep(0.05)
+        return sum(worker.is_alive() for worker in self._workers)
+
+    def _record(self, op: Op) -> None:
+        with self._ops_lock:
+            self.ops.append(op)
+
+    def _run(self, t: int) -> None:
+        rng = np.random.default_rng(self.seed * 1000 + t)
+        mine = [p for k, p in enumerate(self.stored) if k % self.threads == t] or self.stored
+        made = 0
+        while not self._stop.is_set():
+            kind = KINDS[int(rng.choice(len(KINDS), p=self.weights))]
+            self._current[t] = (kind, time.monotonic())
+            if kind == "resident":
+                self._resident(t, self.resident[int(rng.integers(len(self.resident)))])
+            elif kind == "stored":
+                self._stored(mine[int(rng.integers(len(mine)))])
+            else:
+                self._commit_new(t, made)
+                made += 1
+            self._current[t] = None
+
+    def _resident(self, t: int, prompt: Prompt) -> None:
+        engine = self.engine
+        start = time.monotonic()
+        verdict = engine.lookup(prompt)
+        looked = time.monotonic()
+        with contextlib.suppress(Exception):  # a block that moved meanwhile: no lease
+            engine.lease(verdict, prompt).release()
+        self._record(Op("resident", start, time.monotonic(), looked - start,
+                        missed=verdict.usable_tokens < self.full_usable))
+
+    def _stored(self, prompt: Prompt) -> None:
+        engine = self.engine
+        start = time.monotonic()
+        verdict = engine.lookup(prompt)
+        tried = restored = False
+        if verdict.restorable_tokens > verdict.usable_tokens:
+            tried = any(step.tier is Tier.REMOTE for step in verdict.plan)
+            ticket = engine.restore(verdict, prompt)
+            outcome = ticket.wait(timeout=self.restore_wait_s)
+            restored = tried and any(o.statuses.get("OK", 0) for o in outcome.values())
+            engine.lookup(prompt)
+        self._give_back(prompt)
+        self._record(Op("stored", start, time.monotonic(), tried=tried, restored=restored,
+                        missed=verdict.hit_tokens == 0))
+
+    def _give_back(self, prompt: Prompt) -> None:
+        engine = self.engine
+        with engine.lock:
+            per_group = {}
+            for name, group in engine.core.groups.items():
+                high, low = prompt.words(group.decl.block_size)
+                ids = engine.core.lookup_words(name, high, low)
+                per_group[name] = ids[ids >= 0]
+        for name, ids in per_group.items():
+            if ids.size:
+                engine.offload(name, ids)
+
+    def _commit_new(self, t: int, n: int, *, record: bool = True) -> None:
+        """Commit thread ``t``'s ``n``-th new prompt (-1: the fill before the run)."""
+        engine = self.engine
+        start = time.monotonic()
+        prompt = engine.prompt(self._ids(2, t + 1, n))
+        engine.lookup(prompt)
+        engine.commit(prompt, payload=_payload(n))
+        if record:
+            self._record(Op("commit", start, time.monotonic()))
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.02) and self.dumps < _DUMPS:
+            now = time.monotonic()
+            slow = [(t, c[0]) for t, c in list(self._current.items())
+                    if c is not None and now - c[1] > self.dump_after_s]
+            if slow:
+                self.dumps += 1
+                print(f"--- at {now - self.started:.3f} s: operations running over "
+                      f"{self.dump_after_s:g} s (thread, kind): {slow}; every thread's stack:",
+                      file=sys.stderr, flush=True)
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                time.sleep(self.dump_after_s)
+
+
+# -- the report ------------------------------------------------------------------------------------
+
+
+def _ms(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)) * 1000, 3) if values else None
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return round(value / base, 3) if value is not None and base else None
+
+
+def summarize(ops: list[Op], phases: list[Phase],
+              health: list[tuple[float, bool]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    base: dict[str, Any] = {}
+    for phase in phases:
+        seconds = phase.end - phase.start
+        started = [op for op in ops if phase.start <= op.start < phase.end]
+        ended = [op for op in ops if phase.start <= op.end < phase.end]
+        lookups = [op.lookup_s for op in started if op.kind == "resident"]
+        median, p99 = _ms(lookups, 50), _ms(lookups, 99)
+        per_s = round(len(ended) / seconds, 1) if seconds > 0 else None
+        if phase.name == "normal":
+            base = {"median": median, "p99": p99, "per_s": per_s}
+        stored = [op for op in started if op.kind == "stored"]
+        row: dict[str, Any] = {
+            "phase": phase.name, "seconds": round(seconds, 3),
+            "resident_lookup": {
+                "count": len(lookups), "median_ms": median, "p99_ms": p99,
+                "max_ms": _ms(lookups, 100),
+                "median_ratio": _ratio(median, base.get("median")),
+                "p99_ratio": _ratio(p99, base.get("p99")),
+                "not_fully_usable": sum(op.missed for op in started if op.kind == "resident")},
+            "ops": len(ended), "ops_per_s": per_s,
+            "ops_ratio": _ratio(per_s, base.get("per_s")),
+            "ops_by_kind": {kind: sum(op.kind == kind for op in ended) for kind in KINDS},
+            "median_ms_by_kind": {kind: _ms([op.end - op.start for op in started
+                                             if op.kind == kind], 50) for kind in KINDS},
+            "max_ms_by_kind": {kind: _ms([op.end - op.start for op in started
+                                          if op.kind == kind], 100) for kind in KINDS},
+            "store_restores": {"tried": sum(op.tried for op in stored),
+                               "succeeded": sum(op.restored for op in stored),
+                               "stored_not_a_hit": sum(op.missed for op in stored)},
+            "remote_tier_health": [
+                [round(at - phase.start, 3), "up" if up else "down"]
+                for at, up in health if phase.start <= at < phase.end][:12],
+        }
+        if phase.returned is not None:
+            good = [op.end for op in ops if op.restored and op.end >= phase.returned]
+            row["first_good_restore_s"] = round(min(good) - phase.returned, 3) if good else None
+            after = [op.end for op in ops if op.restored and op.start >= phase.returned]
+            row["first_good_restore_started_after_s"] = (
+                round(min(after) - phase.returned, 3) if after else None)
+        row["started_at_s"] = round(phase.start - phases[0].start, 3)
+        out.append(row)
+    return out
+
+
+def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    checks: dict[str, Any] = {}
+    for row in rows:
+        name = row["phase"]
+        if name in ("frozen", "blackhole", "killed"):
+            lookup = row["resident_lookup"]
+            checks[f"{name}.lookup_median_within_2x"] = (
+                lookup["median_ratio"] is not None and lookup["median_ratio"] <= LOOKUP_RATIO_MAX)
+            checks[f"{name}.lookup_p99_within_2x"] = (
+                lookup["p99_ratio"] is not None and lookup["p99_ratio"] <= LOOKUP_RATIO_MAX)
+            checks[f"{name}.throughput_at_least_80pct"] = (
+                row["ops_ratio"] is not None and row["ops_ratio"] >= THROUGHPUT_RATIO_MIN)
+        if "first_good_restore_s" in row:
+            first = row["first_good_restore_s"]
+            checks[f"{name}.first_good_restore_within_1s"] = (
+                first is not None and first <= FIRST_RESTORE_MAX_S)
+    checks["all_met"] = all(checks.values())
+    return checks
+
+
+# -- one run ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _engine(model: str, servers: Servers, directory: Path, *, device: int, host: int,
+            disk: int, remote: int) -> Iterator[Engine]:
+    decl = shipped_models()[model]
+    widest = max(group.payload_bytes for group in decl.groups)
+    disk_dir = directory / "disk"
+    disk_tier = DiskTier(disk_dir, capacity_bytes=DiskTier.capacity_for(
+        disk_dir, widest, disk * len(decl.groups)), fsync=False)
+    engine = Engine(decl, CoreConfig(device_blocks=device, host_blocks=host, disk_blocks=disk,
+                                     remote_blocks=remote),
+                    tiers={"disk": disk_tier, "remote": servers.tier})
+    try:
+        yield engine
+    finally:
+        engine.close()
+        disk_tier.close()
+
+
+def run(store: str = "redis", *, model: str = "dense", threads: int = 4,
+        mix: tuple[int, int, int] = (70, 15, 15), normal_s: float = 5.0,
+        frozen_s: float = 5.0, blackhole_s: float = 10.0, killed_s: float = 3.0,
+        kill: bool = True, warmup_s: float = 2.0, hole: str = "drop", prompt_blocks: int = 8,
+        resident: int = 16, stored: int = 16, restore_wait_s: float = 0.2,
+        dump_after_s: float = 0.0, seed: int = 1) -> dict[str, Any]:
+    """One store's run through every phase (see the module); the report as a dict."""
+    servers = Servers(store, hole)
+    health: list[tuple[float, bool]] = []
+    phases: list[Phase] = []
+    device = (resident + stored + 4 * threads) * prompt_blocks
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvfsm-outage-") as tmp, \
+                _engine(model, servers, Path(tmp), device=device, host=8 * prompt_blocks,
+                        disk=16 * prompt_blocks, remote=1 << 17) as engine:
+            engine.restorer.health[Tier.REMOTE].listeners.append(
+                lambda tier, up: health.append((time.monotonic(), up)))
+            load = Load(engine, servers.tier, threads=threads, mix=list(mix),
+                        prompt_blocks=prompt_blocks, resident=resident, stored=stored,
+                        restore_wait_s=restore_wait_s, dump_after_s=dump_after_s, seed=seed)
+            load.publish()
+            load.fill()
+            load.start()
+            time.sleep(warmup_s)
+            server, proxy = servers.server, servers.proxy
+            at = time.monotonic()
+
+            def phase(name: str, seconds: float, returned: float | None = None) -> float:
+                nonlocal at
+                time.sleep(max(0.0, at + seconds - time.monotonic()))
+                end = time.monotonic()
+                phases.append(Phase(name, at, end, returned))
+                at = end
+                return end
+
+            phase("normal", normal_s)
+            server.pause()
+            back = phase("frozen", frozen_s)
+            server.resume()
+            phase("after_frozen", normal_s, back)
+            proxy.swallow()
+            back = phase("blackhole", blackhole_s)
+            proxy.heal()
+            phase("after_blackhole", normal_s, back)
+            republished = None
+            if kill:
+                server.kill()
+                time.sleep(max(0.0, at + killed_s - time.monotonic()))
+                server.restart()
+                back = time.monotonic()
+                phases.append(Phase("killed", at, back, None))
+                at = back
+                load.publish(until=back + normal_s)
+                republished = round(time.monotonic() - back, 3)
+                phase("after_killed", normal_s, back)
+            stuck = load.stop(timeout_s=30.0)
+            ops = list(load.ops)
+    finally:
+        servers.close()
+    rows = summarize(ops, phases, health)
+    return {
+        "store": store, "model": model, "threads": threads, "hole": hole,
+        "setup": {"device_blocks": device, "host_blocks": 8 * prompt_blocks,
+                  "disk_blocks": 16 * prompt_blocks, "prompt_tokens": load.tokens,
+                  "resident_prompts": resident, "stored_prompts": stored,
+                  "filler_prompts": load.fillers, "mix_percent": dict(zip(KINDS, mix,
+                                                                          strict=True)),
+                  "restore_wait_s": restore_wait_s},
+        "phases": rows,
+        "republished_after_restart_s": republished,
+        "threads_still_running_at_stop": stuck,
+        "stack_dumps": load.dumps,
+        "targets": targets(rows),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", default="redis", choices=["redis", "mooncake", "both"])
+    parser.add_argument("--model", default="dense", choices=sorted(shipped_models()))
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--mix", default="70,15,15",
+                        help="percent of resident lookups, stored restores, commits")
+    parser.add_argument("--normal-s", type=float, default=5.0)
+    parser.add_argument("--frozen-s", type=float, default=5.0)
+    parser.add_argument("--blackhole-s", type=float, default=10.0)
+    parser.add_argument("--killed-s", type=float, default=3.0)
+    parser.add_argument("--no-kill", action="store_true", help="skip the killed phase")
+    parser.add_argument("--warmup-s", type=float, default=2.0)
+    parser.add_argument("--hole", default="drop", choices=MODES,
+                        help="drop: connections open during the hole stay silent after it; "
+                             "hold: their bytes are delivered after it")
+    parser.add_argument("--restore-wait-s", type=float, default=0.2)
+    parser.add_argument("--dump-after-s", type=float, default=0.0,
+                        help="dump every thread's stack when an operation runs this long")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    mix = tuple(int(part) for part in args.mix.split(","))
+    if len(mix) != len(KINDS) or min(mix) < 0 or sum(mix) <= 0:
+        parser.error("--mix needs three percentages, e.g. 70,15,15")
+    stores = ["redis", "mooncake"] if args.store == "both" else [args.store]
+    report: dict[str, Any] = {
+        "command": "python -m tools.store_outage " + shlex.join(
+            sys.argv[1:] if argv is None else argv),
+        "runs": {store: run(store, model=args.model, threads=args.threads,
+                            mix=(mix[0], mix[1], mix[2]), normal_s=args.normal_s,
+                            frozen_s=args.frozen_s, blackhole_s=args.blackhole_s,
+                            killed_s=args.killed_s, kill=not args.no_kill,
+                            warmup_s=args.warmup_s, hole=args.hole,
+                            restore_wait_s=args.restore_wait_s,
+                            dump_after_s=args.dump_after_s, seed=args.seed)
+                 for store in stores},
+    }
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
