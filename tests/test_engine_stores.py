@@ -174,6 +174,38 @@ def test_a_lookup_asks_a_hung_store_for_its_presence_question_only(tmp_path: Pat
         held.released.set()
 
 
+def test_loads_after_a_store_returns_do_not_queue_behind_calls_still_hung_in_it(
+        tmp_path: Path) -> None:
+    """Calls a store left hanging keep their worker threads until the client's timeout (as
+    behind a dropped connection); once the store answers again, loads run on fresh workers
+    and restore at once. Before, they queued behind the hung calls: no restore from the
+    store until those timed out, however long it had been back."""
+    timeouts = StoreTimeouts(backoff_first_s=60, backoff_max_s=60)
+    eng, held = make(tmp_path, timeouts=timeouts)
+    stuck, later = eng.prompt(tokens(0)), eng.prompt(tokens(1))
+    for each in (stuck, later):
+        eng.commit(each, payload=payload_of(each))
+        to_remote(eng, each)
+    health = eng.restorer.health[Tier.REMOTE]
+    held.hang.set()
+    try:
+        first = in_time(lambda: eng.restore(eng.lookup(stuck), stuck))
+        first.wait(timeout=0.2)  # both workers now hang in its loads
+        assert held.calls["load_into"] == 2 and eng.restorer.loads_in_flight == 2
+        assert in_time(lambda: eng.lookup(eng.prompt(tokens(9))).hit_tokens) == 0
+        assert not health.up  # its presence question went unanswered
+        held.hang.clear()  # the store is back; the two loads still hang
+        health.retry_at = 0.0
+        verdict = in_time(lambda: eng.lookup(later))
+        in_time(lambda: eng.restore(verdict, later).wait(timeout=5.0))
+        assert eng.lookup(later).usable_tokens == 128
+    finally:
+        held.released.set()
+    eng.close()  # waits for the calls left hanging, and settles them
+    assert "restoring_remote" not in states(eng, stuck)
+    assert eng.core.check_invariants() == []
+
+
 # -- a failing store backs off, is named, and gives way to fresh copies ------------------------
 
 

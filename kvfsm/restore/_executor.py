@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -273,8 +274,15 @@ class RestoreExecutor:
             lock if lock is not None else contextlib.nullcontext())
         #: Worker threads per (tier, direction), made on first use: a tier whose loads hang
         #: (a slow or dead store) must not hold up loads from another tier, nor the spills
-        #: that make room, which would wait behind it on a shared pool.
+        #: that make room, which would wait behind it on a shared pool. A remote tier's are
+        #: left to their hung calls when it fails (:meth:`_failed`), and fresh ones serve it
+        #: when it answers again.
         self._pools: dict[tuple[Tier, str], cf.ThreadPoolExecutor] = {}
+        #: Pools left behind that way (close waits for their calls: each ends by its
+        #: client's timeout).
+        self._abandoned: list[cf.ThreadPoolExecutor] = []
+        #: Guards the two above (pools are asked for with and without the engine's lock).
+        self._pools_lock = threading.Lock()
         #: Loads not yet settled (or settled by a ticket and not yet dropped by a poll).
         self._open: list[_Load] = []
         #: Told of every batch of restores that ended (metrics, the admission gate).
@@ -398,20 +406,38 @@ class RestoreExecutor:
         if health.down():
             return nothing
         limit = self.timeouts.presence_s if deadline_s is None else deadline_s
-        future = self._workers_for(store.tier, "ask").submit(store.contains, list(keys))
+        tier = store.tier
+        future = self._workers_for(tier, "ask").submit(store.contains, list(keys))
         try:
             held = np.asarray(future.result(timeout=limit), dtype=np.bool_)
         except cf.TimeoutError:
-            health.failed(f"no answer to a presence question within {limit:g} s")
+            self._failed(tier, f"no answer to a presence question within {limit:g} s")
             return nothing
         except Exception as exc:  # a tier that raised: it holds nothing we can trust now
-            health.failed(f"{type(exc).__name__}: {exc}")
+            self._failed(tier, f"{type(exc).__name__}: {exc}")
             return nothing
         if not bool(getattr(store, "available", True)):
-            health.failed(str(getattr(store, "last_error", None) or "the store is down"))
+            self._failed(tier, str(getattr(store, "last_error", None) or "the store is down"))
             return nothing
         health.answered()
         return held
+
+    def _failed(self, tier: Tier, why: str) -> None:
+        """``tier`` did not answer: back it off, and (a remote tier) leave its worker threads
+        to the calls they are in, which hang until the client's timeout: calls made once it
+        answers again get fresh threads instead of waiting behind them (calls still queued
+        there are cancelled: their loads and spills fail, their copies stay where they
+        were)."""
+        health = self.health.get(tier)
+        if health is not None:
+            health.failed(why)
+        if tier is Tier.DISK:
+            return  # local file calls end; their removals must not be dropped
+        with self._pools_lock:
+            gone = [self._pools.pop(key) for key in list(self._pools) if key[0] is tier]
+            self._abandoned = [pool for pool in self._abandoned if _busy(pool)] + gone
+        for pool in gone:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _tell(self, group: str, tier: Tier, outcomes: Mapping[str, int], nbytes: int,
               seconds: float) -> None:
@@ -523,7 +549,8 @@ class RestoreExecutor:
             counts = np.bincount(result.status, minlength=_STATUS_COUNT)
             statuses = {_STATUS_NAMES[value]: int(counts[value])
                         for value in np.flatnonzero(counts).tolist()}
-            self._judge(load.tier, counts)
+            if not load.future.cancelled():  # a cancelled load never asked the tier
+                self._judge(load.tier, counts)
             made = codes == _RESTORED
             if self.listeners:
                 self._tell(group, load.tier, statuses, int(made.sum()) * width,
@@ -541,7 +568,7 @@ class RestoreExecutor:
         if int(counts.sum()) > int(counts[LoadStatus.FAILED]):
             health.answered()
         elif counts.sum():
-            health.failed("its loads failed")
+            self._failed(tier, "its loads failed")
 
     def poll(self) -> int:
         """Settle every load and spill whose I/O has finished; returns how many loads were
@@ -646,15 +673,18 @@ class RestoreExecutor:
             health = self.health.get(tier)
             try:
                 stored[part], lost[part] = future.result()
+            except cf.CancelledError:  # left behind when the tier failed (see _failed)
+                stored[part] = False
+                continue
             except Exception as exc:  # a tier that raised: nothing it wrote is trusted
                 stored[part] = False
                 if health is not None:
-                    health.failed(f"{type(exc).__name__}: {exc}")
+                    self._failed(tier, f"{type(exc).__name__}: {exc}")
                 continue
             if health is not None:
                 store = self.tiers[tier]
                 if not bool(getattr(store, "available", True)):
-                    health.failed(str(getattr(store, "last_error", None) or "puts failed"))
+                    self._failed(tier, str(getattr(store, "last_error", None) or "puts failed"))
                 elif stored[part].any():
                     health.answered()
         job.settled = True
@@ -700,18 +730,21 @@ class RestoreExecutor:
         return self._workers_for(target, "store").submit(_relay, origin, into, keys, width)
 
     def _workers_for(self, tier: Tier, direction: str) -> cf.ThreadPoolExecutor:
-        pool = self._pools.get((tier, direction))
-        if pool is None:
-            pool = self._pools[tier, direction] = cf.ThreadPoolExecutor(
-                max_workers=self._workers,
-                thread_name_prefix=f"kvfsm-{direction}-{tier.spec_name}")
-        return pool
+        with self._pools_lock:
+            pool = self._pools.get((tier, direction))
+            if pool is None:
+                pool = self._pools[tier, direction] = cf.ThreadPoolExecutor(
+                    max_workers=self._workers,
+                    thread_name_prefix=f"kvfsm-{direction}-{tier.spec_name}")
+            return pool
 
     def close(self) -> None:
         """Stop the workers: I/O not started is cancelled, running I/O is waited for (each
         tier bounds its own calls), then every load and spill is settled, so no block is left
         restoring or spilling (tiers are the caller's to close)."""
-        for pool in self._pools.values():
+        with self._pools_lock:
+            pools = [*self._pools.values(), *self._abandoned]
+        for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             self.settle_all(self._open)
@@ -723,6 +756,11 @@ class RestoreExecutor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _busy(pool: cf.ThreadPoolExecutor) -> bool:
+    """Whether a pool left behind still has a thread in a call."""
+    return any(thread.is_alive() for thread in getattr(pool, "_threads", ()))
 
 
 def _put(into: StoredTier, keys: Sequence[BlockKey], rows: Sequence[Any],
