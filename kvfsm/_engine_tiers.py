@@ -297,14 +297,15 @@ class EngineTiers:
 
     def below(self, group: GroupState, tier: Tier) -> Tier | None:
         """The stored tier blocks resting in ``tier`` spill into now: attached, kept by the
-        group, and not backing off (None: none, they are evicted instead)."""
+        group, and answering (not backing off; a remote tier that failed has answered a
+        presence question since) (None: none, they are evicted instead)."""
         if int(tier) + 1 >= len(Tier):
             return None
         under = Tier(int(tier) + 1)
         if under not in group.stored or under not in self.tiers:
             return None
         health = self.restorer.health.get(under)
-        return None if health is not None and health.down() else under
+        return None if health is not None and not health.usable() else under
 
     def start_spills(self, group: str, tier: Tier, count: int, keep: ArrayLike = ()
                      ) -> Spills:
@@ -377,6 +378,7 @@ class EngineTiers:
         if not self.tiers:
             return
         deadline = time.monotonic() + self.restorer.timeouts.spill_wait_s
+        self.restorer.probe(self.tiers)  # a failed tier that answers again takes spills
         while True:
             jobs: list[SpillJob] = []
             gave = 0
@@ -413,6 +415,7 @@ class EngineTiers:
         """See :meth:`kvfsm.Engine.spill_down`: rounds of :meth:`start_spills`, copies waited
         for without the engine's lock (at most ``StoreTimeouts.spill_wait_s``)."""
         deadline = time.monotonic() + self.restorer.timeouts.spill_wait_s
+        self.restorer.probe(self.tiers)
         moved = 0
         while moved < count:
             with self._lock:

@@ -174,6 +174,43 @@ def test_a_lookup_asks_a_hung_store_for_its_presence_question_only(tmp_path: Pat
         held.released.set()
 
 
+def test_a_store_that_failed_gets_a_presence_question_not_loads_until_it_answers(
+        tmp_path: Path) -> None:
+    """Once a failed store's back-off is over, a restore asks it a presence question first
+    (bounded by ``presence_s``) and sends loads only after an answer: a store that still
+    hangs costs one short question, and the verdict keeps naming it; once it answers, the
+    same restore loads. Before, the back-off's end let loads go straight into the hung store,
+    each holding a worker until the client's own timeout."""
+    timeouts = StoreTimeouts(backoff_first_s=60, backoff_max_s=60)
+    eng, held = make(tmp_path, timeouts=timeouts)
+    prompt = eng.prompt(tokens(0))
+    eng.commit(prompt, payload=payload_of(prompt))
+    to_remote(eng, prompt)
+    health = eng.restorer.health[Tier.REMOTE]
+    held.hang.set()
+    try:
+        assert in_time(lambda: eng.lookup(eng.prompt(tokens(9))).hit_tokens) == 0
+        assert not health.up
+        health.retry_at = 0.0  # the back-off is over; the store still hangs
+        verdict = in_time(lambda: eng.lookup(prompt))
+        assert verdict.restorable_tokens == 128
+        assert verdict.reasons_of(Reason.TIER_UNAVAILABLE)
+        asked = held.calls["contains"]
+        ticket = in_time(lambda: eng.restore(verdict, prompt))
+        ticket.wait(timeout=0.2)
+        assert held.calls["load_into"] == 0 and held.calls["contains"] == asked + 1
+        assert not health.up
+        held.hang.clear()  # it answers again (the question still hung stays so)
+        health.retry_at = 0.0
+        verdict = in_time(lambda: eng.lookup(prompt))
+        in_time(lambda: eng.restore(verdict, prompt).wait(timeout=WAIT))
+        assert eng.lookup(prompt).usable_tokens == 128
+        assert health.up and held.calls["load_into"] >= 1
+    finally:
+        held.released.set()
+    assert eng.core.check_invariants() == []
+
+
 def test_loads_after_a_store_returns_do_not_queue_behind_calls_still_hung_in_it(
         tmp_path: Path) -> None:
     """Calls a store left hanging keep their worker threads until the client's timeout (as

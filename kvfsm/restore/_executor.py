@@ -58,6 +58,11 @@ _Stored = tuple[NDArray[np.bool_], NDArray[np.bool_]]
 #: than this, so every worker reads while the others hash).
 CHUNK_BLOCKS = 64
 
+#: What a probe asks a failing remote tier about: a key no engine writes (the answer, not the
+#: key, is what counts).
+PROBE_KEY = BlockKey(model=b"kvfsm-probe\0\0\0\0\0", group=0, layout=0, chain_high=0,
+                     chain_low=0, token_start=0, token_end=0)
+
 
 @attrs.frozen
 class GroupOutcome:
@@ -265,8 +270,10 @@ class RestoreExecutor:
         self.core = core
         self.tiers = dict(tiers)
         self.timeouts = timeouts or StoreTimeouts()
-        #: Per stored tier: whether it answers, and when it may be asked again.
-        self.health = {tier: TierHealth(tier, self.timeouts, clock) for tier in self.tiers}
+        #: Per stored tier: whether it answers, and when it may be asked again (a remote tier
+        #: that failed gets loads and spills again once it answered a presence question).
+        self.health = {tier: TierHealth(tier, self.timeouts, clock, probed=tier is not Tier.DISK)
+                       for tier in self.tiers}
         self.keys = KeyMaker(core)
         self._make_room = make_room
         self._workers = workers
@@ -381,7 +388,7 @@ class RestoreExecutor:
         residency = state.table.residency[state.states[ids]]
         notes, keep = [], np.ones(ids.size, dtype=np.bool_)
         for tier, health in self.health.items():
-            if health.down():
+            if not health.usable():
                 there = residency == int(tier)
                 if there.any():
                     keep &= ~there
@@ -421,6 +428,16 @@ class RestoreExecutor:
             return nothing
         health.answered()
         return held
+
+    def probe(self, tiers: Iterable[Tier]) -> None:
+        """Ask each of ``tiers`` that failed and whose back-off is over a presence question
+        (bounded by ``presence_s``; without the engine's lock): its answer lets loads and
+        spills into it start again, its silence backs it off once more. Costs nothing for a
+        tier that answers."""
+        for tier in tiers:
+            health = self.health.get(tier)
+            if health is not None and health.probe_due():
+                self.presence(self.tiers[tier], [PROBE_KEY], None)
 
     def _failed(self, tier: Tier, why: str) -> None:
         """``tier`` did not answer: back it off, and (a remote tier) leave its worker threads
@@ -623,7 +640,7 @@ class RestoreExecutor:
             target_of = np.where(after != INVALID, table.storing_to[ok_after], -1)
             into_store = target_of >= 0
             for tier, health in self.health.items():
-                if health.down():
+                if not health.usable():
                     into_store &= target_of != int(tier)
             for code in {int(t) for t in target_of[into_store].tolist()}:
                 if Tier(code) not in self.tiers:
