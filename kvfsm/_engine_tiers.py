@@ -30,6 +30,8 @@ from kvfsm.tiers import BlockKey, StoredTier
 from kvfsm.verify import Prompt, Verdict
 
 IdArray = NDArray[np.intp]
+#: How often a wait for copies looks again at whether their tier still answers.
+_WAIT_SLICE_S = 0.02
 
 
 def check_tiers(core: StateCore, tiers: Mapping[Tier | str, StoredTier]) -> dict[Tier, StoredTier]:
@@ -436,13 +438,29 @@ class EngineTiers:
 
     def _wait(self, jobs: list[SpillJob], deadline: float) -> bool:
         """Wait for ``jobs``' copies until ``deadline`` (the caller does not hold the lock
-        unless it took it itself); True when all were written in time."""
-        left = deadline - time.monotonic()
-        futures = [future for job in jobs for _, future in job.parts]
-        if left <= 0:
-            return all(future.done() for future in futures)
-        _, running = cf.wait(futures, timeout=left)
-        return not running
+        unless it took it itself); True when all were written in time. Copies into a tier
+        that stops answering meanwhile are not waited for: they end by its client's timeout,
+        and the caller evicts what it must instead. Copies still running after
+        ``presence_s`` have their tier asked a presence question (bounded the same), so a
+        silent store is found out then, even where no other call asks it anything."""
+        restorer = self.restorer
+        health = restorer.health
+        parts = [(future, tier) for job in jobs
+                 for (_, future), tier in zip(job.parts, job.targets, strict=True)]
+        asked_at = time.monotonic() + restorer.timeouts.presence_s
+        while True:
+            waiting = [future for future, tier in parts if not future.done()
+                       and (tier not in health or health[tier].usable())]
+            now = time.monotonic()
+            left = deadline - now
+            if not waiting or left <= 0:
+                return all(future.done() for future, _ in parts)
+            if now >= asked_at:
+                asked_at = deadline  # once per wait
+                restorer.probe({tier for future, tier in parts if not future.done()},
+                               answering=True)
+                continue
+            cf.wait(waiting, timeout=min(left, asked_at - now, _WAIT_SLICE_S))
 
     def host_short(self, group: str, device_blocks: int) -> int:
         """Host slots ``group`` lacks now to take ``device_blocks`` spilled device blocks."""

@@ -429,14 +429,18 @@ class RestoreExecutor:
         health.answered()
         return held
 
-    def probe(self, tiers: Iterable[Tier]) -> None:
+    def probe(self, tiers: Iterable[Tier], *, answering: bool = False) -> None:
         """Ask each of ``tiers`` that failed and whose back-off is over a presence question
         (bounded by ``presence_s``; without the engine's lock): its answer lets loads and
         spills into it start again, its silence backs it off once more. Costs nothing for a
-        tier that answers."""
+        tier that answers, unless ``answering``: then a remote tier still counted as answering
+        is asked too (a caller whose copies into it are late: a silent store is found out in
+        ``presence_s`` rather than by the client's timeout)."""
         for tier in tiers:
             health = self.health.get(tier)
-            if health is not None and health.probe_due():
+            if health is None or not health.probed:
+                continue
+            if health.probe_due() or (answering and health.up):
                 self.presence(self.tiers[tier], [PROBE_KEY], None)
 
     def _failed(self, tier: Tier, why: str) -> None:
