@@ -41,7 +41,7 @@ class StoreTimeouts:
     spill_wait_s: float = attrs.field(default=2.0, validator=_seconds)
     #: First and longest pause of a tier after a failure (doubling in between).
     backoff_first_s: float = attrs.field(default=0.05, validator=_seconds)
-    backoff_max_s: float = attrs.field(default=1.0, validator=_seconds)
+    backoff_max_s: float = attrs.field(default=0.5, validator=_seconds)
 
 
 @attrs.define
