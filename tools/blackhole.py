@@ -14,14 +14,23 @@ and its test. Two ways a hole ends, as real ones do:
 Either way a connection made during the hole is accepted (the client's connect succeeds) and
 answered by nothing. A store that is down (nothing listens upstream) shows as a connection the
 proxy closes at once.
+
+:class:`BlackHoleProcess` runs the proxy in a process of its own (``python tools/blackhole.py
+--upstream-port P``, told ``swallow`` / ``heal`` on stdin): its threads then never wait for the
+GIL of the process under test, nor hold it up (Mooncake's client set-up blocks in C++ holding
+the GIL, so an in-process proxy could not even forward its first call).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
-from typing import Final
+from pathlib import Path
+from typing import IO, Final
 
 _HOST: Final = "127.0.0.1"
 _CHUNK: Final = 1 << 16
@@ -179,6 +188,10 @@ class BlackHole:
             try:
                 target.sendall(data)
             except OSError:
+                if pair.dead:  # the hole opened while this chunk was on its way
+                    if from_client:
+                        continue
+                    return
                 break
         if pair.dead and not from_client:
             return  # never tell the client anything about a swallowed connection
@@ -188,3 +201,90 @@ class BlackHole:
         with self._lock:
             self._pairs.discard(pair)
         pair.close()
+
+
+class BlackHoleProcess:
+    """A :class:`BlackHole` in a child process; the same ``address``, ``swallow``, ``heal`` and
+    ``close``. The child ends with its stdin (this process's end of it closing, or dying)."""
+
+    def __init__(self, upstream_port: int, *, mode: str = "drop") -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.upstream_port = upstream_port
+        self.mode = mode
+        self._process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--upstream-port",
+             str(upstream_port), "--mode", mode],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.port = int(self._ask(None))
+        self.swallowing = False
+
+    @property
+    def address(self) -> str:
+        return f"{_HOST}:{self.port}"
+
+    def _ask(self, command: str | None) -> str:
+        stdin, stdout = self._pipes()
+        if command is not None:
+            stdin.write(command + "\n")
+            stdin.flush()
+        answer = stdout.readline().strip()
+        if not answer:
+            raise RuntimeError(f"the black-hole proxy exited ({self._process.poll()})")
+        return answer
+
+    def _pipes(self) -> tuple[IO[str], IO[str]]:
+        stdin, stdout = self._process.stdin, self._process.stdout
+        assert stdin is not None and stdout is not None
+        return stdin, stdout
+
+    def swallow(self) -> None:
+        self._ask("swallow")
+        self.swallowing = True
+
+    def heal(self) -> None:
+        self._ask("heal")
+        self.swallowing = False
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            with contextlib.suppress(OSError):
+                self._pipes()[0].close()
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        with contextlib.suppress(OSError):
+            self._pipes()[1].close()
+
+    def __enter__(self) -> BlackHoleProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def main() -> None:
+    """The child of :class:`BlackHoleProcess`: prints its port, then answers each ``swallow``
+    or ``heal`` line with ``ok``; ends with stdin."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--upstream-port", type=int, required=True)
+    parser.add_argument("--mode", default="drop", choices=MODES)
+    args = parser.parse_args()
+    with BlackHole(args.upstream_port, mode=args.mode) as hole:
+        print(hole.port, flush=True)
+        for line in sys.stdin:
+            command = line.strip()
+            if command == "swallow":
+                hole.swallow()
+            elif command == "heal":
+                hole.heal()
+            else:
+                print(f"unknown command {command!r}", file=sys.stderr, flush=True)
+                continue
+            print("ok", flush=True)
+
+
+if __name__ == "__main__":
+    main()

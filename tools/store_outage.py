@@ -11,8 +11,9 @@ An engine (``dense`` by default) with a disk tier in a temporary directory and a
 from the start, each client with its default timeouts) serves ``--threads`` threads, each
 running a random mix (``--mix``, in percent) of
 
-* ``resident``: a lookup of a prompt whose blocks are all on the device (timed alone), then a
-  lease of it and its release, as a scheduler runs the request;
+* ``resident``: a lookup of a prompt whose blocks are all on the device (timed alone; pinned
+  there for the run, as by long requests reading them), then a lease of it and its release,
+  as a scheduler runs the request;
 * ``stored``: a prompt whose blocks only the remote store holds (another engine published
   them): lookup (its presence question discovers them), restore, wait up to
   ``--restore-wait-s``, lookup, and the device slots given back (``offload``: the blocks stay
@@ -20,18 +21,31 @@ running a random mix (``--mix``, in percent) of
 * ``commit``: a new prompt looked up (a miss: the store is asked about it) and committed; with
   device, host and disk full, each commit pushes older blocks down, host -> disk -> remote.
 
+The threads first run flat out for ``--warmup-s``; from then on they are paced (Poisson
+arrivals) at ``--load`` (0.5) of the rate they reached, or at ``--rate`` operations per second,
+so a call held up by the store shows as operations not done (throughput below the offered rate)
+and a lookup's latency is not mostly its wait for the GIL behind threads spinning flat out.
+
 Phases: ``normal``; ``frozen`` (the server SIGSTOPped for ``--frozen-s``); ``after_frozen``;
-``blackhole`` (the proxy swallows everything for ``--blackhole-s``); ``after_blackhole``;
-``killed`` (the server SIGKILLed and restarted on the same port after ``--killed-s``; it comes
-back empty, so the publisher puts the stored prompts again) and ``after_killed``; each
-``after_*`` and ``normal`` lasts ``--normal-s``. Per phase: median and p99 of the resident
-lookups and their ratios to ``normal``; operations completed per second and the ratio to
-``normal``; restores from the store tried and succeeded; for each ``after_*`` phase the seconds
-from the store's return to the first restore from it that succeeded. ``targets`` checks the
+``blackhole`` (the proxy swallows everything for ``--blackhole-s``; ``--hole drop``, the
+default: connections open during the hole stay silent after it, ``hold``: their bytes go on
+after it); ``after_blackhole``; ``killed`` (the server SIGKILLed and restarted on the same port
+after ``--killed-s``) and ``after_killed``; each ``after_*`` and ``normal`` lasts
+``--normal-s``. When the store is back, the publisher puts the stored prompts again: a
+restarted server comes back empty, and Mooncake loses the values in a client's segment when
+its master stops hearing from the client (measured after the 10 s black hole: every value gone,
+puts refused for about 2 s until the client had remounted); where the store kept them, the put
+is a verified no-op.
+
+Per phase: median and p99 of the resident lookups and their ratios to ``normal``; operations
+completed per second and the ratio to ``normal``; restores from the store tried and succeeded;
+for each ``after_*`` phase the seconds from the store's return to the engine's first answer
+from it (``tier_answering_s``), to the publisher's put (``republished_after_return_s``) and to
+the first restore from it that succeeded (``first_good_restore_s``). ``targets`` checks the
 issue's: resident lookups within 2x normal and throughput at least 80 % of normal during each
-outage, the first good restore within 1 s of the return. Timing ratios mean something within one
-run only. ``--dump-after-s`` prints every thread's stack to stderr (a few times at most) when an
-operation has run that long: what it waits on.
+outage, the first good restore within 1 s of the return. Timing ratios mean something within
+one run only. ``--dump-after-s`` prints every thread's stack to stderr (a few times at most)
+when an operation has run that long: what it waits on.
 """
 
 from __future__ import annotations
@@ -65,7 +79,7 @@ from kvfsm.tiers import (
     StoredTier,
 )
 from kvfsm.verify import Prompt
-from tools.blackhole import MODES, BlackHole
+from tools.blackhole import MODES, BlackHoleProcess
 
 #: The issue's targets: ratios to the normal phase, seconds after the store's return.
 LOOKUP_RATIO_MAX = 2.0
@@ -74,6 +88,14 @@ FIRST_RESTORE_MAX_S = 1.0
 KINDS = ("resident", "stored", "commit")
 #: Dumps of all threads' stacks at most, per run.
 _DUMPS = 3
+#: Seconds between setting the offered rate and the first phase.
+_SETTLE_S = 1.0
+#: A paced thread that fell behind catches up on at most this much of its schedule.
+_DEBT_S = 0.1
+#: How long the resident prompts stay pinned (the whole run).
+_PINNED_S = 24 * 3600.0
+#: Verdicts of resident lookups that were not fully usable kept for the report, at most.
+_EXAMPLES = 3
 
 
 class Op(NamedTuple):
@@ -107,7 +129,7 @@ class Servers:
         self.server: RedisServer | MooncakeMaster = (
             RedisServer() if store == "redis" else MooncakeMaster())
         self.server.start()
-        self.proxy = BlackHole(self.server.port, mode=hole)
+        self.proxy = BlackHoleProcess(self.server.port, mode=hole)
         self.tier: StoredTier = (
             RedisTier(self.proxy.address) if store == "redis" else
             MooncakeTier(self.proxy.address, global_segment_bytes=1 << 30,
@@ -151,7 +173,12 @@ class Load:
         self._workers: list[threading.Thread] = []
         #: Per worker: the kind and start of the operation it is in (None: between two).
         self._current: dict[int, tuple[str, float] | None] = {}
+        self._pins: list[Any] = []
+        #: Operations per second offered, all threads together (0: as fast as they go).
+        self.rate = 0.0
         self.dumps = 0
+        #: What the first lookups of a resident prompt that was not fully usable said.
+        self.miss_examples: list[str] = []
         self.started = 0.0
         self.full_usable = 0
         self.published: list[float] = []
@@ -191,8 +218,8 @@ class Load:
 
     def fill(self) -> None:
         """Enough prompts that device, host and disk are full (every later commit pushes blocks
-        down to the remote store), then the resident prompts, on the device (leased once: a
-        lease marks them used, as every request reading them does)."""
+        down to the remote store), then the resident prompts, on the device and pinned there
+        for the run (long requests reading them: no commit's room ever gives them back)."""
         engine = self.engine
         group = next(iter(engine.core.groups.values()))
         blocks_per_prompt = self.tokens // group.decl.block_size
@@ -203,7 +230,7 @@ class Load:
             self._commit_new(-1, n, record=False)
         for k, prompt in enumerate(self.resident):
             engine.commit(prompt, payload=_payload(k))
-            engine.lease(engine.lookup(prompt), prompt).release()
+            self._pins.append(engine.lease(engine.lookup(prompt), prompt, ttl_s=_PINNED_S))
         self.full_usable = min(engine.lookup(p).usable_tokens for p in self.resident)
 
     # -- the mix -------------------------------------------------------------------------------
@@ -225,6 +252,8 @@ class Load:
         deadline = time.monotonic() + timeout_s
         for worker in self._workers:
             worker.join(max(0.0, deadline - time.monotonic()))
+        for lease in self._pins:
+            lease.release()
         restorer = self.engine.restorer
         while time.monotonic() < deadline:
             with self.engine.lock:
@@ -242,7 +271,13 @@ class Load:
         rng = np.random.default_rng(self.seed * 1000 + t)
         mine = [p for k, p in enumerate(self.stored) if k % self.threads == t] or self.stored
         made = 0
+        due = time.monotonic()
         while not self._stop.is_set():
+            if self.rate > 0:  # paced: this thread's share of the offered rate, Poisson
+                due = max(due + rng.exponential(self.threads / self.rate),
+                          time.monotonic() - _DEBT_S)
+                if self._stop.wait(max(0.0, due - time.monotonic())):
+                    return
             kind = KINDS[int(rng.choice(len(KINDS), p=self.weights))]
             self._current[t] = (kind, time.monotonic())
             if kind == "resident":
@@ -261,8 +296,10 @@ class Load:
         looked = time.monotonic()
         with contextlib.suppress(Exception):  # a block that moved meanwhile: no lease
             engine.lease(verdict, prompt).release()
-        self._record(Op("resident", start, time.monotonic(), looked - start,
-                        missed=verdict.usable_tokens < self.full_usable))
+        missed = verdict.usable_tokens < self.full_usable
+        if missed and len(self.miss_examples) < _EXAMPLES:
+            self.miss_examples.append(verdict.summary())
+        self._record(Op("resident", start, time.monotonic(), looked - start, missed=missed))
 
     def _stored(self, prompt: Prompt) -> None:
         engine = self.engine
@@ -363,6 +400,8 @@ def summarize(ops: list[Op], phases: list[Phase],
                 for at, up in health if phase.start <= at < phase.end][:12],
         }
         if phase.returned is not None:
+            up = [at for at, is_up in health if is_up and at >= phase.returned]
+            row["tier_answering_s"] = round(min(up) - phase.returned, 3) if up else None
             good = [op.end for op in ops if op.restored and op.end >= phase.returned]
             row["first_good_restore_s"] = round(min(good) - phase.returned, 3) if good else None
             after = [op.end for op in ops if op.restored and op.start >= phase.returned]
@@ -417,7 +456,8 @@ def _engine(model: str, servers: Servers, directory: Path, *, device: int, host:
 def run(store: str = "redis", *, model: str = "dense", threads: int = 4,
         mix: tuple[int, int, int] = (70, 15, 15), normal_s: float = 5.0,
         frozen_s: float = 5.0, blackhole_s: float = 10.0, killed_s: float = 3.0,
-        kill: bool = True, warmup_s: float = 2.0, hole: str = "drop", prompt_blocks: int = 8,
+        kill: bool = True, warmup_s: float = 2.0, hole: str = "drop",
+        load_fraction: float = 0.5, rate: float = 0.0, prompt_blocks: int = 8,
         resident: int = 16, stored: int = 16, restore_wait_s: float = 0.2,
         dump_after_s: float = 0.0, seed: int = 1) -> dict[str, Any]:
     """One store's run through every phase (see the module); the report as a dict."""
@@ -437,38 +477,51 @@ def run(store: str = "redis", *, model: str = "dense", threads: int = 4,
             load.publish()
             load.fill()
             load.start()
-            time.sleep(warmup_s)
+            # Warm-up, flat out: what the box can do, and the rate offered from then on.
+            time.sleep(warmup_s / 2)
+            counted = len(load.ops)
+            time.sleep(warmup_s / 2)
+            capacity = (len(load.ops) - counted) / (warmup_s / 2)
+            load.rate = rate if rate > 0 else load_fraction * capacity
+            time.sleep(_SETTLE_S)
             server, proxy = servers.server, servers.proxy
             at = time.monotonic()
 
-            def phase(name: str, seconds: float, returned: float | None = None) -> float:
+            def phase(name: str, seconds: float) -> None:
                 nonlocal at
                 time.sleep(max(0.0, at + seconds - time.monotonic()))
                 end = time.monotonic()
-                phases.append(Phase(name, at, end, returned))
+                phases.append(Phase(name, at, end, None))
                 at = end
-                return end
 
+            def after(name: str) -> None:
+                """The store is back (now): the publisher puts the stored prompts again
+                (a no-op where the store kept them; a Mooncake master that dropped this
+                client's segment, or a restarted server, lost them), then normal load."""
+                nonlocal at
+                back = at = time.monotonic()
+                load.publish(until=back + normal_s)
+                republished[name] = round(time.monotonic() - back, 3)
+                time.sleep(max(0.0, back + normal_s - time.monotonic()))
+                phases.append(Phase(name, back, time.monotonic(), back))
+                at = phases[-1].end
+
+            republished: dict[str, float] = {}
             phase("normal", normal_s)
             server.pause()
-            back = phase("frozen", frozen_s)
+            phase("frozen", frozen_s)
             server.resume()
-            phase("after_frozen", normal_s, back)
+            after("after_frozen")
             proxy.swallow()
-            back = phase("blackhole", blackhole_s)
+            phase("blackhole", blackhole_s)
             proxy.heal()
-            phase("after_blackhole", normal_s, back)
-            republished = None
+            after("after_blackhole")
             if kill:
                 server.kill()
                 time.sleep(max(0.0, at + killed_s - time.monotonic()))
-                server.restart()
-                back = time.monotonic()
-                phases.append(Phase("killed", at, back, None))
-                at = back
-                load.publish(until=back + normal_s)
-                republished = round(time.monotonic() - back, 3)
-                phase("after_killed", normal_s, back)
+                server.restart()  # the phase ends when the server answers again
+                phases.append(Phase("killed", at, time.monotonic(), None))
+                after("after_killed")
             stuck = load.stop(timeout_s=30.0)
             ops = list(load.ops)
     finally:
@@ -476,6 +529,7 @@ def run(store: str = "redis", *, model: str = "dense", threads: int = 4,
     rows = summarize(ops, phases, health)
     return {
         "store": store, "model": model, "threads": threads, "hole": hole,
+        "capacity_ops_per_s": round(capacity, 1), "offered_ops_per_s": round(load.rate, 1),
         "setup": {"device_blocks": device, "host_blocks": 8 * prompt_blocks,
                   "disk_blocks": 16 * prompt_blocks, "prompt_tokens": load.tokens,
                   "resident_prompts": resident, "stored_prompts": stored,
@@ -483,9 +537,10 @@ def run(store: str = "redis", *, model: str = "dense", threads: int = 4,
                                                                           strict=True)),
                   "restore_wait_s": restore_wait_s},
         "phases": rows,
-        "republished_after_restart_s": republished,
+        "republished_after_return_s": republished,
         "threads_still_running_at_stop": stuck,
         "stack_dumps": load.dumps,
+        "resident_not_fully_usable_examples": load.miss_examples,
         "targets": targets(rows),
     }
 
@@ -506,6 +561,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hole", default="drop", choices=MODES,
                         help="drop: connections open during the hole stay silent after it; "
                              "hold: their bytes are delivered after it")
+    parser.add_argument("--load", type=float, default=0.5,
+                        help="offered rate as a fraction of what the warm-up did flat out")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="offered operations per second (overrides --load)")
     parser.add_argument("--restore-wait-s", type=float, default=0.2)
     parser.add_argument("--dump-after-s", type=float, default=0.0,
                         help="dump every thread's stack when an operation runs this long")
@@ -523,6 +582,7 @@ def main(argv: list[str] | None = None) -> None:
                             frozen_s=args.frozen_s, blackhole_s=args.blackhole_s,
                             killed_s=args.killed_s, kill=not args.no_kill,
                             warmup_s=args.warmup_s, hole=args.hole,
+                            load_fraction=args.load, rate=args.rate,
                             restore_wait_s=args.restore_wait_s,
                             dump_after_s=args.dump_after_s, seed=args.seed)
                  for store in stores},
