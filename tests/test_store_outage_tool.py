@@ -140,6 +140,8 @@ def test_a_short_run_goes_through_every_phase(tool: ModuleType,
                                               "p99_ratio"}
         assert set(row["ops_by_kind"]) == {"resident", "stored", "commit"}
         assert ("first_good_restore_s" in row) == row["phase"].startswith("after_")
+        assert set(row["cpu_cores"]) == {"engine_process", "proxy_process", "box_busy",
+                                         "box_cores"}
     normal = run["phases"][0]
     assert normal["resident_lookup"]["count"] > 0 and normal["ops"] > 0
     assert normal["resident_lookup"]["median_ratio"] == 1.0 and normal["ops_ratio"] == 1.0

@@ -223,6 +223,11 @@ class BlackHoleProcess:
     def address(self) -> str:
         return f"{_HOST}:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        return self._process.pid
+
     def _ask(self, command: str | None) -> str:
         stdin, stdout = self._pipes()
         if command is not None:

@@ -31,17 +31,18 @@ Phases: ``normal``; ``frozen`` (the server SIGSTOPped for ``--frozen-s``); ``aft
 default: connections open during the hole stay silent after it, ``hold``: their bytes go on
 after it); ``after_blackhole``; ``killed`` (the server SIGKILLed and restarted on the same port
 after ``--killed-s``) and ``after_killed``; each ``after_*`` and ``normal`` lasts
-``--normal-s``. When the store is back, the publisher puts the stored prompts again: a
-restarted server comes back empty, and Mooncake loses the values in a client's segment when
-its master stops hearing from the client (measured after the 10 s black hole: every value gone,
-puts refused for about 2 s until the client had remounted); where the store kept them, the put
-is a verified no-op.
+``--normal-s``. While the store is back, the publisher (the engine that owns the stored
+prompts) looks every 0.25 s whether it still holds them and puts them again where it does not:
+a restarted server comes back empty, and Mooncake loses the values in a client's segment when
+its master stops hearing from the client (measured after the 10 s black hole: every value gone
+and puts refused for about 2 s, until the client had remounted).
 
 Per phase: median and p99 of the resident lookups and their ratios to ``normal``; operations
 completed per second and the ratio to ``normal``; restores from the store tried and succeeded;
 for each ``after_*`` phase the seconds from the store's return to the engine's first answer
-from it (``tier_answering_s``), to the publisher's put (``republished_after_return_s``) and to
-the first restore from it that succeeded (``first_good_restore_s``). ``targets`` checks the
+from it (``tier_answering_s``), to each put again by the publisher
+(``republished_after_return_s``) and to the first restore from it that succeeded
+(``first_good_restore_s``). ``targets`` checks the
 issue's: resident lookups within 2x normal and throughput at least 80 % of normal during each
 outage, the first good restore within 1 s of the return. Timing ratios mean something within
 one run only. ``--dump-after-s`` prints every thread's stack to stderr (a few times at most)
@@ -54,6 +55,7 @@ import argparse
 import contextlib
 import faulthandler
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -88,6 +90,8 @@ FIRST_RESTORE_MAX_S = 1.0
 KINDS = ("resident", "stored", "commit")
 #: Dumps of all threads' stacks at most, per run.
 _DUMPS = 3
+#: How often the publisher looks whether the store still holds the stored prompts.
+_PUBLISH_EVERY_S = 0.25
 #: Seconds between setting the offered rate and the first phase.
 _SETTLE_S = 1.0
 #: A paced thread that fell behind catches up on at most this much of its schedule.
@@ -119,6 +123,49 @@ class Phase(NamedTuple):
     end: float
     #: When the store answered again (the phases after an outage), else None.
     returned: float | None
+    #: CPU seconds used during the phase: this process, the proxy's, and the whole box's
+    #: (busy and in all, over every core).
+    cpu: dict[str, float] | None = None
+
+
+def _ticks(pid: int) -> float:
+    """CPU seconds process ``pid`` used so far (0 where it cannot be read)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _box() -> tuple[float, float]:
+    """CPU seconds the whole box spent busy and in all, over every core, so far."""
+    try:
+        values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(values[:8]) - idle) / tick, sum(values[:8]) / tick
+
+
+class CpuMeter:
+    """Samples of the CPU this process, the proxy process and the box have used."""
+
+    def __init__(self, proxy_pid: int) -> None:
+        self.proxy_pid = proxy_pid
+        self.last = self._sample()
+
+    def _sample(self) -> dict[str, float]:
+        busy, total = _box()
+        return {"engine_process": time.process_time(), "proxy_process": _ticks(self.proxy_pid),
+                "box_busy": busy, "box_total": total}
+
+    def since_last(self) -> dict[str, float]:
+        """CPU seconds used since the previous call (or construction)."""
+        now = self._sample()
+        used = {name: now[name] - self.last[name] for name in now}
+        self.last = now
+        return used
 
 
 class Servers:
@@ -161,6 +208,7 @@ class Load:
         self.weights = np.asarray(mix, dtype=np.float64) / sum(mix)
         self.restore_wait_s = restore_wait_s
         self.dump_after_s = dump_after_s
+        self.dump_kinds: tuple[str, ...] = KINDS
         self.seed = seed
         size = max(group.decl.block_size for group in engine.core.groups.values())
         self.tokens = prompt_blocks * size + 1
@@ -181,7 +229,6 @@ class Load:
         self.miss_examples: list[str] = []
         self.started = 0.0
         self.full_usable = 0
-        self.published: list[float] = []
 
     def _ids(self, family: int, a: int, b: int = 0) -> NDArray[np.int64]:
         """Token ids of a prompt no other shares: its first three say whose it is."""
@@ -193,6 +240,29 @@ class Load:
     def publish(self, *, until: float | None = None) -> bool:
         """Put the stored prompts' blocks into the remote store, as another engine that
         computed them would (retrying until the store takes all of them, or ``until``)."""
+        keys, rows, checksums = self._published()
+        while True:
+            if bool(np.asarray(self.tier.put(keys, rows, checksums)).all()):
+                return True
+            if until is not None and time.monotonic() > until:
+                return False
+            time.sleep(_PUBLISH_EVERY_S / 5)
+
+    def keep_published(self, until: float) -> list[float]:
+        """Until ``until``, look every ``_PUBLISH_EVERY_S`` whether the store still holds the
+        stored prompts and put them again where it does not (the engine that owns them keeps
+        them there); returns when each put again that the store took was done."""
+        keys, _, _ = self._published()
+        done: list[float] = []
+        while time.monotonic() < until:
+            if not bool(np.asarray(self.tier.contains(keys)).all()) and self.publish(
+                    until=until):
+                done.append(time.monotonic())
+            time.sleep(max(0.0, min(_PUBLISH_EVERY_S, until - time.monotonic())))
+        return done
+
+    def _published(self) -> tuple[list[Any], list[Any], NDArray[np.uint64]]:
+        """The stored prompts' keys, payloads and checksums."""
         core = self.engine.core
         keys, rows, sums = [], [], []
         for k, prompt in enumerate(self.stored):
@@ -207,14 +277,7 @@ class Load:
                     keys.append(key)
                     rows.append(row)
                     sums.append(xxhash.xxh3_64_intdigest(row))
-        checksums = np.asarray(sums, dtype=np.uint64)
-        while True:
-            if bool(np.asarray(self.tier.put(keys, rows, checksums)).all()):
-                self.published.append(time.monotonic())
-                return True
-            if until is not None and time.monotonic() > until:
-                return False
-            time.sleep(0.05)
+        return keys, rows, np.asarray(sums, dtype=np.uint64)
 
     def fill(self) -> None:
         """Enough prompts that device, host and disk are full (every later commit pushes blocks
@@ -342,7 +405,8 @@ class Load:
         while not self._stop.wait(0.02) and self.dumps < _DUMPS:
             now = time.monotonic()
             slow = [(t, c[0]) for t, c in list(self._current.items())
-                    if c is not None and now - c[1] > self.dump_after_s]
+                    if c is not None and c[0] in self.dump_kinds
+                    and now - c[1] > self.dump_after_s]
             if slow:
                 self.dumps += 1
                 print(f"--- at {now - self.started:.3f} s: operations running over "
@@ -408,6 +472,14 @@ def summarize(ops: list[Op], phases: list[Phase],
             row["first_good_restore_started_after_s"] = (
                 round(min(after) - phase.returned, 3) if after else None)
         row["started_at_s"] = round(phase.start - phases[0].start, 3)
+        if phase.cpu is not None and seconds > 0:
+            # Cores' worth: 1.0 is one core busy the whole phase.
+            cpu = phase.cpu
+            row["cpu_cores"] = {
+                "engine_process": round(cpu["engine_process"] / seconds, 2),
+                "proxy_process": round(cpu["proxy_process"] / seconds, 2),
+                "box_busy": round(cpu["box_busy"] / seconds, 2),
+                "box_cores": round(cpu["box_total"] / seconds, 1)}
         out.append(row)
     return out
 
@@ -459,7 +531,8 @@ def run(store: str = "redis", *, model: str = "dense", threads: int = 4,
         kill: bool = True, warmup_s: float = 2.0, hole: str = "drop",
         load_fraction: float = 0.5, rate: float = 0.0, prompt_blocks: int = 8,
         resident: int = 16, stored: int = 16, restore_wait_s: float = 0.2,
-        dump_after_s: float = 0.0, seed: int = 1) -> dict[str, Any]:
+        dump_after_s: float = 0.0, dump_kinds: tuple[str, ...] = KINDS,
+        seed: int = 1) -> dict[str, Any]:
     """One store's run through every phase (see the module); the report as a dict."""
     servers = Servers(store, hole)
     health: list[tuple[float, bool]] = []
@@ -474,6 +547,7 @@ def run(store: str = "redis", *, model: str = "dense", threads: int = 4,
             load = Load(engine, servers.tier, threads=threads, mix=list(mix),
                         prompt_blocks=prompt_blocks, resident=resident, stored=stored,
                         restore_wait_s=restore_wait_s, dump_after_s=dump_after_s, seed=seed)
+            load.dump_kinds = dump_kinds
             load.publish()
             load.fill()
             load.start()
@@ -485,28 +559,28 @@ def run(store: str = "redis", *, model: str = "dense", threads: int = 4,
             load.rate = rate if rate > 0 else load_fraction * capacity
             time.sleep(_SETTLE_S)
             server, proxy = servers.server, servers.proxy
+            meter = CpuMeter(proxy.pid)
             at = time.monotonic()
 
             def phase(name: str, seconds: float) -> None:
                 nonlocal at
                 time.sleep(max(0.0, at + seconds - time.monotonic()))
                 end = time.monotonic()
-                phases.append(Phase(name, at, end, None))
+                phases.append(Phase(name, at, end, None, meter.since_last()))
                 at = end
 
             def after(name: str) -> None:
-                """The store is back (now): the publisher puts the stored prompts again
-                (a no-op where the store kept them; a Mooncake master that dropped this
-                client's segment, or a restarted server, lost them), then normal load."""
+                """The store is back (now): normal load, the publisher putting the stored
+                prompts again whenever the store lacks them (a restarted server, a Mooncake
+                master that dropped this client's segment)."""
                 nonlocal at
                 back = at = time.monotonic()
-                load.publish(until=back + normal_s)
-                republished[name] = round(time.monotonic() - back, 3)
-                time.sleep(max(0.0, back + normal_s - time.monotonic()))
-                phases.append(Phase(name, back, time.monotonic(), back))
+                done = load.keep_published(back + normal_s)
+                republished[name] = [round(t - back, 3) for t in done]
+                phases.append(Phase(name, back, time.monotonic(), back, meter.since_last()))
                 at = phases[-1].end
 
-            republished: dict[str, float] = {}
+            republished: dict[str, list[float]] = {}
             phase("normal", normal_s)
             server.pause()
             phase("frozen", frozen_s)
@@ -520,7 +594,7 @@ def run(store: str = "redis", *, model: str = "dense", threads: int = 4,
                 server.kill()
                 time.sleep(max(0.0, at + killed_s - time.monotonic()))
                 server.restart()  # the phase ends when the server answers again
-                phases.append(Phase("killed", at, time.monotonic(), None))
+                phases.append(Phase("killed", at, time.monotonic(), None, meter.since_last()))
                 after("after_killed")
             stuck = load.stop(timeout_s=30.0)
             ops = list(load.ops)
@@ -568,6 +642,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--restore-wait-s", type=float, default=0.2)
     parser.add_argument("--dump-after-s", type=float, default=0.0,
                         help="dump every thread's stack when an operation runs this long")
+    parser.add_argument("--dump-kinds", default=",".join(KINDS),
+                        help="the kinds of operation --dump-after-s watches")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     mix = tuple(int(part) for part in args.mix.split(","))
@@ -584,7 +660,8 @@ def main(argv: list[str] | None = None) -> None:
                             warmup_s=args.warmup_s, hole=args.hole,
                             load_fraction=args.load, rate=args.rate,
                             restore_wait_s=args.restore_wait_s,
-                            dump_after_s=args.dump_after_s, seed=args.seed)
+                            dump_after_s=args.dump_after_s,
+                            dump_kinds=tuple(args.dump_kinds.split(",")), seed=args.seed)
                  for store in stores},
     }
     print(json.dumps(report, indent=1))
