@@ -127,7 +127,7 @@ def test_a_short_run_goes_through_every_phase(tool: ModuleType,
     if shutil.which("redis-server") is None:
         unavailable("redis-server is not installed")
     tool.main(["--store", "redis", "--threads", "4", "--normal-s", "1", "--frozen-s", "1",
-               "--blackhole-s", "1", "--killed-s", "0.5", "--warmup-s", "1"])
+               "--blackhole-s", "1", "--killed-s", "0.5", "--warmup-s", "1", "--lock-stats"])
     report = json.loads(capsys.readouterr().out)
     assert report["command"].startswith("python -m tools.store_outage --store redis")
     run = report["runs"]["redis"]
@@ -142,6 +142,7 @@ def test_a_short_run_goes_through_every_phase(tool: ModuleType,
         assert ("first_good_restore_s" in row) == row["phase"].startswith("after_")
         assert set(row["cpu_cores"]) == {"engine_process", "proxy_process", "box_busy",
                                          "box_cores"}
+        assert 0 < row["engine_lock"]["held_share"] < 1  # the lock was taken, not held all along
     normal = run["phases"][0]
     assert normal["resident_lookup"]["count"] > 0 and normal["ops"] > 0
     assert normal["resident_lookup"]["median_ratio"] == 1.0 and normal["ops_ratio"] == 1.0

@@ -46,7 +46,9 @@ from it (``tier_answering_s``), to each put again by the publisher
 issue's: resident lookups within 2x normal and throughput at least 80 % of normal during each
 outage, the first good restore within 1 s of the return. Timing ratios mean something within
 one run only. ``--dump-after-s`` prints every thread's stack to stderr (a few times at most)
-when an operation has run that long: what it waits on.
+when an operation has run that long: what it waits on. ``--lock-stats`` adds, per phase, how
+the engine's lock was held: its share of the wall time, the longest hold, the waits for it and
+the calls that held it longest (whether any hold spans store I/O shows there).
 """
 
 from __future__ import annotations
@@ -115,6 +117,87 @@ class Op(NamedTuple):
     restored: bool = False
     #: A resident prompt not fully usable, or a stored one that was not even a hit.
     missed: bool = False
+
+
+class TimedRLock:
+    """The engine's lock, recording each outermost hold: when it began, how long it was held
+    and waited for, and the three calls that took it (``--lock-stats``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        #: (start, held_s, waited_s, taken_by) per outermost hold.
+        self.holds: list[tuple[float, float, float, str]] = []
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        asked = time.monotonic()
+        taken = self._lock.acquire(blocking, timeout)
+        if taken:
+            depth = getattr(self._local, "depth", 0)
+            if depth == 0:
+                frame = sys._getframe(1)
+                if frame.f_code.co_name == "__enter__" and frame.f_back is not None:
+                    frame = frame.f_back
+                names = []
+                while frame is not None and len(names) < 3:
+                    names.append(frame.f_code.co_name)
+                    frame = frame.f_back
+                now = time.monotonic()
+                self._local.began = (now, now - asked, " < ".join(names))
+            self._local.depth = depth + 1
+        return taken
+
+    def release(self) -> None:
+        self._local.depth -= 1
+        if self._local.depth == 0:
+            began, waited, by = self._local.began
+            self.holds.append((began, time.monotonic() - began, waited, by))
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _is_owned(self) -> bool:
+        return bool(self._lock._is_owned())  # type: ignore[attr-defined]
+
+
+class _Threading:
+    """``threading`` for ``kvfsm._engine`` while an Engine is built: its lock is timed."""
+
+    def __init__(self, made: list[TimedRLock]) -> None:
+        self._made = made
+
+    def RLock(self) -> TimedRLock:
+        lock = TimedRLock()
+        self._made.append(lock)
+        return lock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(threading, name)
+
+
+def lock_stats(holds: list[tuple[float, float, float, str]], phase: Phase) -> dict[str, Any]:
+    """How the engine's lock was held during ``phase``: share of the wall time, the longest
+    hold, the waits for it, and which calls held it longest in all."""
+    mine = [h for h in holds if phase.start <= h[0] < phase.end]
+    seconds = phase.end - phase.start
+    if not mine or seconds <= 0:
+        return {}
+    by: dict[str, list[float]] = {}
+    for _, held, _, taken_by in mine:
+        by.setdefault(taken_by, []).append(held)
+    top = sorted(by.items(), key=lambda item: -sum(item[1]))[:3]
+    waits = [h[2] for h in mine]
+    return {"held_share": round(sum(h[1] for h in mine) / seconds, 3),
+            "longest_hold_ms": _ms([h[1] for h in mine], 100),
+            "wait_median_ms": _ms(waits, 50), "wait_p99_ms": _ms(waits, 99),
+            "wait_max_ms": _ms(waits, 100),
+            "held_most_by": {name: {"holds": len(held), "ms_per_s": round(
+                sum(held) / seconds * 1000, 1), "longest_ms": _ms(held, 100)}
+                for name, held in top}}
 
 
 class Phase(NamedTuple):
@@ -427,8 +510,9 @@ def _ratio(value: float | None, base: float | None) -> float | None:
     return round(value / base, 3) if value is not None and base else None
 
 
-def summarize(ops: list[Op], phases: list[Phase],
-              health: list[tuple[float, bool]]) -> list[dict[str, Any]]:
+def summarize(ops: list[Op], phases: list[Phase], health: list[tuple[float, bool]],
+              holds: list[tuple[float, float, float, str]] | None = None
+              ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     base: dict[str, Any] = {}
     for phase in phases:
@@ -466,12 +550,16 @@ def summarize(ops: list[Op], phases: list[Phase],
         if phase.returned is not None:
             up = [at for at, is_up in health if is_up and at >= phase.returned]
             row["tier_answering_s"] = round(min(up) - phase.returned, 3) if up else None
-            good = [op.end for op in ops if op.restored and op.end >= phase.returned]
+            # Within the phase (None: none before the next outage began).
+            good = [op.end for op in ops if op.restored and phase.returned <= op.end < phase.end]
             row["first_good_restore_s"] = round(min(good) - phase.returned, 3) if good else None
-            after = [op.end for op in ops if op.restored and op.start >= phase.returned]
+            after = [op.end for op in ops if op.restored and op.start >= phase.returned
+                     and op.end < phase.end]
             row["first_good_restore_started_after_s"] = (
                 round(min(after) - phase.returned, 3) if after else None)
         row["started_at_s"] = round(phase.start - phases[0].start, 3)
+        if holds is not None:
+            row["engine_lock"] = lock_stats(holds, phase)
         if phase.cpu is not None and seconds > 0:
             # Cores' worth: 1.0 is one core busy the whole phase.
             cpu = phase.cpu
@@ -509,15 +597,22 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _engine(model: str, servers: Servers, directory: Path, *, device: int, host: int,
-            disk: int, remote: int) -> Iterator[Engine]:
+            disk: int, remote: int, timed: list[TimedRLock] | None = None
+            ) -> Iterator[Engine]:
     decl = shipped_models()[model]
     widest = max(group.payload_bytes for group in decl.groups)
     disk_dir = directory / "disk"
     disk_tier = DiskTier(disk_dir, capacity_bytes=DiskTier.capacity_for(
         disk_dir, widest, disk * len(decl.groups)), fsync=False)
-    engine = Engine(decl, CoreConfig(device_blocks=device, host_blocks=host, disk_blocks=disk,
-                                     remote_blocks=remote),
-                    tiers={"disk": disk_tier, "remote": servers.tier})
+    module = sys.modules[Engine.__module__]
+    if timed is not None:  # the Engine makes its lock with threading.RLock()
+        module.threading = _Threading(timed)  # type: ignore[attr-defined]
+    try:
+        engine = Engine(decl, CoreConfig(device_blocks=device, host_blocks=host,
+                                         disk_blocks=disk, remote_blocks=remote),
+                        tiers={"disk": disk_tier, "remote": servers.tier})
+    finally:
+        module.threading = threading  # type: ignore[attr-defined]
     try:
         yield engine
     finally:
@@ -532,16 +627,18 @@ def run(store: str = "redis", *, model: str = "dense", threads: int = 4,
         load_fraction: float = 0.5, rate: float = 0.0, prompt_blocks: int = 8,
         resident: int = 16, stored: int = 16, restore_wait_s: float = 0.2,
         dump_after_s: float = 0.0, dump_kinds: tuple[str, ...] = KINDS,
-        seed: int = 1) -> dict[str, Any]:
+        lock_timing: bool = False, seed: int = 1) -> dict[str, Any]:
     """One store's run through every phase (see the module); the report as a dict."""
     servers = Servers(store, hole)
     health: list[tuple[float, bool]] = []
     phases: list[Phase] = []
+    timed: list[TimedRLock] = []
     device = (resident + stored + 4 * threads) * prompt_blocks
     try:
         with tempfile.TemporaryDirectory(prefix="kvfsm-outage-") as tmp, \
                 _engine(model, servers, Path(tmp), device=device, host=8 * prompt_blocks,
-                        disk=16 * prompt_blocks, remote=1 << 17) as engine:
+                        disk=16 * prompt_blocks, remote=1 << 17,
+                        timed=timed if lock_timing else None) as engine:
             engine.restorer.health[Tier.REMOTE].listeners.append(
                 lambda tier, up: health.append((time.monotonic(), up)))
             load = Load(engine, servers.tier, threads=threads, mix=list(mix),
@@ -600,7 +697,7 @@ def run(store: str = "redis", *, model: str = "dense", threads: int = 4,
             ops = list(load.ops)
     finally:
         servers.close()
-    rows = summarize(ops, phases, health)
+    rows = summarize(ops, phases, health, timed[0].holds if timed else None)
     return {
         "store": store, "model": model, "threads": threads, "hole": hole,
         "capacity_ops_per_s": round(capacity, 1), "offered_ops_per_s": round(load.rate, 1),
@@ -644,6 +741,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="dump every thread's stack when an operation runs this long")
     parser.add_argument("--dump-kinds", default=",".join(KINDS),
                         help="the kinds of operation --dump-after-s watches")
+    parser.add_argument("--lock-stats", action="store_true",
+                        help="time every hold of the engine's lock (a Python-level lock: "
+                             "a few microseconds more per call)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     mix = tuple(int(part) for part in args.mix.split(","))
@@ -661,7 +761,8 @@ def main(argv: list[str] | None = None) -> None:
                             load_fraction=args.load, rate=args.rate,
                             restore_wait_s=args.restore_wait_s,
                             dump_after_s=args.dump_after_s,
-                            dump_kinds=tuple(args.dump_kinds.split(",")), seed=args.seed)
+                            dump_kinds=tuple(args.dump_kinds.split(",")),
+                            lock_timing=args.lock_stats, seed=args.seed)
                  for store in stores},
     }
     print(json.dumps(report, indent=1))
