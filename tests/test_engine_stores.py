@@ -274,6 +274,17 @@ def test_loads_after_a_store_returns_do_not_queue_behind_calls_still_hung_in_it(
     assert eng.core.check_invariants() == []
 
 
+def test_a_store_failing_for_hours_still_backs_off_and_never_raises() -> None:
+    """Thousands of failed calls in a row (a store down for hours, probed twice a second)
+    keep the back-off at its cap. Before, the doubling overflowed after 1 030 failures
+    (``OverflowError: int too large to convert to float``), raised out of every later call
+    that found the store failing: lookups included."""
+    health = TierHealth(Tier.REMOTE, StoreTimeouts())
+    for _ in range(5000):
+        health.failed("no answer")
+    assert 0 < health.wait_s() <= StoreTimeouts().backoff_max_s
+
+
 def test_a_store_down_for_long_is_asked_again_within_half_a_second() -> None:
     """However many times a store failed, its back-off stays short enough that its first good
     restore follows its return within a second (before, the default cap was 1 s, and the

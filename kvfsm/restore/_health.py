@@ -86,7 +86,8 @@ class TierHealth:
         """A call failed or ran out of time: back off (longer each time, up to the cap)."""
         first = self.failures == 0
         self.failures += 1
-        pause = min(self.timeouts.backoff_first_s * 2 ** (self.failures - 1),
+        # The doubling stops at the cap (2 ** n of a store down for hours overflows a float).
+        pause = min(self.timeouts.backoff_first_s * 2.0 ** min(self.failures - 1, 64),
                     self.timeouts.backoff_max_s)
         self.retry_at = self.clock() + pause
         self.last_error = why
