@@ -9,6 +9,7 @@ would block behind the hung one fails the test instead of hanging it.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -283,6 +284,45 @@ def test_a_store_failing_for_hours_still_backs_off_and_never_raises() -> None:
     for _ in range(5000):
         health.failed("no answer")
     assert 0 < health.wait_s() <= StoreTimeouts().backoff_max_s
+
+
+def test_calls_racing_a_failure_never_find_their_workers_shut_down(tmp_path: Path) -> None:
+    """Threads asking a store while other threads find it failing (which leaves its worker
+    threads behind) always get an answer or a miss, never an error: found by
+    tools/store_outage.py, where a restore died with "cannot schedule new futures after
+    shutdown" when a failure retired the workers between its look-up and its submit."""
+    eng, held = make(tmp_path)
+    executor = eng.restorer
+    keys = [BlockKey(model=b"t" * 16, group=0, layout=0, chain_high=0, chain_low=1,
+                     token_start=0, token_end=16)]
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def ask() -> None:
+        try:
+            while not stop.is_set():
+                eng.restorer.health[Tier.REMOTE].answered()
+                executor.presence(held, keys, 1.0)
+        except BaseException as exc:  # what the test is about
+            errors.append(exc)
+
+    def fail() -> None:
+        while not stop.is_set():
+            executor._failed(Tier.REMOTE, "found failing")
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave between any two bytecodes
+    threads = [threading.Thread(target=ask) for _ in range(3)] + [threading.Thread(target=fail)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(WATCHDOG_S)
+        sys.setswitchinterval(switch)
+    assert not errors, errors[0]
 
 
 def test_a_store_down_for_long_is_asked_again_within_half_a_second() -> None:

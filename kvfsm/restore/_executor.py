@@ -25,7 +25,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -42,6 +42,7 @@ from kvfsm.tiers import BlockKey, LoadResult, LoadStatus, StoredTier
 from kvfsm.verify import RestoreStep
 
 IdArray = NDArray[np.intp]
+_T = TypeVar("_T")
 #: ``(group, count, keep)``: give back up to ``count`` device slots, never a block of ``keep``.
 MakeRoom = Callable[[str, int, IdArray], int]
 
@@ -414,7 +415,7 @@ class RestoreExecutor:
             return nothing
         limit = self.timeouts.presence_s if deadline_s is None else deadline_s
         tier = store.tier
-        future = self._workers_for(tier, "ask").submit(store.contains, list(keys))
+        future = self._run_on(tier, "ask", store.contains, list(keys))
         try:
             held = np.asarray(future.result(timeout=limit), dtype=np.bool_)
         except cf.TimeoutError:
@@ -504,8 +505,8 @@ class RestoreExecutor:
                     future = cf.Future()
                     future.set_result(_all(stop - start, LoadStatus.FAILED))
                 else:
-                    future = self._workers_for(tier, "load").submit(
-                        _load, store, fields, start, stop, part_rows, seconds)
+                    future = self._run_on(
+                        tier, "load", _load, store, fields, start, stop, part_rows, seconds)
                 loads.append(_Load(group, tier, chosen[start:stop], part_rows, staged, then,
                                    future, seconds))
         return loads
@@ -720,7 +721,7 @@ class RestoreExecutor:
         store = self.tiers.get(tier)
         if store is None or not keys:
             return
-        future = self._workers_for(tier, "store").submit(_remove, store, list(keys))
+        future = self._run_on(tier, "store", _remove, store, list(keys))
         self._removing = {key: done for key, done in self._removing.items()
                           if not done.done()}
         self._removing.update(dict.fromkeys(keys, future))
@@ -743,21 +744,25 @@ class RestoreExecutor:
             return _done((nothing, nothing))
         if source is Tier.HOST:
             rows, sums = self.core.spill_rows(group, ids)
-            return self._workers_for(target, "store").submit(_put, into, keys, rows, sums)
+            return self._run_on(target, "store", _put, into, keys, rows, sums)
         origin = self.tiers.get(source)
         if origin is None:
             return _done((nothing, nothing))
         width = self.core.group(group).decl.payload_bytes
-        return self._workers_for(target, "store").submit(_relay, origin, into, keys, width)
+        return self._run_on(target, "store", _relay, origin, into, keys, width)
 
-    def _workers_for(self, tier: Tier, direction: str) -> cf.ThreadPoolExecutor:
+    def _run_on(self, tier: Tier, direction: str, call: Callable[..., _T], *args: Any
+                ) -> cf.Future[_T]:
+        """``call(*args)`` on ``tier``'s worker threads for ``direction``, made on first use.
+        Under the pools' lock: a failure retiring them (:meth:`_failed`) cannot come between
+        finding them and handing them the call."""
         with self._pools_lock:
             pool = self._pools.get((tier, direction))
             if pool is None:
                 pool = self._pools[tier, direction] = cf.ThreadPoolExecutor(
                     max_workers=self._workers,
                     thread_name_prefix=f"kvfsm-{direction}-{tier.spec_name}")
-            return pool
+            return pool.submit(call, *args)
 
     def close(self) -> None:
         """Stop the workers: I/O not started is cancelled, running I/O is waited for (each
