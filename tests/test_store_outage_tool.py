@@ -159,3 +159,4 @@ def test_a_short_run_goes_through_every_phase(tool: ModuleType,
                                                              "killed")),
         "all_met"}
     assert run["threads_still_running_at_stop"] == 0
+    assert run["errors"] == 0, run["error_examples"]  # no engine call raised for the store

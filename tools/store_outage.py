@@ -305,6 +305,8 @@ class Load:
         #: Per worker: the kind and start of the operation it is in (None: between two).
         self._current: dict[int, tuple[str, float] | None] = {}
         self._pins: list[Any] = []
+        #: Engine calls that raised: (when, kind of operation, the error).
+        self.errors: list[tuple[float, str, str]] = []
         #: Operations per second offered, all threads together (0: as fast as they go).
         self.rate = 0.0
         self.dumps = 0
@@ -426,13 +428,16 @@ class Load:
                     return
             kind = KINDS[int(rng.choice(len(KINDS), p=self.weights))]
             self._current[t] = (kind, time.monotonic())
-            if kind == "resident":
-                self._resident(t, self.resident[int(rng.integers(len(self.resident)))])
-            elif kind == "stored":
-                self._stored(mine[int(rng.integers(len(mine)))])
-            else:
-                self._commit_new(t, made)
-                made += 1
+            try:
+                if kind == "resident":
+                    self._resident(t, self.resident[int(rng.integers(len(self.resident)))])
+                elif kind == "stored":
+                    self._stored(mine[int(rng.integers(len(mine)))])
+                else:
+                    made += 1
+                    self._commit_new(t, made - 1)
+            except Exception as exc:  # an engine call raised: reported, and the load goes on
+                self.errors.append((time.monotonic(), kind, f"{type(exc).__name__}: {exc}"))
             self._current[t] = None
 
     def _resident(self, t: int, prompt: Prompt) -> None:
@@ -511,7 +516,8 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 
 
 def summarize(ops: list[Op], phases: list[Phase], health: list[tuple[float, bool]],
-              holds: list[tuple[float, float, float, str]] | None = None
+              holds: list[tuple[float, float, float, str]] | None = None,
+              errors: tuple[tuple[float, str, str], ...] | list[tuple[float, str, str]] = ()
               ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     base: dict[str, Any] = {}
@@ -540,6 +546,7 @@ def summarize(ops: list[Op], phases: list[Phase], health: list[tuple[float, bool
                                              if op.kind == kind], 50) for kind in KINDS},
             "max_ms_by_kind": {kind: _ms([op.end - op.start for op in started
                                           if op.kind == kind], 100) for kind in KINDS},
+            "errors": sum(phase.start <= at < phase.end for at, _, _ in errors),
             "store_restores": {"tried": sum(op.tried for op in stored),
                                "succeeded": sum(op.restored for op in stored),
                                "stored_not_a_hit": sum(op.missed for op in stored)},
@@ -697,7 +704,7 @@ def run(store: str = "redis", *, model: str = "dense", threads: int = 4,
             ops = list(load.ops)
     finally:
         servers.close()
-    rows = summarize(ops, phases, health, timed[0].holds if timed else None)
+    rows = summarize(ops, phases, health, timed[0].holds if timed else None, load.errors)
     return {
         "store": store, "model": model, "threads": threads, "hole": hole,
         "capacity_ops_per_s": round(capacity, 1), "offered_ops_per_s": round(load.rate, 1),
@@ -710,6 +717,8 @@ def run(store: str = "redis", *, model: str = "dense", threads: int = 4,
         "phases": rows,
         "republished_after_return_s": republished,
         "threads_still_running_at_stop": stuck,
+        "errors": len(load.errors),
+        "error_examples": sorted({f"{kind}: {error}" for _, kind, error in load.errors})[:5],
         "stack_dumps": load.dumps,
         "resident_not_fully_usable_examples": load.miss_examples,
         "targets": targets(rows),
