@@ -265,8 +265,9 @@ class Engine:
 
     def _name_down_tiers(self, verdict: Verdict) -> Verdict:
         """``verdict`` with a ``TIER_UNAVAILABLE`` shortfall per group whose plan reads a
-        stored tier that is backing off (restore skips those steps; the caller recomputes)."""
-        down = {tier for tier, health in self.restorer.health.items() if health.down()}
+        stored tier that is not answering (restore skips those steps; the caller
+        recomputes)."""
+        down = {tier for tier, health in self.restorer.health.items() if not health.usable()}
         if not down:
             return verdict
         counts: dict[tuple[str, Tier], int] = {}
@@ -489,6 +490,8 @@ class Engine:
                 raise KvfsmError(f"restore: the verdict is for a prompt of "
                                  f"{verdict.prompt_tokens} tokens, this prompt has "
                                  f"{prompt.n_tokens}: pass the prompt it looked up")
+        # A failed tier the plan reads, its back-off over, answers a presence question first.
+        self.restorer.probe({step.tier for step in verdict.plan if step.tier is not None})
         keep = self._stored.restore_keep(verdict, prompt)
         self._stored.make_room(
             lambda: {name: count - self.core.group(name).pools[Tier.DEVICE].free
