@@ -478,3 +478,25 @@ def test_an_offload_larger_than_host_moves_every_block_down_to_disk(tmp_path: Pa
 def test_bad_store_timeouts_are_named(field: str) -> None:
     with pytest.raises(Exception, match=field):
         StoreTimeouts(**{field: -1.0})
+
+
+def test_close_settles_a_relay_to_remote_and_removes_its_disk_file(tmp_path: Path) -> None:
+    """Spills disk -> remote begun before close() are settled by it: each block lands on
+    remote (its disk file removed in place, the workers being stopped) or, its copy cancelled
+    before it started, stays on disk; close raises nothing and the files are the core's."""
+    eng, held = make(tmp_path)
+    prompt = eng.prompt(tokens(0))
+    eng.commit(prompt, payload=payload_of(prompt))
+    ids = ids_of(eng, prompt)
+    eng.offload(GROUP, ids)
+    eng.spill_down(GROUP, Tier.HOST, ids.size)
+    on_disk = ids[[state == "disk" for state in states(eng, prompt)]]
+    assert on_disk.size
+    with eng.lock:
+        eng.restorer.begin_store(GROUP, on_disk)
+    eng.close()
+    group = eng.core.group(GROUP)
+    assert {group.machine.state_of(int(b)) for b in on_disk} <= {"remote", "disk"}
+    assert len(list((tmp_path / "disk").glob("*.kvb"))) == \
+        int(eng.core.blocks_in(GROUP, "disk").size)
+    assert eng.core.check_invariants() == []

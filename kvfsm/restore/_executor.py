@@ -300,6 +300,8 @@ class RestoreExecutor:
         self.listeners: list[RestoreListener] = []
         #: Spills into stored tiers begun and not yet settled.
         self._stores: list[SpillJob] = []
+        #: Set by close() once the workers are stopped.
+        self._closing = False
         #: Copies being removed, by key: a put of the same key waits for its removal.
         self._removing: dict[BlockKey, cf.Future[None]] = {}
 
@@ -729,6 +731,9 @@ class RestoreExecutor:
         store = self.tiers.get(tier)
         if store is None or not keys:
             return
+        if self._closing:  # the workers are gone: the settles of close() remove in place
+            _remove(store, list(keys))
+            return
         future = self._run_on(tier, "store", _remove, store, list(keys))
         self._removing = {key: done for key, done in self._removing.items()
                           if not done.done()}
@@ -780,6 +785,7 @@ class RestoreExecutor:
             pools = [*self._pools.values(), *self._abandoned]
         for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
+        self._closing = True
         with self._lock:
             self.settle_all(self._open)
             self._open = [load for load in self._open if not load.settled]
