@@ -484,7 +484,7 @@ def test_close_settles_a_relay_to_remote_and_removes_its_disk_file(tmp_path: Pat
     """Spills disk -> remote begun before close() are settled by it: each block lands on
     remote (its disk file removed in place, the workers being stopped) or, its copy cancelled
     before it started, stays on disk; close raises nothing and the files are the core's."""
-    eng, held = make(tmp_path)
+    eng, _ = make(tmp_path)
     prompt = eng.prompt(tokens(0))
     eng.commit(prompt, payload=payload_of(prompt))
     ids = ids_of(eng, prompt)
