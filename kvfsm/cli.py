@@ -360,7 +360,10 @@ def _from_config_command(args: argparse.Namespace) -> str:
 
 
 def _load_config(args: argparse.Namespace) -> object:
-    """The transformers config that ``model from-config`` was asked to declare."""
+    """The transformers config that ``model from-config`` was asked to declare. Its raw keys are
+    checked first (``check_config_keys``): a ``CONFIG_JSON`` must give every key that sets the
+    cache's shape, and every numeric key, ``--set`` ones included, must be in range."""
+    from kvfsm.serve._declare import check_config_keys, shape_keys
     from kvfsm.serve._tiny import check_model_type, config_class, tiny_settings
 
     if args.config is not None and args.model_type is not None:
@@ -389,11 +392,14 @@ def _load_config(args: argparse.Namespace) -> object:
         model_type = check_model_type(args.model_type)
         given = tiny_settings(model_type) if args.tiny else {}
     cls = config_class(model_type)
-    known = set(cls().to_dict()) | set(getattr(cls, "attribute_map", {})) | set(given)
+    known = (set(cls().to_dict()) | set(getattr(cls, "attribute_map", {})) | set(given)
+             | shape_keys(model_type))
     for key, _value, _text in args.set:
         if key not in known:
             raise KvfsmError(f"--set {key}: {model_type} configs have no key {key!r}")
     settings = {**given, **{key: value for key, value, _text in args.set}}
+    source = args.config if args.config is not None else "(--set)"
+    check_config_keys(model_type, settings, source=source, required=args.config is not None)
     try:
         if args.config is not None:
             return cls.from_dict(settings)
@@ -404,6 +410,7 @@ def _load_config(args: argparse.Namespace) -> object:
 
 def _cmd_model_from_config(args: argparse.Namespace) -> int:
     from kvfsm.serve import declaration_toml
+    from kvfsm.serve._declare import snapshot_notes
     from kvfsm.spec import parse_model
 
     config = _load_config(args)
@@ -415,6 +422,8 @@ def _cmd_model_from_config(args: argparse.Namespace) -> int:
         checkpoint_interval=args.checkpoint_interval, generated_by=_from_config_command(args),
     )
     model = parse_model(text, source="<model from-config>")  # refuse to print what cannot load
+    for note in snapshot_notes(model):  # the cost of a recurrent group's snapshots, up front
+        print(f"kvfsm: note: {note}", file=sys.stderr)
     if args.output is None or args.output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -528,7 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
         "from-config", help="declare the cache groups of a transformers model from its config",
         description="Print (or write) the kvfsm model declaration of a transformers config: "
         "every cache state the architecture keeps becomes a group of the right kind "
-        "(gpt_oss, qwen3_next, deepseek_v4; see docs/models.md). Needs transformers.")
+        "(gpt_oss, qwen3_next, deepseek_v4, llama, mistral, qwen3, gemma2, gemma3_text; see "
+        "docs/models.md), its header stating each group's bytes. Needs transformers.")
     from_config.add_argument("config", nargs="?", metavar="CONFIG_JSON",
                              help="a transformers config.json")
     from_config.add_argument("--model-type", metavar="T",
@@ -544,7 +554,10 @@ def build_parser() -> argparse.ArgumentParser:
     from_config.add_argument("--block-size", type=positive_int, default=16,
                              help="tokens per block of the per-token groups (>= 1; default 16)")
     from_config.add_argument("--checkpoint-interval", type=positive_int,
-                             help="tokens between recurrent snapshots (default: every block)")
+                             help="tokens between recurrent snapshots, a multiple of the "
+                             "block size (default: every block); the output's header states a "
+                             "snapshot's bytes and the interval at which snapshots cost no more "
+                             "per token than the other groups")
     from_config.add_argument("--name", help="the model's name (default: the model_type)")
     from_config.add_argument("-o", "--output",
                              help="output file, its missing parent folders created ('-' or "
