@@ -340,14 +340,15 @@ def test_model_from_config_reads_a_config_json_and_writes_a_file(
     ("argv", "code", "message"),
     [
         (["no/such/config.json"], 1, "cannot read no/such/config.json: "),
-        (["--model-type", "llama"], 2,
-         "unsupported model_type 'llama': kvfsm declares gpt_oss, qwen3_next, deepseek_v4"),
+        (["--model-type", "mamba"], 2,
+         "unsupported model_type 'mamba': kvfsm declares gpt_oss, qwen3_next, deepseek_v4, "
+         "llama, mistral, qwen3, gemma2, gemma3_text"),
         ([], 2, "model from-config: give a CONFIG_JSON or a --model-type"),
         (["x.json", "--model-type", "gpt_oss"], 2, "give CONFIG_JSON or --model-type, not both"),
         (["--model-type", "gpt_oss", "--set", "slidng_window=8"], 2,
          "--set slidng_window: gpt_oss configs have no key 'slidng_window'"),
         (["--model-type", "gpt_oss", "--tiny", "--set", 'sliding_window="x"'], 2,
-         "gpt_oss config: Validation error for field 'sliding_window'"),
+         "gpt_oss config (--set): 'sliding_window' must be an int >= 1 or null, got 'x'"),
         (["--model-type", "qwen3_next", "--tiny", "--checkpoint-interval", "24"], 2,
          "checkpoint_interval 24 is not a multiple of 16"),
     ],

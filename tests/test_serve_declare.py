@@ -809,3 +809,19 @@ def test_dense_family_round_trips_through_the_engine(
             logits = adapter.prefill(model, cache, tokens[length:], length, all_logits=True)
         delta = float((logits - reference[length:]).abs().max())
         assert delta <= 1e-4, (model_type, length, delta)
+
+
+def test_the_cache_adapter_takes_a_llama_config_without_layer_types() -> None:
+    """transformers' Llama configs have no ``layer_types``: the adapter maps every layer to the
+    ``full`` group as the declaration does, instead of refusing the config."""
+    from transformers import CONFIG_MAPPING
+
+    from kvfsm import CoreConfig, Engine
+    from kvfsm.serve import CacheAdapter
+
+    llama = CONFIG_MAPPING["llama"](num_hidden_layers=2, num_attention_heads=2,
+                                    num_key_value_heads=2, hidden_size=64, head_dim=32,
+                                    vocab_size=128)
+    assert getattr(llama, "layer_types", None) is None
+    adapter = CacheAdapter(Engine(declare(llama), CoreConfig(device_blocks=8)), llama)
+    assert [(g.name, g.layers) for g in adapter.groups] == [("full", (0, 1))]
