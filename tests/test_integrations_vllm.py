@@ -87,7 +87,9 @@ def test_faulted_store_trusting_connector_admits_unusable_kvfsm_never(
         results: dict[str, Any], fault: str) -> None:
     """A fault in the offloaded copy makes a connector that trusts existence admit a prefix
     whose pages are wrong; kvfsm's connector admits only what it verified (so fewer tokens,
-    never an unusable one), and stock vLLM (no store) admits nothing from it."""
+    never an unusable one), and stock vLLM (no store) admits nothing from it. A restore caught
+    half-landed is the exception on the kvfsm side: its host copy is intact, so the restore
+    rolls back to it and copies it again, and the whole prefix is admitted, usable."""
     row = results["faults"][fault]
     print(f"{fault}: admitted stock {row['stock']['admitted']}, trusting "
           f"{row['trusting']['admitted']} ({len(row['trusting']['unusable'])} unusable), "
@@ -95,7 +97,10 @@ def test_faulted_store_trusting_connector_admits_unusable_kvfsm_never(
     assert row["kvfsm"]["unusable"] == []
     assert row["stock"]["unusable"] == []
     assert len(row["trusting"]["unusable"]) == 1
-    assert 0 < row["kvfsm"]["admitted"] < row["trusting"]["admitted"]
+    if fault == "in_flight":
+        assert row["kvfsm"]["admitted"] == row["trusting"]["admitted"] == PROMPT_BLOCKS * 16
+    else:
+        assert 0 < row["kvfsm"]["admitted"] < row["trusting"]["admitted"]
 
 
 def test_clean_store_kvfsm_connector_reuses_everything(results: dict[str, Any]) -> None:
