@@ -29,7 +29,7 @@ def guard_llvmlite() -> bool:
     docstring). True when the guard is in place, False where llvmlite is not installed."""
     if importlib.util.find_spec("llvmlite") is None:
         return False
-    from llvmlite.binding import ffi
+    from llvmlite.binding import ffi  # type: ignore[import-untyped,unused-ignore]
 
     wrapper = ffi._lib_wrapper
     original = wrapper.__getattr__
