@@ -55,7 +55,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore[
 from kvfsm._errors import KvfsmError
 from kvfsm.gates import Lease
 from kvfsm.integrations.vllm._mirror import Mirror, PendingSave, mirror_for
-from kvfsm.integrations.vllm._settings import model_identity, settings_of
+from kvfsm.integrations.vllm._settings import (
+    MirrorSettingsError,
+    model_identity,
+    settings_of,
+)
 from kvfsm.spec import GroupKind
 from kvfsm.verify import Prompt, Verdict
 
@@ -111,6 +115,7 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
     """kvfsm's tiers as vLLM's external KV store, claiming only verified-usable tokens."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        _same_process(vllm_config)
         super().__init__(vllm_config, role, kv_cache_config)
         self.kvfsm: Mirror = mirror_for(kv_cache_config, settings_of(vllm_config),
                                        model_identity(vllm_config))
@@ -311,6 +316,25 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
                 rows.append(pages.view(torch.uint8).reshape(vllm_blocks.size, -1).cpu().numpy())
         out: NDArray[np.uint8] = np.concatenate(rows, axis=1)
         return out
+
+
+#: vLLM executors that run the worker in other processes than the scheduler.
+OTHER_PROCESS_EXECUTORS = frozenset({"mp", "ray"})
+
+
+def _same_process(vllm_config: Any) -> None:
+    """Refuse a configuration whose worker runs in another process than the scheduler: the
+    connector's two sides share the mirror in-process (a worker elsewhere would save into and
+    load from a mirror of its own, which the scheduler never sees)."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    backend = getattr(parallel, "distributed_executor_backend", None)
+    workers = int(getattr(parallel, "world_size", 1) or 1)
+    if (isinstance(backend, str) and backend in OTHER_PROCESS_EXECUTORS) or workers > 1:
+        raise MirrorSettingsError(
+            f"KvfsmConnector needs vLLM's worker in the scheduler's process (one worker, "
+            f"executor 'uni'); this engine has {workers} worker(s) on executor {backend!r}. "
+            "vLLM's CPU build picks 'mp' unless VLLM_ENABLE_V1_MULTIPROCESSING=0 is set "
+            "(the engine core still runs apart from the API server)")
 
 
 def _running_block(ids: Any, hit_index: int) -> int | None:
