@@ -184,13 +184,15 @@ def kvfsm_settings(name: str, directory: str, master: str | None) -> dict[str, A
 
 
 def make_llm(model_dir: str, *, caching: bool = True, scheduler: bool = False,
-             connector: str | None = None, kvfsm: dict[str, Any] | None = None) -> Any:
+             connector: str | None = None, kvfsm: dict[str, Any] | None = None,
+             **options: Any) -> Any:
     """vLLM's ``LLM`` on the CPU: bfloat16, eager, 32-token blocks, a small KV pool; with
     ``scheduler`` kvfsm's scheduler class, with ``connector`` (``module.Class``) that KV
-    connector, configured with ``kvfsm``."""
+    connector, configured with ``kvfsm``; ``options`` replace ``LLM`` arguments."""
     from vllm import LLM
 
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"max_model_len": MAX_MODEL_LEN, "disable_log_stats": True,
+                             "num_gpu_blocks_override": POOL_BLOCKS, **options}
     if scheduler:
         extra["scheduler_cls"] = "kvfsm.integrations.vllm.KvfsmScheduler"
     if connector is not None:
@@ -199,9 +201,8 @@ def make_llm(model_dir: str, *, caching: bool = True, scheduler: bool = False,
             "kv_connector": name, "kv_connector_module_path": module, "kv_role": "kv_both",
             "kv_connector_extra_config": {"kvfsm": kvfsm or {}}}
     return LLM(model=model_dir, skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
-               enable_prefix_caching=caching, block_size=BLOCK, max_model_len=MAX_MODEL_LEN,
-               num_gpu_blocks_override=POOL_BLOCKS, kv_cache_memory_bytes=KV_BYTES,
-               disable_log_stats=True, seed=0, **extra)
+               enable_prefix_caching=caching, block_size=BLOCK, kv_cache_memory_bytes=KV_BYTES,
+               seed=0, **extra)
 
 
 def scheduler_of(llm: Any) -> Any:
@@ -230,16 +231,17 @@ def served(model_dir: str, **kwargs: Any) -> Iterator[Any]:
 
 def generate(llm: Any, prompt: Sequence[int]) -> dict[str, Any]:
     """One request, alone: its greedy tokens, their top logprobs, the prompt tokens vLLM
-    reused, and the seconds it took."""
+    reused, the seconds it took and (where the ``LLM`` logs stats) its time to first token."""
     started = time.perf_counter()
     out = llm.generate([{"prompt_token_ids": list(prompt)}], _sampling(), use_tqdm=False)[0]
     seconds = time.perf_counter() - started
     completion = out.outputs[0]
     logprobs = [{str(t): float(p.logprob) for t, p in step.items()}
                 for step in completion.logprobs or ()]
+    stats = getattr(out, "metrics", None)
     return {"tokens": list(completion.token_ids), "logprobs": logprobs,
             "cached": int(out.num_cached_tokens or 0), "prompt": len(prompt),
-            "seconds": seconds}
+            "seconds": seconds, "ttft": getattr(stats, "first_token_latency", None)}
 
 
 def compare(got: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
