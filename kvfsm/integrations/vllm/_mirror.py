@@ -439,6 +439,14 @@ class Mirror:
         """kvfsm's verdict on ``request``'s prompt (up to ``limit`` tokens reused)."""
         return self.engine.lookup(self.prompt_of(request, limit), level=self.level)
 
+    def being_saved(self, vllm_blocks: Sequence[int]) -> bool:
+        """Whether every one of ``vllm_blocks`` is a block vLLM cached for a scheduled forward
+        whose pages kvfsm has not committed yet (a pending save): vLLM's own, being written,
+        and nothing kvfsm knows against it."""
+        with self._lock:
+            return all(int(block) in self._saving and int(block) not in self._lost
+                       for block in vllm_blocks)
+
     def kvfsm_block(self, vllm_block: int) -> tuple[str, int] | None:
         """The kvfsm block vLLM block ``vllm_block`` caches, None if it caches none."""
         return self._held.get(vllm_block)
