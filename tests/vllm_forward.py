@@ -609,5 +609,35 @@ def main(out: str, models: Sequence[str] = MODELS,
     Path(out).write_text(json.dumps(results, indent=1))
 
 
+def _bold(count: int) -> str:
+    return f"**{count}**" if count else str(count)
+
+
+def table(results: dict[str, Any]) -> str:
+    """The results as the Markdown tables of docs/integrations.md: the clean workload per
+    model, then per model and fault the wrong outputs and the prompt tokens reused of the
+    trusting connector and of kvfsm."""
+    lines = ["| model | requests | stock vLLM: reused tokens, wrong outputs | kvfsm: reused "
+             "tokens, wrong outputs |", "|---|---|---|---|"]
+    for model, run in results["models"].items():
+        stock, kvfsm = run["stock"], run["kvfsm"]["clean"]
+        lines.append(f"| {model} | {len(stock)} | {sum(r['cached'] for r in stock.values())}, "
+                     f"{sum(not r['same'] for r in stock.values())} | "
+                     f"{sum(r['cached'] for r in kvfsm.values())}, "
+                     f"{sum(not r['same'] for r in kvfsm.values())} |")
+    lines += ["", "| model | fault | request (prompt tokens) | trusting: wrong, reused | "
+              "kvfsm: wrong, reused |", "|---|---|---|---|---|"]
+    for model, run in results["models"].items():
+        for fault in run["faults"]:
+            trusting, kvfsm = run["trusting"]["faults"][fault], run["kvfsm"]["faults"][fault]
+            lines.append(f"| {model} | {fault} | {kvfsm['target']} ({kvfsm['prompt']}) | "
+                         f"{_bold(int(not trusting['same']))}, {trusting['cached']} | "
+                         f"{int(not kvfsm['same'])}, {kvfsm['cached']} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:] or MODELS)
+    if sys.argv[1:2] == ["--table"]:
+        print(table(json.loads(Path(sys.argv[2]).read_text())))
+    else:
+        main(sys.argv[1], sys.argv[2:] or MODELS)
