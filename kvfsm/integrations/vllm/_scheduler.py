@@ -78,7 +78,6 @@ class KvfsmHitCap:
         self.kvfsm_caps.tokens_cut += tokens - capped
         return blocks, capped, boundary, False
 
-
     def _being_saved(self, blocks: Any, usable: int, tokens: int) -> bool:
         """Whether vLLM's hit past kvfsm's usable length lies only on blocks a forward already
         scheduled is writing (cached by vLLM this step, their save to kvfsm pending): kvfsm
