@@ -6,6 +6,7 @@ The public surface is re-exported here; everything else lives in private modules
 from kvfsm._engine import Engine, VerifyPolicy
 from kvfsm._errors import (
     BindingError,
+    EngineClosed,
     ForeignPromptError,
     GuardRejected,
     IllegalTransition,
@@ -63,6 +64,7 @@ __all__ = [
     "CoreConfig",
     "DeviceProfile",
     "Engine",
+    "EngineClosed",
     "EngineMetrics",
     "Event",
     "EventLog",

@@ -15,7 +15,7 @@ from numpy.typing import ArrayLike, NDArray
 from kvfsm import _args
 from kvfsm._engine_commit import Committer, PayloadFn, zero_payload
 from kvfsm._engine_tiers import EngineTiers, check_tiers
-from kvfsm._errors import KvfsmError, LeaseLost
+from kvfsm._errors import EngineClosed, KvfsmError, LeaseLost
 from kvfsm._jit import warm_up
 from kvfsm.fsm import INVALID
 from kvfsm.gates import (
@@ -62,6 +62,7 @@ def _locked(method: Callable[Concatenate[Engine, _Args], _Result]
     @functools.wraps(method)
     def locked(self: Engine, /, *args: _Args.args, **kwargs: _Args.kwargs) -> _Result:
         with self._lock:
+            self._open()
             self._leases.reap()
             return method(self, *args, **kwargs)
 
@@ -175,6 +176,8 @@ class Engine:
         self._graphs = GraphRegistry(self.core)
         # Whether a graph is active (set with it, in activate_graph): a lookup reads a flag.
         self._graph_active = False
+        #: Set by close(): every later call is an EngineClosed.
+        self._closed = False
         #: Reported every lookup and told every transition (None: no metrics).
         self.metrics = metrics
         #: Told every transition and reported read, for replay (None: no log; the caller
@@ -204,6 +207,8 @@ class Engine:
         tenant's cache salt; no block is shared across namespaces) and ``content_keys``
         ``(start, end, key)`` (tokens ``[start, end)`` stand for content named by ``key``,
         such as an image's hash). A bad one is a KvfsmError naming it."""
+        if self._closed:
+            self._open()
         return Prompt(self.core.seed, self._block_sizes, token_ids,
                       hash_function=self.core.config.hash_function, namespace=namespace,
                       content_keys=content_keys)
@@ -233,6 +238,8 @@ class Engine:
         # The engine's lock taken here, not by @_locked: the hottest call skips a frame and
         # the repacking of its keywords.
         with self._lock:
+            if self._closed:
+                self._open()
             leases = self._leases
             if leases.next_expiry != NO_EXPIRY:  # reap's own first test, without its call
                 leases.reap()
@@ -258,8 +265,9 @@ class Engine:
 
     def _name_down_tiers(self, verdict: Verdict) -> Verdict:
         """``verdict`` with a ``TIER_UNAVAILABLE`` shortfall per group whose plan reads a
-        stored tier that is backing off (restore skips those steps; the caller recomputes)."""
-        down = {tier for tier, health in self.restorer.health.items() if health.down()}
+        stored tier that is not answering (restore skips those steps; the caller
+        recomputes)."""
+        down = {tier for tier, health in self.restorer.health.items() if not health.usable()}
         if not down:
             return verdict
         counts: dict[tuple[str, Tier], int] = {}
@@ -436,6 +444,8 @@ class Engine:
         are asked without the engine's lock, a remote one for at most
         ``StoreTimeouts.presence_s`` (one backing off is not asked). Returns the blocks
         adopted. :meth:`lookup` calls it when tiers are attached."""
+        if self._closed:
+            self._open()
         with self._lock:
             prompt = self._own(prompt)
         return self._discovered(prompt)[1]
@@ -464,6 +474,8 @@ class Engine:
         at once for host copies and within ``ticket.wait`` for loads, round after round while
         each lands less than the last promised. Copies a stored tier must write to make
         device room are waited for without the engine's lock."""
+        if self._closed:
+            self._open()
         if not isinstance(verdict, Verdict):
             raise KvfsmError(f"restore needs a Verdict (from Engine.lookup), got "
                              f"{type(verdict).__name__}")
@@ -478,6 +490,8 @@ class Engine:
                 raise KvfsmError(f"restore: the verdict is for a prompt of "
                                  f"{verdict.prompt_tokens} tokens, this prompt has "
                                  f"{prompt.n_tokens}: pass the prompt it looked up")
+        # A failed tier the plan reads, its back-off over, answers a presence question first.
+        self.restorer.probe({step.tier for step in verdict.plan if step.tier is not None})
         keep = self._stored.restore_keep(verdict, prompt)
         self._stored.make_room(
             lambda: {name: count - self.core.group(name).pools[Tier.DEVICE].free
@@ -522,6 +536,8 @@ class Engine:
         ``StoreTimeouts.spill_wait_s``. Returns the blocks moved, dropped or on their way.
         ``keep`` must be block ids of ``group`` (else a KvfsmError naming it, before anything
         moves)."""
+        if self._closed:
+            self._open()
         tier, count = _args.tier("tier", tier), _args.count("count", count)
         with self._lock:
             keep = self._keep(group, keep)
@@ -538,6 +554,8 @@ class Engine:
         they were: not on the device, pinned, in flight, or no tier below took them). ``ids``
         and ``keep`` must be block ids of ``group`` (else a KvfsmError naming what is wrong,
         before anything moves)."""
+        if self._closed:
+            self._open()
         with self._lock:
             ids = self.core.block_ids(group, ids)
             keep = self._keep(group, keep)
@@ -562,15 +580,25 @@ class Engine:
             moved[rest] = self._stored.offload(group, ids[rest], protect)
             return moved
 
-    @_locked
     def close(self) -> None:
-        """Finish running I/O and stop the restore workers (the tiers stay open); leases
-        still open are released (their next ``validate`` raises LeaseLost)."""
-        self._leases.release_all()
-        self.restorer.close()
-        if self.event_log is not None:
-            self.event_log.flush()  # the settles the close made are on disk too
+        """Finish running I/O, settle every load and spill, and stop the restore workers (the
+        tiers stay open); leases still open are released (their next ``validate`` raises
+        LeaseLost). Every later call of the engine is an :class:`~kvfsm.EngineClosed` (a
+        second close does nothing)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._leases.release_all()
+            self.restorer.close()
+            if self.event_log is not None:
+                self.event_log.flush()  # the settles the close made are on disk too
 
+    def _open(self) -> None:
+        """An EngineClosed once :meth:`close` ran (called under the lock)."""
+        if self._closed:
+            raise EngineClosed("this engine is closed: it answers nothing more and moves no "
+                               "block; make a new Engine")
     # -- leases (time of check vs time of use) -----------------------------------------------
 
     def lease(self, verdict: Verdict, prompt: Prompt | Sequence[int] | ArrayLike, *,
@@ -581,6 +609,8 @@ class Engine:
         (``with engine.lease(...) as lease:``) after it. Raises :class:`~kvfsm.LeaseLost`,
         pinning nothing, where a block changed since the lookup (look up again); to make
         lookup and lease one step against other threads, hold :attr:`lock` across both."""
+        if self._closed:
+            self._open()
         if not isinstance(verdict, Verdict):
             raise KvfsmError(f"lease needs a Verdict (from Engine.lookup), got "
                              f"{type(verdict).__name__}")
@@ -614,6 +644,8 @@ class Engine:
         for each request it is about to run (validate the lease right before the read,
         release it after). A ``ttl_s`` that is not a number of seconds above 0 is a
         KvfsmError before anything is looked up."""
+        if self._closed:
+            self._open()
         check_ttl(ttl_s)
         with self._lock:
             verdict = self.lookup(prompt, level=level, priority=priority,
@@ -678,7 +710,12 @@ class Engine:
         against the settled history.) Room below (host, the stored tiers) is made first,
         its copies written without the engine's lock. Returns the new block ids per group.
         """
+        if self._closed:
+            self._open()
         computed_from = _args.count("computed_from", computed_from)
+        if not callable(payload):  # before any room is made: bad input changes nothing
+            raise KvfsmError(f"commit(payload=...) takes a function (group, block indices) -> "
+                             f"uint8 [k, payload_bytes], got {type(payload).__name__}")
         with self._lock:
             prompt = self._own(prompt)
             skip = self._unavailable(unavailable)
@@ -729,6 +766,8 @@ class Engine:
         of ``keep``. Returns the blocks given back (commit uses it for room; a restore
         executor can too). ``keep`` must be block ids of ``group`` (else a KvfsmError naming
         it, before anything moves)."""
+        if self._closed:
+            self._open()
         count = _args.count("count", count)
         with self._lock:
             kept = self._keep(group, keep)

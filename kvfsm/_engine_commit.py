@@ -82,9 +82,12 @@ class Committer:
 
     def _groups(self, names: Sequence[str] | None) -> list[GroupState]:
         if names is not None:
-            if isinstance(names, str):
-                raise KvfsmError("commit(groups=...) takes a list of group names, not a str")
+            if isinstance(names, str) or not isinstance(names, Sequence | set | frozenset):
+                raise KvfsmError(f"commit(groups=...) takes a list of group names, not a "
+                                 f"{type(names).__name__}")
             for name in names:
+                if not isinstance(name, str):
+                    raise KvfsmError(f"commit(groups=...): {name!r} is not a group name")
                 self.core.group(name)  # names the groups when one does not exist
         chosen = [g for g in self.core.groups.values() if names is None or g.name in names]
         # Groups whose blocks point into another group come after it.
@@ -111,12 +114,18 @@ class Committer:
             & ~table.in_flight[states] & table.hashed[states]
         writes = ~cached | failed | lower
         fresh = index[writes]
-        content = np.asarray(payload(group, fresh), dtype=np.uint8)
-        if content.size != fresh.size * decl.payload_bytes:
-            raise KvfsmError(f"{group.name}: payload gave {content.size} bytes for "
-                             f"{fresh.size} blocks; expected shape "
-                             f"[{fresh.size}, {decl.payload_bytes}]")
-        return _GroupCommit(group, fresh, content.reshape(fresh.size, decl.payload_bytes),
+        content = payload(group, fresh)
+        expected = (int(fresh.size), decl.payload_bytes)
+        # Bytes as they are: never cast (a float array would be cached as its rounded values)
+        # nor reshaped (a transposed array would be cached scrambled).
+        if not isinstance(content, np.ndarray) or content.dtype != np.uint8 \
+                or content.shape != expected:
+            got = (f"{content.dtype} array of shape {list(content.shape)}"
+                   if isinstance(content, np.ndarray) else type(content).__name__)
+            raise KvfsmError(f"commit(payload=...): {group.name}: the payload of {fresh.size} "
+                             f"blocks must be a uint8 array of shape {list(expected)} (each "
+                             f"block's bytes as the kernels lay them out), got {got}")
+        return _GroupCommit(group, fresh, content,
                             known[failed].astype(np.intp),
                             known[cached & ~failed & ~lower].astype(np.intp),
                             lower[writes], np.where(lower, known, -1)[writes].astype(np.intp))

@@ -30,6 +30,8 @@ from kvfsm.tiers import BlockKey, StoredTier
 from kvfsm.verify import Prompt, Verdict
 
 IdArray = NDArray[np.intp]
+#: How often a wait for copies looks again at whether their tier still answers.
+_WAIT_SLICE_S = 0.02
 
 
 def check_tiers(core: StateCore, tiers: Mapping[Tier | str, StoredTier]) -> dict[Tier, StoredTier]:
@@ -297,14 +299,15 @@ class EngineTiers:
 
     def below(self, group: GroupState, tier: Tier) -> Tier | None:
         """The stored tier blocks resting in ``tier`` spill into now: attached, kept by the
-        group, and not backing off (None: none, they are evicted instead)."""
+        group, and answering (not backing off; a remote tier that failed has answered a
+        presence question since) (None: none, they are evicted instead)."""
         if int(tier) + 1 >= len(Tier):
             return None
         under = Tier(int(tier) + 1)
         if under not in group.stored or under not in self.tiers:
             return None
         health = self.restorer.health.get(under)
-        return None if health is not None and health.down() else under
+        return None if health is not None and not health.usable() else under
 
     def start_spills(self, group: str, tier: Tier, count: int, keep: ArrayLike = ()
                      ) -> Spills:
@@ -377,6 +380,7 @@ class EngineTiers:
         if not self.tiers:
             return
         deadline = time.monotonic() + self.restorer.timeouts.spill_wait_s
+        self.restorer.probe(self.tiers)  # a failed tier that answers again takes spills
         while True:
             jobs: list[SpillJob] = []
             gave = 0
@@ -413,6 +417,7 @@ class EngineTiers:
         """See :meth:`kvfsm.Engine.spill_down`: rounds of :meth:`start_spills`, copies waited
         for without the engine's lock (at most ``StoreTimeouts.spill_wait_s``)."""
         deadline = time.monotonic() + self.restorer.timeouts.spill_wait_s
+        self.restorer.probe(self.tiers)
         moved = 0
         while moved < count:
             with self._lock:
@@ -433,13 +438,29 @@ class EngineTiers:
 
     def _wait(self, jobs: list[SpillJob], deadline: float) -> bool:
         """Wait for ``jobs``' copies until ``deadline`` (the caller does not hold the lock
-        unless it took it itself); True when all were written in time."""
-        left = deadline - time.monotonic()
-        futures = [future for job in jobs for _, future in job.parts]
-        if left <= 0:
-            return all(future.done() for future in futures)
-        _, running = cf.wait(futures, timeout=left)
-        return not running
+        unless it took it itself); True when all were written in time. Copies into a tier
+        that stops answering meanwhile are not waited for: they end by its client's timeout,
+        and the caller evicts what it must instead. Copies still running after
+        ``presence_s`` have their tier asked a presence question (bounded the same), so a
+        silent store is found out then, even where no other call asks it anything."""
+        restorer = self.restorer
+        health = restorer.health
+        parts = [(future, tier) for job in jobs
+                 for (_, future), tier in zip(job.parts, job.targets, strict=True)]
+        asked_at = time.monotonic() + restorer.timeouts.presence_s
+        while True:
+            waiting = [future for future, tier in parts if not future.done()
+                       and (tier not in health or health[tier].usable())]
+            now = time.monotonic()
+            left = deadline - now
+            if not waiting or left <= 0:
+                return all(future.done() for future, _ in parts)
+            if now >= asked_at:
+                asked_at = deadline  # once per wait
+                restorer.probe({tier for future, tier in parts if not future.done()},
+                               answering=True)
+                continue
+            cf.wait(waiting, timeout=min(left, asked_at - now, _WAIT_SLICE_S))
 
     def host_short(self, group: str, device_blocks: int) -> int:
         """Host slots ``group`` lacks now to take ``device_blocks`` spilled device blocks."""

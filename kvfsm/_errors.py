@@ -77,6 +77,11 @@ class ForeignPromptError(KvfsmError):
     would never match that engine's cache, or it keeps none at the size asked for."""
 
 
+class EngineClosed(KvfsmError):
+    """The engine was closed (``Engine.close``): it answers nothing more and moves no block
+    (its restore workers are stopped and its leases released)."""
+
+
 class LeaseLost(KvfsmError):
     """A lease no longer guarantees the blocks its verdict called usable: it expired or was
     released, or a leased block's content moved (its epoch changed), or it is no longer

@@ -13,9 +13,12 @@ compile it (``nopython`` mode, no Python objects), writing its answer into an ``
   Python, and requires equal answers.
 
 Calling the kernel dispatches once on :attr:`JitSettings.enabled`; call sites just call it.
-numba is imported and the kernel compiled on first use (or by :func:`warm_up`), and the machine
-code is cached on disk (``__pycache__``, or numba's user cache directory where the package is
-read-only).
+numba is imported and the kernel compiled on first use (or by :func:`warm_up`, which says on
+stderr when that takes a while: the first use on a machine), and the machine code is cached on
+disk: ``__pycache__`` beside the source, or numba's user cache directory where the package is
+read-only, or (a locked-down install with no writable home either) a per-user directory under
+the system's temporary directory (``NUMBA_CACHE_DIR`` set here, one warning); where no directory
+is writable at all the kernels compile without a disk cache, on every start (one warning).
 
 Why not always NumPy: a probe chain or a per-row "any reference bad" is a short loop per key. As
 array operations it costs a dozen passes over the batch, each allocating; compiled it is one
@@ -27,15 +30,53 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import logging
 import os
+import sys
+import tempfile
+import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 import numpy as np
 
 #: Environment variable that disables compiled kernels when set to 0 / false / no / off.
 ENV_VAR = "KVFSM_JIT"
 _OFF = frozenset({"0", "false", "no", "off"})
+#: numba's own setting of where its disk cache lives (read when numba is imported).
+CACHE_ENV: Final = "NUMBA_CACHE_DIR"
+#: A kernel whose compile (or cache load) took longer than this is being compiled for real:
+#: :func:`warm_up` then says so on stderr (loading from the cache takes milliseconds).
+SLOW_COMPILE_S: Final = 0.5
+_log = logging.getLogger("kvfsm")
+
+
+def _writable(directory: Path) -> bool:
+    """``directory`` exists and this process may create files in it, or it can be made."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def _cache_dir() -> None:
+    """Before numba is imported: where neither the package's ``__pycache__`` nor the user's
+    cache directory is writable (a read-only install run by a user without a writable home),
+    point numba's cache at a per-user directory under the temporary directory, so kernels
+    compile once per machine instead of failing ("no locator available")."""
+    if os.environ.get(CACHE_ENV):
+        return
+    here = Path(__file__).resolve().parent / "__pycache__"
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "numba"
+    if _writable(here) or _writable(home):
+        return
+    fallback = Path(tempfile.gettempdir()) / f"kvfsm-numba-cache-{os.getuid()}"
+    if _writable(fallback):
+        os.environ[CACHE_ENV] = str(fallback)
+        _log.warning("kvfsm: neither %s nor %s is writable; compiled kernels are cached in %s "
+                     "(set %s to choose another place)", here, home, fallback, CACHE_ENV)
 
 
 def _numba_installed() -> bool:
@@ -52,11 +93,19 @@ def _numba() -> Any:
     it costs a quarter of a second that commands without lookups should not pay."""
     if os.environ.get(ENV_VAR, "").strip().lower() in _OFF:
         return None
+    _cache_dir()
     try:
         import numba
     except ImportError:
         return None
     return numba
+
+
+@functools.cache
+def _no_disk_cache(why: str) -> None:
+    """Warn once that kernels compile without a disk cache (every start pays the compile)."""
+    _log.warning("kvfsm: compiled kernels cannot be cached on disk (%s); they are compiled on "
+                 "every start. Set %s to a writable directory to cache them.", why, CACHE_ENV)
 
 
 class JitSettings:
@@ -151,7 +200,11 @@ class Kernel:
             # Compiled code's version of array_at (kernels taking arrays by address).
             from kvfsm import _addressed
             _addressed.register(numba)
-            self._compiled = numba.njit(cache=True, nogil=True)(self.python)
+            try:
+                self._compiled = numba.njit(cache=True, nogil=True)(self.python)
+            except RuntimeError as exc:  # numba found no writable place for its cache
+                _no_disk_cache(str(exc))
+                self._compiled = numba.njit(cache=False, nogil=True)(self.python)
         return self._compiled
 
     def entry(self, *args: Any) -> Callable[..., Any]:
@@ -269,11 +322,19 @@ def kernel(*, example: Example, twin: Callable[..., Any] | None = None,
 
 def warm_up() -> None:
     """Compile (or load from the disk cache) every kernel, so no request pays for it. Cheap once
-    done: each call then runs a kernel on a few elements."""
+    done: each call then runs a kernel on a few elements. The first time on a machine it
+    compiles for some seconds: a kernel that takes long prints one line on stderr saying so."""
     if not settings.enabled:
         return
     if not settings.available:  # installed, but it fails to import: the NumPy twins serve
         settings.enabled = False
         return
-    for each in _KERNELS:
+    told = False
+    for done, each in enumerate(_KERNELS):
+        started = time.perf_counter()
         each.compiled(*each.example())
+        if not told and time.perf_counter() - started > SLOW_COMPILE_S:
+            told = True
+            print(f"kvfsm: compiling {len(_KERNELS) - done} lookup kernels (first use on this "
+                  "machine, about 20 s; cached on disk afterwards) ...", file=sys.stderr,
+                  flush=True)

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import enum
+from typing import Final
+
+#: At most this many block-level shortfalls a verdict lists per group and reason (a miss of
+#: thousands of blocks names its first few).
+MAX_LISTED: Final = 16
 
 
 class Reason(enum.Enum):

@@ -1,4 +1,6 @@
-"""The ``kvfsm`` command."""
+"""kvfsm: a prefix hit is never taken for a usable KV cache. Check lifecycle specs, draw
+their diagrams, measure, declare models from their configs, run the serving demo, replay event
+logs."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import sys
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Final
 
 import attrs
 
@@ -256,6 +259,20 @@ def _demo_command(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
+#: What a demo run writes into its folder: an earlier run's files of these names go first,
+#: so no stale plot or event log of a model this run does not serve stays beside the new
+#: report (nothing else in the folder is touched).
+_DEMO_OUTPUTS: Final = ("*_hit_vs_usable.png", "*_token_sources.png", "overview.png",
+                        "report.md", "report.json", "metrics.prom", "*.mmd", "events/*.jsonl")
+
+
+def _clear_demo_outputs(out_dir: Path) -> None:
+    for pattern in _DEMO_OUTPUTS:
+        for path in out_dir.glob(pattern):
+            if path.is_file():
+                path.unlink()
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     out_dir = Path(args.output)
     if not args.faults:
@@ -269,6 +286,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         settings = attrs.evolve(settings, seed=args.seed, remote=args.remote)
     with _doing("create folder", out_dir):  # first, so a bad -o fails before any work
         out_dir.mkdir(parents=True, exist_ok=True)
+        _clear_demo_outputs(out_dir)
     if args.faults:
         return _cmd_demo_faults(out_dir)
     from kvfsm.serve._demo import run_demo
@@ -342,7 +360,10 @@ def _from_config_command(args: argparse.Namespace) -> str:
 
 
 def _load_config(args: argparse.Namespace) -> object:
-    """The transformers config that ``model from-config`` was asked to declare."""
+    """The transformers config that ``model from-config`` was asked to declare. Its raw keys are
+    checked first (``check_config_keys``): a ``CONFIG_JSON`` must give every key that sets the
+    cache's shape, and every numeric key, ``--set`` ones included, must be in range."""
+    from kvfsm.serve._declare import check_config_keys, shape_keys
     from kvfsm.serve._tiny import check_model_type, config_class, tiny_settings
 
     if args.config is not None and args.model_type is not None:
@@ -371,11 +392,14 @@ def _load_config(args: argparse.Namespace) -> object:
         model_type = check_model_type(args.model_type)
         given = tiny_settings(model_type) if args.tiny else {}
     cls = config_class(model_type)
-    known = set(cls().to_dict()) | set(getattr(cls, "attribute_map", {})) | set(given)
+    known = (set(cls().to_dict()) | set(getattr(cls, "attribute_map", {})) | set(given)
+             | shape_keys(model_type))
     for key, _value, _text in args.set:
         if key not in known:
             raise KvfsmError(f"--set {key}: {model_type} configs have no key {key!r}")
     settings = {**given, **{key: value for key, value, _text in args.set}}
+    source = args.config if args.config is not None else "(--set)"
+    check_config_keys(model_type, settings, source=source, required=args.config is not None)
     try:
         if args.config is not None:
             return cls.from_dict(settings)
@@ -386,6 +410,7 @@ def _load_config(args: argparse.Namespace) -> object:
 
 def _cmd_model_from_config(args: argparse.Namespace) -> int:
     from kvfsm.serve import declaration_toml
+    from kvfsm.serve._declare import snapshot_notes
     from kvfsm.spec import parse_model
 
     config = _load_config(args)
@@ -397,6 +422,8 @@ def _cmd_model_from_config(args: argparse.Namespace) -> int:
         checkpoint_interval=args.checkpoint_interval, generated_by=_from_config_command(args),
     )
     model = parse_model(text, source="<model from-config>")  # refuse to print what cannot load
+    for note in snapshot_notes(model):  # the cost of a recurrent group's snapshots, up front
+        print(f"kvfsm: note: {note}", file=sys.stderr)
     if args.output is None or args.output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -428,19 +455,24 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             raise KvfsmError(f"--lifecycle {name}={path}: that spec is lifecycle "
                              f"{lifecycle.name!r}, not {name!r}")
         given[name] = lifecycle
-    try:
-        result = replay(args.log, given)
-    except OSError as exc:
-        # Unreadable is not rejected: exit 2, the replay could not run.
-        print(f"kvfsm: error: cannot read {args.log}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+    code = 0
+    figures = []
+    for log in args.log:
+        try:
+            result = replay(log, given)
+        except OSError as exc:
+            # Unreadable is not rejected: exit 2, the replay could not run.
+            print(f"kvfsm: error: cannot read {log}: {exc.strerror or exc}", file=sys.stderr)
+            code = 2
+            continue
+        figures.append({"log": str(log), **result.to_json()})
+        if not args.json:
+            print(result.summary(), file=sys.stdout if result.accepted else sys.stderr)
+        if not result.accepted and code == 0:
+            code = 1
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
-    elif result.accepted:
-        print(result.summary())
-    else:
-        print(result.summary(), file=sys.stderr)
-    return 0 if result.accepted else 1
+        print(json.dumps(figures[0] if len(args.log) == 1 and figures else figures, indent=2))
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -505,7 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
         "from-config", help="declare the cache groups of a transformers model from its config",
         description="Print (or write) the kvfsm model declaration of a transformers config: "
         "every cache state the architecture keeps becomes a group of the right kind "
-        "(gpt_oss, qwen3_next, deepseek_v4; see docs/models.md). Needs transformers.")
+        "(gpt_oss, qwen3_next, deepseek_v4, llama, mistral, qwen3, gemma2, gemma3_text; see "
+        "docs/models.md), its header stating each group's bytes. Needs transformers.")
     from_config.add_argument("config", nargs="?", metavar="CONFIG_JSON",
                              help="a transformers config.json")
     from_config.add_argument("--model-type", metavar="T",
@@ -521,7 +554,10 @@ def build_parser() -> argparse.ArgumentParser:
     from_config.add_argument("--block-size", type=positive_int, default=16,
                              help="tokens per block of the per-token groups (>= 1; default 16)")
     from_config.add_argument("--checkpoint-interval", type=positive_int,
-                             help="tokens between recurrent snapshots (default: every block)")
+                             help="tokens between recurrent snapshots, a multiple of the "
+                             "block size (default: every block); the output's header states a "
+                             "snapshot's bytes and the interval at which snapshots cost no more "
+                             "per token than the other groups")
     from_config.add_argument("--name", help="the model's name (default: the model_type)")
     from_config.add_argument("-o", "--output",
                              help="output file, its missing parent folders created ('-' or "
@@ -565,9 +601,12 @@ def build_parser() -> argparse.ArgumentParser:
         "and check every line: each event has a row from the logged state, which is the "
         "replayed one, into the logged state; epochs move as the rows say; reads are of "
         "readable blocks at their current epoch; no tier holds more blocks than its capacity. "
-        "Exit 0: accepted; 1: rejected (the first bad line is printed on stderr with its "
-        "number); 2: the log cannot be read or a --lifecycle is bad.")
-    replay.add_argument("log", metavar="LOG", help="the event log (JSON Lines)")
+        "Several logs are replayed one after the other (e.g. a demo's events/*.jsonl). "
+        "Exit 0: every log accepted; 1: one was rejected (the first bad line of each is "
+        "printed on stderr with its number); 2: a log cannot be read or a --lifecycle is "
+        "bad.")
+    replay.add_argument("log", metavar="LOG", nargs="+",
+                        help="event logs (JSON Lines), each replayed on its own")
     replay.add_argument("--lifecycle", action="append", default=[], type=lifecycle_setting,
                         metavar="NAME=PATH",
                         help="replay groups following lifecycle NAME with the spec at PATH "

@@ -340,14 +340,15 @@ def test_model_from_config_reads_a_config_json_and_writes_a_file(
     ("argv", "code", "message"),
     [
         (["no/such/config.json"], 1, "cannot read no/such/config.json: "),
-        (["--model-type", "llama"], 2,
-         "unsupported model_type 'llama': kvfsm declares gpt_oss, qwen3_next, deepseek_v4"),
+        (["--model-type", "mamba"], 2,
+         "unsupported model_type 'mamba': kvfsm declares gpt_oss, qwen3_next, deepseek_v4, "
+         "llama, mistral, qwen3, gemma2, gemma3_text"),
         ([], 2, "model from-config: give a CONFIG_JSON or a --model-type"),
         (["x.json", "--model-type", "gpt_oss"], 2, "give CONFIG_JSON or --model-type, not both"),
         (["--model-type", "gpt_oss", "--set", "slidng_window=8"], 2,
          "--set slidng_window: gpt_oss configs have no key 'slidng_window'"),
         (["--model-type", "gpt_oss", "--tiny", "--set", 'sliding_window="x"'], 2,
-         "gpt_oss config: Validation error for field 'sliding_window'"),
+         "gpt_oss config (--set): 'sliding_window' must be an int >= 1 or null, got 'x'"),
         (["--model-type", "qwen3_next", "--tiny", "--checkpoint-interval", "24"], 2,
          "checkpoint_interval 24 is not a multiple of 16"),
     ],
@@ -456,7 +457,7 @@ def test_replay_a_truncated_log_is_rejected_not_a_traceback(
     path.write_text(path.read_text()[:-25])
     assert main(["replay", str(path)]) == 1
     err = capsys.readouterr().err
-    assert "line 7: malformed: not JSON" in err and "Traceback" not in err
+    assert "line 8: malformed: not JSON" in err and "Traceback" not in err  # the chain line
 
 
 def test_replay_with_a_given_lifecycle(tmp_path: Path,
@@ -487,6 +488,33 @@ def test_replay_bad_lifecycles_exit_2(tmp_path: Path, capsys: pytest.CaptureFixt
         code = exc.code
     assert code == 2
     assert words in capsys.readouterr().err
+
+
+def test_replay_takes_several_logs_and_fails_on_any_rejected(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``kvfsm replay events/*.jsonl``: every log replayed on its own, each one's summary
+    printed; exit 1 when any is rejected; ``--json`` gives a list, one entry per log."""
+    good = _event_log(tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    lines = good.read_text().splitlines()
+    lines[3] = lines[3].replace('"epochs":[2,', '"epochs":[7,')
+    bad.write_text("\n".join(lines) + "\n")
+    assert main(["replay", str(good), str(good)]) == 0
+    assert capsys.readouterr().out.count("accepted") == 2
+    assert main(["replay", str(good), str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert f"accepted {good}" in captured.out and f"rejected {bad}" in captured.err
+    assert main(["replay", str(good), str(bad), "--json"]) == 1
+    listed = json.loads(capsys.readouterr().out)
+    assert [(f["log"], f["accepted"]) for f in listed] == [(str(good), True), (str(bad), False)]
+    assert main(["replay", str(good), str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_the_help_says_what_kvfsm_is(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and "prefix hit is never taken for a usable" in out
 
 
 def test_replay_an_unreadable_file_exits_2(tmp_path: Path,

@@ -51,7 +51,12 @@ def test_svg_and_png_render() -> None:
     svg = diagram(LIFECYCLE, "svg").decode()
     assert "<svg" in svg
     assert svg_spec_hash(svg) == LIFECYCLE.spec_hash
-    assert diagram(LIFECYCLE, "png").startswith(b"\x89PNG")
+    png = diagram(LIFECYCLE, "png")
+    assert png.startswith(b"\x89PNG")
+    # Drawn top to bottom: no lifecycle is a strip many times wider than high (5824 x 580 px
+    # for full_kv when drawn left to right).
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert width <= 2 * height, (width, height)
 
 
 def test_unknown_format_is_refused() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import numpy as np
@@ -503,6 +504,20 @@ def test_verdict_summary_is_short() -> None:
     assert "not_cached (history)" in shown
 
 
+def test_verdict_summary_says_where_a_reason_was_listed_only_in_part() -> None:
+    """A verdict lists the first 16 blocks per group and reason: a miss of 40 blocks shows as
+    "16+ blocks", never as a count of 16."""
+    eng = Engine(DENSE, CoreConfig(device_blocks=64, host_blocks=64, backend="numpy"))
+    text = tokens(50 * 16 + 1)
+    eng.commit(text)
+    ids = [block_id(eng, "attn", text, i) for i in range(10, 50)]
+    eng.core.fire("attn", ids, "spill_begin")
+    eng.core.fire("attn", ids, "spill_done")
+    shown = str(eng.lookup(text))
+    assert "not_resident (attn) (16+ blocks, the first 16 listed)" in shown
+    assert "x16" not in shown
+
+
 def test_commit_settles_cached_history_before_indexing_it() -> None:
     """Index rows cached over a history block that was left raw (a prefill interrupted before
     compressing) are rewritten by the next commit of the prompt: it compresses the block
@@ -774,3 +789,119 @@ def test_a_prefix_is_never_usable_past_where_two_requests_kv_agree(
     assert verdict.usable_tokens <= verdict.hit_tokens <= agree // FULL_BLOCK * FULL_BLOCK
     if decl is DENSE:
         assert verdict.usable_tokens == min(agree, other.size - 1) // FULL_BLOCK * FULL_BLOCK
+
+
+@pytest.mark.parametrize("how", ["float32", "transposed", "flat", "list"])
+def test_a_payload_of_the_wrong_type_or_shape_is_refused_and_nothing_cached(how: str) -> None:
+    """The payload is the blocks' bytes: a float array of the right byte count would be cached
+    as its rounded values, a transposed one scrambled. Both are refused, naming the group and
+    the shape expected, and nothing is cached."""
+    eng = Engine(DENSE, CoreConfig(device_blocks=16, backend="numpy"))
+    text = tokens(4 * 16 + 1)
+    width = eng.core.group("attn").decl.payload_bytes
+
+    def payload(group: Any, index: Any) -> Any:
+        good = np.zeros((index.size, width), dtype=np.uint8)
+        return {"float32": good.view(np.float32), "transposed": good.T, "flat": good.ravel(),
+                "list": good.tolist()}[how]
+
+    with pytest.raises(KvfsmError, match=r"attn: the payload of 4 blocks must be a uint8 array "
+                                         r"of shape \[4, "):
+        eng.commit(text, payload=payload)
+    assert eng.lookup(text).hit_tokens == 0
+    assert eng.core.check_invariants() == []
+
+
+#: Values no argument of the public calls below accepts in that place (some are good
+#: elsewhere: a call taking one is simply not refused).
+BAD_ARGUMENTS = [None, -1, 1.5, "x", [[1, 2]], [1 << 70], float("inf"), float("nan"),
+                 {"a": 1}, object(), b"xx", True, 2**63, [-1], np.array([[1]]), ()]
+
+
+def _fingerprint(eng: Engine) -> tuple[bytes, ...]:
+    return tuple(array.tobytes() for group in eng.core.groups.values()
+                 for array in (group.states, group.epoch, group.block_pins, group.check))
+
+
+def test_bad_arguments_of_every_public_call_are_a_kvfsm_error_and_change_nothing() -> None:
+    """A seeded sweep of bad values through every argument of the public calls: each is
+    accepted (where it is a good value there) or refused with a KvfsmError, never a bare
+    TypeError / ValueError / OverflowError, and a refused call leaves every block as it was
+    (its state, epoch, pins and checksum record)."""
+    eng = Engine(DENSE, CoreConfig(device_blocks=16, host_blocks=8, backend="numpy"))
+    prompt = eng.prompt(tokens(65))
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    calls: dict[str, Callable[[Any], object]] = {
+        "lookup(level)": lambda b: eng.lookup(prompt, level=b),
+        "lookup(priority)": lambda b: eng.lookup(prompt, priority=b),
+        "lookup(drop_last_block)": lambda b: eng.lookup(prompt, drop_last_block=b),
+        "lookup(kernel_layouts)": lambda b: eng.lookup(prompt, kernel_layouts=b),
+        "lookup(prompt)": lambda b: eng.lookup(b),
+        "commit(groups)": lambda b: eng.commit(prompt, groups=b),
+        "commit(computed_from)": lambda b: eng.commit(prompt, computed_from=b),
+        "commit(unavailable)": lambda b: eng.commit(prompt, unavailable=b),
+        "commit(payload)": lambda b: eng.commit(prompt, payload=b),
+        "give_back(group)": lambda b: eng.give_back(b, 1),
+        "give_back(count)": lambda b: eng.give_back("attn", b),
+        "give_back(keep)": lambda b: eng.give_back("attn", 1, keep=b),
+        "offload(group)": lambda b: eng.offload(b, [0]),
+        "offload(ids)": lambda b: eng.offload("attn", b),
+        "spill_down(tier)": lambda b: eng.spill_down("attn", b, 1),
+        "spill_down(count)": lambda b: eng.spill_down("attn", "host", b),
+        "restore(verdict)": lambda b: eng.restore(b),
+        "restore(prompt)": lambda b: eng.restore(verdict, b),
+        "lease(ttl_s)": lambda b: eng.lease(verdict, prompt, ttl_s=b),
+        "lease(verdict)": lambda b: eng.lease(b, prompt),
+        "lease(prompt)": lambda b: eng.lease(verdict, b),
+        "plan(priority)": lambda b: eng.plan(prompt, priority=b),
+        "record_prefill(tokens)": lambda b: eng.record_prefill(b, 1.0),
+        "record_prefill(seconds)": lambda b: eng.record_prefill(10, b),
+        "prompt(namespace)": lambda b: eng.prompt([1, 2, 3], namespace=b),
+        "prompt(content_keys)": lambda b: eng.prompt([1, 2, 3], content_keys=b),
+        "discover(prompt)": lambda b: eng.discover(b),
+        "register_graph": lambda b: eng.register_graph(b),
+        "activate_graph": lambda b: eng.activate_graph(b),
+        "wait(group)": lambda b: eng.restore(verdict, prompt).wait(b),
+        "wait(timeout)": lambda b: eng.restore(verdict, prompt).wait(timeout=b),
+    }
+    for name, call in calls.items():
+        for bad in BAD_ARGUMENTS:
+            before = _fingerprint(eng)
+            try:
+                with eng.lock:  # nothing else moves meanwhile
+                    call(bad)
+            except KvfsmError:
+                assert _fingerprint(eng) == before, (name, bad)
+    assert eng.core.check_invariants() == []
+
+
+def test_a_closed_engine_refuses_every_call_and_leaves_nothing_in_flight(tmp_path: Any) -> None:
+    """After close() every call is an EngineClosed (a KvfsmError) and moves no block; close
+    settles what was in flight, so no block is left restoring or spilling; a second close does
+    nothing."""
+    from kvfsm import EngineClosed
+    from kvfsm.tiers import DiskTier
+
+    eng = Engine(DENSE, CoreConfig(device_blocks=16, host_blocks=8, disk_blocks=16,
+                                   backend="numpy"),
+                 tiers={"disk": DiskTier(tmp_path, capacity_bytes=1 << 30, fsync=False)})
+    prompt = eng.prompt(tokens(65))
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    eng.offload("attn", [0, 1])
+    eng.close()
+    eng.close()
+    in_flight = eng.core.group("attn").table.in_flight
+    before = _fingerprint(eng)
+    for call in (lambda: eng.lookup(prompt), lambda: eng.commit(prompt),
+                 lambda: eng.restore(verdict, prompt), lambda: eng.offload("attn", [2]),
+                 lambda: eng.give_back("attn", 1), lambda: eng.spill_down("attn", "host", 1),
+                 lambda: eng.lease(verdict, prompt), lambda: eng.lookup_and_lease(prompt),
+                 lambda: eng.discover(prompt), lambda: eng.plan(prompt),
+                 lambda: eng.prompt([1, 2])):
+        with pytest.raises(EngineClosed, match="closed"):
+            call()
+    assert _fingerprint(eng) == before
+    assert not in_flight[eng.core.group("attn").states].any()
+    assert eng.core.check_invariants() == []

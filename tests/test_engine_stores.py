@@ -9,6 +9,7 @@ would block behind the hung one fails the test instead of hanging it.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, Engine
 from kvfsm.restore import StoreTimeouts
+from kvfsm.restore._health import TierHealth
 from kvfsm.spec import Tier
 from kvfsm.state import GroupState
 from kvfsm.tiers import BlockKey, DiskTier, LoadResult
@@ -174,6 +176,165 @@ def test_a_lookup_asks_a_hung_store_for_its_presence_question_only(tmp_path: Pat
         held.released.set()
 
 
+def fill_down_to_disk(eng: Engine, prompts: int = 4) -> None:
+    """Device, host and disk full (``make``'s sizes): a further commit relays disk's oldest
+    blocks to the remote store for room."""
+    for k in range(prompts):
+        prompt = eng.prompt(tokens(10 + k))
+        eng.commit(prompt, payload=payload_of(prompt))
+    for tier, size in (("device", 16), ("host", 8), ("disk", 8)):
+        assert eng.core.blocks_in(GROUP, tier).size == size
+
+
+def test_a_commit_does_not_wait_out_spill_wait_s_on_a_store_that_stopped_answering(
+        tmp_path: Path) -> None:
+    """A commit whose room below needs copies into a remote store that hangs finds the store
+    silent within its presence question's bound and stops waiting for them (the copies end
+    by the client's timeout; disk's oldest are evicted instead). Before, it waited the whole
+    ``spill_wait_s`` on them, and every thread making room did the same: under a frozen
+    Redis the tool's load fell to 2 % of normal."""
+    eng, held = make(tmp_path, timeouts=StoreTimeouts(spill_wait_s=WATCHDOG_S * 3))
+    fill_down_to_disk(eng)
+    held.hang.set()
+    try:
+        prompt = eng.prompt(tokens(20))
+        in_time(lambda: eng.commit(prompt, payload=payload_of(prompt)))
+        assert held.calls["put"] >= 1  # the relay reached the store and hangs there
+        assert not eng.restorer.health[Tier.REMOTE].up
+        assert in_time(lambda: eng.lookup(prompt).usable_tokens) == 128
+    finally:
+        held.released.set()
+
+
+def test_a_store_that_failed_gets_a_presence_question_not_loads_until_it_answers(
+        tmp_path: Path) -> None:
+    """Once a failed store's back-off is over, a restore asks it a presence question first
+    (bounded by ``presence_s``) and sends loads only after an answer: a store that still
+    hangs costs one short question, and the verdict keeps naming it; once it answers, the
+    same restore loads. Before, the back-off's end let loads go straight into the hung store,
+    each holding a worker until the client's own timeout."""
+    timeouts = StoreTimeouts(backoff_first_s=60, backoff_max_s=60)
+    eng, held = make(tmp_path, timeouts=timeouts)
+    prompt = eng.prompt(tokens(0))
+    eng.commit(prompt, payload=payload_of(prompt))
+    to_remote(eng, prompt)
+    health = eng.restorer.health[Tier.REMOTE]
+    held.hang.set()
+    try:
+        assert in_time(lambda: eng.lookup(eng.prompt(tokens(9))).hit_tokens) == 0
+        assert not health.up
+        health.retry_at = 0.0  # the back-off is over; the store still hangs
+        verdict = in_time(lambda: eng.lookup(prompt))
+        assert verdict.restorable_tokens == 128
+        assert verdict.reasons_of(Reason.TIER_UNAVAILABLE)
+        asked = held.calls["contains"]
+        ticket = in_time(lambda: eng.restore(verdict, prompt))
+        ticket.wait(timeout=0.2)
+        assert held.calls["load_into"] == 0 and held.calls["contains"] == asked + 1
+        assert not health.up
+        held.hang.clear()  # it answers again (the question still hung stays so)
+        health.retry_at = 0.0
+        verdict = in_time(lambda: eng.lookup(prompt))
+        in_time(lambda: eng.restore(verdict, prompt).wait(timeout=WAIT))
+        assert eng.lookup(prompt).usable_tokens == 128
+        assert health.up and held.calls["load_into"] >= 1
+    finally:
+        held.released.set()
+    assert eng.core.check_invariants() == []
+
+
+def test_loads_after_a_store_returns_do_not_queue_behind_calls_still_hung_in_it(
+        tmp_path: Path) -> None:
+    """Calls a store left hanging keep their worker threads until the client's timeout (as
+    behind a dropped connection); once the store answers again, loads run on fresh workers
+    and restore at once. Before, they queued behind the hung calls: no restore from the
+    store until those timed out, however long it had been back."""
+    timeouts = StoreTimeouts(backoff_first_s=60, backoff_max_s=60)
+    eng, held = make(tmp_path, timeouts=timeouts)
+    stuck, later = eng.prompt(tokens(0)), eng.prompt(tokens(1))
+    for each in (stuck, later):
+        eng.commit(each, payload=payload_of(each))
+        to_remote(eng, each)
+    health = eng.restorer.health[Tier.REMOTE]
+    held.hang.set()
+    try:
+        first = in_time(lambda: eng.restore(eng.lookup(stuck), stuck))
+        first.wait(timeout=0.2)  # both workers now hang in its loads
+        assert held.calls["load_into"] == 2 and eng.restorer.loads_in_flight == 2
+        assert in_time(lambda: eng.lookup(eng.prompt(tokens(9))).hit_tokens) == 0
+        assert not health.up  # its presence question went unanswered
+        held.hang.clear()  # the store is back; the two loads still hang
+        health.retry_at = 0.0
+        verdict = in_time(lambda: eng.lookup(later))
+        in_time(lambda: eng.restore(verdict, later).wait(timeout=5.0))
+        assert eng.lookup(later).usable_tokens == 128
+    finally:
+        held.released.set()
+    eng.close()  # waits for the calls left hanging, and settles them
+    assert "restoring_remote" not in states(eng, stuck)
+    assert eng.core.check_invariants() == []
+
+
+def test_a_store_failing_for_hours_still_backs_off_and_never_raises() -> None:
+    """Thousands of failed calls in a row (a store down for hours, probed twice a second)
+    keep the back-off at its cap. Before, the doubling overflowed after 1 030 failures
+    (``OverflowError: int too large to convert to float``), raised out of every later call
+    that found the store failing: lookups included."""
+    health = TierHealth(Tier.REMOTE, StoreTimeouts())
+    for _ in range(5000):
+        health.failed("no answer")
+    assert 0 < health.wait_s() <= StoreTimeouts().backoff_max_s
+
+
+def test_calls_racing_a_failure_never_find_their_workers_shut_down(tmp_path: Path) -> None:
+    """Threads asking a store while other threads find it failing (which leaves its worker
+    threads behind) always get an answer or a miss, never an error: found by
+    tools/store_outage.py, where a restore died with "cannot schedule new futures after
+    shutdown" when a failure retired the workers between its look-up and its submit."""
+    eng, held = make(tmp_path)
+    executor = eng.restorer
+    keys = [BlockKey(model=b"t" * 16, group=0, layout=0, chain_high=0, chain_low=1,
+                     token_start=0, token_end=16)]
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def ask() -> None:
+        try:
+            while not stop.is_set():
+                eng.restorer.health[Tier.REMOTE].answered()
+                executor.presence(held, keys, 1.0)
+        except BaseException as exc:  # what the test is about
+            errors.append(exc)
+
+    def fail() -> None:
+        while not stop.is_set():
+            executor._failed(Tier.REMOTE, "found failing")
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave between any two bytecodes
+    threads = [threading.Thread(target=ask) for _ in range(3)] + [threading.Thread(target=fail)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(WATCHDOG_S)
+        sys.setswitchinterval(switch)
+    assert not errors, errors[0]
+
+
+def test_a_store_down_for_long_is_asked_again_within_half_a_second() -> None:
+    """However many times a store failed, its back-off stays short enough that its first good
+    restore follows its return within a second (before, the default cap was 1 s, and the
+    tool measured 1.07 s from a Redis's return to its first good restore)."""
+    health = TierHealth(Tier.REMOTE, StoreTimeouts())
+    for _ in range(50):
+        health.failed("no answer")
+    assert 0 < health.wait_s() <= 0.5
+
+
 # -- a failing store backs off, is named, and gives way to fresh copies ------------------------
 
 
@@ -317,3 +478,25 @@ def test_an_offload_larger_than_host_moves_every_block_down_to_disk(tmp_path: Pa
 def test_bad_store_timeouts_are_named(field: str) -> None:
     with pytest.raises(Exception, match=field):
         StoreTimeouts(**{field: -1.0})
+
+
+def test_close_settles_a_relay_to_remote_and_removes_its_disk_file(tmp_path: Path) -> None:
+    """Spills disk -> remote begun before close() are settled by it: each block lands on
+    remote (its disk file removed in place, the workers being stopped) or, its copy cancelled
+    before it started, stays on disk; close raises nothing and the files are the core's."""
+    eng, _ = make(tmp_path)
+    prompt = eng.prompt(tokens(0))
+    eng.commit(prompt, payload=payload_of(prompt))
+    ids = ids_of(eng, prompt)
+    eng.offload(GROUP, ids)
+    eng.spill_down(GROUP, Tier.HOST, ids.size)
+    on_disk = ids[[state == "disk" for state in states(eng, prompt)]]
+    assert on_disk.size
+    with eng.lock:
+        eng.restorer.begin_store(GROUP, on_disk)
+    eng.close()
+    group = eng.core.group(GROUP)
+    assert {group.machine.state_of(int(b)) for b in on_disk} <= {"remote", "disk"}
+    assert len(list((tmp_path / "disk").glob("*.kvb"))) == \
+        int(eng.core.blocks_in(GROUP, "disk").size)
+    assert eng.core.check_invariants() == []

@@ -276,6 +276,22 @@ def test_engine_plan_prices_with_what_it_measured() -> None:
     assert decision.action is Action.RECOMPUTE and not decision.restores_now
 
 
+def test_a_prompt_with_nothing_to_restore_is_reused_not_recomputed() -> None:
+    """A fully usable prompt (or one with nothing restorable) is ``REUSE``: reuse the usable
+    length and compute the rest, never ``RECOMPUTE`` (which means restoring was weighed and
+    lost); the decision prints as a few short lines."""
+    eng, text = _spilled_engine(spill_every=2)
+    verdict = eng.lookup(text)
+    eng.restore(verdict, eng.prompt(text)).wait(timeout=30)
+    decision = eng.plan(text)
+    assert decision.verdict.restorable_tokens == decision.verdict.usable_tokens > 0
+    assert decision.action is Action.REUSE and not decision.restores_now
+    assert decision.reuse_tokens == decision.verdict.usable_tokens
+    lines = str(decision).splitlines()
+    assert lines[0].startswith("Decision: reuse, reusing ")
+    assert max(map(len, lines)) < 120
+
+
 def test_engine_measures_restore_bandwidth_from_real_restores() -> None:
     eng, text = _spilled_engine(spill_every=2)
     before = eng.admission.measured_restores

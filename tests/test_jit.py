@@ -18,12 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 # Imported for their kernels: each registers itself in _KERNELS.
+import kvfsm
 import kvfsm.state._hashtable
 import kvfsm.verify._group_pass
 import kvfsm.verify._snapshot
 from kvfsm._addressed import AddressTable
 from kvfsm._jit import _KERNELS, Kernel, warm_up
 from kvfsm._jit import settings as jit
+from kvfsm.spec._shipped import shipped_specs_dir
 from kvfsm.verify import Level
 from tests.verify_models import DEEPSEEK, FOUR, GPT_OSS, PROMPTS, drive, engine
 
@@ -143,6 +145,54 @@ def test_a_numba_that_fails_to_import_leaves_the_numpy_twins_serving(tmp_path: P
         print(found, settings.enabled, entry is probe_kernel.twin, args[5].tolist())
     """, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
     assert out == "True False True [-1]"
+
+
+def test_a_locked_down_install_compiles_once_caches_in_tmp_and_says_so() -> None:
+    """A read-only install run with no writable home (numba finds no place for its disk cache:
+    "no locator available" before) gives a working engine: the kernels cache in a per-user
+    directory under the temporary directory, with one warning, the first start says on stderr
+    that it is compiling, and a second start loads them. As root (who may write anywhere) the
+    install and home are a read-only bind mount in a mount namespace of their own."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="kvfsm-ro-"))
+    cache = Path(tempfile.gettempdir()) / f"kvfsm-numba-cache-{os.geteuid()}"
+    shutil.rmtree(cache, ignore_errors=True)
+    try:
+        # An installed wheel's layout: the package with its specs inside (kvfsm/_specs).
+        shutil.copytree(Path(kvfsm.__file__).parent, root / "kvfsm",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(shipped_specs_dir(), root / "kvfsm" / "_specs")
+        (root / "home").mkdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA", "XDG"))}
+        env |= {"HOME": str(root / "home"), "PYTHONPATH": str(root), "KVFSM_JIT": "1"}
+        script = ("from kvfsm import Engine, CoreConfig; e = Engine('dense', CoreConfig()); "
+                  "import numpy as np; e.commit(e.prompt(np.arange(33))); "
+                  "print(e.lookup(np.arange(33)).usable_tokens)")
+        command = [sys.executable, "-c", script]
+        if os.geteuid() == 0:
+            bind = f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && exec \"$@\""
+            command = ["unshare", "-m", "--propagation", "private", "sh", "-c", bind, "-",
+                       *command]
+        else:
+            for path in [root, *root.rglob("*")]:
+                path.chmod(0o555 if path.is_dir() else 0o444)
+        runs = [subprocess.run(command, env=env, cwd=root, capture_output=True, text=True,
+                               timeout=600, check=False) for _ in range(2)]
+    finally:
+        for path in [root, *root.rglob("*")]:
+            path.chmod(0o755)
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
+    first, second = runs
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.split() == ["32"]
+    assert "no locator" not in first.stderr
+    assert first.stderr.count("compiled kernels are cached in") == 1
+    assert "compiling" in first.stderr and "first use" in first.stderr
+    assert second.returncode == 0 and second.stdout.split() == ["32"], second.stderr[-2000:]
+    assert "compiling" not in second.stderr  # loaded from the cache it made
 
 
 def test_reading_whether_kernels_are_compiled_is_an_attribute_read() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import xxhash
 
 from kvfsm import CoreConfig, Engine, EventLog, parse_lifecycle, shipped_lifecycles
 from kvfsm.obs import CHECKS, ReplayResult, replay
@@ -35,8 +36,24 @@ def logged(tmp_path: Path) -> tuple[Record, list[Record]]:
     return records(tmp_path / "run.jsonl")
 
 
-def write(path: Path, head: Record, lines: list[Record]) -> Path:
-    path.write_text("\n".join(json.dumps(r) for r in [head, *lines]) + "\n", encoding="utf-8")
+def chained(head: Record, lines: list[Record]) -> str:
+    """The text of a log of ``head`` and ``lines``, chained as a writer chains one write: one
+    chain line at the end, the xxh3-128 of the header line's xxh3-128 and the lines' bytes
+    (what a forger who knew the scheme would write: the checks below still catch the edit,
+    each at its own line)."""
+    first = json.dumps(head) + "\n"
+    body = "".join(json.dumps(r) + "\n" for r in lines)
+    digest = xxhash.xxh3_128_digest(xxhash.xxh3_128_digest(first.encode()) + body.encode())
+    end = json.dumps({"type": "chain", "lines": len(lines), "digest": digest.hex()})
+    return first + body + end + "\n"
+
+
+def write(path: Path, head: Record, lines: list[Record], *, chain: bool = True) -> Path:
+    """``head`` and ``lines`` as a log file, chained (as version 4 logs are) unless ``chain``
+    is False (older versions)."""
+    text = chained(head, lines) if chain else \
+        "\n".join(json.dumps(r) for r in [head, *lines]) + "\n"
+    path.write_text(text, encoding="utf-8")
     return path
 
 
@@ -144,7 +161,7 @@ def test_a_long_read_is_written_as_runs_and_replays(tmp_path: Path) -> None:
     with EventLog(tmp_path / "log.jsonl") as log:
         log.attach(c)
         c.record_read(GROUP, ids)
-    record = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
+    record = records(tmp_path / "log.jsonl")[1][-1]
     assert record["ids_runs"] == [[int(ids[0]), 4]] and "ids" not in record
     assert record["epochs_runs"] == [[int(c.group(GROUP).epoch[ids[0]]), 4]]
     assert replay(tmp_path / "log.jsonl").accepted
@@ -163,12 +180,9 @@ def test_malformed_runs_are_refused_before_they_are_expanded(
     with EventLog(tmp_path / "log.jsonl") as log:
         log.attach(c)
         c.record_read(GROUP, ids)
-    lines = (tmp_path / "log.jsonl").read_text().splitlines()
-    record = json.loads(lines[-1])
-    record["ids_runs"] = runs
-    lines[-1] = json.dumps(record)
-    (tmp_path / "log.jsonl").write_text("\n".join(lines) + "\n")
-    result = replay(tmp_path / "log.jsonl")
+    head, lines = records(tmp_path / "log.jsonl")
+    lines[-1]["ids_runs"] = runs
+    result = replay(write(tmp_path / "log.jsonl", head, lines))
     assert result.violation is not None and why in result.violation.message, result
 
 
@@ -257,9 +271,10 @@ def test_a_malformed_leases_reads_line_is_refused(tmp_path: Path, leased: Any, r
 def test_a_version_2_log_replays(tmp_path: Path, logged: Any) -> None:
     """Logs written before a lease's reads shared a line (a read line per group) replay."""
     head, lines = copy.deepcopy(logged)
-    assert head["version"] == 3 and any(r["type"] == "read" for r in lines)
-    head["version"] = 2
-    assert replay(write(tmp_path / "v2.jsonl", head, lines)).accepted
+    assert head["version"] == 4 and any(r["type"] == "read" for r in lines)
+    for version in (2, 3):  # before chain lines
+        head["version"] = version
+        assert replay(write(tmp_path / "old.jsonl", head, lines, chain=False)).accepted
 
 
 def test_more_blocks_in_a_tier_than_its_slots(tmp_path: Path, logged: Any) -> None:
@@ -429,8 +444,55 @@ def test_the_result_reports_counts_and_json(tmp_path: Path, logged: Any) -> None
     result = replay(write(tmp_path / "log.jsonl", head, lines))
     moves = [r for r in lines if r["type"] == "move"]
     assert (result.moves, result.reads, result.lines) == (len(moves), len(lines) - len(moves),
-                                                          len(lines) + 1)
+                                                          len(lines) + 2)  # header, chain
     assert result.to_json()["accepted"] is True
     assert result.summary().startswith("accepted ")
     assert set(CHECKS) >= {"no_row", "from_state", "to_state", "epoch", "read", "capacity"}
     assert np.isfinite(result.blocks_moved)
+
+
+# -- the chain over the lines ---------------------------------------------------------------
+
+
+def _raw(tmp_path: Path) -> list[str]:
+    with EventLog(tmp_path / "run.jsonl", flush_every=5) as log:
+        run_workload(tmp_path, event_log=log)
+    return (tmp_path / "run.jsonl").read_text().splitlines()
+
+
+def _replayed(tmp_path: Path, lines: list[str]) -> ReplayResult:
+    (tmp_path / "edited.jsonl").write_text("\n".join(lines) + "\n")
+    return replay(tmp_path / "edited.jsonl")
+
+
+def test_a_dropped_and_renumbered_line_is_refused_by_the_chain(tmp_path: Path) -> None:
+    """A line dropped and every later sequence number rewritten to match (so the sequence
+    check cannot see it) is refused at the chain line closing that write."""
+    lines = _raw(tmp_path)
+    records_ = [json.loads(line) for line in lines]
+    drop = next(i for i, r in enumerate(records_) if r.get("type") == "read")
+    kept = lines[:drop] + lines[drop + 1:]
+    renumbered = []
+    for line in kept:
+        record = json.loads(line)
+        if "seq" in record and record["seq"] > records_[drop]["seq"]:
+            record["seq"] -= 1
+            line = json.dumps(record, separators=(",", ":"))
+        renumbered.append(line)
+    result = _replayed(tmp_path, renumbered)
+    assert result.violation is not None and result.violation.check == "chain", result
+
+
+def test_a_line_changed_in_place_or_a_log_cut_after_its_last_write_is_refused(
+        tmp_path: Path) -> None:
+    lines = _raw(tmp_path)
+    record = json.loads(lines[2])
+    record["epochs"] = record["epochs"]  # the same content, spelled another way
+    changed = [*lines[:2], json.dumps(record), *lines[3:]]
+    result = _replayed(tmp_path, changed)
+    assert result.violation is not None and result.violation.check == "chain"
+    cut = lines[:-1]  # the last chain line lost: its lines are vouched for by nothing
+    result = _replayed(tmp_path, cut)
+    assert result.violation is not None and result.violation.check == "chain"
+    assert "covered by no chain line" in result.violation.message
+    assert _replayed(tmp_path, lines).accepted

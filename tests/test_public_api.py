@@ -40,7 +40,7 @@ EXPECTED = {
     "StateCore", "StateError", "explore_core", "load_model", "shipped_models",
     "DeviceProfile", "Engine", "Level", "Prompt", "Reason", "Verdict", "VerifyPolicy",
     "BlockInfo", "ForeignPromptError", "TokenError",
-    "Lease", "LeaseLost",
+    "Lease", "LeaseLost", "EngineClosed",
     "GraphSignature", "GroupSignature", "SignatureError",
     "EngineMetrics", "EventLog",
 }
@@ -80,6 +80,7 @@ def test_errors_share_a_base() -> None:
         "TokenError",
         "ForeignPromptError",
         "LeaseLost",
+        "EngineClosed",
         "SignatureError",
     ):
         assert issubclass(getattr(kvfsm, name), kvfsm.KvfsmError)

@@ -2,10 +2,14 @@
 the command prints, each architecture's groups have the agreed names, kinds and shapes, a block's
 payload is exactly the bytes of the cache tensors it holds, and the declared groups hold every
 cache state: restoring them at a block boundary continues the model as if it had never stopped.
+A config.json missing a key that sets the cache's shape, or with a numeric key out of range, is
+refused naming the key; the header states every group's bytes; the dense and sliding-window
+families (Llama, Mistral, Qwen3, Gemma 2, Gemma 3) round-trip through CacheAdapter exactly.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -31,7 +35,10 @@ from kvfsm.serve import (  # noqa: E402
     tiny_config,
     tiny_model,
 )
+from kvfsm.serve._declare import check_config_keys, layer_types, snapshot_notes  # noqa: E402
+from kvfsm.serve._tiny import DENSE_MODEL_TYPES, HYBRID_MODEL_TYPES  # noqa: E402
 from kvfsm.spec import GroupKind, Layout, ModelDecl, load_model, shipped_specs_dir  # noqa: E402
+from tests.test_serve_models import forward, stored, tokens_of  # noqa: E402
 
 MODELS = shipped_specs_dir() / "models"
 KV_DIMS = ("block", "layer", "kv", "head", "token", "dim")
@@ -68,7 +75,7 @@ def test_import_kvfsm_loads_neither_transformers_nor_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
+@pytest.mark.parametrize("model_type", HYBRID_MODEL_TYPES)
 def test_shipped_tiny_declaration_is_what_the_command_prints(
     model_type: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -191,11 +198,12 @@ def test_full_size_configs_declare() -> None:
 
 
 def test_unsupported_and_unreadable_configs_are_refused() -> None:
-    with pytest.raises(KvfsmError, match="unsupported model_type 'llama': kvfsm declares "
-                       "gpt_oss, qwen3_next, deepseek_v4"):
-        declare(SimpleNamespace(model_type="llama"))
-    with pytest.raises(KvfsmError, match="unsupported model_type 'llama'"):
-        tiny_config("llama")
+    with pytest.raises(KvfsmError, match="unsupported model_type 'mamba': kvfsm declares "
+                       "gpt_oss, qwen3_next, deepseek_v4, llama, mistral, qwen3, gemma2, "
+                       "gemma3_text"):
+        declare(SimpleNamespace(model_type="mamba"))
+    with pytest.raises(KvfsmError, match="unsupported model_type 'mamba'"):
+        tiny_config("mamba")
     with pytest.raises(KvfsmError, match="unsupported model_type None"):
         declare(object())
     bad = SimpleNamespace(**{**tiny_config("gpt_oss").to_dict(),
@@ -447,3 +455,373 @@ def test_declared_groups_hold_every_cache_state(model_type: str) -> None:
             assert moved < 1e-5
         else:
             assert moved > 1e-3, (model_type, name, moved)
+
+
+# ------------------------------------------------------------------------------ dense families
+
+
+def kv(layers: int, heads: int, head_dim: int) -> tuple[int, ...]:
+    return (layers, 2, heads, 16, head_dim)
+
+
+FULL = (GroupKind.FULL, "full_kv", 16)
+SLIDING = (GroupKind.SLIDING_WINDOW, "sliding_window", 16)
+
+#: (model type, tiny-config overrides, its layer types, its groups, the sliding window).
+DENSE_CASES: list[tuple[str, dict[str, Any], list[str], list[Any], int | None]] = [
+    ("llama", {}, ["full_attention"] * 4, [("full", *FULL, kv(4, 2, 16))], None),
+    ("mistral", {}, ["sliding_attention"] * 4, [("sliding", *SLIDING, kv(4, 2, 16))], 24),
+    ("mistral", {"sliding_window": None}, ["full_attention"] * 4,
+     [("full", *FULL, kv(4, 2, 16))], None),
+    ("qwen3", {}, ["full_attention"] * 4, [("full", *FULL, kv(4, 2, 32))], None),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 2},
+     ["full_attention"] * 2 + ["sliding_attention"] * 2,
+     [("full", *FULL, kv(2, 2, 32)), ("sliding", *SLIDING, kv(2, 2, 32))], 16),
+    ("gemma2", {}, ["sliding_attention", "full_attention"] * 2,
+     [("full", *FULL, kv(2, 2, 32)), ("sliding", *SLIDING, kv(2, 2, 32))], 16),
+    ("gemma3_text", {}, ["sliding_attention"] * 3 + ["full_attention"],
+     [("full", *FULL, kv(1, 1, 32)), ("sliding", *SLIDING, kv(3, 1, 32))], 24),
+]
+DENSE_IDS = [f"{t}-{'-'.join(f'{k}={v}' for k, v in o.items()) or 'tiny'}"
+             for t, o, *_ in DENSE_CASES]
+
+
+@pytest.mark.parametrize(("model_type", "overrides", "types", "groups", "window"), DENSE_CASES,
+                         ids=DENSE_IDS)
+def test_dense_family_groups(model_type: str, overrides: dict[str, Any], types: list[str],
+                             groups: list[Any], window: int | None) -> None:
+    """full and sliding as gpt_oss's: K and V of their layers, [layers, 2, kv heads, block,
+    head_dim] float32, the window config.sliding_window; head_dim is the config's (Mistral
+    derives it from hidden_size / heads), layer types those transformers' cache uses."""
+    config = tiny_config(model_type, **overrides)
+    model = declare(config)
+    assert groups_of(model) == groups
+    assert layer_types(config) == types
+    for group in model.groups:
+        assert group.dtype == "float32" and group.layout == Layout(KV_DIMS, 256, 0)
+    if window is not None:
+        assert model.group("sliding").window == window == config.sliding_window
+
+
+def test_llama_and_mistral_configs_without_layer_types() -> None:
+    """transformers' Llama and Mistral configs have no layer_types: every layer is full, or a
+    window when Mistral's sliding_window is set; a layer_types saying otherwise is refused (their
+    attention ignores it); null kv heads / head_dim follow the architecture's rule."""
+    from transformers import CONFIG_MAPPING
+
+    llama = CONFIG_MAPPING["llama"](num_hidden_layers=3, num_key_value_heads=None)
+    assert getattr(llama, "layer_types", None) is None
+    assert groups_of(declare(llama)) == [("full", *FULL, (3, 2, 32, 16, 128))]
+    mistral = CONFIG_MAPPING["mistral"]()
+    assert getattr(mistral, "layer_types", None) is None
+    assert groups_of(declare(mistral)) == [("sliding", *SLIDING, (32, 2, 8, 16, 128))]
+    assert declare(mistral).group("sliding").window == 4096
+    bare = SimpleNamespace(model_type="mistral", num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=None, hidden_size=48, head_dim=None,
+                           sliding_window=None)
+    assert groups_of(declare(bare)) == [("full", *FULL, (2, 2, 4, 16, 12))]
+    odd = SimpleNamespace(**{**vars(bare), "hidden_size": 50})
+    with pytest.raises(KvfsmError, match="mistral config: 'head_dim' is null and 'hidden_size' "
+                       "50 is not a multiple of 'num_attention_heads' 4"):
+        declare(odd)
+    contrary = CONFIG_MAPPING["llama"](num_hidden_layers=2,
+                                       layer_types=["sliding_attention", "full_attention"])
+    with pytest.raises(KvfsmError, match=r"llama config: 'layer_types' \['full_attention', "
+                       r"'sliding_attention'\] does not match the model: its attention is full "
+                       "in every layer"):
+        declare(contrary)
+
+
+def test_refused_families_say_why() -> None:
+    """The multimodal Gemma 3 (image tokens are placeholders a prefix hash cannot tell apart)
+    and bidirectional Gemma configs (no prefix's cache is reusable) are refused, saying why."""
+    from transformers import CONFIG_MAPPING
+
+    with pytest.raises(KvfsmError, match="model_type 'gemma3' is not declarable: the multimodal "
+                       r"Gemma 3: .* declare its text_config \(model_type gemma3_text\)"):
+        declare(CONFIG_MAPPING["gemma3"]())
+    for model_type in ("gemma2", "gemma3_text"):
+        config = tiny_config(model_type, use_bidirectional_attention=True)
+        with pytest.raises(KvfsmError, match=f"{model_type} config: "
+                           "'use_bidirectional_attention' is set: every token attends"):
+            declare(config)
+    with pytest.raises(KvfsmError, match="llama keeps no recurrent state"):
+        declare(tiny_config("llama"), checkpoint_interval=16)
+
+
+def test_full_size_dense_configs_declare() -> None:
+    """transformers' default configs of the dense families declare with their real shapes:
+    Gemma 2 alternates from layer 0, Gemma 3 has one full layer in 6, Qwen3 is dense."""
+    from transformers import CONFIG_MAPPING
+
+    gemma2 = declare(CONFIG_MAPPING["gemma2"]())
+    assert gemma2.group("sliding").shape == (13, 2, 4, 16, 256)
+    assert gemma2.group("full").shape == (13, 2, 4, 16, 256)
+    gemma3 = declare(CONFIG_MAPPING["gemma3_text"]())
+    assert (gemma3.group("full").shape[0], gemma3.group("sliding").shape[0]) == (4, 22)
+    assert [g.name for g in declare(CONFIG_MAPPING["qwen3"]()).groups] == ["full"]
+
+
+# ------------------------------------------------------------------------------ config keys
+
+
+def write_config(tmp_path: Any, settings: dict[str, Any]) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(settings), encoding="utf-8")
+    return str(path)
+
+
+def one_error(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1 and "Traceback" not in captured.err, lines
+    return lines[0]
+
+
+def test_a_gpt_oss_20b_config_without_its_layer_count_is_refused(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GPT-OSS-20B's config.json (24 layers) without num_hidden_layers and layer_types was read
+    as transformers' default, the 120B's 36 layers: now the missing key is named; with
+    num_hidden_layers alone the architecture's alternation gives 12 full and 12 sliding."""
+    from transformers import CONFIG_MAPPING
+
+    settings = CONFIG_MAPPING["gpt_oss"](num_hidden_layers=24).to_dict()
+    assert len(settings.pop("layer_types")) == settings.pop("num_hidden_layers") == 24
+    path = write_config(tmp_path, settings)
+    assert main(["model", "from-config", path]) == 2
+    assert one_error(capsys) == (
+        f"kvfsm: error: gpt_oss config {path}: missing 'num_hidden_layers'; a key setting the "
+        "cache's shape must be given: transformers would fill in the default of another model "
+        "size")
+    path = write_config(tmp_path, {**settings, "num_hidden_layers": 24})
+    assert main(["model", "from-config", path]) == 0
+    out = capsys.readouterr().out
+    assert "shape = [12, 2, 8, 16, 64]" in out and out.count("shape = [12, ") == 2
+
+
+#: The keys of each family's config.json that set the cache's shape (alternatives as words).
+REQUIRED = {
+    "gpt_oss": ["'num_hidden_layers'", "'num_key_value_heads'", "'head_dim'",
+                "'sliding_window'"],
+    "qwen3_next": ["'num_hidden_layers'", "'num_key_value_heads'", "'head_dim'",
+                   "'linear_conv_kernel_dim'", "'linear_key_head_dim'",
+                   "'linear_value_head_dim'", "'linear_num_key_heads'",
+                   "'linear_num_value_heads'", "'layer_types' or 'full_attention_interval'"],
+    "deepseek_v4": ["'num_hidden_layers'", "'head_dim'", "'index_head_dim'", "'sliding_window'",
+                    "'layer_types' or 'compress_ratios'",
+                    "'compress_rates' or 'compress_rate_csa' and 'compress_rate_hca' or "
+                    "'compress_ratios'"],
+    "llama": ["'num_hidden_layers'", "'num_attention_heads'", "'head_dim' or 'hidden_size'"],
+    "mistral": ["'num_hidden_layers'", "'num_attention_heads'", "'num_key_value_heads'",
+                "'head_dim' or 'hidden_size'", "'sliding_window'"],
+    "qwen3": ["'num_hidden_layers'", "'num_key_value_heads'", "'head_dim'"],
+    "gemma2": ["'num_hidden_layers'", "'num_key_value_heads'", "'head_dim'", "'sliding_window'"],
+    "gemma3_text": ["'num_hidden_layers'", "'num_key_value_heads'", "'head_dim'",
+                    "'sliding_window'", "'layer_types' or 'sliding_window_pattern'"],
+}
+
+
+@pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
+def test_every_shape_key_is_required(model_type: str) -> None:
+    """Removing from a family's config.json any key (or every alternative of a requirement)
+    that sets its cache's shape is refused, naming it, the model type and the file; the whole
+    tiny config passes, and without ``required`` (a --model-type default) nothing is missing."""
+    settings = tiny_config(model_type).to_dict()
+    check_config_keys(model_type, settings, source="c.json")
+    assert set(REQUIRED) == set(SUPPORTED_MODEL_TYPES)
+    for need in REQUIRED[model_type]:
+        keys = [k.strip("'") for k in need.replace(" or ", " ").replace(" and ", " ").split()]
+        partial = {k: v for k, v in settings.items() if k not in keys}
+        with pytest.raises(KvfsmError) as caught:
+            check_config_keys(model_type, partial, source="c.json")
+        assert str(caught.value).startswith(f"{model_type} config c.json: missing {need}; "), (
+            str(caught.value))
+        check_config_keys(model_type, partial, source="c.json", required=False)
+    if "sliding_window" in settings and model_type not in ("mistral", "qwen3"):
+        with pytest.raises(KvfsmError, match="missing 'sliding_window': it is null"):
+            check_config_keys(model_type, {**settings, "sliding_window": None}, source="c.json")
+    if model_type == "qwen3":
+        windowed = {**settings, "use_sliding_window": True}
+        del windowed["layer_types"], windowed["max_window_layers"]
+        with pytest.raises(KvfsmError, match="missing 'layer_types' or 'sliding_window' and "
+                           "'max_window_layers'"):
+            check_config_keys(model_type, windowed, source="c.json")
+
+
+#: (model type, key, bad value, what the error says).
+BAD_NUMBERS = [
+    ("qwen3_next", "full_attention_interval", 0, "an int >= 1, got 0"),
+    ("qwen3_next", "full_attention_interval", "4", "an int >= 1, got '4'"),
+    ("qwen3_next", "linear_conv_kernel_dim", 0, "an int >= 1, got 0"),
+    ("gpt_oss", "num_key_value_heads", -2, "an int >= 1, got -2"),
+    ("gpt_oss", "head_dim", 2.5, "an int >= 1, got 2.5"),
+    ("gpt_oss", "sliding_window", True, "an int >= 1 or null, got True"),
+    ("llama", "num_hidden_layers", 0, "an int >= 1, got 0"),
+    ("mistral", "hidden_size", None, "an int >= 1, got None"),
+    ("qwen3", "max_window_layers", -1, "an int >= 0, got -1"),
+    ("gemma2", "sliding_window", 0, "an int >= 1 or null, got 0"),
+    ("gemma3_text", "sliding_window_pattern", 0, "an int >= 1, got 0"),
+    ("deepseek_v4", "index_head_dim", 0, "an int >= 1, got 0"),
+]
+
+
+#: Keys transformers derives layer_types from when a config has none.
+DERIVE_LAYER_TYPES = ("full_attention_interval", "sliding_window_pattern")
+
+
+@pytest.mark.parametrize(("model_type", "key", "value", "said"), BAD_NUMBERS,
+                         ids=[f"{t}-{k}-{v!r}" for t, k, v, _ in BAD_NUMBERS])
+def test_numeric_keys_are_checked_naming_the_key(
+    model_type: str, key: str, value: Any, said: str, tmp_path: Any,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A numeric key of the wrong type or out of range is one error line naming the key, the
+    model type and the file (Qwen3-Next's full_attention_interval 0 was "integer modulo by
+    zero" from transformers)."""
+    settings = {**tiny_config(model_type).to_dict(), key: value}
+    if key in DERIVE_LAYER_TYPES:  # so that transformers would derive them from the bad key
+        del settings["layer_types"]
+    path = write_config(tmp_path, settings)
+    assert main(["model", "from-config", path]) == 2
+    assert one_error(capsys) == f"kvfsm: error: {model_type} config {path}: {key!r} must be {said}"
+
+
+def test_structured_keys_are_checked(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """--set values are checked as a file's are (full_attention_interval, which transformers
+    takes without keeping, included); compress_rates' values and layer_types' length too."""
+    argv = ["model", "from-config", "--model-type", "qwen3_next", "--set",
+            "full_attention_interval=0"]
+    assert main(argv) == 2
+    assert one_error(capsys) == ("kvfsm: error: qwen3_next config (--set): "
+                                 "'full_attention_interval' must be an int >= 1, got 0")
+    rates = {"compressed_sparse_attention": 0, "heavily_compressed_attention": 16}
+    with pytest.raises(KvfsmError, match=r"deepseek_v4 config c.json: compress_rates\["
+                       r"'compressed_sparse_attention'\] must be an int >= 1, got 0"):
+        check_config_keys("deepseek_v4", {**tiny_config("deepseek_v4").to_dict(),
+                                          "compress_rates": rates}, source="c.json")
+    with pytest.raises(KvfsmError, match=r"mistral config c\.json: 'layer_types' has 3 entries but "
+                       r"'num_hidden_layers' is 4: one per layer"):
+        check_config_keys("mistral", {**tiny_config("mistral").to_dict(),
+                                      "layer_types": ["sliding_attention"] * 3}, source="c.json")
+    named = tiny_config("gpt_oss", head_dim=16)
+    named._name_or_path = "org/tiny"
+    named.head_dim = 0
+    with pytest.raises(KvfsmError, match="gpt_oss config 'org/tiny': 'head_dim' must be an int "
+                       ">= 1, got 0"):
+        declare(named)
+
+
+# ------------------------------------------------------------------------------ sizes
+
+
+def header(text: str) -> str:
+    return text.split("\n[model]\n")[0]
+
+
+def test_header_states_every_groups_bytes() -> None:
+    """Each group's bytes per block and per token of prefix, from the declared payload."""
+    for model_type in ("gpt_oss", "gemma3_text", "deepseek_v4"):
+        config = tiny_config(model_type)
+        top = " ".join(header(declaration_toml(config)).replace("#", " ").split())
+        for group in declare(config).groups:
+            if group.kind is GroupKind.RECURRENT:
+                continue
+            per_token = group.payload_bytes // group.block_size
+            assert (f"{group.name} {group.payload_bytes:,} bytes" in top
+                    and f"per block of {group.block_size} tokens: {per_token:,} bytes per token"
+                    in top), (model_type, group.name, top)
+
+
+def test_a_qwen3_next_snapshot_states_its_cost_and_how_to_cut_it(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real Qwen3-Next's linear snapshot is 80,216,064 bytes (36 layers of conv and
+    recurrent state, float32): taken every 16 tokens it stores 102 times the full group's 49,152
+    bytes per token. The header and a stderr note say so and name the interval at which the
+    snapshots cost no more per token (1632 = 102 blocks); --checkpoint-interval sets it."""
+    from transformers import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING["qwen3_next"]()
+    snapshot = sum(math.prod(shape) for _, shape in qwen3_next_state_shapes(config)) * 4
+    assert snapshot == 80_216_064
+    full = declare(config).group("full").payload_bytes // 16
+    assert full == 49_152 and snapshot / 1632 == full
+    top = " ".join(header(declaration_toml(config)).replace("#", " ").split())
+    assert ("linear 80,216,064 bytes (76.5 MiB) per snapshot, one every 16 tokens: 5,013,504 "
+            "bytes per token of prefix." in top)
+    assert "An interval of 1632 or more stores no more per token than the other groups' 49,152" \
+        in top
+    assert "--checkpoint-interval N, a multiple of 16" in top
+    sizes = header(declaration_toml(config)).split("#\n# Sizes")[1].rstrip("\n")
+    page = (MODELS.parents[1] / "docs" / "models.md").read_text(encoding="utf-8")
+    assert f"# Sizes{sizes}\n```" in page, "docs/models.md's Qwen3-Next sizes are stale"
+    assert main(["model", "from-config", "--model-type", "qwen3_next"]) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        "kvfsm: note: qwen3_next: group 'linear' stores a snapshot of 80,216,064 bytes (76.5 MiB) "
+        "every 16 tokens, 5,013,504 bytes per token of prefix (the other groups: 49,152); "
+        "--checkpoint-interval 1632 or more stores no more per token than they do, at the cost "
+        "of recomputing up to that many tokens of a prompt; the declaration's header says how "
+        "to choose\n")
+    sparse = declare(config, checkpoint_interval=1632)
+    assert sparse.group("linear").checkpoint_interval == 1632
+    assert snapshot_notes(sparse) == []
+    assert "one every 1632 tokens: 49,152 bytes per token" in " ".join(
+        header(declaration_toml(config, checkpoint_interval=1632)).replace("#", " ").split())
+    assert main(["model", "from-config", "--model-type", "qwen3_next",
+                 "--checkpoint-interval", "1632"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------------------------ round trips
+
+
+@pytest.mark.parametrize(("model_type", "overrides", "types", "groups", "window"), DENSE_CASES,
+                         ids=DENSE_IDS)
+def test_dense_family_round_trips_through_the_engine(
+    model_type: str, overrides: dict[str, Any], types: list[str], groups: list[Any],
+    window: int | None
+) -> None:
+    """A tiny seeded model of each family: a 90-token prompt prefilled into a DynamicCache
+    (CacheAdapter.new_cache), stored into an Engine of the generated declaration, and rebuilt at
+    every usable length L (0, 16, .., 80) holds what transformers keeps (every token of a full
+    layer, at least the window's W-1 of a sliding one) and gives, for the rest of the prompt,
+    the logits of one uncached forward to float32 rounding."""
+    assert model_type in DENSE_MODEL_TYPES
+    model = tiny_model(model_type, seed=0, **overrides)
+    tokens = tokens_of(3, 90)
+    reference, _ = forward(model, tokens)
+    engine, adapter = stored(model, tokens)
+    assert [g.name for g in engine.model.groups] == [g[0] for g in groups]
+    verdict = engine.lookup(tokens)
+    assert verdict.usable_tokens == verdict.hit_tokens == 80
+    for length in range(0, 90, 16):
+        cache = adapter.rebuild(tokens, length)
+        assert int(cache.get_seq_length()) == length
+        for kind, layer in zip(types, cache.layers, strict=True):
+            if length and kind == "full_attention":
+                assert layer.keys.shape[-2] == length
+            elif length:
+                assert window is not None
+                assert min(length, window - 1) <= layer.keys.shape[-2] < window - 1 + 16
+        with torch.no_grad():
+            logits = adapter.prefill(model, cache, tokens[length:], length, all_logits=True)
+        delta = float((logits - reference[length:]).abs().max())
+        assert delta <= 1e-4, (model_type, length, delta)
+
+
+def test_the_cache_adapter_takes_a_llama_config_without_layer_types() -> None:
+    """transformers' Llama configs have no ``layer_types``: the adapter maps every layer to the
+    ``full`` group as the declaration does, instead of refusing the config."""
+    from transformers import CONFIG_MAPPING
+
+    from kvfsm import CoreConfig, Engine
+    from kvfsm.serve import CacheAdapter
+
+    llama = CONFIG_MAPPING["llama"](num_hidden_layers=2, num_attention_heads=2,
+                                    num_key_value_heads=2, hidden_size=64, head_dim=32,
+                                    vocab_size=128)
+    assert getattr(llama, "layer_types", None) is None
+    adapter = CacheAdapter(Engine(declare(llama), CoreConfig(device_blocks=8)), llama)
+    assert [(g.name, g.layers) for g in adapter.groups] == [("full", (0, 1))]

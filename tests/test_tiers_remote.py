@@ -592,3 +592,18 @@ def test_missing_pieces_are_tier_errors(monkeypatch: pytest.MonkeyPatch) -> None
         MooncakeMaster().start()
     with pytest.raises(TierError, match="apt-get install -y redis-server"):
         RedisServer().start()
+
+
+def test_a_mooncake_client_keeps_quiet_unless_asked(master: MooncakeMaster) -> None:
+    """Building and closing a tier prints at most a few lines of the client's own logging on
+    stderr (its INFO lines, some 20 per client, are off unless ``MC_LOG_LEVEL`` asks for
+    them); a level the user set is left alone."""
+    script = ("from kvfsm.tiers import MooncakeTier\n"
+              f"MooncakeTier({master.address!r}).close()\n")
+    env = {k: v for k, v in os.environ.items() if k != "MC_LOG_LEVEL"}
+    quiet = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, timeout=120, check=True)
+    chatty = subprocess.run([sys.executable, "-c", script], env=env | {"MC_LOG_LEVEL": "INFO"},
+                            capture_output=True, text=True, timeout=120, check=True)
+    assert len(quiet.stderr.splitlines()) <= 3, quiet.stderr
+    assert len(chatty.stderr.splitlines()) > 10

@@ -124,6 +124,8 @@ def bench_lookup(
         "kernels": jit.backend,
         "lookup_ms_median": lookup_s * 1e3,
         "lookup_numpy_ms_median": numpy_s * 1e3,
+        # How much slower the NumPy twins are (what runs where numba is missing or off).
+        "numpy_slowdown": numpy_s / lookup_s,
         "lookup_with_checksums_ms_median": with_checksums_s * 1e3,
         "baseline_ms_median": baseline_s * 1e3,
         "ratio_baseline_vs_lookup": baseline_s / lookup_s,

@@ -91,6 +91,9 @@ def diagram(lifecycle: Lifecycle, fmt: str) -> bytes:
     graph = _graph(lifecycle, fmt)
     if fmt == "mermaid":
         return str(graph.draw(None)).encode("utf-8")
+    # Top to bottom, the way blocks sink through the tiers: left to right (transitions'
+    # default) draws a lifecycle as one strip some 10 times wider than high.
+    graph.graph_attr["rankdir"] = "TB"
     if fmt == "dot":
         return str(graph.source).encode("utf-8")
     data = graph.draw(None, prog="dot", format=fmt)

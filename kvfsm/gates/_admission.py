@@ -95,8 +95,11 @@ class Action(enum.Enum):
     PARTIAL = "partial"
     #: Restores in flight hold the cap: wait about ``wait_s``, look up again, restore all.
     WAIT = "wait"
-    #: Restoring costs more than computing: recompute from the usable length.
+    #: Restoring costs more than computing: reuse what is usable now, recompute from there.
     RECOMPUTE = "recompute"
+    #: Nothing to restore: reuse the usable length as it is and compute the rest (a prompt
+    #: fully usable, or one with nothing restorable).
+    REUSE = "reuse"
 
 
 @attrs.frozen
@@ -119,6 +122,21 @@ class Decision:
     @property
     def restores_now(self) -> bool:
         return self.action in (Action.RESTORE, Action.PARTIAL)
+
+    def __str__(self) -> str:
+        """A few lines for a person: the choice, what it reuses, the estimates compared."""
+        verdict = self.verdict
+        lines = [f"Decision: {self.action.value}, reusing {self.reuse_tokens} of "
+                 f"{verdict.prompt_tokens} prompt tokens (usable now {verdict.usable_tokens}, "
+                 f"restorable {verdict.restorable_tokens})"]
+        if self.estimates:
+            lines.append("  estimated seconds until the prompt's KV is complete: " + ", ".join(
+                f"{action.value} {seconds:.4g}" for action, seconds in self.estimates.items()))
+        if self.restore_bytes:
+            lines.append(f"  restores {self.restore_bytes} bytes now")
+        if self.action is Action.WAIT:
+            lines.append(f"  wait about {self.wait_s:.4g} s for the restores in flight")
+        return "\n".join(lines)
 
 
 _TIER_NAMES = {Tier.HOST: "host", Tier.DISK: "disk", Tier.REMOTE: "remote"}
@@ -268,7 +286,10 @@ class AdmissionGate:
             estimates[now_action] = cost.seconds + \
                 (prompt - verdict.restorable_tokens) / compute
         action = min(estimates, key=lambda a: (estimates[a], _PREFERENCE.index(a)))
-        reuse = {Action.RECOMPUTE: verdict.usable_tokens,
+        if len(estimates) == 1:  # no restore to weigh against computing
+            estimates[Action.REUSE] = estimates.pop(Action.RECOMPUTE)
+            action = Action.REUSE
+        reuse = {Action.RECOMPUTE: verdict.usable_tokens, Action.REUSE: verdict.usable_tokens,
                  Action.WAIT: whole.restorable_tokens if whole is not None else 0,
                  }.get(action, verdict.restorable_tokens)
         return Decision(action, reuse, verdict, estimates,

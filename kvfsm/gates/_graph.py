@@ -346,6 +346,9 @@ class GraphRegistry:
 
     def activate(self, name: str | None) -> None:
         """Check later lookups against the graph ``name`` (None: no graph, eager)."""
+        if name is not None and not isinstance(name, str):
+            raise SignatureError(f"activate_graph takes a graph's name (a str) or None, got "
+                                 f"{type(name).__name__}")
         if name is not None and name not in self._graphs:
             raise SignatureError(f"no graph signature {name!r}; registered: "
                                  f"{sorted(self._graphs)}")

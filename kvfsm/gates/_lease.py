@@ -86,13 +86,16 @@ class Lease:
     Use it as a context manager (released on every path) or call :meth:`release`, which may
     be called any number of times. :meth:`validate` right before a read raises
     :class:`~kvfsm.LeaseLost` unless every leased block is still at its epoch and readable in
-    the form the kernel reads; ``valid`` says the same as a bool.
+    the form the kernel reads; ``valid`` says the same as a bool. A validated lease is being
+    read: past its ttl it keeps its pins until the reader's next call on it (``release``, or
+    ``validate``, which then raises LeaseLost), so the blocks never go to another prompt
+    under a read in progress; a lease never validated expires at its ttl.
     """
 
     # Slots: a server takes a lease per request, and a slotted object is made and read with
     # fewer memory touches (right after a long lookup, each of them a cache miss).
     __slots__ = ("_book", "_expired_on_release", "_holding", "_probed", "_released",
-                 "expires_at", "tokens")
+                 "expires_at", "reading", "tokens")
 
     def __init__(self, book: LeaseBook, tokens: int, held: tuple[_Held, ...] | ProbedHold,
                  expires_at: float) -> None:
@@ -110,6 +113,9 @@ class Lease:
             self._holding = held  # type: ignore[assignment]
         self._released = False
         self._expired_on_release = False
+        #: A validate passed: a read is in progress (the pins outlive the ttl until the
+        #: reader's next call on the lease).
+        self.reading = False
 
     @property
     def _held(self) -> tuple[_Held, ...]:
@@ -180,6 +186,7 @@ class Lease:
                     probed.arrays.change_count.total == probed.changes:
                 # The usual lease (open, in time, taken in one pass, no group changed since,
                 # so no block it holds moved): what _validate finds, without its checks.
+                self.reading = True
                 core = book.core
                 if core.reads_observed:
                     if probed.one_runs:  # report_read's usual case, one call fewer
@@ -193,6 +200,7 @@ class Lease:
             except LeaseLost as lost:
                 self._book.refused(lost)
                 raise
+            self.reading = True
             # The read about to happen, for the event log (replay checks its epochs).
             core = self._book.core
             if not core.reads_observed:

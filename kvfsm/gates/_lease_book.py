@@ -6,6 +6,7 @@ What a lease holds and how it is validated and given back is :mod:`kvfsm.gates._
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -313,20 +314,24 @@ class LeaseBook:
         self._open.pop(id(lease), None)
 
     def reap(self) -> int:
-        """Release every expired lease's pins; returns how many. O(1) before the earliest
-        expiry, so the engine calls it on every call."""
+        """Release the pins of every expired lease no reader is reading (never validated);
+        returns how many. A lease validated for a read keeps its pins past its ttl until its
+        reader's next call on it (``validate`` then raises LeaseLost, ``release`` gives them
+        back): its blocks never go to another prompt under a read in progress. O(1) before
+        the earliest expiry, so the engine calls it on every call."""
         if self.next_expiry == NO_EXPIRY:
             return 0  # no lease open: nothing to reap (a stale read only defers a reap)
         with self.lock:
             now = self.clock()
             if now < self.next_expiry:
                 return 0
-            expired = [lease for lease in self._open.values() if now >= lease.expires_at]
+            expired = [lease for lease in self._open.values()
+                       if now >= lease.expires_at and not lease.reading]
             for lease in expired:
                 lease.mark_expired()
                 self.drop(lease)
-            self.next_expiry = min((lease.expires_at for lease in self._open.values()),
-                                    default=NO_EXPIRY)
+            self.next_expiry = min((lease.expires_at for lease in self._open.values()
+                                    if not lease.reading), default=NO_EXPIRY)
             return len(expired)
 
     def release_all(self) -> int:
@@ -340,10 +345,12 @@ class LeaseBook:
 
 
 def check_ttl(ttl_s: float) -> None:
-    """A KvfsmError unless ``ttl_s`` is a number of seconds above 0."""
+    """A KvfsmError unless ``ttl_s`` is a finite number of seconds above 0 (an infinite one
+    would let a lease its reader forgot hold its blocks for ever)."""
     if ttl_s is not DEFAULT_LEASE_TTL_S and (
-            not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not ttl_s > 0):
-        raise KvfsmError(f"lease ttl_s must be a number of seconds > 0, got {ttl_s!r}")
+            not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not ttl_s > 0
+            or not math.isfinite(ttl_s)):
+        raise KvfsmError(f"lease ttl_s must be a finite number of seconds > 0, got {ttl_s!r}")
 
 
 def _targets_held(index: GroupState, rows: ProbedGroup, target: ProbedGroup) -> bool:

@@ -10,6 +10,11 @@ written every ``flush_every`` records and on :meth:`EventLog.flush`, :meth:`Even
 context exit. A lease's runs are buffered as numbers (a lease whose every group read one run,
 as its take's small answer array, a row per group), and a read of arrays that are one run is
 formatted as it is recorded, so the buffer never keeps a lease's id or epoch arrays alive.
+
+Every write ends with a chain line (``{"type":"chain","lines":n,"digest":...}``): the xxh3-128
+of the previous chain digest (the header line's own hash for the first) followed by the bytes
+of the ``n`` lines written since, so a replay refuses a log with a line dropped, added, changed
+or renumbered, or cut after its last chain line.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from types import TracebackType
 from typing import Any, Final, TextIO
 
 import numpy as np
+import xxhash
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
@@ -45,16 +51,35 @@ from kvfsm.state._touch import FIRST_EPOCH, FIRST_ID, HI, LO
 
 #: What the header's ``format`` says, and the version of the line layout below it.
 FORMAT: Final = "kvfsm-eventlog"
-VERSION: Final = 3
+VERSION: Final = 4
 #: Versions :func:`~kvfsm.obs.replay` reads (1 never wrote runs; 2 wrote a lease's runs as a
-#: read line per group, never as one reads line).
-READABLE_VERSIONS: Final = frozenset({1, 2, 3})
+#: read line per group, never as one reads line; before 4 no chain lines).
+READABLE_VERSIONS: Final = frozenset({1, 2, 3, 4})
+#: The first version whose lines are chained.
+CHAINED_VERSION: Final = 4
+#: The ``type`` of a chain line.
+CHAIN: Final = "chain"
 #: Batches buffered before they are written, unless told otherwise.
 FLUSH_EVERY: Final = 1024
 #: The ``type`` of a line after the header.
 MOVE: Final = "move"
 
 _COMPACT: Final = (",", ":")
+
+
+def chain_digest(previous: bytes, segment: bytes) -> bytes:
+    """The chain digest after ``segment`` (the bytes of the lines since the last chain line)
+    following ``previous`` (the last chain digest, or :func:`chain_start` of the header)."""
+    return xxhash.xxh3_128_digest(previous + segment)
+
+
+def chain_start(header_line: bytes) -> bytes:
+    """The chain's first ``previous``: the hash of the header line (newline included)."""
+    return xxhash.xxh3_128_digest(header_line)
+
+
+def chain_line(lines: int, digest: bytes) -> str:
+    return f'{{"type":"{CHAIN}","lines":{lines},"digest":"{digest.hex()}"}}\n'
 
 
 def table_digest(table: CompiledTable) -> str:
@@ -291,6 +316,8 @@ class EventLog:
         self._answer = np.empty(2, dtype=np.int64)
         self._lock = threading.Lock()
         self._error: OSError | None = None
+        #: The last chain digest written (the header line's hash before any).
+        self._chain = b""
         #: Lines after the header recorded so far (written or buffered).
         self.records = 0
         #: Seconds spent formatting and writing batches (on whichever call filled the
@@ -317,7 +344,9 @@ class EventLog:
         self._group_code = {name: code for code, name in enumerate(core.groups)}
         self._name_bytes, self._name_starts = name_table(list(self._group_json.values()))
         # Buffered with the records: it reaches the file with the first flush.
-        self._file.write(json.dumps(header(core), separators=_COMPACT) + "\n")
+        first = json.dumps(header(core), separators=_COMPACT) + "\n"
+        self._file.write(first)
+        self._chain = chain_start(first.encode("utf-8"))
         core.add_observer(self)
         self._core = core
 
@@ -434,7 +463,9 @@ class EventLog:
         if leased:
             self._leased_lines(leased, seq, lines)
         self._buffer.clear()
-        self._file.write("\n".join(lines) + "\n")
+        text = "\n".join(lines) + "\n"
+        self._chain = chain_digest(self._chain, text.encode("utf-8"))
+        self._file.write(text + chain_line(text.count("\n"), self._chain))
         self._file.flush()
 
     def _leased_lines(self, leased: list[_AnswerRuns], seq: int, lines: list[str]) -> int:

@@ -21,7 +21,18 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm.fsm import INVALID, compile_lifecycle
-from kvfsm.obs._eventlog import FORMAT, MOVE, READ, READABLE_VERSIONS, READS, table_digest
+from kvfsm.obs._eventlog import (
+    CHAIN,
+    CHAINED_VERSION,
+    FORMAT,
+    MOVE,
+    READ,
+    READABLE_VERSIONS,
+    READS,
+    chain_digest,
+    chain_start,
+    table_digest,
+)
 from kvfsm.spec import Event, Lifecycle, Tier, shipped_lifecycles
 from kvfsm.spec._vocabulary import EVENT_NAMES, TIER_NAMES
 
@@ -41,6 +52,7 @@ CHECKS: Final = (
     "epoch",       # the logged epoch is not the replayed one moved by the row's bump_epoch
     "read",        # a read of a block not readable, or at another epoch than its current one
     "capacity",    # more blocks in a tier than the header's capacity for it
+    "chain",       # lines not those written (changed, dropped, added, renumbered, cut)
 )
 
 
@@ -325,20 +337,32 @@ class _Replay:
         self.lifecycles = lifecycles
         self.groups: dict[str, _Group] = {}
         self.lines = self.moves = self.reads = self.blocks_moved = 0
+        #: Chained logs: the last chain digest, and the lines read since it.
+        self.chained = False
+        self.chain = b""
+        self.segment: list[bytes] = []
 
     def result(self, violation: ReplayViolation | None = None) -> ReplayResult:
         return ReplayResult(self.path, self.lines, self.moves, self.reads, self.blocks_moved,
                             violation)
 
     def run(self, lines: Iterable[bytes]) -> ReplayResult:
+        seq = 0
         for number, raw in enumerate(lines, 1):
             self.lines = number
             try:
                 record = self.parse(raw)
                 if number == 1:
                     self.header(record)
+                    self.chained = record.get("version", 0) >= CHAINED_VERSION
+                    self.chain = chain_start(raw)
+                elif self.chained and record.get("type") == CHAIN:
+                    self.check_chain(record)
                 else:
-                    self.line(record, number - 2)
+                    if self.chained:
+                        self.segment.append(raw)
+                    self.line(record, seq)
+                    seq += 1
             except _Reject as reject:
                 return self.result(ReplayViolation(number, reject.check, reject.message))
             except (TypeError, ValueError, KeyError, IndexError, OverflowError) as exc:
@@ -347,7 +371,25 @@ class _Replay:
                                                    f"({type(exc).__name__}: {exc})"))
         if self.lines == 0:
             return self.result(ReplayViolation(1, "header", "empty file: no header line"))
+        if self.segment:
+            return self.result(ReplayViolation(
+                self.lines, "chain", f"the last {len(self.segment)} lines are covered by no "
+                "chain line (the log was cut after its last write, or lines were added)"))
         return self.result()
+
+    def check_chain(self, record: Mapping[str, Any]) -> None:
+        """A chain line: the lines since the last one are exactly those the writer wrote."""
+        count = _field(record, "lines", int, "chain line")
+        digest = _field(record, "digest", str, "chain line")
+        if count != len(self.segment):
+            raise _Reject("chain", f"the chain line covers {count} lines, {len(self.segment)} "
+                          "were read since the last one (lines dropped or added)")
+        expected = chain_digest(self.chain, b"".join(self.segment))
+        if digest != expected.hex():
+            raise _Reject("chain", "the lines since the last chain line are not the ones "
+                          "written (a line changed, dropped, added or renumbered)")
+        self.chain = expected
+        self.segment = []
 
     @staticmethod
     def parse(raw: bytes) -> dict[str, Any]:

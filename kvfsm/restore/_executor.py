@@ -22,9 +22,10 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -41,6 +42,7 @@ from kvfsm.tiers import BlockKey, LoadResult, LoadStatus, StoredTier
 from kvfsm.verify import RestoreStep
 
 IdArray = NDArray[np.intp]
+_T = TypeVar("_T")
 #: ``(group, count, keep)``: give back up to ``count`` device slots, never a block of ``keep``.
 MakeRoom = Callable[[str, int, IdArray], int]
 
@@ -56,6 +58,11 @@ _Stored = tuple[NDArray[np.bool_], NDArray[np.bool_]]
 #: Most blocks per worker task (a batch is split evenly over the workers, in tasks no larger
 #: than this, so every worker reads while the others hash).
 CHUNK_BLOCKS = 64
+
+#: What a probe asks a failing remote tier about: a key no engine writes (the answer, not the
+#: key, is what counts).
+PROBE_KEY = BlockKey(model=b"kvfsm-probe\0\0\0\0\0", group=0, layout=0, chain_high=0,
+                     chain_low=0, token_start=0, token_end=0)
 
 
 @attrs.frozen
@@ -267,8 +274,10 @@ class RestoreExecutor:
         self.core = core
         self.tiers = dict(tiers)
         self.timeouts = timeouts or StoreTimeouts()
-        #: Per stored tier: whether it answers, and when it may be asked again.
-        self.health = {tier: TierHealth(tier, self.timeouts, clock) for tier in self.tiers}
+        #: Per stored tier: whether it answers, and when it may be asked again (a remote tier
+        #: that failed gets loads and spills again once it answered a presence question).
+        self.health = {tier: TierHealth(tier, self.timeouts, clock, probed=tier is not Tier.DISK)
+                       for tier in self.tiers}
         self.keys = KeyMaker(core)
         self._make_room = make_room
         self._workers = workers
@@ -276,14 +285,23 @@ class RestoreExecutor:
             lock if lock is not None else contextlib.nullcontext())
         #: Worker threads per (tier, direction), made on first use: a tier whose loads hang
         #: (a slow or dead store) must not hold up loads from another tier, nor the spills
-        #: that make room, which would wait behind it on a shared pool.
+        #: that make room, which would wait behind it on a shared pool. A remote tier's are
+        #: left to their hung calls when it fails (:meth:`_failed`), and fresh ones serve it
+        #: when it answers again.
         self._pools: dict[tuple[Tier, str], cf.ThreadPoolExecutor] = {}
+        #: Pools left behind that way (close waits for their calls: each ends by its
+        #: client's timeout).
+        self._abandoned: list[cf.ThreadPoolExecutor] = []
+        #: Guards the two above (pools are asked for with and without the engine's lock).
+        self._pools_lock = threading.Lock()
         #: Loads not yet settled (or settled by a ticket and not yet dropped by a poll).
         self._open: list[_Load] = []
         #: Told of every batch of restores that ended (metrics, the admission gate).
         self.listeners: list[RestoreListener] = []
         #: Spills into stored tiers begun and not yet settled.
         self._stores: list[SpillJob] = []
+        #: Set by close() once the workers are stopped.
+        self._closing = False
         #: Copies being removed, by key: a put of the same key waits for its removal.
         self._removing: dict[BlockKey, cf.Future[None]] = {}
 
@@ -381,7 +399,7 @@ class RestoreExecutor:
         residency = state.table.residency[state.states[ids]]
         notes, keep = [], np.ones(ids.size, dtype=np.bool_)
         for tier, health in self.health.items():
-            if health.down():
+            if not health.usable():
                 there = residency == int(tier)
                 if there.any():
                     keep &= ~there
@@ -406,20 +424,52 @@ class RestoreExecutor:
         if health.down():
             return nothing
         limit = self.timeouts.presence_s if deadline_s is None else deadline_s
-        future = self._workers_for(store.tier, "ask").submit(store.contains, list(keys))
+        tier = store.tier
+        future = self._run_on(tier, "ask", store.contains, list(keys))
         try:
             held = np.asarray(future.result(timeout=limit), dtype=np.bool_)
         except cf.TimeoutError:
-            health.failed(f"no answer to a presence question within {limit:g} s")
+            self._failed(tier, f"no answer to a presence question within {limit:g} s")
             return nothing
         except Exception as exc:  # a tier that raised: it holds nothing we can trust now
-            health.failed(f"{type(exc).__name__}: {exc}")
+            self._failed(tier, f"{type(exc).__name__}: {exc}")
             return nothing
         if not bool(getattr(store, "available", True)):
-            health.failed(str(getattr(store, "last_error", None) or "the store is down"))
+            self._failed(tier, str(getattr(store, "last_error", None) or "the store is down"))
             return nothing
         health.answered()
         return held
+
+    def probe(self, tiers: Iterable[Tier], *, answering: bool = False) -> None:
+        """Ask each of ``tiers`` that failed and whose back-off is over a presence question
+        (bounded by ``presence_s``; without the engine's lock): its answer lets loads and
+        spills into it start again, its silence backs it off once more. Costs nothing for a
+        tier that answers, unless ``answering``: then a remote tier still counted as answering
+        is asked too (a caller whose copies into it are late: a silent store is found out in
+        ``presence_s`` rather than by the client's timeout)."""
+        for tier in tiers:
+            health = self.health.get(tier)
+            if health is None or not health.probed:
+                continue
+            if health.probe_due() or (answering and health.up):
+                self.presence(self.tiers[tier], [PROBE_KEY], None)
+
+    def _failed(self, tier: Tier, why: str) -> None:
+        """``tier`` did not answer: back it off, and (a remote tier) leave its worker threads
+        to the calls they are in, which hang until the client's timeout: calls made once it
+        answers again get fresh threads instead of waiting behind them (calls still queued
+        there are cancelled: their loads and spills fail, their copies stay where they
+        were)."""
+        health = self.health.get(tier)
+        if health is not None:
+            health.failed(why)
+        if tier is Tier.DISK:
+            return  # local file calls end; their removals must not be dropped
+        with self._pools_lock:
+            gone = [self._pools.pop(key) for key in list(self._pools) if key[0] is tier]
+            self._abandoned = [pool for pool in self._abandoned if _busy(pool)] + gone
+        for pool in gone:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _tell(self, group: str, tier: Tier, outcomes: Mapping[str, int], nbytes: int,
               seconds: float) -> None:
@@ -465,8 +515,8 @@ class RestoreExecutor:
                     future = cf.Future()
                     future.set_result(_all(stop - start, LoadStatus.FAILED))
                 else:
-                    future = self._workers_for(tier, "load").submit(
-                        _load, store, fields, start, stop, part_rows, seconds)
+                    future = self._run_on(
+                        tier, "load", _load, store, fields, start, stop, part_rows, seconds)
                 loads.append(_Load(group, tier, chosen[start:stop], part_rows, staged, then,
                                    future, seconds))
         return loads
@@ -531,7 +581,8 @@ class RestoreExecutor:
             counts = np.bincount(result.status, minlength=_STATUS_COUNT)
             statuses = {_STATUS_NAMES[value]: int(counts[value])
                         for value in np.flatnonzero(counts).tolist()}
-            self._judge(load.tier, counts)
+            if not load.future.cancelled():  # a cancelled load never asked the tier
+                self._judge(load.tier, counts)
             made = codes == _RESTORED
             if self.listeners:
                 self._tell(group, load.tier, statuses, int(made.sum()) * width,
@@ -549,7 +600,7 @@ class RestoreExecutor:
         if int(counts.sum()) > int(counts[LoadStatus.FAILED]):
             health.answered()
         elif counts.sum():
-            health.failed("its loads failed")
+            self._failed(tier, "its loads failed")
 
     def poll(self) -> int:
         """Settle every load and spill whose I/O has finished; returns how many loads were
@@ -604,7 +655,7 @@ class RestoreExecutor:
             target_of = np.where(after != INVALID, table.storing_to[ok_after], -1)
             into_store = target_of >= 0
             for tier, health in self.health.items():
-                if health.down():
+                if not health.usable():
                     into_store &= target_of != int(tier)
             for code in {int(t) for t in target_of[into_store].tolist()}:
                 if Tier(code) not in self.tiers:
@@ -654,15 +705,18 @@ class RestoreExecutor:
             health = self.health.get(tier)
             try:
                 stored[part], lost[part] = future.result()
+            except cf.CancelledError:  # left behind when the tier failed (see _failed)
+                stored[part] = False
+                continue
             except Exception as exc:  # a tier that raised: nothing it wrote is trusted
                 stored[part] = False
                 if health is not None:
-                    health.failed(f"{type(exc).__name__}: {exc}")
+                    self._failed(tier, f"{type(exc).__name__}: {exc}")
                 continue
             if health is not None:
                 store = self.tiers[tier]
                 if not bool(getattr(store, "available", True)):
-                    health.failed(str(getattr(store, "last_error", None) or "puts failed"))
+                    self._failed(tier, str(getattr(store, "last_error", None) or "puts failed"))
                 elif stored[part].any():
                     health.answered()
         job.settled = True
@@ -677,7 +731,10 @@ class RestoreExecutor:
         store = self.tiers.get(tier)
         if store is None or not keys:
             return
-        future = self._workers_for(tier, "store").submit(_remove, store, list(keys))
+        if self._closing:  # the workers are gone: the settles of close() remove in place
+            _remove(store, list(keys))
+            return
+        future = self._run_on(tier, "store", _remove, store, list(keys))
         self._removing = {key: done for key, done in self._removing.items()
                           if not done.done()}
         self._removing.update(dict.fromkeys(keys, future))
@@ -700,27 +757,35 @@ class RestoreExecutor:
             return _done((nothing, nothing))
         if source is Tier.HOST:
             rows, sums = self.core.spill_rows(group, ids)
-            return self._workers_for(target, "store").submit(_put, into, keys, rows, sums)
+            return self._run_on(target, "store", _put, into, keys, rows, sums)
         origin = self.tiers.get(source)
         if origin is None:
             return _done((nothing, nothing))
         width = self.core.group(group).decl.payload_bytes
-        return self._workers_for(target, "store").submit(_relay, origin, into, keys, width)
+        return self._run_on(target, "store", _relay, origin, into, keys, width)
 
-    def _workers_for(self, tier: Tier, direction: str) -> cf.ThreadPoolExecutor:
-        pool = self._pools.get((tier, direction))
-        if pool is None:
-            pool = self._pools[tier, direction] = cf.ThreadPoolExecutor(
-                max_workers=self._workers,
-                thread_name_prefix=f"kvfsm-{direction}-{tier.spec_name}")
-        return pool
+    def _run_on(self, tier: Tier, direction: str, call: Callable[..., _T], *args: Any
+                ) -> cf.Future[_T]:
+        """``call(*args)`` on ``tier``'s worker threads for ``direction``, made on first use.
+        Under the pools' lock: a failure retiring them (:meth:`_failed`) cannot come between
+        finding them and handing them the call."""
+        with self._pools_lock:
+            pool = self._pools.get((tier, direction))
+            if pool is None:
+                pool = self._pools[tier, direction] = cf.ThreadPoolExecutor(
+                    max_workers=self._workers,
+                    thread_name_prefix=f"kvfsm-{direction}-{tier.spec_name}")
+            return pool.submit(call, *args)
 
     def close(self) -> None:
         """Stop the workers: I/O not started is cancelled, running I/O is waited for (each
         tier bounds its own calls), then every load and spill is settled, so no block is left
         restoring or spilling (tiers are the caller's to close)."""
-        for pool in self._pools.values():
+        with self._pools_lock:
+            pools = [*self._pools.values(), *self._abandoned]
+        for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
+        self._closing = True
         with self._lock:
             self.settle_all(self._open)
             self._open = [load for load in self._open if not load.settled]
@@ -731,6 +796,11 @@ class RestoreExecutor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _busy(pool: cf.ThreadPoolExecutor) -> bool:
+    """Whether a pool left behind still has a thread in a call."""
+    return any(thread.is_alive() for thread in getattr(pool, "_threads", ()))
 
 
 def _put(into: StoredTier, keys: Sequence[BlockKey], rows: Sequence[Any],

@@ -3,8 +3,12 @@
 A store that stops answering (killed, frozen, black-holed) must cost its own restores and
 spills, never other calls, and must not be hammered: every load, put or presence question that
 fails or runs out of time backs the tier off (nothing is asked of it until ``retry_at``, the
-wait doubling from ``backoff_first_s`` up to ``backoff_max_s``); the first answer after that
-brings it back. The cap is what bounds the time from a store's return to the first good restore.
+wait doubling from ``backoff_first_s`` up to ``backoff_max_s``). A remote tier (``probed``) then
+gets no loads or spills until it has answered a presence question again, bounded by
+``presence_s``: a lookup's, or a probe the engine sends once the back-off is over, so a call
+into a store that still hangs is one short question, never a load or a put that holds a worker
+(and the caller waiting for it) until the client's own timeout. The cap is what bounds the time
+from a store's return to the first good restore.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ class StoreTimeouts:
     spill_wait_s: float = attrs.field(default=2.0, validator=_seconds)
     #: First and longest pause of a tier after a failure (doubling in between).
     backoff_first_s: float = attrs.field(default=0.05, validator=_seconds)
-    backoff_max_s: float = attrs.field(default=1.0, validator=_seconds)
+    backoff_max_s: float = attrs.field(default=0.5, validator=_seconds)
 
 
 @attrs.define
@@ -47,6 +51,9 @@ class TierHealth:
     tier: Tier
     timeouts: StoreTimeouts
     clock: Callable[[], float] = time.monotonic
+    #: After a failure, loads and spills wait for an answer (a presence question) rather than
+    #: for the back-off's end alone (a remote tier; a disk tier has nothing cheap to ask).
+    probed: bool = False
     #: Told ``(tier, up)`` whenever the tier goes down or comes back (metrics).
     listeners: list[Callable[[Tier, bool], None]] = attrs.field(factory=list)
     failures: int = 0
@@ -61,6 +68,16 @@ class TierHealth:
         """True while nothing should be asked of the tier (backing off after a failure)."""
         return self.failures > 0 and self.clock() < self.retry_at
 
+    def usable(self) -> bool:
+        """Whether loads and spills may start now: the tier answered since its last failure,
+        or (not ``probed``) its back-off is over."""
+        return self.failures == 0 or (not self.probed and self.clock() >= self.retry_at)
+
+    def probe_due(self) -> bool:
+        """A ``probed`` tier that failed, whose back-off is over: ask it a presence question
+        before any load or spill."""
+        return self.probed and self.failures > 0 and self.clock() >= self.retry_at
+
     def wait_s(self) -> float:
         """Seconds until the tier may be asked again (0 when it may now)."""
         return max(0.0, self.retry_at - self.clock()) if self.failures else 0.0
@@ -69,7 +86,8 @@ class TierHealth:
         """A call failed or ran out of time: back off (longer each time, up to the cap)."""
         first = self.failures == 0
         self.failures += 1
-        pause = min(self.timeouts.backoff_first_s * 2 ** (self.failures - 1),
+        # The doubling stops at the cap (2 ** n of a store down for hours overflows a float).
+        pause = min(self.timeouts.backoff_first_s * 2.0 ** min(self.failures - 1, 64),
                     self.timeouts.backoff_max_s)
         self.retry_at = self.clock() + pause
         self.last_error = why

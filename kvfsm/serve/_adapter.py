@@ -90,6 +90,7 @@ from numpy.typing import ArrayLike, NDArray
 from kvfsm import _args
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
+from kvfsm.serve._declare import layer_types as declared_layer_types
 from kvfsm.spec import Form, GroupDecl, GroupKind
 from kvfsm.state import GroupState
 from kvfsm.verify import Level, Prompt, Verdict
@@ -610,7 +611,13 @@ class CacheAdapter:
         self.config = config
         layer_types = list(getattr(config, "layer_types", None) or [])
         if not layer_types:
-            raise CacheAdapterError("config has no layer_types: cannot map layers to groups")
+            # Llama's and Mistral's configs have none: what transformers' cache infers.
+            try:
+                layer_types = declared_layer_types(config)
+            except KvfsmError as exc:
+                raise CacheAdapterError(f"config has no layer_types, and none follows from "
+                                        f"it ({exc}): cannot map layers to groups") from None
+        self._layer_count = len(layer_types)
         probe = _new_dynamic_cache(config)
         groups: list[LayerGroup] = []
         codecs: dict[str, Codec] = {}
@@ -738,9 +745,9 @@ class CacheAdapter:
         prompt = self._prompt(prompt)
         computed_from = _args.count("computed_from", computed_from)
         layers = cache.layers
-        if len(layers) != len(self.config.layer_types):
+        if len(layers) != self._layer_count:
             raise CacheAdapterError(f"cache has {len(layers)} layers, the config "
-                                    f"{len(self.config.layer_types)}")
+                                    f"{self._layer_count}")
 
         def payload(group: GroupState, index: NDArray[np.int64]) -> NDArray[np.uint8]:
             return self._payload(cache, self._group(group.name), index)
@@ -895,8 +902,12 @@ class CacheAdapter:
             compressed = int(needed.cut[0] - needed.lo[0])
             core.pin(name, ids)  # a reader pins what it reads
             try:
-                return np.concatenate([core.read(name, ids[:compressed], form=Form.COMPRESSED),
+                data = np.concatenate([core.read(name, ids[:compressed], form=Form.COMPRESSED),
                                        core.read(name, ids[compressed:], form=Form.RAW)])
+                # Told to the observers (an event log's replay checks every read was of a
+                # readable block at its epoch).
+                core.record_read(name, ids)
+                return data
             finally:
                 core.unpin(name, ids)
 

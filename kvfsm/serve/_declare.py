@@ -65,31 +65,70 @@ Group conventions (the adapter packs and unpacks blocks by exactly these):
     block boundary), the counters ``entry_count`` (``L // m``) and no ``sparse_index`` group,
     since transformers caches no top-k choices: the indexer re-scores its compressed keys at
     every step. A group is declared only when some layer has that state.
+
+``llama``, ``mistral``, ``qwen3``, ``gemma2``, ``gemma3_text``
+    ``full`` and ``sliding`` exactly as gpt_oss's: the layers transformers' cache keeps whole
+    (``DynamicLayer``, ``full_attention``) and those it keeps a window of
+    (``DynamicSlidingWindowLayer``, ``sliding_attention``), ``window = config.sliding_window``.
+    Layer types are ``config.layer_types`` (Qwen3 derives them from ``use_sliding_window`` and
+    ``max_window_layers``, Gemma 2 alternates, Gemma 3 follows ``sliding_window_pattern``).
+    Llama and Mistral configs have none, and their cache infers them as :func:`layer_types`
+    does: every layer full (Llama; Mistral with ``sliding_window`` null) or every layer a window
+    (Mistral with ``sliding_window`` set); a ``layer_types`` that says otherwise is refused,
+    since their attention ignores it. ``head_dim`` is the config's (Llama, Mistral: ``hidden_size
+    / num_attention_heads`` when null); ``num_key_value_heads`` null (Llama, Mistral, Qwen3) is
+    ``num_attention_heads``. A config with ``use_bidirectional_attention`` (Gemma embedding
+    models) is refused: every token attends those after it, so no prefix's cache is reusable.
+
+Keys (:func:`check_config_keys`, run by ``kvfsm model from-config`` on a ``config.json`` before
+transformers builds the config, which would fill a missing key with the default of some other
+model size): every key that sets the cache's shape must be present, and every numeric key is an
+int in range (or null where the architecture gives null a meaning), each error naming the key,
+the model type and the file.
+
+Sizes: the header comment states each group's bytes per block and per token of prefix, and for a
+recurrent group the bytes of one snapshot and how to choose ``checkpoint_interval``;
+:func:`snapshot_notes` says the same in one line per recurrent group (the command prints it on
+stderr).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from types import MappingProxyType
 from typing import Any, Final
 
 import attrs
 
 from kvfsm._errors import KvfsmError
 from kvfsm.serve._tiny import check_model_type
-from kvfsm.spec import ModelDecl, parse_model
+from kvfsm.spec import GroupKind, ModelDecl, parse_model
 
 #: Every generated layout: the block's base aligned to 256 bytes, nothing appended.
 ALIGNMENT: Final = 256
 #: A compressed block's written sub-blocks are tracked in a 16-bit mask.
 _MAX_SUB_BLOCKS: Final = 16
+#: Bytes of one element: every generated payload is float32 (numpy has no bfloat16).
+_FLOAT32_BYTES: Final = 4
+#: Header comment lines are wrapped to fit 100 columns with their "# " and indent.
+_NOTE_WIDTH: Final = 94
 
 _FULL = "full_attention"
 _SLIDING = "sliding_attention"
 _LINEAR = "linear_attention"
 _CSA = "compressed_sparse_attention"
 _HCA = "heavily_compressed_attention"
+
+#: Families whose config has no layer_types: their cache infers one type for every layer.
+_INFERRED_LAYER_TYPES: Final = ("llama", "mistral")
+#: Families whose null num_key_value_heads means num_attention_heads (multi-head attention).
+_NULL_KV_HEADS: Final = ("llama", "mistral", "qwen3")
+#: Families whose null head_dim means hidden_size / num_attention_heads.
+_NULL_HEAD_DIM: Final = ("llama", "mistral")
 
 
 @attrs.frozen
@@ -149,13 +188,195 @@ def declaration_toml(
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise KvfsmError(f"name must be a non-empty string, got {name!r}")
     reader = _Reader(config, model_type)
-    if model_type == "gpt_oss":
-        plan = _gpt_oss(reader, block_size, checkpoint_interval)
-    elif model_type == "qwen3_next":
+    if model_type == "qwen3_next":
         plan = _qwen3_next(reader, block_size, checkpoint_interval)
-    else:
+    elif model_type == "deepseek_v4":
         plan = _deepseek_v4(reader, block_size, checkpoint_interval)
+    else:
+        plan = _attention(reader, block_size, checkpoint_interval)
     return _render(model_type, name or model_type, plan, generated_by)
+
+
+def layer_types(config: Any) -> list[str]:
+    """The type of each layer of ``config``'s model as its cache sees it: ``config.layer_types``,
+    or, for Llama and Mistral (whose configs have none), what transformers' cache infers: every
+    layer ``sliding_attention`` when ``sliding_window`` is set, else ``full_attention``."""
+    model_type = check_model_type(getattr(config, "model_type", None))
+    return _Reader(config, model_type).layer_types()
+
+
+def snapshot_notes(model: ModelDecl) -> list[str]:
+    """One line per recurrent group of ``model`` whose snapshots store more bytes per token of
+    prefix than the other groups together (or that is the only kind of group): the bytes of one
+    snapshot, how often one is taken, what that costs per token, and the
+    ``checkpoint_interval`` at which snapshots cost no more per token than the other groups."""
+    costs = [_Cost(g.name, g.kind is GroupKind.RECURRENT, g.block_size, g.payload_bytes,
+                   g.checkpoint_interval or g.block_size) for g in model.groups]
+    other = _per_token(costs)
+    lines = []
+    for cost in costs:
+        if not cost.recurrent or (other and Fraction(cost.payload_bytes, cost.interval) <= other):
+            continue
+        line = (f"{model.name}: group {cost.name!r} stores a snapshot of "
+                f"{_bytes(cost.payload_bytes)} every {cost.interval} tokens, "
+                f"{_amount(Fraction(cost.payload_bytes, cost.interval))} bytes per token of "
+                "prefix")
+        if other:
+            line += (f" (the other groups: {_amount(other)}); --checkpoint-interval "
+                     f"{_even_interval(cost, other)} or more stores no more per token than they "
+                     "do, at the cost of recomputing up to that many tokens of a prompt")
+        lines.append(line + "; the declaration's header says how to choose")
+    return lines
+
+
+# ------------------------------------------------------------------------------ config keys
+
+
+@attrs.frozen
+class _Keys:
+    """What a family's ``config.json`` must hold before transformers fills in defaults.
+
+    ``required``: one entry per requirement, ``|`` between alternatives, ``+`` between keys an
+    alternative needs together; a key must be present and not null unless it ends in ``?``.
+    ``minimum``: the least value of each numeric key the family adds to :data:`_MINIMUM`.
+    ``nullable``: numeric keys whose null the architecture gives a meaning. ``when``: a flag key
+    and the requirements that apply when it is true."""
+
+    required: tuple[str, ...]
+    minimum: Mapping[str, int] = MappingProxyType({})
+    nullable: frozenset[str] = frozenset({"sliding_window"})
+    when: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+#: Numeric keys every family's cache shape reads, when present: at least 1 (a count or a size).
+_MINIMUM: Final[Mapping[str, int]] = MappingProxyType({
+    key: 1 for key in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                       "hidden_size", "head_dim", "sliding_window")
+})
+_LINEAR_KEYS: Final = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                       "linear_num_key_heads", "linear_num_value_heads")
+_KEYS: Final[Mapping[str, _Keys]] = MappingProxyType({
+    "gpt_oss": _Keys(("num_hidden_layers", "num_key_value_heads", "head_dim", "sliding_window")),
+    "qwen3_next": _Keys(
+        ("num_hidden_layers", "num_key_value_heads", "head_dim", *_LINEAR_KEYS,
+         "layer_types|full_attention_interval"),
+        MappingProxyType({**dict.fromkeys(_LINEAR_KEYS, 1), "full_attention_interval": 1})),
+    "deepseek_v4": _Keys(
+        ("num_hidden_layers", "head_dim", "index_head_dim", "sliding_window",
+         "layer_types|compress_ratios",
+         # compress_ratios (per layer: 0, or the layer's rate) names the rates it uses.
+         "compress_rates|compress_rate_csa+compress_rate_hca|compress_ratios"),
+        MappingProxyType({"index_head_dim": 1, "compress_rate_csa": 1, "compress_rate_hca": 1}),
+        frozenset()),
+    # Llama's missing num_key_value_heads is multi-head attention (num_attention_heads), the
+    # architecture's own rule, not another size's value.
+    "llama": _Keys(("num_hidden_layers", "num_attention_heads", "head_dim|hidden_size"),
+                   nullable=frozenset({"num_key_value_heads", "head_dim"})),
+    "mistral": _Keys(
+        ("num_hidden_layers", "num_attention_heads", "num_key_value_heads?",
+         "head_dim|hidden_size", "sliding_window?"),
+        nullable=frozenset({"num_key_value_heads", "head_dim", "sliding_window"})),
+    "qwen3": _Keys(
+        ("num_hidden_layers", "num_key_value_heads?", "head_dim"),
+        MappingProxyType({"max_window_layers": 0}),
+        frozenset({"num_key_value_heads", "sliding_window"}),
+        (("use_sliding_window", ("layer_types|sliding_window+max_window_layers",)),)),
+    "gemma2": _Keys(("num_hidden_layers", "num_key_value_heads", "head_dim", "sliding_window")),
+    "gemma3_text": _Keys(
+        ("num_hidden_layers", "num_key_value_heads", "head_dim", "sliding_window",
+         "layer_types|sliding_window_pattern"),
+        MappingProxyType({"sliding_window_pattern": 1})),
+})
+
+
+def check_config_keys(model_type: str, settings: Mapping[str, Any], *, source: str,
+                      required: bool = True) -> None:
+    """Check the raw keys of a ``model_type`` config (a ``config.json``'s object, ``source``
+    naming it) before transformers builds the config: with ``required``, that every key setting
+    the cache's shape is present (transformers would fill a missing one with the default of some
+    other model size); always, that every numeric key present is an int in range, or null where
+    the architecture allows it, and that ``layer_types`` is a list of strings, one per layer.
+    Raises :class:`KvfsmError` naming each bad key, the model type and ``source``."""
+    keys = _KEYS[check_model_type(model_type)]
+    label = f"{model_type} config {source}"
+    problems = []
+    if required:
+        needs = list(keys.required)
+        for flag, more in keys.when:
+            if settings.get(flag) is True:
+                needs += more
+        for need in needs:
+            if any(all(_given(settings, key) for key in option.split("+"))
+                   for option in need.split("|")):
+                continue
+            if "|" not in need and "+" not in need and need in settings:
+                problems.append(f"missing {need!r}: it is null")
+            else:
+                problems.append(f"missing {_said(need)}")
+    for key, least in {**_MINIMUM, **keys.minimum}.items():
+        if key in settings:
+            problems += _integer_problem(repr(key), settings[key], least, key in keys.nullable)
+    problems += _list_problems(settings)
+    if problems:
+        missing = any(problem.startswith("missing") for problem in problems)
+        why = ("; a key setting the cache's shape must be given: transformers would fill in the "
+               "default of another model size") if missing else ""
+        raise KvfsmError(f"{label}: {'; '.join(problems)}{why}")
+
+
+def shape_keys(model_type: str) -> frozenset[str]:
+    """The config keys :func:`check_config_keys` reads for ``model_type``, including those
+    transformers takes as arguments without keeping them (``full_attention_interval``,
+    ``sliding_window_pattern``, ``compress_ratios``, ...)."""
+    keys = _KEYS[check_model_type(model_type)]
+    needs = [*keys.required, *(need for _flag, more in keys.when for need in more)]
+    named = {key.rstrip("?") for need in needs for option in need.split("|")
+             for key in option.split("+")}
+    return frozenset(named | set(keys.minimum) | {flag for flag, _more in keys.when})
+
+
+def _given(settings: Mapping[str, Any], key: str) -> bool:
+    name = key.rstrip("?")
+    return name in settings and (key.endswith("?") or settings[name] is not None)
+
+
+def _said(need: str) -> str:
+    options = [" and ".join(repr(key.rstrip("?")) for key in option.split("+"))
+               for option in need.split("|")]
+    return " or ".join(options)
+
+
+def _integer_problem(name: str, value: object, least: int, nullable: bool) -> list[str]:
+    """The problem with numeric key ``name`` (as written in the message) holding ``value``."""
+    if value is None and nullable:
+        return []
+    if isinstance(value, int) and not isinstance(value, bool) and value >= least:
+        return []
+    return [f"{name} must be an int >= {least}{' or null' if nullable else ''}, got {value!r}"]
+
+
+def _list_problems(settings: Mapping[str, Any]) -> list[str]:
+    problems = []
+    layers = settings.get("num_hidden_layers")
+    types = settings.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or not types or not all(isinstance(t, str) for t in types):
+            problems.append(f"'layer_types' must be a non-empty list of strings, got {types!r}")
+        elif not _integer_problem("", layers, 1, False) and len(types) != layers:
+            problems.append(f"'layer_types' has {len(types)} entries but 'num_hidden_layers' is "
+                            f"{layers}: one per layer")
+    rates = settings.get("compress_rates")
+    if rates is not None:
+        if not isinstance(rates, dict):
+            problems.append(f"'compress_rates' must be an object of ints, got {rates!r}")
+        else:
+            for layer_type, rate in rates.items():
+                problems += _integer_problem(f"compress_rates[{layer_type!r}]", rate, 1, False)
+    ratios = settings.get("compress_ratios")
+    if ratios is not None and (not isinstance(ratios, list) or not all(
+            isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ratios)):
+        problems.append(f"'compress_ratios' must be a list of ints >= 0, got {ratios!r}")
+    return problems
 
 
 def qwen3_next_state_shapes(config: Any) -> list[tuple[str, tuple[int, ...]]]:
@@ -197,8 +418,8 @@ def _kv_groups(
     reader: _Reader, block_size: int, full: Sequence[int], sliding: Sequence[int]
 ) -> list[_Group]:
     """Per-token K/V groups: ``full`` for full-attention layers, ``sliding`` for the others."""
-    heads = reader.integer("num_key_value_heads")
-    head_dim = reader.integer("head_dim")
+    heads = reader.kv_heads()
+    head_dim = reader.head_dim()
     dims = ("layer", "kv", "head", "token", "dim")
     groups = []
     if full:
@@ -214,17 +435,37 @@ def _kv_groups(
     return groups
 
 
-def _gpt_oss(reader: _Reader, block_size: int, checkpoint_interval: int | None) -> _Plan:
+#: What each attention-only family's layers are, for the header comment.
+_ATTENTION: Final[Mapping[str, str]] = MappingProxyType({
+    "gpt_oss": "full causal attention and sliding-window attention layers",
+    "llama": "full causal attention in every layer",
+    "mistral": "sliding-window attention in every layer when sliding_window is set, else full "
+               "causal attention",
+    "qwen3": "full causal attention, and sliding-window attention from layer max_window_layers "
+             "on when use_sliding_window is set",
+    "gemma2": "alternating sliding-window and full causal attention layers",
+    "gemma3_text": "sliding-window and full causal attention layers (layer_types, or "
+                   "sliding_window_pattern: every n-th layer full)",
+})
+
+
+def _attention(reader: _Reader, block_size: int, checkpoint_interval: int | None) -> _Plan:
+    """gpt_oss and the dense families: K/V per token, ``full`` and ``sliding`` groups."""
+    model_type = reader.model_type
+    if getattr(reader.config, "use_bidirectional_attention", None):
+        raise KvfsmError(
+            f"{reader.label}: 'use_bidirectional_attention' is set: every token attends the "
+            "tokens after it, so no prefix's cache can be reused")
     reader.only_layer_types((_FULL, _SLIDING))
     if checkpoint_interval is not None:
-        raise KvfsmError("gpt_oss keeps no recurrent state: checkpoint_interval does not apply")
+        raise KvfsmError(f"{model_type} keeps no recurrent state: checkpoint_interval does "
+                         "not apply")
     full, sliding = reader.layers_of(_FULL), reader.layers_of(_SLIDING)
     groups = _kv_groups(reader, block_size, full, sliding)
-    notes = [
-        "A gpt_oss model: full causal attention and sliding-window attention layers, each",
-        "keeping K and V per token and KV head (transformers' DynamicLayer and",
-        "DynamicSlidingWindowLayer keys / values, [batch, head, token, dim] per layer).",
-    ]
+    notes = _wrap(
+        f"A {model_type} model: {_ATTENTION[model_type]}, each keeping K and V per token and KV "
+        "head (transformers' DynamicLayer and DynamicSlidingWindowLayer keys / values, [batch, "
+        "head, token, dim] per layer).")
     if full:
         notes.append(
             f"  full     full_attention layers {_listed(full)}: every block of the prefix."
@@ -237,9 +478,9 @@ def _gpt_oss(reader: _Reader, block_size: int, checkpoint_interval: int | None) 
             f" so window = {window}.",
         ]
     description = (
-        f"gpt_oss from its config: {_count(full, 'full-attention layer')} and "
-        f"{_count(sliding, 'sliding-window layer')}, {reader.integer('num_key_value_heads')} KV "
-        f"heads of {reader.integer('head_dim')}."
+        f"{model_type} from its config: {_count(full, 'full-attention layer')} and "
+        f"{_count(sliding, 'sliding-window layer')}, {_count(range(reader.kv_heads()), 'KV head')}"
+        f" of {reader.head_dim()}."
     )
     return _Plan(description, tuple(notes), tuple(groups))
 
@@ -367,7 +608,8 @@ def _deepseek_v4(reader: _Reader, block_size: int, checkpoint_interval: int | No
 
 
 class _Reader:
-    """Reads a config's attributes, each problem a :class:`KvfsmError` naming the key."""
+    """Reads a config's attributes, each problem a :class:`KvfsmError` naming the key and the
+    config (its model type, and its ``_name_or_path`` when it has one)."""
 
     def __init__(self, config: Any, model_type: str) -> None:
         found = getattr(config, "model_type", None)
@@ -375,26 +617,63 @@ class _Reader:
             raise KvfsmError(f"expected a {model_type} config, got model_type {found!r}")
         self.config = config
         self.model_type = model_type
+        path = getattr(config, "_name_or_path", None)
+        self.label = f"{model_type} config" + (f" {path!r}" if isinstance(path, str) and path
+                                               else "")
 
     def integer(self, key: str) -> int:
         value = getattr(self.config, key, None)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise KvfsmError(f"{self.model_type} config: {key!r} must be an int >= 1, "
-                             f"got {value!r}")
+            raise KvfsmError(f"{self.label}: {key!r} must be an int >= 1, got {value!r}")
         return value
 
+    def kv_heads(self) -> int:
+        """``num_key_value_heads``; where the family makes null mean multi-head attention,
+        ``num_attention_heads``."""
+        if (getattr(self.config, "num_key_value_heads", None) is None
+                and self.model_type in _NULL_KV_HEADS):
+            return self.integer("num_attention_heads")
+        return self.integer("num_key_value_heads")
+
+    def head_dim(self) -> int:
+        """``head_dim``; where the family makes null mean ``hidden_size /
+        num_attention_heads``, that."""
+        if getattr(self.config, "head_dim", None) is None and self.model_type in _NULL_HEAD_DIM:
+            hidden, heads = self.integer("hidden_size"), self.integer("num_attention_heads")
+            if hidden % heads:
+                raise KvfsmError(f"{self.label}: 'head_dim' is null and 'hidden_size' {hidden} "
+                                 f"is not a multiple of 'num_attention_heads' {heads}")
+            return hidden // heads
+        return self.integer("head_dim")
+
     def layer_types(self) -> list[str]:
+        if self.model_type in _INFERRED_LAYER_TYPES:
+            return self._inferred_layer_types()
         value = getattr(self.config, "layer_types", None)
         if not isinstance(value, list | tuple) or not value:
-            raise KvfsmError(f"{self.model_type} config: 'layer_types' must be a non-empty list, "
+            raise KvfsmError(f"{self.label}: 'layer_types' must be a non-empty list, "
                              f"got {value!r}")
         return [str(v) for v in value]
+
+    def _inferred_layer_types(self) -> list[str]:
+        """Llama, Mistral: one layer type for every layer, as transformers' cache infers it."""
+        windowed = getattr(self.config, "sliding_window", None) is not None
+        kind = _SLIDING if windowed else _FULL
+        inferred = [kind] * self.integer("num_hidden_layers")
+        given = getattr(self.config, "layer_types", None)
+        if given is not None and list(given) != inferred:
+            rule = ("sliding_window is set: its attention uses it in every layer" if windowed
+                    else "its attention is full in every layer")
+            raise KvfsmError(
+                f"{self.label}: 'layer_types' {sorted({str(t) for t in given})} does not match "
+                f"the model: {rule}, so every layer is {kind} (or omit layer_types)")
+        return inferred
 
     def only_layer_types(self, allowed: Sequence[str]) -> None:
         unknown = sorted(set(self.layer_types()) - set(allowed))
         if unknown:
             raise KvfsmError(
-                f"{self.model_type} config: layer_types {unknown} not declarable; "
+                f"{self.label}: layer_types {unknown} not declarable; "
                 f"expected {list(allowed)}"
             )
 
@@ -405,7 +684,7 @@ class _Reader:
         rates = getattr(self.config, "compress_rates", None)
         value = rates.get(layer_type) if isinstance(rates, dict) else None
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise KvfsmError(f"{self.model_type} config: compress_rates[{layer_type!r}] must be "
+            raise KvfsmError(f"{self.label}: compress_rates[{layer_type!r}] must be "
                              f"an int >= 1, got {value!r}")
         return value
 
@@ -426,6 +705,77 @@ def _interval(interval: int | None, block_size: int, group: str) -> int:
     return interval
 
 
+@attrs.frozen
+class _Cost:
+    """One group's storage: ``payload_bytes`` per block, one block per ``interval`` tokens
+    (the checkpoint interval of a recurrent group, the block size of any other)."""
+
+    name: str
+    recurrent: bool
+    block_size: int
+    payload_bytes: int
+    interval: int
+
+
+def _per_token(costs: Sequence[_Cost]) -> Fraction:
+    """Bytes the non-recurrent groups store per token of prefix."""
+    return sum((Fraction(c.payload_bytes, c.interval) for c in costs if not c.recurrent),
+               Fraction(0))
+
+
+def _even_interval(cost: _Cost, other: Fraction) -> int:
+    """The least checkpoint interval (a multiple of the group's block size) at which ``cost``'s
+    snapshots store no more bytes per token than ``other``."""
+    blocks = math.ceil(Fraction(cost.payload_bytes) / (other * cost.block_size))
+    return max(blocks, 1) * cost.block_size
+
+
+def _size_notes(costs: Sequence[_Cost]) -> list[str]:
+    width = max(len(c.name) for c in costs)
+    notes = [f"Sizes (float32; a pool slot is a block rounded up to {ALIGNMENT} bytes):"]
+    for c in costs:
+        head = f"  {c.name:<{width}}  "
+        if c.recurrent:
+            text = (f"{_bytes(c.payload_bytes)} per snapshot, one every {c.interval} tokens: "
+                    f"{_amount(Fraction(c.payload_bytes, c.interval))} bytes per token of prefix.")
+        else:
+            text = (f"{_bytes(c.payload_bytes)} per block of {c.block_size} tokens: "
+                    f"{_amount(Fraction(c.payload_bytes, c.block_size))} bytes per token of "
+                    "prefix.")
+        notes += _wrap(text, head)
+    other = _per_token(costs)
+    for c in (c for c in costs if c.recurrent):
+        text = (f"Choosing {c.name}'s checkpoint_interval (--checkpoint-interval N, a multiple of "
+                f"{c.block_size}): a snapshot every N tokens stores {c.payload_bytes:,} / N bytes "
+                "per token of prefix, and a prompt resumes only where a snapshot was taken, so up "
+                f"to N of its tokens are recomputed (N = {c.block_size}: at most one block).")
+        if other:
+            text += (f" An interval of {_even_interval(c, other)} or more stores no more per token "
+                     f"than the other groups' {_amount(other)} bytes.")
+        notes += _wrap(text)
+    return notes
+
+
+def _bytes(n: int) -> str:
+    """``n`` bytes in words: exact, with binary units past a KiB."""
+    units = ("KiB", "MiB", "GiB")
+    size, unit = float(n), ""
+    for name in units:
+        if size < 1024:
+            break
+        size, unit = size / 1024, name
+    return f"{n:,} bytes" + (f" ({size:.1f} {unit})" if unit else "")
+
+
+def _amount(value: Fraction) -> str:
+    return f"{int(value):,}" if value.denominator == 1 else f"{float(value):,.1f}"
+
+
+def _wrap(text: str, head: str = "") -> list[str]:
+    return textwrap.wrap(text, _NOTE_WIDTH, initial_indent=head,
+                         subsequent_indent=" " * len(head), break_on_hyphens=False)
+
+
 def _count(items: Sequence[object], noun: str) -> str:
     return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
 
@@ -443,7 +793,12 @@ def _render(model_type: str, name: str, plan: _Plan, generated_by: str | None) -
         ]
     else:
         lines.append(f"# Generated by kvfsm.serve.declaration_toml from a {model_type} config.")
-    lines += ["#", *(f"# {note}".rstrip() for note in plan.notes), ""]
+    costs = [_Cost(g.name, g.kind == "recurrent", g.block_size,
+                   math.prod(g.shape) * _FLOAT32_BYTES, dict(g.extra).get("checkpoint_interval",
+                                                                           g.block_size))
+             for g in plan.groups]
+    notes = [*plan.notes, "", *_size_notes(costs)]
+    lines += ["#", *(f"# {note}".rstrip() for note in notes), ""]
     lines += [
         "[model]",
         f"name = {_string(name)}",

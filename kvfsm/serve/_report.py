@@ -17,8 +17,12 @@ Definitions (every rate is over the prompt tokens of the workload's requests):
   intact copy somewhere just before the lookup (after the fault hook), by an oracle that does
   not ask the verdict (:func:`kvfsm.serve._loop.intact_tokens`).
 * **lost tokens** of a request: its intact tokens minus the tokens it reused, where positive
-  (intact but not reused). **lost_reuse**: the lost tokens of a workload's requests over their
-  intact tokens (0 to 1); **lost rate**: the lost tokens over the prompt tokens.
+  (intact but not reused), except for a request whose restore still had loads running when
+  its wait ended: a store slower than the request's restore budget (``restore_timeout``) is
+  waited out, not waited for, and those tokens are **late tokens** (``late_reuse``: late over
+  intact). **lost_reuse**: the lost tokens of a workload's requests over their intact tokens
+  (0 to 1): intact cache kvfsm did not reuse; **lost rate**: the lost tokens over the prompt
+  tokens.
   **reused_beyond_intact**: tokens reused past the intact length (kvfsm: copies its lookup
   found in a stored tier for blocks the core had forgotten; naive: bytes reused that no intact
   copy backed, i.e. damaged ones).
@@ -125,10 +129,21 @@ def _intact(result: Result) -> int:
     return result.intact_tokens or 0
 
 
-def lost_tokens(result: Result) -> int:
+def _short(result: Result) -> int:
     """Intact tokens the request did not reuse (0 where it reused at least its intact
     length)."""
     return max(_intact(result) - result.reused_tokens, 0)
+
+
+def late_tokens(result: Result) -> int:
+    """The intact tokens not reused by a request whose restore still had loads running when
+    its wait ended (the store answered after the request's restore budget)."""
+    return _short(result) if result.restore.pending else 0
+
+
+def lost_tokens(result: Result) -> int:
+    """Intact tokens the request did not reuse although nothing it waited for was late."""
+    return 0 if result.restore.pending else _short(result)
 
 
 def _reuse_figures(results: Sequence[Result]) -> dict[str, Any]:
@@ -140,10 +155,11 @@ def _reuse_figures(results: Sequence[Result]) -> dict[str, Any]:
     reused = sum(r.reused_tokens for r in results)
     intact = sum(map(_intact, results))
     lost = sum(map(lost_tokens, results))
+    late = sum(map(late_tokens, results))
     return {
         "hit_tokens": hit, "usable_tokens": usable, "reused_tokens": reused,
-        "intact_tokens": intact, "lost_tokens": lost,
-        "lost_reuse": _ratio(lost, intact),
+        "intact_tokens": intact, "lost_tokens": lost, "late_tokens": late,
+        "lost_reuse": _ratio(lost, intact), "late_reuse": _ratio(late, intact),
         "reused_beyond_intact": sum(max(r.reused_tokens - _intact(r), 0) for r in results),
         "hit_rate": _ratio(hit, prompt), "usable_rate": _ratio(usable, prompt),
         "reused_rate": _ratio(reused, prompt), "lost_rate": _ratio(lost, prompt),
@@ -153,7 +169,8 @@ def _reuse_figures(results: Sequence[Result]) -> dict[str, Any]:
 #: The per-workload keys a model's reuse figures repeat from the kvfsm run's side-by-side
 #: entry.
 _REUSE_KEYS: Final = ("reused_tokens", "intact_tokens", "lost_tokens", "lost_reuse",
-                      "reused_beyond_intact", "reused_rate", "lost_rate")
+                      "late_tokens", "late_reuse", "reused_beyond_intact", "reused_rate",
+                      "lost_rate")
 
 
 def _workload_figures(kvfsm: Sequence[Result], naive: Sequence[Result],
@@ -258,13 +275,14 @@ def _lost_requests(results: Sequence[Result]) -> list[dict[str, Any]]:
     its lookup and restores said (the first verdict's shortfalls, the restore steps that did
     not land)."""
     return [{"request": r.rid, "intact_tokens": _intact(r), "reused_tokens": r.reused_tokens,
-             "lost_tokens": lost_tokens(r), "usable_tokens": r.usable_tokens,
+             "lost_tokens": lost_tokens(r), "late_tokens": late_tokens(r),
+             "usable_tokens": r.usable_tokens,
              "restorable_tokens": r.restorable_tokens, "reasons": sorted(set(r.reasons)),
              "restores_not_landed": dict(sorted(Counter(
                  f"{s.group} {s.tier} {s.outcome} {s.status}".strip()
                  for s in r.steps if s.outcome != "restored").items())),
              "events": list(r.events)}
-            for r in results if lost_tokens(r)]
+            for r in results if _short(r)]
 
 
 def model_figures(run: ModelRun) -> dict[str, Any]:
@@ -350,7 +368,10 @@ def demo_figures(demo: DemoRun) -> dict[str, Any]:
         "tokens_recomputed": sum(m["tokens_recomputed"] for m in per),
         "intact_tokens": sum(m["intact_tokens"] for m in per),
         "lost_tokens": sum(m["lost_tokens"] for m in per),
+        "late_tokens": sum(m["late_tokens"] for m in per),
         "lost_reuse": _ratio(sum(m["lost_tokens"] for m in per),
+                             sum(m["intact_tokens"] for m in per)),
+        "late_reuse": _ratio(sum(m["late_tokens"] for m in per),
                              sum(m["intact_tokens"] for m in per)),
         "clean_lost_reuse": _ratio(sum(m["clean"]["lost_tokens"] for m in per),
                                    sum(m["clean"]["intact_tokens"] for m in per)),
@@ -421,7 +442,8 @@ def _lost_text(lost: Sequence[Mapping[str, Any]]) -> str:
     not land (what kept them from being reused)."""
     if not lost:
         return "none"
-    return "; ".join(f"{r['request']} {r['lost_tokens']} of {r['intact_tokens']} ("
+    return "; ".join(f"{r['request']} {r['lost_tokens'] or r['late_tokens']} of "
+                     f"{r['intact_tokens']} {'late ' if r['late_tokens'] else ''}("
                      + (", ".join(f"{k} {n}" if n > 1 else k
                                   for k, n in r["restores_not_landed"].items())
                         or "no restore failed") + ")" for r in lost)
@@ -443,10 +465,12 @@ def reuse_lines(m: Mapping[str, Any]) -> list[str]:
             f = figures["modes"][mode]
             beyond = (f"; {f['reused_beyond_intact']:,} reused tokens not intact"
                       if mode == "naive" and f["reused_beyond_intact"] else "")
+            late = (f"; {f['late_tokens']:,} late (a store slower than the wait)"
+                    if f["late_tokens"] else "")
             lines.append(f"    {workload + ', ' + mode:<20}{f['hit_rate']:>10.1%}"
                          f"{f['usable_rate']:>17.1%}{f['reused_rate']:>23.1%}"
                          f"{f['lost_rate']:>7.1%}   {f['lost_reuse']:.4f} ({f['lost_tokens']:,} / "
-                         f"{f['intact_tokens']:,}){beyond}")
+                         f"{f['intact_tokens']:,}){late}{beyond}")
     return lines
 
 
@@ -612,12 +636,15 @@ def report_markdown(demo: DemoRun, figures: Mapping[str, Any], *, command: str =
         "block had an intact copy somewhere (device, host, disk file or remote value, its bytes "
         "matching the checksum recorded for them) just before its lookup, found by an oracle "
         "that does not ask the verdict. *lost_reuse* is the lost tokens over the intact tokens "
-        "(0 to 1). A hit-only engine may reuse more than is intact: those are the damaged "
-        "bytes behind its wrong outputs.",
+        "(0 to 1). Tokens a request did not reuse because a load was still running when its "
+        "restore wait ended (a store answering after the request's budget: it recomputes rather "
+        "than waits, and the copy lands for later requests) are counted apart as *late*. A "
+        "hit-only engine may reuse more than is intact: those are the damaged bytes behind its "
+        "wrong outputs.",
         "",
         "| model | workload | engine | hit rate | usable rate now | reused after restores | "
-        "lost | lost_reuse | intact tokens | reused tokens |",
-        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|",
+        "lost | lost_reuse | late tokens | intact tokens | reused tokens |",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for model_type, m in figures["models"].items():
         for workload, per in (("faulted", m), ("clean", m["clean"])):
@@ -626,7 +653,8 @@ def report_markdown(demo: DemoRun, figures: Mapping[str, Any], *, command: str =
                 out.append(f"| {pretty(model_type)} | {workload} | {mode} | {f['hit_rate']:.1%} | "
                            f"{f['usable_rate']:.1%} | {f['reused_rate']:.1%} | "
                            f"{f['lost_rate']:.1%} | {f['lost_reuse']:.4f} | "
-                           f"{f['intact_tokens']:,} | {f['reused_tokens']:,} |")
+                           f"{f['late_tokens']:,} | {f['intact_tokens']:,} | "
+                           f"{f['reused_tokens']:,} |")
     out += [
         "",
         "| model | requests | hit rate | usable rate now | reused | restored | recomputed | "

@@ -1,9 +1,13 @@
-"""Tiny, deterministic stand-ins of the hybrid-attention architectures kvfsm declares.
+"""Tiny, deterministic stand-ins of the architectures kvfsm declares.
 
 ``tiny_config(model_type)`` is a transformers config with the real architecture's cache
-structure at toy size: 4 layers, hidden size 64, head dim 16, a vocabulary of 1000. Nothing is
-downloaded; ``tiny_model(model_type, seed)`` builds the model from it with seeded random weights,
-on the CPU, in float32 and in eval mode. A 64-token forward takes well under a second on a CPU.
+structure at toy size: 4 layers, hidden size 64, head dim 16 (32 where the architecture sets its
+head dim apart from ``hidden_size / heads``), a vocabulary of 1000. Nothing is downloaded;
+``tiny_model(model_type, seed)`` builds the model from it with seeded random weights, on the CPU,
+in float32 and in eval mode. A 64-token forward takes well under a second on a CPU.
+
+The hybrid architectures (:data:`HYBRID_MODEL_TYPES`, each with a shipped
+``specs/models/tiny_<T>.toml``):
 
 * ``gpt_oss``: layers alternate sliding-window (16 tokens) and full attention, 2 KV heads.
 * ``qwen3_next``: three Gated DeltaNet (linear attention) layers, then one gated full-attention
@@ -15,11 +19,28 @@ on the CPU, in float32 and in eval mode. A 64-token forward takes well under a s
   at least every compressed entry of a 1024-token prompt (1024 / 4), so the indexer keeps every
   causal entry and the model's output does not depend on how a prompt is split into forwards.
 
+The dense and sliding-window families (:data:`DENSE_MODEL_TYPES`), 4 query and 2 KV heads:
+
+* ``llama``: every layer full attention.
+* ``mistral``: every layer a 24-token sliding window (``sliding_window=None`` makes them full);
+  head dim derived from ``hidden_size / num_attention_heads``.
+* ``qwen3``: dense, as the released Qwen3 models (``use_sliding_window=True`` with
+  ``max_window_layers`` turns the layers from there on to sliding windows), head dim 32.
+* ``gemma2``: alternating sliding-window (16 tokens) and full layers, head dim 32.
+* ``gemma3_text``: three sliding-window (24 tokens) layers per full layer
+  (``sliding_window_pattern`` 4: the real models' 5:1 at 4 layers), head dim 32, 1 KV head.
+
+transformers' Llama and Mistral configs have no ``layer_types`` (their cache infers them: every
+layer sliding when ``sliding_window`` is set, else full); the tiny ones carry that list as
+``config.layer_types``, which ``CacheAdapter`` reads.
+
 transformers and torch are imported inside the functions: ``import kvfsm`` needs neither.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 from kvfsm._errors import KvfsmError
@@ -28,8 +49,23 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedConfig
 
+#: The hybrid architectures, each with a shipped tiny declaration, in documentation order.
+HYBRID_MODEL_TYPES: Final = ("gpt_oss", "qwen3_next", "deepseek_v4")
+#: The dense and sliding-window families (groups ``full`` and ``sliding`` only).
+DENSE_MODEL_TYPES: Final = ("llama", "mistral", "qwen3", "gemma2", "gemma3_text")
 #: The architectures kvfsm can declare (and build tiny stand-ins of), in documentation order.
-SUPPORTED_MODEL_TYPES: Final = ("gpt_oss", "qwen3_next", "deepseek_v4")
+SUPPORTED_MODEL_TYPES: Final = HYBRID_MODEL_TYPES + DENSE_MODEL_TYPES
+
+#: Model types refused on purpose, with why (the error says it).
+REFUSED_MODEL_TYPES: Final[Mapping[str, str]] = MappingProxyType({
+    "gemma3": "the multimodal Gemma 3: its image tokens are placeholders whose K/V depend on the "
+              "image, which a prompt's token ids do not identify, so a prefix hash cannot tell "
+              "two images apart; for text-only serving declare its text_config (model_type "
+              "gemma3_text)",
+})
+
+#: Families whose transformers config has no ``layer_types`` (see the module docstring).
+_INFERRED_LAYER_TYPES: Final = ("llama", "mistral")
 
 _COMMON: Final[dict[str, Any]] = {
     "vocab_size": 1000,
@@ -88,6 +124,41 @@ _TINY: Final[dict[str, dict[str, Any]]] = {
         ],
         "mlp_layer_types": ["moe"] * 4,
     },
+    "llama": {
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 64,
+    },
+    "mistral": {
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 64,
+        "head_dim": None,
+        "sliding_window": 24,
+    },
+    "qwen3": {
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 64,
+        "head_dim": 32,
+    },
+    "gemma2": {
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 64,
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "sliding_window": 16,
+    },
+    "gemma3_text": {
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "intermediate_size": 64,
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "sliding_window": 24,
+        "sliding_window_pattern": 4,
+    },
 }
 
 #: Slow-decay Gated DeltaNet heads for the tiny qwen3_next (see :func:`tiny_model`).
@@ -96,7 +167,10 @@ _SLOW_DECAY_RANGE: Final = (0.001, 0.05)
 
 def check_model_type(model_type: object) -> str:
     """``model_type`` itself when kvfsm supports it, else a :class:`KvfsmError` naming those
-    it does."""
+    it does (and why, for a model type refused on purpose)."""
+    if isinstance(model_type, str) and model_type in REFUSED_MODEL_TYPES:
+        raise KvfsmError(f"model_type {model_type!r} is not declarable: "
+                         f"{REFUSED_MODEL_TYPES[model_type]}")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise KvfsmError(
             f"unsupported model_type {model_type!r}: kvfsm declares "
@@ -135,17 +209,24 @@ def config_class(model_type: str) -> type[PreTrainedConfig]:
 
 def tiny_config(model_type: str, **overrides: Any) -> PreTrainedConfig:
     """A tiny config of ``model_type`` (one of :data:`SUPPORTED_MODEL_TYPES`); ``overrides``
-    replace settings before the config is built, so values derived from them follow.
+    replace settings before the config is built, so values derived from them follow. A Llama or
+    Mistral config gets ``layer_types`` afterwards: the list transformers' cache infers.
 
     The same arguments always give an equal config; nothing is downloaded.
     """
     cls = config_class(model_type)
-    return cls(**{**tiny_settings(model_type), **overrides})
+    config = cls(**{**tiny_settings(model_type), **overrides})
+    if model_type in _INFERRED_LAYER_TYPES and getattr(config, "layer_types", None) is None:
+        # Set after the config is built: Mistral's config warns of a layer_types argument.
+        kind = "full_attention" if getattr(config, "sliding_window", None) is None else (
+            "sliding_attention")
+        config.layer_types = [kind] * config.num_hidden_layers
+    return config
 
 
-def tiny_model(model_type: str, seed: int = 0) -> torch.nn.Module:
-    """The causal LM of :func:`tiny_config` with weights drawn after ``torch.manual_seed(seed)``,
-    float32, eager attention, on the CPU, in eval mode.
+def tiny_model(model_type: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
+    """The causal LM of :func:`tiny_config` (with ``overrides``) with weights drawn after
+    ``torch.manual_seed(seed)``, float32, eager attention, on the CPU, in eval mode.
 
     One post-init step for ``qwen3_next``, so that an error in the recurrent state shows: every
     Gated DeltaNet layer's state decays per token by ``exp(-A * softplus(a + dt_bias))``, and
@@ -159,7 +240,7 @@ def tiny_model(model_type: str, seed: int = 0) -> torch.nn.Module:
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = tiny_config(model_type)
+    config = tiny_config(model_type, **overrides)
     torch.manual_seed(seed)
     auto: Any = AutoModelForCausalLM  # from_config is untyped
     model = auto.from_config(config, attn_implementation="eager", dtype=torch.float32)

@@ -52,6 +52,9 @@ RPC_FAIL: Final = -900  # the master did not answer
 _PER_KEY: Final = frozenset({NO_AVAILABLE_HANDLE, INVALID_PARAMS, REPLICA_IS_NOT_READY,
                              OBJECT_NOT_FOUND, OBJECT_ALREADY_EXISTS, OBJECT_HAS_LEASE,
                              TRANSFER_FAIL})
+#: Mooncake's log level setting, and the level a tier sets where the user has not chosen one.
+_LOG_LEVEL_ENV: Final = "MC_LOG_LEVEL"
+_QUIET_LOG_LEVEL: Final = "ERROR"
 #: The master's default ``--default_kv_lease_ttl`` (10 000 ms).
 DEFAULT_LEASE_S: Final = 10.0
 #: Default bound on asking the master whether it is one, at construction: a master on the same
@@ -241,6 +244,9 @@ class MooncakeTier(ClientTier):
                  rpc_timeout_s: float | None = None) -> None:
         """``rpc_timeout_s``: bound on each call to the master; None takes ``MC_RPC_TIMEOUT_MS``
         from the environment where it is set, else ``DEFAULT_RPC_TIMEOUT_S``."""
+        # The client logs every step of its setup at INFO (some 20 lines per client); a library
+        # keeps quiet unless asked: errors only, where the user has not chosen a level.
+        os.environ.setdefault(_LOG_LEVEL_ENV, _QUIET_LOG_LEVEL)
         try:
             from mooncake.store import MooncakeDistributedStore
         except (ImportError, OSError) as exc:

@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 
 from kvfsm import _args
 from kvfsm._errors import KvfsmError
+from kvfsm._reasons import MAX_LISTED
 from kvfsm._reasons import Reason as Reason  # re-exported: reasons live below the kinds
 from kvfsm.spec import Event, GroupKind, Layout, Tier
 
@@ -230,9 +231,13 @@ class Verdict:
             key = (shortfall.reason, shortfall.group)
             counts[key] = counts.get(key, 0) + 1
         if counts:
+            # A verdict lists the first MAX_LISTED blocks per group and reason: at the cap,
+            # there may be many more.
             lines.append("  reasons: " + ", ".join(
                 f"{reason.value}" + (f" ({group})" if group != "*" else "")
-                + (f" x{count}" if count > 1 else "")
+                + (f" x{count}" if 1 < count < MAX_LISTED else "")
+                + (f" ({count}+ blocks, the first {count} listed)" if count >= MAX_LISTED
+                   else "")
                 for (reason, group), count in counts.items()))
         if self.plan:
             by_group: dict[str, int] = {}

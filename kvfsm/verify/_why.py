@@ -16,6 +16,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm._reasons import MAX_LISTED as MAX_LISTED
 from kvfsm._reasons import Reason
 from kvfsm.fsm import FORM_COMPRESSED as COMPRESSED
 from kvfsm.fsm import FORM_RAW as RAW
@@ -27,8 +28,6 @@ from kvfsm.verify._paths import RestorePaths
 Bools = NDArray[np.bool_]
 Codes = NDArray[np.int16]
 
-#: At most this many block-level shortfalls are listed per group and reason.
-MAX_LISTED: Final = 16
 
 #: A reason's code is its position here; code 0: the block is usable in the needed form.
 BY_CODE: Final[tuple[Reason | None, ...]] = (None, *Reason)
