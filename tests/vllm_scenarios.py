@@ -37,6 +37,9 @@ from numpy.typing import NDArray
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+# The scheduler and the stand-in worker run in this process (the uni executor: vLLM's CPU build
+# would pick the multiprocess one otherwise, which kvfsm's connector refuses).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 #: Tokens per block; in the ``mamba`` configuration every group's block (and vLLM's hash
 #: block) is ``MAMBA_BLOCK``: one state per block, no sub-block Mamba hits (which the mirror

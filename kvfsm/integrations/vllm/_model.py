@@ -17,6 +17,7 @@ import attrs
 
 from kvfsm._errors import KvfsmError
 from kvfsm.spec import GroupKind, ModelDecl, parse_model
+from kvfsm.spec._models import ITEMSIZE
 
 #: Bytes a page is aligned to in kvfsm's pools (the default device profile's base alignment).
 PAGE_ALIGNMENT = 256
@@ -77,13 +78,18 @@ def _group_toml(index: int, spec: Any, layers: int) -> tuple[GroupKind, str]:
             extra = f"window = {int(spec.sliding_window)}\n"
     elif kind_name in MAMBA_SPECS:
         kind = GroupKind.RECURRENT
-        dtypes = {_dtype(d, where) for d in spec.dtypes}
-        if len(dtypes) != 1:
-            raise UnsupportedSpecError(f"{where}: states of several dtypes {sorted(dtypes)}")
-        # The states packed one after another, as one vector per checkpoint.
-        shape = [layers, sum(math.prod(s) for s in spec.shapes)]
+        dtypes = [_dtype(d, where) for d in spec.dtypes]
+        # The states packed one after another, as one vector per checkpoint: of their element
+        # type, or of bytes where the states differ (Qwen3-Next on CPU: a bfloat16 conv state,
+        # a float32 SSM state).
         dims = '["block", "layer", "state"]'
-        dtype = dtypes.pop()
+        if len(set(dtypes)) == 1:
+            shape = [layers, sum(math.prod(s) for s in spec.shapes)]
+            dtype = dtypes[0]
+        else:
+            shape = [layers, sum(math.prod(s) * ITEMSIZE[d]
+                                 for s, d in zip(spec.shapes, dtypes, strict=True))]
+            dtype = "uint8"
         # vLLM's align mode keeps a state at block boundaries: one checkpoint per block.
         extra = f"checkpoint_interval = {block}\n"
     else:

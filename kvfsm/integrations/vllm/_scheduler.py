@@ -66,7 +66,7 @@ class KvfsmHitCap:
             return hit
         self.kvfsm_caps.lookups += 1
         usable = self.kvfsm.verdict(request, max_cache_hit_length).usable_tokens
-        if usable >= tokens:
+        if usable >= tokens or self._being_saved(blocks, usable, tokens):
             return hit
         me: Any = self
         manager = me.kv_cache_manager
@@ -77,6 +77,18 @@ class KvfsmHitCap:
         blocks, capped, boundary = _computed_blocks(manager, request, usable)
         self.kvfsm_caps.tokens_cut += tokens - capped
         return blocks, capped, boundary, False
+
+    def _being_saved(self, blocks: Any, usable: int, tokens: int) -> bool:
+        """Whether vLLM's hit past kvfsm's usable length lies only on blocks a forward already
+        scheduled is writing (cached by vLLM this step, their save to kvfsm pending): kvfsm
+        has not seen their pages yet, and knows nothing against them, so the hit stands as
+        stock vLLM takes it (requests batched with the one computing their prefix)."""
+        ids = blocks.get_block_ids()
+        wanted: list[int] = []
+        for group, group_ids in zip(self.kvfsm.groups, ids, strict=True):
+            size = group.block_size
+            wanted += [int(b) for b in group_ids[usable // size:tokens // size] if int(b) != 0]
+        return bool(wanted) and self.kvfsm.being_saved(wanted)
 
 
 def _computed_blocks(manager: Any, request: Any, longest: int) -> tuple[Any, int, int]:

@@ -37,7 +37,8 @@ _SETTING_TYPES: Mapping[str, type | tuple[type, ...]] = {
     "disk_dir": (str, type(None)), "disk_bytes": int, "disk_blocks": int,
     "remote": (str, type(None)), "remote_blocks": int, "remote_prefix": str,
     "remote_segment_bytes": int, "remote_local_hostname": str,
-    "namespace": (str, type(None)), "restore_wait_s": (int, float)}
+    "namespace": (str, type(None)), "restore_wait_s": (int, float),
+    "metrics_port": (int, type(None)), "metrics_host": str}
 
 
 @attrs.frozen
@@ -78,6 +79,11 @@ class MirrorSettings:
     namespace: str | None = None
     #: Seconds the connector waits for a restore before claiming only what already landed.
     restore_wait_s: float = 1.0
+    #: Serve the mirror engine's Prometheus metrics (``kvfsm_lookups_total``, hit and usable
+    #: tokens, restores by outcome, transitions, ...) at ``http://metrics_host:metrics_port/
+    #: metrics`` from the process the engine runs in (vLLM's engine core); None: no metrics.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> MirrorSettings:
@@ -113,6 +119,9 @@ class MirrorSettings:
         for key in ("host_blocks", "disk_blocks", "remote_blocks", "disk_bytes"):
             if getattr(settings, key) < 0:
                 raise MirrorSettingsError(f"{where}: {key} must be >= 0")
+        if settings.metrics_port is not None and not 0 < settings.metrics_port < 65536:
+            raise MirrorSettingsError(f"{where}: metrics_port must be a port number "
+                                      "(1..65535) or None")
         if settings.namespace == "":
             raise MirrorSettingsError(f"{where}: namespace must not be empty (None: the "
                                       "model's identity)")
