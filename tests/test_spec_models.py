@@ -375,6 +375,11 @@ MALFORMED: list[tuple[str, str, str, str, str]] = [
         "groups", "#1 (attn)", "unknown lifecycle 'full'",
     ),
     (
+        "token-dimension-not-the-block-size",
+        edit("shape = [16, 2, 2, 16]", "shape = [8, 2, 2, 16]"),
+        "groups", "#1 (attn)", "'token' dimension 8 entries but a block holds 'block_size' 16",
+    ),
+    (
         "unknown-dtype",
         edit('dtype = "float16"', 'dtype = "bfloat8"'),
         "groups", "#1 (attn)", "unknown dtype 'bfloat8'",

@@ -291,6 +291,13 @@ def _read_group(
             f"'layout.dim_order' names {len(layout.dim_order)} dimensions but a block has "
             f"{len(shape) + 1} (the block dimension plus 'shape' {list(shape)})"
         )
+    elif layout is not None and shape is not None and block_size is not None \
+            and "token" in layout.dim_order:
+        # A dimension named "token" holds one entry per token of the block.
+        tokens = shape[layout.dim_order.index("token") - 1]
+        if tokens != block_size:
+            read.add(f"'shape' gives the 'token' dimension {tokens} entries but a block holds "
+                     f"'block_size' {block_size} tokens")
     if shape is not None and dtype is not None:
         _check_block_bytes(body.get("name"), shape, dtype, layout, read)
     extra = _read_kind_keys(body, kind, block_size, read) if kind is not None else None
