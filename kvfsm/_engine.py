@@ -486,10 +486,14 @@ class Engine:
         if prompt is not None:
             with self._lock:
                 prompt = self._own(prompt)
-            if verdict.prompt_tokens != prompt.n_tokens:
-                raise KvfsmError(f"restore: the verdict is for a prompt of "
-                                 f"{verdict.prompt_tokens} tokens, this prompt has "
-                                 f"{prompt.n_tokens}: pass the prompt it looked up")
+            looked_up = None if probe is None else probe.prompt
+            if verdict.prompt_tokens != prompt.n_tokens or (
+                    isinstance(looked_up, Prompt) and looked_up is not prompt
+                    and not self._same_blocks(looked_up, prompt, verdict.prompt_tokens)):
+                raise KvfsmError(f"restore: the verdict is for another prompt (of "
+                                 f"{verdict.prompt_tokens} tokens; this one has "
+                                 f"{prompt.n_tokens}, or other tokens): pass the prompt it "
+                                 "looked up")
         # A failed tier the plan reads, its back-off over, answers a presence question first.
         self.restorer.probe({step.tier for step in verdict.plan if step.tier is not None})
         keep = self._stored.restore_keep(verdict, prompt)
@@ -782,6 +786,18 @@ class Engine:
         with self._lock:
             self._leases.reap()
             return given[0] + self._committer.give_back(group, count - given[0], kept)
+
+    def _same_blocks(self, first: Prompt, second: Prompt, tokens: int) -> bool:
+        """The two prompts' blocks within ``tokens`` have the same hashes at every block
+        size of the model (so the same tokens, namespace and content keys)."""
+        for size in self._block_sizes:
+            count = tokens // size
+            high, low = first.words(size)
+            other_high, other_low = second.words(size)
+            if not (np.array_equal(high[:count], other_high[:count])
+                    and np.array_equal(low[:count], other_low[:count])):
+                return False
+        return True
 
     def _host_free(self, group: str) -> int:
         host = self.core.group(group).pools.get(Tier.HOST)

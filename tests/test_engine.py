@@ -905,3 +905,25 @@ def test_a_closed_engine_refuses_every_call_and_leaves_nothing_in_flight(tmp_pat
     assert _fingerprint(eng) == before
     assert not in_flight[eng.core.group("attn").states].any()
     assert eng.core.check_invariants() == []
+
+
+def test_restore_refuses_a_prompt_other_than_the_one_its_verdict_looked_up() -> None:
+    """The plan of one prompt is never run for another: a prompt of the same length but other
+    tokens (or another length) is a KvfsmError, and nothing is restored; an equal prompt made
+    anew is the same prompt."""
+    eng = Engine(DENSE, CoreConfig(device_blocks=16, host_blocks=16, backend="numpy"))
+    text = tokens(65)
+    prompt = eng.prompt(text)
+    eng.commit(prompt)
+    eng.offload("attn", [block_id(eng, "attn", text, i) for i in range(4)])
+    verdict = eng.lookup(prompt)
+    assert verdict.plan
+    other = eng.prompt(text + 1)
+    before = _fingerprint(eng)
+    with pytest.raises(KvfsmError, match="another prompt"):
+        eng.restore(verdict, other)
+    with pytest.raises(KvfsmError, match="another prompt"):
+        eng.restore(verdict, eng.prompt(text[:33]))
+    assert _fingerprint(eng) == before
+    eng.restore(verdict, eng.prompt(text)).wait(timeout=30)
+    assert eng.lookup(prompt).usable_tokens == 64
