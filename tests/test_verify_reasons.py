@@ -127,6 +127,18 @@ def test_window_mismatch() -> None:
     _blocks_before(verdict, Reason.WINDOW_MISMATCH, 16)
 
 
+def test_a_prompt_never_cached_is_not_cached_in_every_group_not_a_window_mismatch() -> None:
+    """A window block is a mismatch where the group holds the prompt's other blocks; a prompt
+    the group never cached is simply not cached, window or not, in its summary too."""
+    eng = engine(GPT_OSS)
+    verdict = eng.lookup(tokens(161))
+    _only(verdict, Reason.NOT_CACHED)
+    assert {s.group for s in verdict.reasons_of(Reason.NOT_CACHED)} == {"attn", "swa"}
+    assert "window_mismatch" not in str(verdict)
+    assert {g.name: g.stop for g in verdict.groups} == {"attn": Reason.NOT_CACHED,
+                                                        "swa": Reason.NOT_CACHED}
+
+
 def test_index_stale() -> None:
     """An index whose recorded target epoch no longer matches its target (metadata that
     disagrees with the history it points at) is never usable, and restoring it is not in the

@@ -325,6 +325,16 @@ class PassOutput:
         self._statics = cast(Statics, kept)
         self._history = None
 
+    def _missing(self) -> Reason:
+        """Why a needed block not in the hash map fails: the kind's reason (a window block
+        missing is ``WINDOW_MISMATCH``) where the group holds some block of the prompt, else
+        ``NOT_CACHED`` (a prompt the group never cached is no window mismatch)."""
+        missing = self.rule.missing
+        if missing is Reason.NOT_CACHED or missing is None:
+            return Reason.NOT_CACHED
+        held = self.n > 0 and bool((self.facts[:self.n] & FOUND).any())
+        return missing if held else Reason.NOT_CACHED
+
     def reason_codes(self, index: NDArray[np.int64], compressed: Bools) -> Codes:
         """Why each block ``index[i]`` is not usable now in its needed form, as codes
         (:data:`~kvfsm.verify._why.BY_CODE`; 0 where it is): :meth:`reason` of many blocks
@@ -332,7 +342,7 @@ class PassOutput:
         frozen = self.frozen()
         return reason_codes(
             index, compressed, n=self.n, facts=self.facts, states=frozen.states,
-            table=frozen.table, paths=self.paths, missing=self.rule.missing,
+            table=frozen.table, paths=self.paths, missing=self._missing(),
             fit=self._flag_row(FIT, self.n) if frozen.stale is not None else None,
             stale=frozen.stale, align_ok=self.align_ok, checksum_ok=self.checksum_ok,
             failed_checks=frozen.failed_checks)
@@ -343,10 +353,10 @@ class PassOutput:
         states it (a verdict's per-group stop); :meth:`reason_codes` answers the same for
         many blocks in array operations, and a test holds the two to each other."""
         if index >= self.n:
-            return self.rule.missing
+            return self._missing()
         facts = int(self.facts[index])
         if not facts & FOUND:
-            return self.rule.missing
+            return self._missing()
         if not facts & PLACED:
             return Reason.POSITION_CONFLICT
         if not facts & WHOLE:
