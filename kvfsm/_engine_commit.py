@@ -68,8 +68,11 @@ class Committer:
         chosen = self._groups(groups)
         for group in chosen:
             self._settle(group, prompt)
-        plans = [self._plan(group, prompt, payload, computed_from,
-                            (unavailable or {}).get(group.name)) for group in chosen]
+        plans: list[_GroupCommit] = []
+        for group in chosen:
+            plans.append(self._plan(group, prompt, payload, computed_from,
+                                    (unavailable or {}).get(group.name),
+                                    self._doomed(group, plans)))
         self._check_room(plans)
         out: dict[str, NDArray[np.intp]] = {}
         for plan in plans:
@@ -93,8 +96,21 @@ class Committer:
         # Groups whose blocks point into another group come after it.
         return sorted(chosen, key=lambda g: g.rule.has_targets)
 
+    @staticmethod
+    def _doomed(group: GroupState, earlier: list[_GroupCommit]) -> NDArray[np.intp]:
+        """Blocks of ``group`` pointing at a block an earlier group's plan invalidates (a
+        replaced one, or the stale copy a refresh replaces): invalidating a target invalidates
+        its index blocks with it, so the prompt's are written again like failed ones."""
+        if group.target is None or group.dependents is None:
+            return np.zeros(0, dtype=np.intp)
+        for plan in earlier:
+            if plan.group is group.target:
+                dropped = np.concatenate([plan.replaced, plan.stale[plan.refresh]])
+                return group.dependents.rows_pointing_at(dropped.astype(np.intp))
+        return np.zeros(0, dtype=np.intp)
+
     def _plan(self, group: GroupState, prompt: Prompt, payload: PayloadFn, computed_from: int,
-              unavailable: NDArray[np.int64] | None) -> _GroupCommit:
+              unavailable: NDArray[np.int64] | None, doomed: NDArray[np.intp]) -> _GroupCommit:
         decl = group.decl
         high, low = prompt.words(decl.block_size)
         index = group.rule.commit_blocks(decl, high.size)
@@ -107,6 +123,8 @@ class Committer:
         table = group.table
         unpinned = group.unpinned(held)
         failed = cached & (group.check[held] == FAILED) & unpinned
+        if doomed.size:
+            failed |= cached & np.isin(held, doomed)
         # Computed by this prefill yet cached only in a lower tier: the fresh copy replaces it
         # (it is readable at once; the stored one may be what failed to load).
         computed = (index + 1) * decl.block_size > computed_from
@@ -164,7 +182,8 @@ class Committer:
             device = group.pools[Tier.DEVICE]
             # Replaced blocks holding a device slot give it back (one only in a lower tier
             # gives none).
-            freed = int((group.slot[Tier.DEVICE][plan.replaced] >= 0).sum())
+            freed = int(((group.slot[Tier.DEVICE][plan.replaced] >= 0)
+                         & group.unpinned(plan.replaced)).sum())
             short = plan.required - device.free - freed
             if short > 0 and short > (givable := self._givable(plan, short).size):
                 raise StateError(
@@ -175,7 +194,8 @@ class Committer:
     def _make_room(self, plan: _GroupCommit) -> None:
         group, core = plan.group, self.core
         if plan.replaced.size:
-            core.fire(group.name, plan.replaced, Event.INVALIDATE)
+            # Those pointing at a target replaced just before were invalidated with it.
+            core.fire(group.name, self._still_hashed(group, plan.replaced), Event.INVALIDATE)
             # Those left holding their slot with no reader give it back now (pinned ones wait).
             waiting = plan.replaced[group.reclaimable_mask(plan.replaced)
                                     & group.unpinned(plan.replaced)]
@@ -194,7 +214,14 @@ class Committer:
             plan.refresh, plan.stale = plan.refresh[keep], plan.stale[keep]
             stale = plan.stale[plan.refresh]
             # Out of the hash map first (their key is the fresh block's).
-            core.fire(group.name, stale, Event.INVALIDATE)
+            core.fire(group.name, self._still_hashed(group, stale), Event.INVALIDATE)
+
+    @staticmethod
+    def _still_hashed(group: GroupState, ids: NDArray[np.intp]) -> NDArray[np.intp]:
+        """``ids`` less those already invalidated (as dependents of a target replaced by this
+        commit)."""
+        still: NDArray[np.intp] = ids[group.table.hashed[group.states[ids]]]
+        return still
 
     def give_back(self, group: str, count: int, keep: ArrayLike = ()) -> int:
         """See :meth:`kvfsm.Engine.give_back`."""

@@ -265,6 +265,28 @@ def test_a_commit_replaces_a_stored_copy_the_prefill_computed_again(tmp_path: Pa
     right_bytes(eng, prompt)
 
 
+@pytest.mark.parametrize("index_failed_too", [False, True])
+def test_a_commit_replacing_a_failed_target_writes_its_index_blocks_again(
+        index_failed_too: bool) -> None:
+    """A history block seen failing its checksum is invalidated and written again by the next
+    commit, which invalidates every index block pointing at it: the commit writes those
+    again too, so the whole prefix is reused, with the committed bytes (before, the index
+    blocks were lost until another commit, and an index block that had failed as well made
+    the commit raise half done)."""
+    eng = Engine("deepseek_v4_like", CoreConfig(device_blocks=64, host_blocks=64,
+                                                backend="numpy"))
+    prompt = eng.prompt(tokens(4 * 64 + 1))
+    eng.commit(prompt, payload=payload_of(prompt))
+    flip_device_bytes(eng, prompt, index=0, group="history")
+    if index_failed_too:
+        flip_device_bytes(eng, prompt, index=5, group="index")
+    assert eng.lookup(prompt, level=Level.FULL).usable_tokens == 0
+    eng.commit(prompt, payload=payload_of(prompt))
+    assert eng.lookup(prompt, level=Level.FULL).usable_tokens == 256
+    right_bytes(eng, prompt)
+    assert eng.core.check_invariants() == []
+
+
 def test_a_commit_leaves_the_blocks_a_prefill_reused_as_they_are() -> None:
     """``computed_from``: blocks before it were reused, not computed: a lower-tier copy of
     one stays where it is (the prefill has no fresh content for it)."""
