@@ -146,7 +146,9 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
         engine = mirror.engine
         prompt = mirror.prompt_of(request)
         with engine.lock:
-            verdict = engine.lookup(prompt, level=mirror.level)
+            # The scheduler's cap just looked this prompt up: its verdict serves where nothing
+            # changed since (checked under this lock, which the lease below is taken under).
+            verdict = mirror.verdict_now(request, prompt)
             if max(verdict.usable_tokens, verdict.restorable_tokens) <= num_computed_tokens:
                 return 0, False
             # One restore lands the longest intact prefix: after a failed load the engine
