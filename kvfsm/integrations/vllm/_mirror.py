@@ -363,16 +363,19 @@ class Mirror:
         keep = np.asarray(kept, dtype=np.bool_)
 
         def payload(state: GroupState, index: NDArray[np.int64]) -> NDArray[np.uint8]:
-            rows = np.zeros((index.size, state.decl.payload_bytes), dtype=np.uint8)
             # Blocks vLLM does not keep are evicted right after (below): never read for them.
             wanted = keep[index]
-            if read_pages is not None and wanted.any():
-                pages = np.asarray(read_pages(ids[index[wanted]]), dtype=np.uint8)
-                if pages.shape != (int(wanted.sum()), state.decl.payload_bytes):
-                    raise KvfsmError(f"{group.name}: the worker read pages of shape "
-                                     f"{pages.shape}; kvfsm's page is "
-                                     f"{state.decl.payload_bytes} bytes")
-                rows[wanted] = pages
+            if read_pages is None or not wanted.any():
+                return np.zeros((index.size, state.decl.payload_bytes), dtype=np.uint8)
+            pages = np.asarray(read_pages(ids[index[wanted]]), dtype=np.uint8)
+            if pages.shape != (int(wanted.sum()), state.decl.payload_bytes):
+                raise KvfsmError(f"{group.name}: the worker read pages of shape "
+                                 f"{pages.shape}; kvfsm's page is "
+                                 f"{state.decl.payload_bytes} bytes")
+            if wanted.all():
+                return pages  # every block read: the pages are the payload, not copied again
+            rows = np.zeros((index.size, state.decl.payload_bytes), dtype=np.uint8)
+            rows[wanted] = pages
             return rows
 
         with self.engine.lock:
