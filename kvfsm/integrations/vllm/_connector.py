@@ -55,6 +55,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore[
 from kvfsm._errors import KvfsmError
 from kvfsm.gates import Lease
 from kvfsm.integrations.vllm._mirror import Mirror, PendingSave, mirror_for
+from kvfsm.integrations.vllm._pages import GroupPages, state_tensors
 from kvfsm.integrations.vllm._settings import (
     MirrorSettingsError,
     model_identity,
@@ -125,6 +126,8 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
         #: Leases of loads handed to the worker, released at the next step (after the load).
         self._shipped: list[Lease] = []
         self._kv_caches: dict[str, Any] = {}
+        #: Where each group's pages live in the KV tensors, by its layers (_pages_of).
+        self._pages: dict[tuple[str, ...], GroupPages] = {}
         self._load_errors: set[int] = set()
 
     # -- scheduler side ----------------------------------------------------------------------
@@ -143,7 +146,9 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
         engine = mirror.engine
         prompt = mirror.prompt_of(request)
         with engine.lock:
-            verdict = engine.lookup(prompt, level=mirror.level)
+            # The scheduler's cap just looked this prompt up: its verdict serves where nothing
+            # changed since (checked under this lock, which the lease below is taken under).
+            verdict = mirror.verdict_now(request, prompt)
             if max(verdict.usable_tokens, verdict.restorable_tokens) <= num_computed_tokens:
                 return 0, False
             # One restore lands the longest intact prefix: after a failed load the engine
@@ -235,45 +240,66 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         self._kv_caches = dict(kv_caches)
+        self._pages = {}
+
+    def _pages_of(self, layers: Sequence[str]) -> GroupPages:
+        """Where the pages of a group of ``layers`` live in the KV tensors (made once; a
+        layer without a KV tensor is a KeyError)."""
+        key = tuple(layers)
+        pages = self._pages.get(key)
+        if pages is None:
+            tensors = [t for layer in key for t in state_tensors(self._kv_caches[layer])]
+            pages = self._pages[key] = GroupPages(tensors, f"layers {list(key)}")
+        return pages
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        """Copy every planned block's verified bytes into the KV tensors of its group."""
+        """Copy every planned block's verified bytes into the KV tensors of its group: per
+        group, one read of kvfsm's device pool and one copy per tensor for all its blocks
+        (block by block where that fails, so only the blocks that cannot be read or copied
+        are load errors)."""
         metadata = self._get_connector_metadata()
-        if not isinstance(metadata, KvfsmConnectorMetadata):
+        if not isinstance(metadata, KvfsmConnectorMetadata) or not metadata.loads:
             return
-        core = self.kvfsm.engine.core
+        by_group: dict[int, list[BlockLoad]] = {}
         for load in metadata.loads:
-            layers = self.kvfsm.groups[load.group_index].layer_names
+            by_group.setdefault(load.group_index, []).append(load)
+        for group_index, loads in by_group.items():
             try:
-                with self.kvfsm.engine.lock:
-                    data = core.read(load.group, [load.kvfsm_id])[0]
-                self.write_page(layers, load.vllm_block, data)
-            except (KvfsmError, KeyError, RuntimeError) as exc:
-                LOG.warning("kvfsm connector: block %d of %s not loaded: %s", load.vllm_block,
-                            load.group, exc)
-                self._load_errors.add(load.vllm_block)
+                self._load_group(group_index, loads)
+            except (KvfsmError, KeyError, RuntimeError):
+                for load in loads:
+                    self._load_one(load)
+
+    def _load_group(self, group_index: int, loads: Sequence[BlockLoad]) -> None:
+        """All of ``loads`` (of one group) at once: every block read (a block read twice, as a
+        Mamba state loaded into its running block too, once), then written."""
+        group = self.kvfsm.groups[group_index]
+        kids, rows = np.unique(np.fromiter((load.kvfsm_id for load in loads), dtype=np.int64,
+                                           count=len(loads)), return_inverse=True)
+        with self.kvfsm.engine.lock:
+            data = self.kvfsm.engine.core.read(group.name, kids)
+        targets = np.fromiter((load.vllm_block for load in loads), dtype=np.int64,
+                              count=len(loads))
+        self._pages_of(group.layer_names).write(targets, data[rows.reshape(-1)])
+
+    def _load_one(self, load: BlockLoad) -> None:
+        layers = self.kvfsm.groups[load.group_index].layer_names
+        try:
+            with self.kvfsm.engine.lock:
+                data = self.kvfsm.engine.core.read(load.group, [load.kvfsm_id])[0]
+            self.write_page(layers, load.vllm_block, data)
+        except (KvfsmError, KeyError, RuntimeError) as exc:
+            LOG.warning("kvfsm connector: block %d of %s not loaded: %s", load.vllm_block,
+                        load.group, exc)
+            self._load_errors.add(load.vllm_block)
 
     def write_page(self, layers: Sequence[str], vllm_block: int, data: NDArray[np.uint8]
                    ) -> None:
         """Copy a kvfsm page into vLLM block ``vllm_block`` of ``layers``: per layer, the
-        block's row of each of its tensors, one after another (:func:`_state_tensors`)."""
-        import torch
-
-        page = torch.from_numpy(np.ascontiguousarray(data))
-        offset = 0
-        for layer in layers:
-            for tensor in _state_tensors(self._kv_caches[layer]):
-                target = tensor[vllm_block]
-                size = target.numel() * target.element_size()
-                if offset + size > page.numel():
-                    raise KvfsmError(f"KV tensor of layer {layer!r}: its block does not fit "
-                                     f"in kvfsm's page of {page.numel()} bytes")
-                chunk = page[offset:offset + size].view(target.dtype)
-                target.copy_(chunk.view(target.shape).to(target.device))
-                offset += size
-        if offset != page.numel():
-            raise KvfsmError(f"layers {list(layers)}: their blocks hold {offset} bytes, "
-                             f"kvfsm's page {page.numel()}")
+        block's row of each of its tensors, one after another (:func:`state_tensors`); a page
+        of another size is a :class:`KvfsmError`, nothing written."""
+        page = np.asarray(data, dtype=np.uint8).reshape(1, -1)
+        self._pages_of(layers).write(np.array([vllm_block], dtype=np.int64), page)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -306,16 +332,7 @@ class KvfsmConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc,unus
                     ) -> NDArray[np.uint8]:
         """The pages of ``vllm_blocks`` in every layer of vLLM group ``group_index``, one row
         per block: its page of each layer, in the group's layer order."""
-        import torch
-
-        rows = []
-        for layer in self.kvfsm.groups[group_index].layer_names:
-            for tensor in _state_tensors(self._kv_caches[layer]):
-                index = torch.from_numpy(vllm_blocks).to(tensor.device)
-                pages = tensor.index_select(0, index).contiguous()
-                rows.append(pages.view(torch.uint8).reshape(vllm_blocks.size, -1).cpu().numpy())
-        out: NDArray[np.uint8] = np.concatenate(rows, axis=1)
-        return out
+        return self._pages_of(self.kvfsm.groups[group_index].layer_names).read(vllm_blocks)
 
 
 #: vLLM executors that run the worker in other processes than the scheduler.
@@ -345,17 +362,6 @@ def _running_block(ids: Any, hit_index: int) -> int | None:
         if int(ids[index]) != NULL_BLOCK:
             return int(ids[index])
     return None
-
-
-def _state_tensors(cache: Any) -> list[Any]:
-    """The tensors of one layer's KV cache, each indexed by vLLM block first: the layer's
-    tensor (attention: ``(blocks, kv heads, block size, 2 * head size)`` on CPU), or its state
-    tensors in order (Mamba and linear attention: conv state, then SSM state)."""
-    import torch
-
-    if isinstance(cache, torch.Tensor):
-        return [cache]
-    return list(cache)
 
 
 __all__ = ["BlockLoad", "ClaimCounts", "KvfsmConnector", "KvfsmConnectorMetadata"]

@@ -37,6 +37,7 @@ import logging
 import secrets
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,15 @@ class PendingSave:
     kept: tuple[bool, ...]
     #: What besides the tokens decides the request's KV (:func:`request_keys`).
     keys: RequestKeys = (b"", ())
+
+
+@attrs.define(eq=False)
+class _KeptPrompt:
+    """A request's prompt as :meth:`Mirror.prompt_of` made it: of ``tokens``, with ``keys``."""
+
+    prompt: Prompt
+    tokens: list[int]
+    keys: RequestKeys
 
 
 def _parts(*parts: str | bytes) -> bytes:
@@ -169,6 +179,15 @@ class Mirror:
         self._holders: dict[tuple[str, int], set[int]] = {}
         self._attached: object | None = None
         self._lock = threading.RLock()
+        #: Each live request's uncut prompt (prompt_of), and the lock of that map alone (taken
+        #: under no other lock of the mirror's, nor around one: never part of a deadlock).
+        self._prompts: weakref.WeakKeyDictionary[Any, _KeptPrompt] = \
+            weakref.WeakKeyDictionary()
+        self._prompts_lock = threading.Lock()
+        #: The last verdict() asked: (request, prompt, verdict), for verdict_now.
+        self._last_verdict: tuple[Any, Prompt, Verdict] | None = None
+        #: Verdicts verdict_now served from verdict() instead of looking up again.
+        self.verdicts_reused = 0
         #: Counters: commits that found no room, blocks offloaded and dropped.
         self.commit_failures = 0
         self.offloaded = 0
@@ -344,16 +363,19 @@ class Mirror:
         keep = np.asarray(kept, dtype=np.bool_)
 
         def payload(state: GroupState, index: NDArray[np.int64]) -> NDArray[np.uint8]:
-            rows = np.zeros((index.size, state.decl.payload_bytes), dtype=np.uint8)
             # Blocks vLLM does not keep are evicted right after (below): never read for them.
             wanted = keep[index]
-            if read_pages is not None and wanted.any():
-                pages = np.asarray(read_pages(ids[index[wanted]]), dtype=np.uint8)
-                if pages.shape != (int(wanted.sum()), state.decl.payload_bytes):
-                    raise KvfsmError(f"{group.name}: the worker read pages of shape "
-                                     f"{pages.shape}; kvfsm's page is "
-                                     f"{state.decl.payload_bytes} bytes")
-                rows[wanted] = pages
+            if read_pages is None or not wanted.any():
+                return np.zeros((index.size, state.decl.payload_bytes), dtype=np.uint8)
+            pages = np.asarray(read_pages(ids[index[wanted]]), dtype=np.uint8)
+            if pages.shape != (int(wanted.sum()), state.decl.payload_bytes):
+                raise KvfsmError(f"{group.name}: the worker read pages of shape "
+                                 f"{pages.shape}; kvfsm's page is "
+                                 f"{state.decl.payload_bytes} bytes")
+            if wanted.all():
+                return pages  # every block read: the pages are the payload, not copied again
+            rows = np.zeros((index.size, state.decl.payload_bytes), dtype=np.uint8)
+            rows[wanted] = pages
             return rows
 
         with self.engine.lock:
@@ -428,16 +450,65 @@ class Mirror:
     def prompt_of(self, request: Any, limit: int | None = None) -> Prompt:
         """kvfsm's prompt of ``request``'s tokens (in its namespace, with its content keys:
         :func:`request_keys`), cut so that no candidate length exceeds ``limit`` (vLLM's
-        ``max_cache_hit_length``; the last token is never a hit)."""
-        tokens = list(request.all_token_ids[:request.num_tokens])
-        if limit is not None:
-            tokens = tokens[:max(limit, 0) + 1]
-        namespace, content_keys = request_keys(request, self._finest)
+        ``max_cache_hit_length``; the last token is never a hit).
+
+        The uncut prompt is kept with the request (while it lives) and served again while its
+        tokens and keys are the same, extended in place (only the new blocks hashed) where
+        tokens were appended; any other change makes a new one."""
+        tokens = request.all_token_ids[:request.num_tokens]
+        if not isinstance(tokens, list):
+            tokens = list(tokens)
+        keys = request_keys(request, self._finest)
+        if limit is not None and max(limit, 0) + 1 < len(tokens):
+            return self._new_prompt(tokens[:max(limit, 0) + 1], keys)
+        with self._prompts_lock:
+            try:
+                kept = self._prompts.get(request)
+            except TypeError:  # a request that cannot be weakly referenced: nothing kept
+                return self._new_prompt(tokens, keys)
+            if kept is not None and kept.keys == keys:
+                seen = len(kept.tokens)
+                if len(tokens) == seen and tokens == kept.tokens:
+                    return kept.prompt
+                if len(tokens) > seen and tokens[:seen] == kept.tokens:
+                    kept.prompt.extend(tokens[seen:])
+                    kept.tokens = tokens
+                    return kept.prompt
+        prompt = self._new_prompt(tokens, keys)
+        with self._prompts_lock:
+            self._prompts[request] = _KeptPrompt(prompt, tokens, keys)
+        return prompt
+
+    def _new_prompt(self, tokens: list[int], keys: RequestKeys) -> Prompt:
+        namespace, content_keys = keys
         return self.engine.prompt(tokens, namespace=namespace, content_keys=content_keys)
 
     def verdict(self, request: Any, limit: int | None = None) -> Verdict:
-        """kvfsm's verdict on ``request``'s prompt (up to ``limit`` tokens reused)."""
-        return self.engine.lookup(self.prompt_of(request, limit), level=self.level)
+        """kvfsm's verdict on ``request``'s prompt (up to ``limit`` tokens reused), kept for
+        :meth:`verdict_now` (the connector's lookup of the same request right after)."""
+        prompt = self.prompt_of(request, limit)
+        verdict = self.engine.lookup(prompt, level=self.level)
+        self._last_verdict = (request, prompt, verdict)
+        return verdict
+
+    def verdict_now(self, request: Any, prompt: Prompt) -> Verdict:
+        """kvfsm's verdict on ``prompt`` (``request``'s, from :meth:`prompt_of`) as a lookup
+        gives it now. Where :meth:`verdict` was last asked about this very prompt and no
+        block of any group changed since (the core's change count is the one its lookup
+        saw: nothing written, moved, freed, pinned or failed a check), that verdict is it, and
+        no second lookup is made (vLLM asks the scheduler's cap and then the connector about
+        each new request, back to back). Call it holding the engine's lock, and lease or
+        restore under the same hold: nothing then changes between the check and the use."""
+        last, self._last_verdict = self._last_verdict, None
+        if last is not None and last[0] is request and last[1] is prompt:
+            verdict = last[2]
+            probe = verdict.probe
+            if probe is not None and probe.prompt is prompt \
+                    and verdict.prompt_tokens == prompt.n_tokens \
+                    and probe.changes == self.engine.core.change_count.total:
+                self.verdicts_reused += 1
+                return verdict
+        return self.engine.lookup(prompt, level=self.level)
 
     def being_saved(self, vllm_blocks: Sequence[int]) -> bool:
         """Whether every one of ``vllm_blocks`` is a block vLLM cached for a scheduled forward
