@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kvfsm.integrations.vllm import (
@@ -492,3 +493,52 @@ def test_the_mirror_serves_its_engines_metrics_on_the_port_it_is_given() -> None
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
     with pytest.raises(MirrorSettingsError, match="metrics_port"):
         MirrorSettings.from_mapping({"metrics_port": 70000}, "here")
+
+
+class _Live:
+    """A request as vLLM's are: weakly referenceable (the mirror keeps its prompt while it
+    lives)."""
+
+    def __init__(self, request: Any) -> None:
+        self.__dict__.update(vars(request))
+
+
+def test_a_requests_prompt_follows_its_tokens_and_a_verdict_is_reused_only_while_nothing_changed(
+        ) -> None:
+    """The mirror keeps each live request's prompt: asked again with the same tokens it is the
+    same prompt, with tokens appended it hashes like a prompt made afresh of all of them, with
+    a token changed it is a new one. The connector's lookup right after the scheduler's takes
+    the scheduler's verdict only while no block changed since; after a commit it looks up
+    again and sees the commit."""
+    tokens = list(range(3000, 3000 + 4 * 16 + 1))
+    mirror = Mirror(_dense_config(), MirrorSettings(name="prompts"),
+                    identity=model_identity(_vllm_config()))
+    engine = mirror.engine
+    request: Any = _Live(_request(list(tokens)))
+    first = mirror.prompt_of(request)
+    assert mirror.prompt_of(request) is first
+    request.all_token_ids += list(range(9000, 9020))
+    request.num_tokens = len(request.all_token_ids)
+    grown = mirror.prompt_of(request)
+    fresh = engine.prompt(request.all_token_ids)
+    assert grown.n_tokens == fresh.n_tokens
+    assert all(np.array_equal(a, b) for a, b in zip(grown.words(16), fresh.words(16),
+                                                   strict=True))
+    request.all_token_ids[3] += 1
+    changed = mirror.prompt_of(request)
+    assert changed is not grown
+    assert not np.array_equal(changed.words(16)[0], fresh.words(16)[0])
+
+    other: Any = _Live(_request(list(tokens)))
+    verdict = mirror.verdict(other)
+    prompt = mirror.prompt_of(other)
+    with engine.lock:
+        assert mirror.verdict_now(other, prompt) is verdict
+    assert mirror.verdicts_reused == 1
+    mirror.verdict(other)
+    engine.commit(prompt)
+    with engine.lock:
+        after = mirror.verdict_now(other, prompt)
+    assert after is not verdict and after.usable_tokens == 64
+    assert mirror.verdicts_reused == 1
+    mirror.close()
