@@ -24,6 +24,8 @@ from kvfsm._jit import kernel
 READ: Final = "read"
 #: The ``type`` of a line of a lease's reads: ``[group, first id, count, epoch]`` per group.
 READS: Final = "reads"
+#: The ``type`` of a line of a lease's pins: ``[group, first id, count, delta]`` per group.
+PINS: Final = "pins"
 #: A run this long or longer is written as ``[first, count]`` runs on a read line; shorter
 #: ones as lists (fewer characters either way).
 _RUNS_FROM: Final = 3
@@ -31,6 +33,12 @@ _RUNS_FROM: Final = 3
 _PIECES: Final = ('{"seq":', f',"type":"{READS}","runs":[[', '],[', ']]}')
 _PIECE_BYTES: Final = np.frombuffer("".join(_PIECES).encode("ascii"), dtype=np.uint8).copy()
 _PIECE_STARTS: Final = np.cumsum([0, *(len(piece) for piece in _PIECES)]).astype(np.int64)
+#: The same of a pins line (no longer than a reads line's: :func:`line_bound` holds).
+_PINS_PIECES: Final = ('{"seq":', f',"type":"{PINS}","runs":[[', '],[', ']]}')
+_PINS_PIECE_BYTES: Final = np.frombuffer("".join(_PINS_PIECES).encode("ascii"),
+                                         dtype=np.uint8).copy()
+_PINS_PIECE_STARTS: Final = np.cumsum([0, *(len(piece) for piece in _PINS_PIECES)]
+                                      ).astype(np.int64)
 #: Characters of the longest int64 (its sign included).
 _INT_CHARS: Final = 20
 _NEWLINE: Final = ord("\n")
@@ -124,11 +132,16 @@ def _reads_lines_twin(rows: NDArray[np.int64], ends: NDArray[np.int64], seq: int
                       out: NDArray[np.uint8], written: NDArray[np.int64]) -> None:
     names = [name_bytes[name_starts[g]:name_starts[g + 1]].tobytes().decode("ascii")
              for g in range(name_starts.size - 1)]
+    # The constant pieces as given (a reads line's or a pins line's).
+    head, runs_open, between, close = (
+        pieces[piece_starts[i]:piece_starts[i + 1]].tobytes().decode("ascii")
+        for i in range(piece_starts.size - 1))
     table = rows.tolist()
     lines, start = [], 0
     for k, end in enumerate(ends.tolist()):
-        lines.append(reads_line(seq + k, [(names[group], first, count, epoch)
-                                          for group, first, count, epoch in table[start:end]]))
+        body = between.join(f"{names[group]},{first},{count},{last}"
+                            for group, first, count, last in table[start:end])
+        lines.append(f"{head}{seq + k}{runs_open}{body}{close}")
         start = end
     data = np.frombuffer("\n".join(lines).encode("ascii"), dtype=np.uint8)
     out[:data.size] = data
@@ -188,17 +201,21 @@ def line_bound(lines: int, runs: int, name_starts: NDArray[np.int64]) -> int:
 
 
 def reads_lines(rows: NDArray[np.int64], ends: NDArray[np.int64], seq: int,
-                name_bytes: NDArray[np.uint8], name_starts: NDArray[np.int64]) -> str:
+                name_bytes: NDArray[np.uint8], name_starts: NDArray[np.int64], *,
+                pins: bool = False) -> str:
     """The lines of leases' reads (see :func:`reads_lines_kernel`) numbered from ``seq``,
-    joined by newlines (no newline after the last; empty for no lease)."""
+    joined by newlines (no newline after the last; empty for no lease); ``pins``: lines of
+    their pins instead, each run's last number a pin delta."""
     if not ends.size:
         return ""
     out = np.empty(line_bound(ends.size, rows.shape[0], name_starts), dtype=np.uint8)
     written = np.empty(1, dtype=np.int64)
-    reads_lines_kernel(rows, ends, seq, name_bytes, name_starts, _PIECE_BYTES, _PIECE_STARTS,
-                       out, written)
+    pieces, starts = (_PINS_PIECE_BYTES, _PINS_PIECE_STARTS) if pins else \
+        (_PIECE_BYTES, _PIECE_STARTS)
+    reads_lines_kernel(rows, ends, seq, name_bytes, name_starts, pieces, starts, out, written)
     return out[:int(written[0])].tobytes().decode("ascii")
 
 
-__all__ = ["READ", "READS", "JsonRun", "line_bound", "name_table", "reads_line", "reads_lines",
+__all__ = ["PINS", "READ", "READS", "JsonRun", "line_bound", "name_table", "reads_line",
+           "reads_lines",
            "reads_lines_kernel", "run_read_line"]
