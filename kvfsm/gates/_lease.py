@@ -239,8 +239,14 @@ class Lease:
             book.forget(self)
             self._released = True
             probed.unpin()
-            if book.core.pins_observed:
-                probed.tell_pins(book.core, -1)
+            core = book.core
+            if core.pins_observed:
+                if probed.one_runs and probed.arrays.change_count.total == probed.changes:
+                    # tell_pins's usual case (nothing changed since the take), a frame fewer
+                    core.tell_lease_pins(probed.arrays.names, probed.answers, probed.holding,
+                                         -1)
+                else:
+                    probed.tell_pins(core, -1)
 
     def unpin(self, core: StateCore) -> None:
         """Give back the pins (the book calls this once, under its lock). A block pinned by

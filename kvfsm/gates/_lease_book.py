@@ -195,8 +195,12 @@ class LeaseBook:
             if stop < 0:
                 return None  # an index's targets outside what is held: checked afresh
             refuse_probed(hold, stop)
-        if self.core.pins_observed:  # told once taken: a refused take pinned nothing
-            hold.tell_pins(self.core, 1)
+        core = self.core
+        if core.pins_observed:  # told once taken: a refused take pinned nothing
+            if hold.one_runs:  # hold.tell_pins's usual case, a frame fewer
+                core.tell_lease_pins(arrays.names, answers, touched, 1)
+            else:
+                hold.tell_pins(core, 1)
         # _open_lease, inline.
         lease = Lease(self, tokens, hold, self.clock() + ttl_s)
         self._open[id(lease)] = lease

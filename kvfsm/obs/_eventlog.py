@@ -38,8 +38,10 @@ from kvfsm._jit import kernel
 from kvfsm.fsm import CompiledTable
 from kvfsm.obs._read_lines import (
     PINS,
+    PINS_LINE,
     READ,
     READS,
+    READS_LINE,
     name_table,
     reads_line,
     reads_lines,
@@ -513,15 +515,12 @@ class EventLog:
         seq = self.records - len(self._buffer)
         lines: list[str] = []
         group_json = self._group_json
-        # Leases' answer rows in a row (reads, or pins), formatted together in one compiled
-        # pass.
+        # Leases' answer rows in a row (their pins and reads), formatted together in one
+        # compiled pass.
         leased: list[Any] = []
         for record in self._buffer:
             if isinstance(record, tuple) and len(record) in (_ANSWER_FIELDS,
                                                              _PIN_ANSWER_FIELDS):
-                if leased and len(leased[0]) != len(record):
-                    seq = self._leased_lines(leased, seq, lines)
-                    leased.clear()
                 leased.append(record)
                 continue
             if leased:
@@ -564,30 +563,43 @@ class EventLog:
 
     def _leased_lines(self, leased: Sequence[_AnswerRuns | _PinAnswerRuns], seq: int,
                       lines: list[str]) -> int:
-        """Append the lines of leases' reads (or, all :data:`_PinAnswerRuns`, pins) given as
-        their answer rows (a line per lease, a run per group holding blocks, numbered from
+        """Append the lines of leases' reads and pins (:data:`_PinAnswerRuns`) given as
+        their answer rows (a line per record, a run per group holding blocks, numbered from
         ``seq``) as one piece; the next number."""
         codes_of = self._codes_of
         codes = []
-        for names, *_ in leased:
+        holding_counts = []
+        # Per record: its line's kind and a run's last number where that is not an epoch (a
+        # pins line's delta); one pass over the records, the rest array operations.
+        kinds_of = []
+        deltas = []
+        for each in leased:
+            names = each[0]
             known = codes_of.get(names)
             if known is None:
                 known = codes_of[names] = np.array([self._group_code[name] for name in names],
                                                    dtype=np.int64)
             codes.append(known)
+            holding_counts.append(each[2])
+            pin = len(each) == _PIN_ANSWER_FIELDS
+            kinds_of.append(PINS_LINE if pin else READS_LINE)
+            deltas.append(each[-1] if pin else 0)
         answers = np.concatenate([each[1] for each in leased])
         counts = answers[:, HI] - answers[:, LO]
         holding = counts > 0
-        pins = len(leased[0]) == _PIN_ANSWER_FIELDS
-        last = np.concatenate([np.full(each[1].shape[0], each[-1], dtype=np.int64)
-                               for each in leased]) if pins else answers[:, FIRST_EPOCH]
+        kinds = np.array(kinds_of, dtype=np.int64)
+        # A run's last number: a read's epoch, or a pins line's delta.
+        last = answers[:, FIRST_EPOCH]
+        if (kinds == PINS_LINE).any():
+            rows_per = [known.size for known in codes]
+            last = np.where(np.repeat(kinds == PINS_LINE, rows_per),
+                            np.repeat(np.array(deltas, dtype=np.int64), rows_per), last)
         rows = np.stack((np.concatenate(codes)[holding], answers[holding, FIRST_ID],
                          counts[holding], last[holding]), axis=1)
-        # Each lease buffered holds blocks in ``count`` groups (none is buffered without).
-        ends = np.cumsum([each[2] for each in leased], dtype=np.int64)
+        # Each record holds blocks in ``count`` groups (none is buffered without).
+        ends = np.cumsum(holding_counts, dtype=np.int64)
         assert int(ends[-1]) == rows.shape[0], "a lease's count is its groups holding blocks"
-        lines.append(reads_lines(rows, ends, seq, self._name_bytes, self._name_starts,
-                                 pins=pins))
+        lines.append(reads_lines(rows, ends, seq, self._name_bytes, self._name_starts, kinds))
         return seq + len(leased)
 
     def flush(self) -> None:
