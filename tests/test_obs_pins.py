@@ -503,3 +503,30 @@ def test_the_pins_replayed_are_the_pins_held(tmp_path: Path, ops: list[str]) -> 
     result = replay(path)
     assert result.accepted, result.violation
     assert json.loads(path.read_text().splitlines()[0])["version"] == 5
+
+
+def test_a_give_back_after_a_block_moved_under_the_lease_tells_only_the_pins_given_back(
+        tmp_path: Path) -> None:
+    """Where something moved a leased block's content behind its pins (here the epoch is
+    bumped by hand), the give-back skips that block's own pin but still gives back its
+    chunk's: the log tells exactly that, so the pins it replays stay the core's."""
+    chunk = 4
+    blocks = 10  # ids 0..9: two whole chunks of 4, then 8 and 9 pinned one by one
+    path = tmp_path / "moved.jsonl"
+    with EventLog(path) as log:
+        eng = Engine("dense", CoreConfig(device_blocks=16, backend="numpy",
+                                         pin_chunk_blocks=chunk), event_log=log)
+        prompt = eng.prompt(tokens(0, blocks))
+        eng.commit(prompt)
+        _, lease = eng.lookup_and_lease(prompt, level=Level.STANDARD)
+        leased = lease.blocks(GROUP)
+        assert leased.tolist() == list(range(blocks))
+        state = eng.core.group(GROUP)
+        for block in (2, 9):  # inside a whole chunk, and an end pinned alone
+            state._blocks.epoch[block] += 1
+        state.changes += 1
+        state.change_count.total += 1
+        lease.release()
+        assert state.pins[9] == 1 and state.pins[2] == 0
+        assert_log_holds_core_pins(log, eng)
+        eng.close()
