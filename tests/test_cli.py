@@ -439,15 +439,16 @@ def test_replay_rejects_a_tampered_log_naming_the_line(
 ) -> None:
     path = _event_log(tmp_path)
     lines = path.read_text().splitlines()
-    lines[3] = lines[3].replace('"epochs":[2,', '"epochs":[7,')  # write_done's epochs
+    at = next(i for i, line in enumerate(lines) if '"event":"write_done"' in line)
+    lines[at] = lines[at].replace('"epochs":[2,', '"epochs":[7,')  # write_done's epochs
     path.write_text("\n".join(lines) + "\n")
     assert main(["replay", str(path)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"rejected {path}: line 4: epoch: group 'attn' block 0: logged "
-                          "epoch 7 after write_done, expected 2")
+    assert err.startswith(f"rejected {path}: line {at + 1}: epoch: group 'attn' block 0: "
+                          "logged epoch 7 after write_done, expected 2")
     assert main(["replay", str(path), "--json"]) == 1
     violation = json.loads(capsys.readouterr().out)["violation"]
-    assert (violation["line"], violation["check"]) == (4, "epoch")
+    assert (violation["line"], violation["check"]) == (at + 1, "epoch")
 
 
 def test_replay_a_truncated_log_is_rejected_not_a_traceback(
@@ -457,7 +458,7 @@ def test_replay_a_truncated_log_is_rejected_not_a_traceback(
     path.write_text(path.read_text()[:-25])
     assert main(["replay", str(path)]) == 1
     err = capsys.readouterr().err
-    assert "line 8: malformed: not JSON" in err and "Traceback" not in err  # the chain line
+    assert "line 9: malformed: not JSON" in err and "Traceback" not in err  # the chain line
 
 
 def test_replay_with_a_given_lifecycle(tmp_path: Path,
@@ -497,7 +498,8 @@ def test_replay_takes_several_logs_and_fails_on_any_rejected(
     good = _event_log(tmp_path)
     bad = tmp_path / "bad.jsonl"
     lines = good.read_text().splitlines()
-    lines[3] = lines[3].replace('"epochs":[2,', '"epochs":[7,')
+    at = next(i for i, line in enumerate(lines) if '"event":"write_done"' in line)
+    lines[at] = lines[at].replace('"epochs":[2,', '"epochs":[7,')
     bad.write_text("\n".join(lines) + "\n")
     assert main(["replay", str(good), str(good)]) == 0
     assert capsys.readouterr().out.count("accepted") == 2

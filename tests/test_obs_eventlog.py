@@ -234,18 +234,18 @@ def test_every_move_the_core_made_is_a_line(tmp_path: Path) -> None:
 def test_records_are_written_in_batches(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     c = core()
-    log = EventLog(path, flush_every=4)
+    log = EventLog(path, flush_every=5)
     log.attach(c)
-    written(c, 1)  # three batches: still buffered, the header with them
+    written(c, 1)  # three batches and a write: still buffered, the header with them
     assert path.read_text() == ""
     assert log.write_seconds == 0.0  # nothing written yet: nothing spent writing
-    written(c, 1)  # the fourth batch writes four lines, then the chain line closing them
-    assert len(path.read_text().splitlines()) == 1 + 4 + 1
+    written(c, 1)  # the fifth record writes five lines, then the chain line closing them
+    assert len(path.read_text().splitlines()) == 1 + 5 + 1
     after_one = log.write_seconds
     assert after_one > 0
     c.record_read(GROUP, [0])
     log.flush()
-    assert len(path.read_text().splitlines()) == 1 + 4 + 1 + 3 + 1
+    assert len(path.read_text().splitlines()) == 1 + 5 + 1 + 4 + 1
     assert log.write_seconds > after_one
     after_flush = log.write_seconds
     log.flush()  # nothing buffered: no write, no time
@@ -253,7 +253,7 @@ def test_records_are_written_in_batches(tmp_path: Path) -> None:
     log.close()
     log.close()  # again: nothing
     written(c, 1)  # not observed any more
-    assert len(path.read_text().splitlines()) == 1 + 4 + 1 + 3 + 1
+    assert len(path.read_text().splitlines()) == 1 + 5 + 1 + 4 + 1
     assert replay(path).accepted
 
 
@@ -261,12 +261,17 @@ def test_a_log_attached_to_a_used_core_starts_from_its_states(tmp_path: Path) ->
     c = core()
     ids = written(c, 3)
     c.fire(GROUP, ids[:1], Event.EVICT)
+    c.pin(GROUP, ids[2:])  # held when the log attaches: its give-back replays from there
     with EventLog(tmp_path / "log.jsonl") as log:
         log.attach(c)
         c.fire(GROUP, ids[1:], Event.SPILL_BEGIN)
-    head, _ = records(tmp_path / "log.jsonl")
+        c.unpin(GROUP, ids[2:])
+    head, lines = records(tmp_path / "log.jsonl")
     assert head["groups"][GROUP]["start"] == {
-        "ids": ids.tolist(), "states": ["free", "device", "device"], "epochs": [3, 2, 2]}
+        "ids": ids.tolist(), "states": ["free", "device", "device"], "epochs": [3, 2, 2],
+        "pins": [0, 0, 1]}
+    assert lines[-1] == {"seq": 1, "type": "pin", "group": GROUP, "delta": -1,
+                         "ids": ids[2:].tolist()}
     assert replay(tmp_path / "log.jsonl").accepted
 
 

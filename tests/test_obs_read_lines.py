@@ -53,8 +53,8 @@ def test_many_leases_in_one_batch_are_logged_in_order_and_replay(tmp_path: Path,
                                                                  compiled: bool) -> None:
     """Leases validated one after another with no move between (a serving loop's usual
     batch) are written as one line per lease, a run per group holding blocks, in the order
-    of the leases, numbered in turn; the log replays clean with every group's read
-    counted."""
+    of the leases, numbered in turn, between the pins lines of its take and give-back; the
+    log replays clean with every group's read and pins counted."""
     if compiled and not jit.available:
         pytest.skip("numba is not installed")
     path = tmp_path / "events.jsonl"
@@ -88,5 +88,15 @@ def test_many_leases_in_one_batch_are_logged_in_order_and_replay(tmp_path: Path,
             assert group == name
             assert list(range(first, first + count)) == ids
             assert epochs == [epoch] * count
+    # Each lease's take and give-back: a pins line each, formatted in the same pass, around
+    # its reads line.
+    pins = [line for line in lines if line["type"] == "pins"]
+    assert len(pins) == 2 * len(held)
+    for (taken, back), lease in zip(zip(pins[::2], pins[1::2], strict=True), held, strict=True):
+        expected = [[name, ids[0], len(ids)] for name, ids, _ in lease if ids]
+        assert [run[:3] for run in taken["runs"]] == [run[:3] for run in back["runs"]] == \
+            expected
+        assert {run[3] for run in taken["runs"]} == {1}
+        assert {run[3] for run in back["runs"]} == {-1}
     result = replay(path)
-    assert result.accepted and result.reads == 6 * 3
+    assert result.accepted and result.reads == 6 * 3 and result.pins == 2 * 6 * 3

@@ -15,6 +15,7 @@ import xxhash
 
 from kvfsm import CoreConfig, Engine, EventLog, parse_lifecycle, shipped_lifecycles
 from kvfsm.obs import CHECKS, ReplayResult, replay
+from kvfsm.obs._eventlog import VERSION
 from kvfsm.spec import Event, shipped_specs_dir
 from tests.test_obs_eventlog import GROUP, core, records, run_workload, written
 
@@ -268,10 +269,24 @@ def test_a_malformed_leases_reads_line_is_refused(tmp_path: Path, leased: Any, r
     rejected(result, line, "malformed", why)
 
 
+def _before_version_5(head: Record, lines: list[Record]) -> list[Record]:
+    """``lines`` as a writer before version 5 wrote them: no pin, pins, check_failed, write
+    or refs lines (the rest renumbered), no pins in the header's start."""
+    for entry in head["groups"].values():
+        del entry["start"]["pins"]
+    kept = [r for r in lines if r["type"] in ("move", "read", "reads")]
+    for seq, record in enumerate(kept):
+        record["seq"] = seq
+    return kept
+
+
 def test_a_version_2_log_replays(tmp_path: Path, logged: Any) -> None:
     """Logs written before a lease's reads shared a line (a read line per group) replay."""
     head, lines = copy.deepcopy(logged)
-    assert head["version"] == 4 and any(r["type"] == "read" for r in lines)
+    assert head["version"] == VERSION and any(r["type"] == "read" for r in lines)
+    lines = _before_version_5(head, lines)
+    head["version"] = 4  # chained, no pin lines
+    assert replay(write(tmp_path / "old4.jsonl", head, lines)).accepted
     for version in (2, 3):  # before chain lines
         head["version"] = version
         assert replay(write(tmp_path / "old.jsonl", head, lines, chain=False)).accepted
@@ -443,8 +458,12 @@ def test_the_result_reports_counts_and_json(tmp_path: Path, logged: Any) -> None
     head, lines = logged
     result = replay(write(tmp_path / "log.jsonl", head, lines))
     moves = [r for r in lines if r["type"] == "move"]
-    assert (result.moves, result.reads, result.lines) == (len(moves), len(lines) - len(moves),
-                                                          len(lines) + 2)  # header, chain
+    reads = [r for r in lines if r["type"] == "read"]
+    pins = sum(1 if r["type"] == "pin" else len(r["runs"]) for r in lines
+               if r["type"] in ("pin", "pins"))
+    assert (result.moves, result.reads, result.pins, result.lines) == \
+        (len(moves), len(reads), pins, len(lines) + 2)  # header, chain
+    assert result.to_json()["pins"] == pins
     assert result.to_json()["accepted"] is True
     assert result.summary().startswith("accepted ")
     assert set(CHECKS) >= {"no_row", "from_state", "to_state", "epoch", "read", "capacity"}

@@ -26,8 +26,9 @@ from numpy.typing import NDArray
 from kvfsm._errors import KvfsmError, LeaseLost
 from kvfsm.gates._lease_probed import ProbedHold
 from kvfsm.state import GroupState, StateCore, StateError
+from kvfsm.state._core import PinRun
 from kvfsm.state._lease_pass import HI, LO
-from kvfsm.state._lease_pins import first_moved, unpin_unmoved
+from kvfsm.state._lease_pins import first_moved, given_back, unpin_unmoved
 
 if TYPE_CHECKING:
     from kvfsm.gates._lease_book import LeaseBook
@@ -238,6 +239,14 @@ class Lease:
             book.forget(self)
             self._released = True
             probed.unpin()
+            core = book.core
+            if core.pins_observed:
+                if probed.one_runs and probed.arrays.change_count.total == probed.changes:
+                    # tell_pins's usual case (nothing changed since the take), a frame fewer
+                    core.tell_lease_pins(probed.arrays.names, probed.answers, probed.holding,
+                                         -1)
+                else:
+                    probed.tell_pins(core, -1)
 
     def unpin(self, core: StateCore) -> None:
         """Give back the pins (the book calls this once, under its lock). A block pinned by
@@ -248,12 +257,21 @@ class Lease:
         self._released = True
         if self._probed is not None:
             self._probed.unpin()
+            if core.pins_observed:
+                self._probed.tell_pins(core, -1)
             return
+        runs: list[PinRun] = []
         for held in self._held:
             state = held.state
             count = held.pinned.size
             if held.alone:
                 unpin_unmoved(state, held.pinned, held.epochs[:count], held.run, held.bound)
+                if core.pins_observed and count:
+                    given = given_back(state, held.pinned, held.epochs[:count], held.run)
+                    if held.one_run and given.size == count:  # as its take told it: a run
+                        runs.append((held.group, int(given[0]), count, -1))
+                    else:
+                        core.tell_pins(held.group, given.copy(), -1)
                 continue
             still = state.epoch[held.pinned] == held.epochs[:count]
             try:
@@ -264,6 +282,8 @@ class Lease:
                 for block in held.pinned[still].tolist():
                     with contextlib.suppress(StateError):
                         core.unpin(held.group, [block])
+        if runs:
+            core.tell_pin_runs(runs)
 
     def mark_expired(self) -> None:
         self._expired_on_release = True

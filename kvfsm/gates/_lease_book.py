@@ -20,6 +20,7 @@ from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
 from kvfsm.gates._lease import DEFAULT_LEASE_TTL_S, Lease, _Held
 from kvfsm.gates._lease_probed import ProbedHold, refuse_probed
 from kvfsm.state import FAILED, MAX_PINS, GroupState, StateCore, StateError
+from kvfsm.state._core import PinRun
 from kvfsm.state._lease_pass import ANSWER_COLUMNS, TAKEN, LeaseArrays
 from kvfsm.state._lease_pins import (
     CHECK_FAILED,
@@ -194,6 +195,12 @@ class LeaseBook:
             if stop < 0:
                 return None  # an index's targets outside what is held: checked afresh
             refuse_probed(hold, stop)
+        core = self.core
+        if core.pins_observed:  # told once taken: a refused take pinned nothing
+            if hold.one_runs:  # hold.tell_pins's usual case, a frame fewer
+                core.tell_lease_pins(arrays.names, answers, touched, 1)
+            else:
+                hold.tell_pins(core, 1)
         # _open_lease, inline.
         lease = Lease(self, tokens, hold, self.clock() + ttl_s)
         self._open[id(lease)] = lease
@@ -285,11 +292,19 @@ class LeaseBook:
                     unpin_unmoved(taken.state, taken.pinned, taken.epochs, taken.run,
                                   taken.bound)
             raise
+        runs: list[PinRun] = []
         for taken in held:
             assert taken is not None
             if taken.pinned.size and not taken.touched:
                 # The core's own ids, just checked: no conversion or range check again.
                 taken.state.touch(taken.pinned)
+            if core.pins_observed and taken.pinned.size:  # told once every group is pinned
+                if taken.one_run:  # consecutive ids: a run, as a one-pass take tells it
+                    runs.append((taken.group, int(taken.pinned[0]), taken.pinned.size, 1))
+                else:
+                    core.tell_pins(taken.group, taken.pinned.copy(), 1)
+        if runs:
+            core.tell_pin_runs(runs)
         return tuple(held)  # type: ignore[arg-type]
 
     def _refusal(self, state: GroupState, group: ProbedGroup, first: int,

@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
 from kvfsm.state import MAX_PINS, StateCore, StateError
-from kvfsm.state._core import LeasedRead, LeasedRun
+from kvfsm.state._core import LeasedRead, LeasedRun, PinRun
 from kvfsm.state._lease_pass import (
     FIRST_EPOCH,
     FIRST_ID,
@@ -31,6 +31,7 @@ from kvfsm.state._lease_pass import (
     PINNED_AS,
     LeaseArrays,
 )
+from kvfsm.state._lease_pins import given_back
 from kvfsm.state._touch import _probed_ids
 
 #: A lookup's pass per group: ``(name, spans, out, words, changes)`` (``Probe.passes``).
@@ -100,6 +101,36 @@ class ProbedHold(NamedTuple):
             ids, epochs = self.blocks(g, row)
             reads.append((names[g], ids, epochs, False))
         return reads, runs
+
+    def tell_pins(self, core: StateCore, delta: int) -> None:
+        """Tell ``core``'s pin observers of the pins this lease took (``delta`` 1, after the
+        take) or gave back (-1, after :meth:`unpin`): a run per group holding one run at one
+        epoch (the usual lease: from the answer rows, no array looked at), else its ids. A
+        give-back after the group changed tells only the pins given back
+        (:func:`~kvfsm.state._lease_pins.given_back`)."""
+        names, groups = self.arrays.names, self.arrays.groups
+        # Nothing changed since the take (no group's ``changes`` moved): every pin taken is
+        # given back.
+        whole = delta > 0 or self.unchanged()
+        if whole and self.one_runs:  # the usual lease: its answer rows as they are
+            core.tell_lease_pins(names, self.answers, self.holding, delta)
+            return
+        runs: list[PinRun] = []
+        for g, row in enumerate(self.answers.tolist()):
+            count = row[HI] - row[LO]
+            if count <= 0:
+                continue
+            state = groups[g]
+            if whole or state.changes == self.passes[g][4]:
+                if row[ONE_READ]:
+                    runs.append((names[g], row[FIRST_ID], count, delta))
+                    continue
+                ids, _ = self.blocks(g, row)
+            else:
+                ids, epochs = self.blocks(g, row)
+                ids = given_back(state, ids, epochs, row[PINNED_AS])
+            core.tell_pins(names[g], ids.copy(), delta)
+        core.tell_pin_runs(runs)
 
     def unpin(self, groups: int | None = None) -> None:
         """Give back the pins of every group (or of the first ``groups``)."""

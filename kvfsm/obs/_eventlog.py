@@ -37,8 +37,11 @@ from kvfsm._errors import KvfsmError
 from kvfsm._jit import kernel
 from kvfsm.fsm import CompiledTable
 from kvfsm.obs._read_lines import (
+    PINS,
+    PINS_LINE,
     READ,
     READS,
+    READS_LINE,
     name_table,
     reads_line,
     reads_lines,
@@ -51,10 +54,11 @@ from kvfsm.state._touch import FIRST_EPOCH, FIRST_ID, HI, LO
 
 #: What the header's ``format`` says, and the version of the line layout below it.
 FORMAT: Final = "kvfsm-eventlog"
-VERSION: Final = 4
+VERSION: Final = 5
 #: Versions :func:`~kvfsm.obs.replay` reads (1 never wrote runs; 2 wrote a lease's runs as a
-#: read line per group, never as one reads line; before 4 no chain lines).
-READABLE_VERSIONS: Final = frozenset({1, 2, 3, 4})
+#: read line per group, never as one reads line; before 4 no chain lines; before 5 no pin,
+#: pins, check_failed, write or refs lines, and no pins in the header's ``start``).
+READABLE_VERSIONS: Final = frozenset({1, 2, 3, 4, 5})
 #: The first version whose lines are chained.
 CHAINED_VERSION: Final = 4
 #: The ``type`` of a chain line.
@@ -63,6 +67,13 @@ CHAIN: Final = "chain"
 FLUSH_EVERY: Final = 1024
 #: The ``type`` of a line after the header.
 MOVE: Final = "move"
+#: Pins of one group's ids (``delta`` each), and a lease's pins as runs over its groups.
+PIN: Final = "pin"
+#: Blocks a lookup saw fail their checksum, at their epochs.
+CHECK_FAILED: Final = "check_failed"
+#: Content written into blocks (the sub-blocks of a mask), and index references set.
+WRITE: Final = "write"
+REFS: Final = "refs"
 
 _COMPACT: Final = (",", ":")
 
@@ -105,6 +116,9 @@ def _group_header(state: GroupState) -> dict[str, Any]:
     # Blocks not where every block starts (free at epoch 0): the replay starts from them.
     started = np.flatnonzero((state.states != table.initial) | (state.epoch != 0))
     names = table.lifecycle.state_names
+    # Pins held when the log was attached (a pinned block is readable, so started): a replay
+    # counts the pin lines from them.
+    pins = state.pin_counts(started.astype(np.intp))
     return {
         "lifecycle": table.name,
         "table": table_digest(table),
@@ -114,7 +128,7 @@ def _group_header(state: GroupState) -> dict[str, Any]:
         "copies": {tier.spec_name: count for tier, count in state.stored.items()},
         "start": {"ids": started.tolist(),
                   "states": [names[s] for s in state.states[started].tolist()],
-                  "epochs": state.epoch[started].tolist()},
+                  "epochs": state.epoch[started].tolist(), "pins": pins.tolist()},
     }
 
 
@@ -136,6 +150,14 @@ _Runs = list[tuple[str, int, int, int]]
 #: (:meth:`~kvfsm.state.StateCore.record_lease_runs`) and how many of them hold blocks.
 _AnswerRuns = tuple[tuple[str, ...], NDArray[np.int64], int]
 _ANSWER_FIELDS: Final = 3
+#: A buffered lease's pins, one line: ``(PINS, runs)``, each run ``(group, first, count,
+#: delta)`` (formatted with the batch: a lease's take and give-back only append it).
+_PinRuns = tuple[str, Sequence[tuple[str, int, int, int]]]
+_PIN_FIELDS: Final = 2
+#: A buffered lease's pins of one run per group holding blocks, one line: its read's
+#: :data:`_AnswerRuns` and the pin delta (the last number of each run).
+_PinAnswerRuns = tuple[tuple[str, ...], NDArray[np.int64], int, int]
+_PIN_ANSWER_FIELDS: Final = 4
 
 
 def _runs_example() -> tuple[object, ...]:
@@ -244,6 +266,14 @@ def _one_run_line(seq: int, group_json: str, ids: NDArray[np.intp],
     return None
 
 
+def _pins_line(seq: int, group_json: dict[str, str],
+               runs: Sequence[tuple[str, int, int, int]]) -> str:
+    """The line of a lease's pins: ``[group, first id, count, delta]`` per run."""
+    body = ",".join(f"[{group_json[group]},{first},{count},{delta}]"
+                    for group, first, count, delta in runs)
+    return f'{{"seq":{seq},"type":"{PINS}","runs":[{body}]}}'
+
+
 def _read_line(seq: int, group: str, ids: NDArray[np.intp], epochs: NDArray[np.uint32]) -> str:
     """The line of any read: ids and epochs each as a list, or as ``[first, count]`` runs
     when fewer numbers spell it."""
@@ -305,7 +335,8 @@ class EventLog:
         self._group_json: dict[str, str] = {}
         #: Records not written yet, a line each: a tuple of arrays, a lease's runs or answer
         #: rows, or a line already formatted.
-        self._buffer: list[_Record | _Runs | _AnswerRuns | str] = []
+        self._buffer: list[_Record | _Runs | _AnswerRuns | _PinRuns | _PinAnswerRuns | str] \
+            = []
         #: Each group's place in the core's order, and the names as JSON packed for the
         #: compiled formatter (:func:`~kvfsm.obs._read_lines.reads_lines`).
         self._group_code: dict[str, int] = {}
@@ -396,7 +427,63 @@ class EventLog:
             if len(buffer) >= self.flush_every:  # _write_if_full, a frame fewer per lease
                 self._write_if_full()
 
-    def _append(self, record: _Record | _Runs | str) -> None:
+    def pinned(self, group: str, ids: NDArray[np.intp], delta: int) -> None:
+        """Each of ``ids`` gained ``delta`` pins: one pin line, formatted now (ids as runs
+        where fewer numbers spell them)."""
+        with self._lock:
+            if self._file is None or self._error is not None:
+                return
+            line: dict[str, Any] = {"seq": self.records, "type": PIN, "group": group,
+                                    "delta": delta}
+            _put_runs(line, "ids", ids, step=1)
+            self._append(json.dumps(line, separators=_COMPACT))
+
+    def pinned_runs(self, runs: Sequence[tuple[str, int, int, int]]) -> None:
+        """A lease's pins, ``(group, first, count, delta)`` runs of consecutive ids: buffered
+        as they are (numbers only), one pins line formatted with the batch."""
+        with self._lock:
+            if self._file is None or self._error is not None or not runs:
+                return
+            self._append((PINS, runs))
+
+    def pinned_answer_runs(self, names: tuple[str, ...], answers: NDArray[np.int64],
+                           count: int, delta: int) -> None:
+        """A lease's pins taken (``delta`` 1) or given back (-1), one run per group holding
+        blocks, as the answer rows of its take (as :meth:`read_answer_runs`): buffered as
+        they are, one pins line formatted with the batch in the same compiled pass."""
+        with self._lock:
+            if self._file is None or self._error is not None or not count:
+                return
+            buffer = self._buffer
+            buffer.append((names, answers, count, delta))
+            self.records += 1
+            if len(buffer) >= self.flush_every:
+                self._write_if_full()
+
+    def checks_failed(self, group: str, ids: NDArray[np.intp],
+                      epochs: NDArray[np.uint32]) -> None:
+        """A lookup saw ``ids`` fail their checksum at ``epochs``: one check_failed line."""
+        self._line({"type": CHECK_FAILED, "group": group, "ids": ids.tolist(),
+                    "epochs": epochs.tolist()})
+
+    def written(self, group: str, ids: NDArray[np.intp], sub_mask: int) -> None:
+        """Content was written into sub-blocks ``sub_mask`` of ``ids``: one write line."""
+        self._line({"type": WRITE, "group": group, "ids": ids.tolist(), "sub_blocks": sub_mask})
+
+    def indexed(self, group: str, ids: NDArray[np.intp], targets: NDArray[np.int32],
+                epochs: NDArray[np.uint32]) -> None:
+        """Index blocks ``ids`` point at ``targets`` at ``epochs`` now: one refs line."""
+        self._line({"type": REFS, "group": group, "ids": ids.tolist(),
+                    "targets": targets.tolist(), "epochs": epochs.tolist()})
+
+    def _line(self, fields: dict[str, Any]) -> None:
+        """Buffer a line of ``fields`` formatted now, numbered next."""
+        with self._lock:
+            if self._file is None or self._error is not None:
+                return
+            self._append(json.dumps({"seq": self.records, **fields}, separators=_COMPACT))
+
+    def _append(self, record: _Record | _Runs | _PinRuns | str) -> None:
         """Buffer one record (the lock is held), writing the buffer once it is full."""
         self._buffer.append(record)
         self.records += 1
@@ -428,10 +515,12 @@ class EventLog:
         seq = self.records - len(self._buffer)
         lines: list[str] = []
         group_json = self._group_json
-        # Leases' answer rows in a row, formatted together in one compiled pass.
-        leased: list[_AnswerRuns] = []
+        # Leases' answer rows in a row (their pins and reads), formatted together in one
+        # compiled pass.
+        leased: list[Any] = []
         for record in self._buffer:
-            if isinstance(record, tuple) and len(record) == _ANSWER_FIELDS:
+            if isinstance(record, tuple) and len(record) in (_ANSWER_FIELDS,
+                                                             _PIN_ANSWER_FIELDS):
                 leased.append(record)
                 continue
             if leased:
@@ -441,12 +530,16 @@ class EventLog:
                 lines.append(record)  # formatted when recorded
                 seq += 1
                 continue
+            if isinstance(record, tuple) and len(record) == _PIN_FIELDS:
+                lines.append(_pins_line(seq, group_json, record[1]))
+                seq += 1
+                continue
             if isinstance(record, list):  # a lease's runs, one per group
                 lines.append(reads_line(seq, [(group_json[group], first, count, epoch)
                                               for group, first, count, epoch in record]))
                 seq += 1
                 continue
-            kind, group, event, ids, before, after, epochs = record
+            kind, group, event, ids, before, after, epochs = record  # type: ignore[misc]
             if event is not None and before is not None and after is not None:
                 names = self._names[group]
                 lines.append(json.dumps(
@@ -468,27 +561,45 @@ class EventLog:
         self._file.write(text + chain_line(text.count("\n"), self._chain))
         self._file.flush()
 
-    def _leased_lines(self, leased: list[_AnswerRuns], seq: int, lines: list[str]) -> int:
-        """Append the lines of leases' reads given as their answer rows (a line per lease,
-        a run per group holding blocks, numbered from ``seq``) as one piece; the next
-        number."""
+    def _leased_lines(self, leased: Sequence[_AnswerRuns | _PinAnswerRuns], seq: int,
+                      lines: list[str]) -> int:
+        """Append the lines of leases' reads and pins (:data:`_PinAnswerRuns`) given as
+        their answer rows (a line per record, a run per group holding blocks, numbered from
+        ``seq``) as one piece; the next number."""
         codes_of = self._codes_of
         codes = []
-        for names, _, _ in leased:
+        holding_counts = []
+        # Per record: its line's kind and a run's last number where that is not an epoch (a
+        # pins line's delta); one pass over the records, the rest array operations.
+        kinds_of = []
+        deltas = []
+        for each in leased:
+            names = each[0]
             known = codes_of.get(names)
             if known is None:
                 known = codes_of[names] = np.array([self._group_code[name] for name in names],
                                                    dtype=np.int64)
             codes.append(known)
-        answers = np.concatenate([each for _, each, _ in leased])
+            holding_counts.append(each[2])
+            pin = len(each) == _PIN_ANSWER_FIELDS
+            kinds_of.append(PINS_LINE if pin else READS_LINE)
+            deltas.append(each[-1] if pin else 0)
+        answers = np.concatenate([each[1] for each in leased])
         counts = answers[:, HI] - answers[:, LO]
         holding = counts > 0
+        kinds = np.array(kinds_of, dtype=np.int64)
+        # A run's last number: a read's epoch, or a pins line's delta.
+        last = answers[:, FIRST_EPOCH]
+        if (kinds == PINS_LINE).any():
+            rows_per = [known.size for known in codes]
+            last = np.where(np.repeat(kinds == PINS_LINE, rows_per),
+                            np.repeat(np.array(deltas, dtype=np.int64), rows_per), last)
         rows = np.stack((np.concatenate(codes)[holding], answers[holding, FIRST_ID],
-                         counts[holding], answers[holding, FIRST_EPOCH]), axis=1)
-        # Each lease buffered holds blocks in ``count`` groups (none is buffered without).
-        ends = np.cumsum([count for _, _, count in leased], dtype=np.int64)
+                         counts[holding], last[holding]), axis=1)
+        # Each record holds blocks in ``count`` groups (none is buffered without).
+        ends = np.cumsum(holding_counts, dtype=np.int64)
         assert int(ends[-1]) == rows.shape[0], "a lease's count is its groups holding blocks"
-        lines.append(reads_lines(rows, ends, seq, self._name_bytes, self._name_starts))
+        lines.append(reads_lines(rows, ends, seq, self._name_bytes, self._name_starts, kinds))
         return seq + len(leased)
 
     def flush(self) -> None:
@@ -523,5 +634,6 @@ class EventLog:
         self.close()
 
 
-__all__ = ["FLUSH_EVERY", "FORMAT", "MOVE", "READ", "READABLE_VERSIONS", "READS", "VERSION",
+__all__ = ["CHECK_FAILED", "FLUSH_EVERY", "FORMAT", "MOVE", "PIN", "PINS", "READ",
+           "READABLE_VERSIONS", "READS", "REFS", "VERSION", "WRITE",
            "EventLog", "header", "runs", "table_digest"]

@@ -24,13 +24,21 @@ from kvfsm._jit import kernel
 READ: Final = "read"
 #: The ``type`` of a line of a lease's reads: ``[group, first id, count, epoch]`` per group.
 READS: Final = "reads"
+#: The ``type`` of a line of a lease's pins: ``[group, first id, count, delta]`` per group.
+PINS: Final = "pins"
 #: A run this long or longer is written as ``[first, count]`` runs on a read line; shorter
 #: ones as lists (fewer characters either way).
 _RUNS_FROM: Final = 3
-#: The constant pieces of a reads line, in the order the pass writes them.
+#: The constant pieces of a reads line, in the order the pass writes them, then those of a
+#: pins line (a line's kind is the index of its first piece: READS_LINE or PINS_LINE).
 _PIECES: Final = ('{"seq":', f',"type":"{READS}","runs":[[', '],[', ']]}')
-_PIECE_BYTES: Final = np.frombuffer("".join(_PIECES).encode("ascii"), dtype=np.uint8).copy()
-_PIECE_STARTS: Final = np.cumsum([0, *(len(piece) for piece in _PIECES)]).astype(np.int64)
+_PINS_PIECES: Final = ('{"seq":', f',"type":"{PINS}","runs":[[', '],[', ']]}')
+READS_LINE: Final = 0
+PINS_LINE: Final = len(_PIECES)
+_PIECE_BYTES: Final = np.frombuffer("".join((*_PIECES, *_PINS_PIECES)).encode("ascii"),
+                                    dtype=np.uint8).copy()
+_PIECE_STARTS: Final = np.cumsum([0, *(len(piece) for piece in (*_PIECES, *_PINS_PIECES))]
+                                 ).astype(np.int64)
 #: Characters of the longest int64 (its sign included).
 _INT_CHARS: Final = 20
 _NEWLINE: Final = ord("\n")
@@ -96,14 +104,15 @@ def _put_piece(out: NDArray[np.uint8], at: int, source: NDArray[np.uint8],
 
 
 def _lines_example() -> tuple[object, ...]:
-    return (np.zeros((1, 4), dtype=np.int64), np.ones(1, dtype=np.int64), 0, _PIECE_BYTES[:2],
+    return (np.zeros((1, 4), dtype=np.int64), np.ones(1, dtype=np.int64),
+            np.zeros(1, dtype=np.int64), 0, _PIECE_BYTES[:2],
             np.array([0, 2], np.int64), _PIECE_BYTES, _PIECE_STARTS,
             np.zeros(256, dtype=np.uint8), np.zeros(1, dtype=np.int64))
 
 
 def _lines_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """A few groups' JSON names and leases of one to three runs each, at small and huge ids,
-    counts, epochs and sequence numbers."""
+    """A few groups' JSON names and leases' reads or pins lines of one to three runs each, at
+    small and huge ids, counts, epochs, deltas and sequence numbers."""
     names = [f'"g{i}{"x" * int(rng.integers(0, 4))}"' for i in range(int(rng.integers(1, 4)))]
     lines = int(rng.integers(0, 5))
     ends = np.cumsum(rng.integers(1, 4, lines)).astype(np.int64)
@@ -112,23 +121,30 @@ def _lines_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     rows = np.stack([rng.integers(0, len(names), size), rng.integers(0, top, size),
                      rng.integers(1, top, size), rng.integers(0, top, size)], axis=1)
     name_bytes, name_starts = name_table(names)
-    return (rows.astype(np.int64).reshape(-1, 4), ends, int(rng.integers(0, top)), name_bytes,
+    kinds = rng.choice([READS_LINE, PINS_LINE], lines).astype(np.int64)
+    return (rows.astype(np.int64).reshape(-1, 4), ends, kinds, int(rng.integers(0, top)),
+            name_bytes,
             name_starts, _PIECE_BYTES, _PIECE_STARTS,
             np.zeros(line_bound(lines, size, name_starts), dtype=np.uint8),
             np.zeros(1, dtype=np.int64))
 
 
-def _reads_lines_twin(rows: NDArray[np.int64], ends: NDArray[np.int64], seq: int,
+def _reads_lines_twin(rows: NDArray[np.int64], ends: NDArray[np.int64],
+                      kinds: NDArray[np.int64], seq: int,
                       name_bytes: NDArray[np.uint8], name_starts: NDArray[np.int64],
                       pieces: NDArray[np.uint8], piece_starts: NDArray[np.int64],
                       out: NDArray[np.uint8], written: NDArray[np.int64]) -> None:
     names = [name_bytes[name_starts[g]:name_starts[g + 1]].tobytes().decode("ascii")
              for g in range(name_starts.size - 1)]
+    texts = [pieces[piece_starts[i]:piece_starts[i + 1]].tobytes().decode("ascii")
+             for i in range(piece_starts.size - 1)]
     table = rows.tolist()
     lines, start = [], 0
     for k, end in enumerate(ends.tolist()):
-        lines.append(reads_line(seq + k, [(names[group], first, count, epoch)
-                                          for group, first, count, epoch in table[start:end]]))
+        head, runs_open, between, close = texts[kinds[k]:kinds[k] + len(_PIECES)]
+        body = between.join(f"{names[group]},{first},{count},{last}"
+                            for group, first, count, last in table[start:end])
+        lines.append(f"{head}{seq + k}{runs_open}{body}{close}")
         start = end
     data = np.frombuffer("\n".join(lines).encode("ascii"), dtype=np.uint8)
     out[:data.size] = data
@@ -137,7 +153,8 @@ def _reads_lines_twin(rows: NDArray[np.int64], ends: NDArray[np.int64], seq: int
 
 @kernel(example=_lines_example, twin=_reads_lines_twin, inputs=_lines_inputs,
         calls=(_put_int, _put_piece))
-def reads_lines_kernel(rows: NDArray[np.int64], ends: NDArray[np.int64], seq: int,
+def reads_lines_kernel(rows: NDArray[np.int64], ends: NDArray[np.int64],
+                       kinds: NDArray[np.int64], seq: int,
                        name_bytes: NDArray[np.uint8], name_starts: NDArray[np.int64],
                        pieces: NDArray[np.uint8], piece_starts: NDArray[np.int64],
                        out: NDArray[np.uint8], written: NDArray[np.int64]) -> None:
@@ -145,19 +162,22 @@ def reads_lines_kernel(rows: NDArray[np.int64], ends: NDArray[np.int64], seq: in
     joined by newlines into ``out``: lease ``k``'s runs are rows ``[ends[k - 1], ends[k])``
     (from 0 for the first; at least one each), each ``(group, first id, count, epoch)``
     where group ``g``'s JSON name is ``name_bytes[name_starts[g]:name_starts[g + 1]]``;
-    ``written[0]``: the bytes written."""
+    ``written[0]``: the bytes written. Line ``k`` is a reads line, or a pins line (its runs'
+    last numbers pin deltas), as ``kinds[k]`` (READS_LINE, PINS_LINE) says: the index of its
+    first piece in ``pieces``."""
     at = 0
     start = 0
     for k in range(ends.size):
         if k > 0:
             out[at] = _NEWLINE
             at += 1
-        at = _put_piece(out, at, pieces, piece_starts, 0)
+        base = kinds[k]
+        at = _put_piece(out, at, pieces, piece_starts, base)
         at = _put_int(out, at, seq + k)
-        at = _put_piece(out, at, pieces, piece_starts, 1)
+        at = _put_piece(out, at, pieces, piece_starts, base + 1)
         for r in range(start, ends[k]):
             if r > start:
-                at = _put_piece(out, at, pieces, piece_starts, 2)
+                at = _put_piece(out, at, pieces, piece_starts, base + 2)
             at = _put_piece(out, at, name_bytes, name_starts, rows[r, 0])
             out[at] = _COMMA
             at = _put_int(out, at + 1, rows[r, 1])
@@ -165,7 +185,7 @@ def reads_lines_kernel(rows: NDArray[np.int64], ends: NDArray[np.int64], seq: in
             at = _put_int(out, at + 1, rows[r, 2])
             out[at] = _COMMA
             at = _put_int(out, at + 1, rows[r, 3])
-        at = _put_piece(out, at, pieces, piece_starts, 3)
+        at = _put_piece(out, at, pieces, piece_starts, base + 3)
         start = ends[k]
     written[0] = at
 
@@ -188,17 +208,22 @@ def line_bound(lines: int, runs: int, name_starts: NDArray[np.int64]) -> int:
 
 
 def reads_lines(rows: NDArray[np.int64], ends: NDArray[np.int64], seq: int,
-                name_bytes: NDArray[np.uint8], name_starts: NDArray[np.int64]) -> str:
+                name_bytes: NDArray[np.uint8], name_starts: NDArray[np.int64],
+                kinds: NDArray[np.int64] | None = None) -> str:
     """The lines of leases' reads (see :func:`reads_lines_kernel`) numbered from ``seq``,
-    joined by newlines (no newline after the last; empty for no lease)."""
+    joined by newlines (no newline after the last; empty for no lease); ``kinds``: per line,
+    READS_LINE or PINS_LINE (a lease's pins, each run's last number a delta; None: all
+    reads lines)."""
     if not ends.size:
         return ""
     out = np.empty(line_bound(ends.size, rows.shape[0], name_starts), dtype=np.uint8)
     written = np.empty(1, dtype=np.int64)
-    reads_lines_kernel(rows, ends, seq, name_bytes, name_starts, _PIECE_BYTES, _PIECE_STARTS,
-                       out, written)
+    if kinds is None:
+        kinds = np.full(ends.size, READS_LINE, dtype=np.int64)
+    reads_lines_kernel(rows, ends, kinds, seq, name_bytes, name_starts, _PIECE_BYTES,
+                       _PIECE_STARTS, out, written)
     return out[:int(written[0])].tobytes().decode("ascii")
 
 
-__all__ = ["READ", "READS", "JsonRun", "line_bound", "name_table", "reads_line", "reads_lines",
-           "reads_lines_kernel", "run_read_line"]
+__all__ = ["PINS", "PINS_LINE", "READ", "READS", "READS_LINE", "JsonRun", "line_bound",
+           "name_table", "reads_line", "reads_lines", "reads_lines_kernel", "run_read_line"]

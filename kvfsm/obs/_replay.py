@@ -4,8 +4,12 @@ Every block starts free at epoch 0 (or where the header's ``start`` puts it). Ea
 re-fired on the replayed states: the event must have a row from the logged from-state, the
 from-state must be the replayed one, the to-state the row's destination, and the epochs must
 move exactly as the row's ``bump_epoch`` effects say. A read must be of blocks a kernel may read
-(``readable`` states) at their replayed epoch. After every line, the blocks holding a slot or a
-copy in each tier never exceed that tier's capacity from the header.
+(``readable`` states) at their replayed epoch, and not at an epoch a lookup saw them fail their
+checksum at. Pins are counted from the pin lines (version 5): a pin is of a readable block, an
+unpin never takes a block below 0, and no move gives up a block's device slot or takes its
+content to a lower tier while a pin holds it. Writes and index references land only on blocks
+being written. After every line, the blocks holding a slot or a copy in each tier never exceed
+that tier's capacity from the header.
 """
 
 from __future__ import annotations
@@ -24,11 +28,16 @@ from kvfsm.fsm import INVALID, compile_lifecycle
 from kvfsm.obs._eventlog import (
     CHAIN,
     CHAINED_VERSION,
+    CHECK_FAILED,
     FORMAT,
     MOVE,
+    PIN,
+    PINS,
     READ,
     READABLE_VERSIONS,
     READS,
+    REFS,
+    WRITE,
     chain_digest,
     chain_start,
     table_digest,
@@ -53,7 +62,16 @@ CHECKS: Final = (
     "read",        # a read of a block not readable, or at another epoch than its current one
     "capacity",    # more blocks in a tier than the header's capacity for it
     "chain",       # lines not those written (changed, dropped, added, renumbered, cut)
+    "pin",         # a pin of a block not readable, or an unpin of a block no pin holds
+    "pinned",      # a move giving up a device slot or leaving the device while pins hold it
+    "failed_read",  # a read at the epoch a lookup saw the block fail its checksum at
+    "write",       # a write or index references on a block not being written
 )
+
+#: Most pins one line may give or take per block (the core's counters are uint16).
+_MAX_PIN_DELTA: Final = 1 << 16
+#: ``_Group.failed`` of a block no lookup saw fail at its current epoch.
+_NOT_FAILED: Final = -1
 
 
 @attrs.frozen
@@ -80,6 +98,8 @@ class ReplayResult:
     reads: int
     blocks_moved: int
     violation: ReplayViolation | None = None
+    #: Pin lines and runs of pins lines replayed (each a pin or a give-back of its blocks).
+    pins: int = 0
 
     @property
     def accepted(self) -> bool:
@@ -89,7 +109,7 @@ class ReplayResult:
         violation = None if self.violation is None else attrs.asdict(self.violation)
         return {"path": self.path, "accepted": self.accepted, "lines": self.lines,
                 "moves": self.moves, "reads": self.reads, "blocks_moved": self.blocks_moved,
-                "violation": violation}
+                "pins": self.pins, "violation": violation}
 
     def summary(self) -> str:
         """One line for a person."""
@@ -202,10 +222,28 @@ class _Group:
         self.states = np.full(self.n_blocks, table.initial, dtype=np.int64)
         self.epochs = np.zeros(self.n_blocks, dtype=np.int64)
         self.used = self.holds[self.states].sum(axis=0)
+        # Moves a pin forbids, per (from, to) state, from the table's columns: those giving
+        # up a device slot (evict, free, spill done) or taking the content from the device
+        # to a lower tier (a spill, an eviction to a stored copy).
+        on_device = table.holds_slot[:, Tier.DEVICE]
+        resident = table.residency == int(Tier.DEVICE)
+        lower = (table.residency >= 0) & ~resident
+        self.leaves_device = (on_device[:, None] & ~on_device[None, :]) | \
+            (resident[:, None] & lower[None, :])
+        #: Pins held per block (from the header's start and the pin lines), and the epoch a
+        #: lookup saw each fail its checksum at (_NOT_FAILED: none).
+        self.pins = np.zeros(self.n_blocks, dtype=np.int64)
+        self.failed = np.full(self.n_blocks, _NOT_FAILED, dtype=np.int64)
         start = _field(entry, "start", dict, what)
         ids = self.ids(_field(start, "ids", list, f"{what} start"), f"{what} start")
         self.states[ids] = self.state_list(start, "states", ids.size, f"{what} start")
         self.epochs[ids] = self.epoch_list(start, ids.size, f"{what} start")
+        if "pins" in start:  # version 5 on
+            pins = _field(start, "pins", list, f"{what} start")
+            if len(pins) != ids.size:
+                raise _Reject("malformed", f"{what} start: {len(pins)} 'pins' for {ids.size} "
+                              "ids")
+            self.pins[ids] = _ints(pins, f"{what} start pins", 0, _MAX_PIN_DELTA)
         self.used = self.holds[self.states].sum(axis=0)
         self.check_capacity()
 
@@ -286,6 +324,13 @@ class _Group:
                           f"{int(epochs[i])} after {event_name}, expected {int(expected[i])} "
                           f"(epoch {int(self.epochs[ids[i]])} before; row {row.label} bumps it "
                           f"{int(self.bumps[rows[i]])} time(s))")
+        bad = np.flatnonzero(self.leaves_device[source, dest] & (self.pins[ids] > 0))
+        if bad.size:
+            i = int(bad[0])
+            raise _Reject("pinned", f"group {self.name!r} block {int(ids[i])}: "
+                          f"{self.name_of(int(source[i]))!r} --{event_name}--> "
+                          f"{self.name_of(int(dest[i]))!r} gives up its device slot or "
+                          f"leaves the device while {int(self.pins[ids[i]])} pin(s) hold it")
         self.used += self.holds[dest].sum(axis=0) - self.holds[source].sum(axis=0)
         self.states[ids] = dest
         self.epochs[ids] = epochs
@@ -329,6 +374,86 @@ class _Group:
             raise _Reject("read", f"group {self.name!r} block {int(ids[i])} read at epoch "
                           f"{int(epochs[i])}, but its content is at epoch "
                           f"{int(self.epochs[ids[i]])} (it changed)")
+        bad = np.flatnonzero(self.failed[ids] == epochs)
+        if bad.size:
+            i = int(bad[0])
+            raise _Reject("failed_read", f"group {self.name!r} block {int(ids[i])} read at "
+                          f"epoch {int(epochs[i])}, where a lookup saw it fail its checksum")
+
+    def pin(self, record: Mapping[str, Any], what: str) -> None:
+        """A pin line: each of its ids (repeats add up) gains ``delta`` pins."""
+        delta = self.delta(record.get("delta"), what)
+        if "ids_runs" in record:
+            ids = _expand(_field(record, "ids_runs", list, what), 1, f"{what} ids_runs",
+                          0, self.n_blocks)
+        else:
+            ids = _ints(_field(record, "ids", list, what), f"{what} ids", 0, self.n_blocks)
+        if not ids.size:
+            raise _Reject("malformed", f"{what}: no ids")
+        self.add_pins(ids, delta)
+
+    def pin_run(self, run: list[Any], what: str) -> None:
+        """A run of a pins line: ``[group, first id, count, delta]`` (the group checked by
+        the caller)."""
+        ids = _expand([run[1:3]], 1, what, 0, self.n_blocks)
+        self.add_pins(ids, self.delta(run[3], what))
+
+    @staticmethod
+    def delta(value: Any, what: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value == 0 or \
+                abs(value) >= _MAX_PIN_DELTA:
+            raise _Reject("malformed", f"{what}: delta {value!r} is not a non-zero integer in "
+                          f"(-{_MAX_PIN_DELTA}, {_MAX_PIN_DELTA})")
+        return value
+
+    def add_pins(self, ids: NDArray[np.int64], delta: int) -> None:
+        """Refuse a pin of a block not readable or an unpin below 0; else count it."""
+        if delta > 0:
+            states = self.states[ids]
+            bad = np.flatnonzero(~self.table.readable[states])
+            if bad.size:
+                i = int(bad[0])
+                raise _Reject("pin", f"group {self.name!r} block {int(ids[i])} pinned in "
+                              f"state {self.name_of(int(states[i]))!r}, which a kernel may "
+                              "not read")
+        pins = self.pins.copy()
+        np.add.at(pins, ids, delta)
+        bad = np.flatnonzero(pins[ids] < 0)
+        if bad.size:
+            block = int(ids[bad[0]])
+            raise _Reject("pin", f"group {self.name!r} block {block} unpinned while "
+                          f"{int(self.pins[block])} pin(s) hold it (an unbalanced unpin)")
+        self.pins = pins
+
+    def checks_failed(self, record: Mapping[str, Any], what: str) -> None:
+        """A check_failed line: its blocks failed their checksum at its epochs."""
+        ids = _ints(_field(record, "ids", list, what), f"{what} ids", 0, self.n_blocks)
+        self.failed[ids] = self.epoch_list(record, ids.size, what)
+
+    def write(self, record: Mapping[str, Any], kind: str, what: str) -> None:
+        """A write line (content into sub-blocks) or a refs line (index references): only
+        into blocks being written."""
+        ids = self.ids(_field(record, "ids", list, what), what)
+        if kind == WRITE:
+            mask = _field(record, "sub_blocks", int, what)
+            if mask < 1:
+                raise _Reject("malformed", f"{what}: sub_blocks {mask} names no sub-block")
+            allowed, doing = self.table.writable, "written"
+        else:
+            targets = _field(record, "targets", list, what)
+            epochs = _field(record, "epochs", list, what)
+            if len(targets) != ids.size or len(epochs) != ids.size or \
+                    not all(isinstance(row, list) for row in [*targets, *epochs]):
+                raise _Reject("malformed", f"{what}: 'targets' and 'epochs' are not a list "
+                              "per id")
+            allowed, doing = self.table.partial, "given index references"
+        states = self.states[ids]
+        bad = np.flatnonzero(~allowed[states])
+        if bad.size:
+            i = int(bad[0])
+            raise _Reject("write", f"group {self.name!r} block {int(ids[i])} {doing} in "
+                          f"state {self.name_of(int(states[i]))!r}, which is not being "
+                          "written")
 
 
 class _Replay:
@@ -336,7 +461,7 @@ class _Replay:
         self.path = path
         self.lifecycles = lifecycles
         self.groups: dict[str, _Group] = {}
-        self.lines = self.moves = self.reads = self.blocks_moved = 0
+        self.lines = self.moves = self.reads = self.blocks_moved = self.pins = 0
         #: Chained logs: the last chain digest, and the lines read since it.
         self.chained = False
         self.chain = b""
@@ -344,7 +469,7 @@ class _Replay:
 
     def result(self, violation: ReplayViolation | None = None) -> ReplayResult:
         return ReplayResult(self.path, self.lines, self.moves, self.reads, self.blocks_moved,
-                            violation)
+                            violation, self.pins)
 
     def run(self, lines: Iterable[bytes]) -> ReplayResult:
         seq = 0
@@ -428,20 +553,31 @@ class _Replay:
         if seq != expected_seq:
             raise _Reject("sequence", f"sequence number {seq}, expected {expected_seq} "
                           "(lines missing, repeated or out of order)")
-        kind = _field(record, "type", str, f"record {seq}")
+        what = f"record {seq}"
+        kind = _field(record, "type", str, what)
         if kind == READS:
-            self.lease_reads(record, f"record {seq}")
+            self.lease_reads(record, what)
             return
-        group = self.group(_field(record, "group", str, f"record {seq}"), f"record {seq}")
+        if kind == PINS:
+            self.lease_pins(record, what)
+            return
+        group = self.group(_field(record, "group", str, what), what)
         if kind == MOVE:
-            self.blocks_moved += group.move(record, f"record {seq}")
+            self.blocks_moved += group.move(record, what)
             self.moves += 1
         elif kind == READ:
-            group.read(record, f"record {seq}")
+            group.read(record, what)
             self.reads += 1
+        elif kind == PIN:
+            group.pin(record, what)
+            self.pins += 1
+        elif kind == CHECK_FAILED:
+            group.checks_failed(record, what)
+        elif kind in (WRITE, REFS):
+            group.write(record, kind, what)
         else:
-            raise _Reject("malformed", f"record {seq}: type {kind!r}, expected {MOVE!r}, "
-                          f"{READ!r} or {READS!r}")
+            raise _Reject("malformed", f"{what}: type {kind!r}, expected one of "
+                          f"{[MOVE, READ, READS, PIN, PINS, CHECK_FAILED, WRITE, REFS]}")
 
     def group(self, name: str, what: str) -> _Group:
         """The replayed group ``name``, or a malformed line naming the groups there are."""
@@ -463,6 +599,20 @@ class _Replay:
                               "epoch]")
             self.group(run[0], where).read_run(run, where)
             self.reads += 1
+
+
+    def lease_pins(self, record: Mapping[str, Any], what: str) -> None:
+        """A lease's pins: per group, ``[group, first id, count, delta]``."""
+        runs = _field(record, "runs", list, what)
+        if not runs:
+            raise _Reject("malformed", f"{what}: no runs")
+        for at, run in enumerate(runs):
+            where = f"{what} run {at}"
+            if not isinstance(run, list) or len(run) != 4 or not isinstance(run[0], str):
+                raise _Reject("malformed", f"{where}: {run!r} is not [group, first id, count, "
+                              "delta]")
+            self.group(run[0], where).pin_run(run, where)
+            self.pins += 1
 
 
 def replay(path: str | os.PathLike[str],

@@ -70,6 +70,29 @@ def answer_runs(names: tuple[str, ...], answers: NDArray[np.int64]) -> list[Leas
             for g, row in enumerate(answers.tolist()) if row[HI] > row[LO]]
 
 
+#: Pins that ``count`` consecutive ids from ``first`` each gained (``delta`` > 0) or gave back
+#: (``delta`` < 0): ``(group, first, count, delta)``.
+PinRun = tuple[str, int, int, int]
+#: An observer told of pins, with its ``pinned(group, ids, delta)``, ``pinned_runs(runs)`` and
+#: ``pinned_answer_runs(names, answers, count, delta)`` methods (None where it has none; it
+#: has one of the first two at least).
+_PinObserver = tuple[CoreObserver, Callable[[str, IdArray, int], None] | None,
+                     Callable[[Sequence[PinRun]], None] | None,
+                     Callable[[tuple[str, ...], NDArray[np.int64], int, int], None] | None]
+
+
+def id_runs(group: str, ids: IdArray, delta: int) -> list[PinRun]:
+    """``ids`` (repeats allowed) as runs of consecutive ids, each gaining ``delta`` pins."""
+    if not ids.size:
+        return []
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts = np.concatenate(([0], breaks)).tolist()
+    ends = [*breaks.tolist(), int(ids.size)]
+    firsts = ids[starts].tolist()
+    return [(group, first, end - start, delta)
+            for first, start, end in zip(firsts, starts, ends, strict=True)]
+
+
 #: An observer told of reads, with its ``read_runs`` and ``read_answer_runs`` methods (None
 #: where it has none).
 _ReadObserver = tuple[CoreObserver, Callable[[Sequence[LeasedRun]], None] | None,
@@ -240,6 +263,19 @@ class StateCore:
         #: report when none is). An attribute, not a property: a validated lease reads it
         #: right after a long lookup, where each Python frame costs cache misses.
         self.reads_observed = False
+        #: The observers told of pins (those with a ``pinned`` or ``pinned_runs`` method),
+        #: with those methods, found once when each is attached.
+        self._pin_observers: list[_PinObserver] = []
+        #: Some attached observer is told of pins: the pin writers (leases included) gather
+        #: nothing to report where none is.
+        self.pins_observed = False
+        #: The ``checks_failed``, ``written`` and ``indexed`` methods of attached observers
+        #: (found once when each is attached; see :class:`CoreObserver`).
+        self._failed_observers: list[tuple[CoreObserver, Callable[
+            [str, IdArray, NDArray[np.uint32]], None]]] = []
+        self._write_observers: list[tuple[CoreObserver, Callable[[str, IdArray, int], None]]] = []
+        self._ref_observers: list[tuple[CoreObserver, Callable[
+            [str, IdArray, NDArray[np.int32], NDArray[np.uint32]], None]]] = []
         #: Restores in flight across the groups and their caps (shared with every group).
         self.restore_budget = RestoreBudget(self.config.max_restore_ops,
                                             self.config.max_restore_bytes)
@@ -421,6 +457,20 @@ class StateCore:
             self._read_observers.append((observer, getattr(observer, "read_runs", None),
                                          getattr(observer, "read_answer_runs", None)))
             self.reads_observed = True
+        # The optional methods, looked up once: an observer without them (written before
+        # they existed) is told of moves and reads only.
+        pinned, pinned_runs = getattr(observer, "pinned", None), \
+            getattr(observer, "pinned_runs", None)
+        if pinned is not None or pinned_runs is not None:
+            self._pin_observers.append((observer, pinned, pinned_runs,
+                                        getattr(observer, "pinned_answer_runs", None)))
+            self.pins_observed = True
+        for name, told in (("checks_failed", self._failed_observers),
+                           ("written", self._write_observers),
+                           ("indexed", self._ref_observers)):
+            method = getattr(observer, name, None)
+            if method is not None:
+                told.append((observer, method))
 
     def remove_observer(self, observer: CoreObserver) -> None:
         """Stop telling ``observer``; an observer not attached is an error."""
@@ -430,6 +480,12 @@ class StateCore:
                 self._read_observers = [each for each in self._read_observers
                                         if each[0] is not observer]
                 self.reads_observed = bool(self._read_observers)
+                self._pin_observers = [each for each in self._pin_observers
+                                       if each[0] is not observer]
+                self.pins_observed = bool(self._pin_observers)
+                for name in ("_failed_observers", "_write_observers", "_ref_observers"):
+                    setattr(self, name, [each for each in getattr(self, name)
+                                         if each[0] is not observer])
                 return
         raise KvfsmError(f"{self.model.name}: observer {observer!r} is not attached")
 
@@ -437,6 +493,59 @@ class StateCore:
     def observed(self) -> bool:
         """Some observer is attached."""
         return bool(self._observers)
+
+    def tell_pins(self, group: str, ids: IdArray, delta: int) -> None:
+        """Tell the pin observers that each of ``ids`` (a copy they may keep; repeats add up)
+        gained ``delta`` pins (given back: below 0). For pin writers, after the pins moved;
+        callers check :attr:`pins_observed` first (nothing to gather where it is False)."""
+        if not ids.size:
+            return
+        runs: list[PinRun] | None = None
+        for _, pinned, pinned_runs, _ in self._pin_observers:
+            if pinned is not None:
+                pinned(group, ids, delta)
+                continue
+            assert pinned_runs is not None
+            if runs is None:
+                runs = id_runs(group, ids, delta)
+            pinned_runs(runs)
+
+    def tell_pin_runs(self, runs: Sequence[PinRun]) -> None:
+        """Tell the pin observers of pins that moved on runs of consecutive ids
+        (``(group, first, count, delta)``, several in one call: a lease's groups): one call
+        to an observer with ``pinned_runs``, the ids spelled out for any other."""
+        if runs:
+            self.tell_pin_runs_to(runs, self._pin_observers)
+
+    def tell_lease_pins(self, names: tuple[str, ...], answers: NDArray[np.int64], count: int,
+                        delta: int) -> None:
+        """:meth:`tell_pin_runs` of a lease holding one run of consecutive ids in each of
+        ``count`` groups, given as the answer rows of its one-pass take (as
+        :meth:`record_lease_runs`): an observer with ``pinned_answer_runs(names, answers,
+        count, delta)`` is handed them as they are (the lease never changes the array), any
+        other is told them as runs."""
+        runs: list[PinRun] | None = None
+        for _, _, _, by_answers in self._pin_observers:
+            if by_answers is not None:
+                by_answers(names, answers, count, delta)
+                continue
+            if runs is None:
+                runs = [(group, first, length, delta)
+                        for group, first, length, _ in answer_runs(names, answers)]
+        if runs is not None:
+            self.tell_pin_runs_to(runs, [each for each in self._pin_observers
+                                         if each[3] is None])
+
+    def tell_pin_runs_to(self, runs: Sequence[PinRun],
+                         observers: Sequence[_PinObserver]) -> None:
+        """:meth:`tell_pin_runs` to ``observers`` only."""
+        for _, pinned, pinned_runs, _ in observers:
+            if pinned_runs is not None:
+                pinned_runs(runs)
+                continue
+            assert pinned is not None
+            for group, first, count, delta in runs:
+                pinned(group, np.arange(first, first + count, dtype=np.intp), delta)
 
     def record_read(self, group: str, ids: ArrayLike) -> None:
         """Tell the observers that ``ids`` were read at their current epochs. Nothing changes
@@ -538,6 +647,7 @@ class StateCore:
         if sub_block is None:
             pool.write(slots, self._rows(group, data, batch.size, payload_bytes))
             state.record_written(batch)
+            self._tell_written(group, batch, state.full_sub_mask)
             return
         parts = state.decl.sub_blocks or 0
         if not 0 <= sub_block < parts:
@@ -549,6 +659,15 @@ class StateCore:
         rows[:, start:stop] = chunk
         pool.write(slots, rows)
         state.record_written(batch, 1 << sub_block)
+        self._tell_written(group, batch, 1 << sub_block)
+
+    def _tell_written(self, group: str, ids: IdArray, sub_mask: int) -> None:
+        """Tell the observers with a ``written`` method that sub-blocks ``sub_mask`` of
+        ``ids`` were written."""
+        if self._write_observers and ids.size:
+            written = ids.copy()
+            for _, method in self._write_observers:
+                method(group, written, sub_mask)
 
     # -- the data path of stored tiers (bytes move between an event's begin and its done) -------
 
@@ -632,6 +751,11 @@ class StateCore:
         if ((refs < NO_TARGET) | (refs >= state.target.n_blocks)).any():
             raise KvfsmError(f"{group}: target ids outside [0, {state.target.n_blocks})")
         state.record_refs(batch, refs)
+        if self._ref_observers and batch.size:
+            indexed, targets = batch.copy(), refs.copy()
+            epochs = state.refs_epoch[batch]  # a gather: a copy already
+            for _, method in self._ref_observers:
+                method(group, indexed, targets, epochs)
 
     # -- readers ---------------------------------------------------------------------------
 
@@ -651,7 +775,17 @@ class StateCore:
             if state.target is not None and targets.size:
                 state.target.add_pins(targets, -1)
             raise
+        if self.pins_observed:
+            self._tell_block_pins(state, batch, targets, 1)
         self.touch(group, batch)
+
+    def _tell_block_pins(self, state: GroupState, ids: IdArray, targets: IdArray,
+                         delta: int) -> None:
+        """Tell the pin observers of :meth:`pin` / :meth:`unpin` of ``ids`` in ``state``'s
+        group and of ``targets`` (an index's, repeats kept) in its target group."""
+        if state.target is not None and targets.size:
+            self.tell_pins(state.target.name, targets.copy(), delta)
+        self.tell_pins(state.name, ids.copy(), delta)
 
     def unpin(self, group: str, ids: ArrayLike) -> None:
         state = self.group(group)
@@ -671,6 +805,8 @@ class StateCore:
                                  "no longer held (unbalanced unpin)")
             state.target.add_pins(targets, -1, counted=(touched, held))
         state.add_pins(batch, -1, distinct=True)
+        if self.pins_observed:
+            self._tell_block_pins(state, batch, targets, -1)
 
 
     def touch(self, group: str, ids: ArrayLike) -> None:
@@ -755,6 +891,11 @@ class StateCore:
         if ok.size != batch.size:
             raise KvfsmError(f"{group}: {batch.size} ids but {ok.size} results")
         state.record_checks(batch, ok)
+        if self._failed_observers and not ok.all():
+            failed = batch[~ok]  # a mask: a copy already
+            epochs = state.epoch[failed]
+            for _, method in self._failed_observers:
+                method(group, failed, epochs)
 
     # -- invariants ------------------------------------------------------------------------
 

@@ -114,7 +114,19 @@ class CoreObserver(Protocol):
         whose class sets ``observes_reads = False`` is never told of reads (a lease then
         gathers none to report where no other observer is), and one with a
         ``read_runs(runs)`` method is told of reads of consecutive ids at one epoch as
-        ``(group, first, count, epoch)`` runs, several in one call."""
+        ``(group, first, count, epoch)`` runs, several in one call.
+
+        Optional methods, each looked up once when the observer is attached (one without
+        them is told of moves and reads only): ``pinned(group, ids, delta)``, each of
+        ``ids`` (repeats add up) gained ``delta`` pins (given back: below 0), whoever pinned
+        them; ``pinned_runs(runs)``, the same of ``(group, first, count, delta)`` runs of
+        consecutive ids (a lease over 4 096 consecutive blocks is one run; an observer with
+        only one of the two is told everything through it); ``checks_failed(group, ids,
+        epochs)``, a lookup saw ``ids`` fail their checksum at ``epochs``; ``written(group,
+        ids, sub_mask)``, content was written into the sub-blocks of ``sub_mask`` of ``ids``
+        (every one of them: the group's full mask); ``indexed(group, ids, targets,
+        epochs)``, index blocks ``ids`` now point at ``targets`` (``[len(ids), top_k]``,
+        -1 unused) at the targets' ``epochs``."""
 
 
 def _read_only(array: NDArray[Any]) -> NDArray[Any]:

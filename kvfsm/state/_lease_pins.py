@@ -282,6 +282,22 @@ def unpin_unmoved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
                                        blocks.pins, blocks.chunk_pins, state.pin_shift, run)
 
 
+def given_back(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
+               run: int = ONE_BY_ONE) -> IdArray:
+    """The blocks of ``ids`` whose pin :func:`unpin_unmoved` gives back (``run``: how they
+    were pinned): all of them, but for blocks pinned one by one that are no longer at
+    ``epochs`` (a block inside a run's whole chunk always gives its pin back with the chunk).
+    What a lease's give-back tells pin observers; O(ids), on a path only they take."""
+    moved = state.epoch[ids] != epochs
+    if not moved.any():
+        return ids
+    kept = ~moved
+    if run != ONE_BY_ONE:
+        kept |= run_chunks(ids, state.pin_shift)[0]
+    given: IdArray = ids[kept]
+    return given
+
+
 def first_moved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32]) -> int:
     """The first index into ``ids`` whose block is no longer at ``epochs``, no longer
     readable, or was seen failing its checksum (a lookup recorded it); -1."""
