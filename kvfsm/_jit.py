@@ -241,6 +241,16 @@ class Kernel:
 
         return checked
 
+    @property
+    def run(self) -> Callable[..., Any]:
+        """What a call runs now: the compiled version (numba's dispatcher, which matches every
+        call's argument types and compiles a version for types it has not seen) where kernels
+        run compiled, else the twin. For a hot call site: calling the kernel itself repacks
+        every argument once more."""
+        if settings.enabled:
+            return self._compiled or self._compiled_or_off() or self.twin
+        return self.twin
+
     def __call__(self, *args: Any) -> Any:
         # The one dispatch: a property read, as call sites did before kernels owned their twins.
         # A kernel's answer is in its ``out``; the few that also return one return it here.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,7 +21,7 @@ from kvfsm.state import GroupState, StateCore
 from kvfsm.verify._prompt import Prompt
 from kvfsm.verify._spans import Spans, spans_for
 from kvfsm.verify._statics import StaticsCache
-from kvfsm.verify._types import LeaseSpans, Level, Probe, ProbedGroup
+from kvfsm.verify._types import LeaseSpans, Probe, ProbedGroup
 
 #: Entries a lookup cache keeps before it starts again (candidate lengths, spans by prompt
 #: length, shared values).
@@ -60,8 +60,7 @@ class LookupLayout:
     (for the block-boundary reason), and a weak reference to the core (for probes)."""
 
     __slots__ = ("__weakref__", "block_sizes", "boundary", "by_length", "change_count", "core",
-                 "finest_prefix", "groups", "names", "order", "plain", "prefix_at", "step",
-                 "whole")
+                 "finest_prefix", "groups", "names", "order", "prefix_at", "step")
 
     def __init__(self, core: StateCore) -> None:
         self.core = weakref.ref(core)
@@ -88,12 +87,6 @@ class LookupLayout:
                                  default=0)
         #: A prefix group's chain may reach past the last candidate length it covers.
         self.boundary = bool(self.prefix_at) and self.step > self.finest_prefix
-        #: No group points into another: every group's first pass may run before the
-        #: lookup looks at any (:mod:`kvfsm.verify._first_passes`).
-        self.plain = all(target_at < 0 for _, _, target_at, _ in self.groups)
-        #: By usable tokens and level: the fields of a verdict usable to the end of its
-        #: prompt, but its length and probe (:func:`~kvfsm.verify._first_passes.whole_fields`).
-        self.whole: dict[int, dict[Level, dict[str, Any]]] = {}
         #: By prompt length in tokens: the candidate lengths, each group's spans over them
         #: (a serving load repeats prompt lengths; one look-up instead of one per group), and
         #: what a lease reads of those spans (made by :meth:`spans_at`; a lookup reads them
