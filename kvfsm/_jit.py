@@ -201,10 +201,14 @@ class Kernel:
             from kvfsm import _addressed
             _addressed.register(numba)
             try:
-                self._compiled = numba.njit(cache=True, nogil=True)(self.python)
+                compiled = numba.njit(cache=True, nogil=True)(self.python)
             except RuntimeError as exc:  # numba found no writable place for its cache
                 _no_disk_cache(str(exc))
-                self._compiled = numba.njit(cache=False, nogil=True)(self.python)
+                compiled = numba.njit(cache=False, nogil=True)(self.python)
+            else:
+                if not _stamp_callees(compiled, self):
+                    compiled = numba.njit(cache=False, nogil=True)(self.python)
+            self._compiled = compiled
         return self._compiled
 
     def entry(self, *args: Any) -> Callable[..., Any]:
@@ -276,6 +280,33 @@ def call_bound(each: Kernel, entries: dict[Kernel, Callable[..., Any]], *args: A
     call(*args)
 
 
+def _stamp(path: str) -> tuple[float, int]:
+    """A source file's modification time and size (what numba's disk cache stamps)."""
+    st = os.stat(path)
+    return st.st_mtime, st.st_size
+
+
+def _stamp_callees(dispatcher: Any, each: Kernel) -> bool:
+    """Make ``dispatcher``'s disk cache stale when a file of ``each``'s callees changes, not
+    only the kernel's own file (numba stamps its cache with that file alone, and would load a
+    kernel compiled with an older callee). False where numba's cache keeps its stamp
+    elsewhere than this numba version does: the kernel is then compiled without a disk cache
+    (correct, only slower to start)."""
+    own = each.python.__code__.co_filename
+    files = sorted({callee.__code__.co_filename for callee in each.calls} - {own})
+    if not files:
+        return True
+    cache_file: Any = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    stamp = getattr(cache_file, "_source_stamp", None)
+    if stamp is None:
+        return False
+    try:
+        cache_file._source_stamp = (stamp, *[(path, *_stamp(path)) for path in files])
+    except OSError:  # a callee's file cannot be read: nothing to stamp it with
+        return False
+    return True
+
+
 #: Plain functions compiled kernels may call (registered with numba once each).
 _CALLABLE: set[Callable[..., Any]] = set()
 
@@ -313,16 +344,11 @@ def kernel(*, example: Example, twin: Callable[..., Any] | None = None,
     valid input shows in a few hundred draws; every kernel with a vectorized twin gives it.
 
     ``calls`` names the plain functions (numba-compilable, like a kernel's body) that the
-    kernel's body calls, so one compiled pass can run another kernel's loop. They must be
-    defined in the same file as the body: numba's disk cache checks only that file's date, and
-    a kernel compiled with an older callee would otherwise be loaded stale."""
+    kernel's body calls, so one compiled pass can run another kernel's loop. numba's disk
+    cache checks only the body's file: the files of callees defined elsewhere are added to the
+    kernel's cache stamp (:func:`_stamp_callees`), so a changed callee compiles it again."""
 
     def decorate(function: Callable[..., Any]) -> Kernel:
-        for each in calls:
-            if each.__code__.co_filename != function.__code__.co_filename:
-                raise ValueError(f"kernel {function.__name__}: {each.__name__} is defined in "
-                                 f"{each.__code__.co_filename}, not beside it (numba's cache "
-                                 "would not see it change)")
         wrapped = Kernel(function, example=example, twin=twin, inputs=inputs, calls=calls)
         _KERNELS.append(wrapped)
         return wrapped

@@ -340,11 +340,9 @@ def test_a_checked_entry_point_refuses_other_argument_types_before_running(chang
 
 @needs_numba
 @pytest.mark.parametrize("decl", [DEEPSEEK, FOUR, GPT_OSS], ids=lambda decl: decl.name)
-def test_lookups_of_prompts_made_every_way_match_the_bound_group_pass(decl: Any) -> None:
-    """The lookup calls the group pass through an entry point bound on its first call; every
-    way a prompt is made (a list, arrays of several dtypes, a tensor, tokens appended in
-    pieces) passes its words as the same types (the checked entry point would refuse
-    others), and every verdict is the NumPy twin's."""
+def test_lookups_of_prompts_made_every_way_match_the_numpy_lookup(decl: Any) -> None:
+    """Every way a prompt is made (a list, arrays of several dtypes, a tensor, tokens
+    appended in pieces) gives, at every level, the NumPy twin's verdict."""
     eng = engine(decl, device=48, host=8)
     text = PROMPTS[0]
     eng.commit(eng.prompt(text[:200]))
@@ -360,6 +358,46 @@ def test_lookups_of_prompts_made_every_way_match_the_bound_group_pass(decl: Any)
             with jit.using(False):
                 expected = eng.lookup(prompt, level=level)
             assert eng.lookup(prompt, level=level) == expected
+
+
+@needs_numba
+def test_a_kernel_cached_on_disk_is_compiled_again_when_a_callee_in_another_file_changes(
+        tmp_path: Path) -> None:
+    """numba stamps its disk cache with the kernel's own file; a kernel calling a function
+    of another file (the group pass calls the hash table's probe) is compiled again when that
+    file changes, not loaded with the old callee."""
+    (tmp_path / "callee_file.py").write_text("def step(x):\n    return x + 1\n")
+    (tmp_path / "kernel_file.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from kvfsm._jit import kernel
+        from callee_file import step
+
+        @kernel(example=lambda: (np.zeros(1, np.int64),), calls=(step,))
+        def bump(out):
+            out[0] = step(out[0])
+        """))
+    code = """
+        import sys, numpy as np
+        sys.path.insert(0, sys.argv[1])
+        import kernel_file
+        out = np.zeros(1, np.int64)
+        kernel_file.bump.compiled(out)
+        print(out[0])
+        """
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def run() -> str:
+        result = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(tmp_path)],
+                                capture_output=True, text=True, env={**os.environ, **env},
+                                check=False, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    assert run() == "1"
+    assert run() == "1"  # loaded from the disk cache
+    assert any((tmp_path / "cache").rglob("*.nbi"))
+    (tmp_path / "callee_file.py").write_text("def step(x):\n    return x + 2\n")
+    assert run() == "2"
 
 
 def test_using_restores_the_setting_even_after_an_error() -> None:

@@ -24,6 +24,7 @@ its form there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final, cast
 
 import numpy as np
@@ -41,9 +42,8 @@ from kvfsm._jit import kernel, read_only
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
     READ_AHEAD,
-    SLOT_BLOCK,
-    SLOT_FINGERPRINT,
     probe_inputs,
+    probe_keys,
     probe_twin,
 )
 from kvfsm.state._touch import one_run_blocks
@@ -536,301 +536,295 @@ def _plan_pass(ids: NDArray[np.int64], states: NDArray[np.uint8], consts: NDArra
             scalars[LARGEST_AFTER] = k
 
 
-@kernel(example=_group_pass_example, twin=_group_pass_twin, inputs=_group_pass_inputs,
-        calls=(_plan_pass,))
-def group_pass(
-    high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
-    mapped: Bools, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
-    position: NDArray[np.int32],
-    sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8], check: NDArray[np.uint8],
-    refs_target: NDArray[np.int32], refs_epoch: NDArray[np.uint32],
-    target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
-    target_position: NDArray[np.int32], consts: NDArray[np.int64],
-    history: NDArray[np.int64], n_history: int, checked_ok: Bools, spans: NDArray[np.int64],
-    prefix_step: int, check_mode: int,
-    use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
-    capped: bool, out: NDArray[np.int64],
-) -> None:
-    """Everything one group contributes to a verdict, in one pass over the prompt's blocks
-    and one over the candidate lengths (see the module docstring; ``settled_ok[i]``: every
-    target of index row ``i`` already sits settled in this prompt's history).
+def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
+    """The group pass's loop (:func:`group_pass`), one source compiled two ways: the general
+    one, and (``plain``, a constant numba compiles in) one for a group without an index with
+    no checks given, a lookup's first pass of most groups: its loop has none of the index's
+    per-row work nor the branch on given checks (some 20 % of a long prompt's pass)."""
 
-    The prompt's block ids come from probing the group's hash table (``slots``,
-    ``block_high``, ``block_low``; :func:`~kvfsm.state._hashtable.probe_kernel`'s walk, in
-    the same call) with the prompt's words ``high``, ``low``, or, for a key whose block is
-    the one after the previous key's, from that block's ``mapped`` flag and words alone. The
-    group's fixed parameters and small tables come packed in ``consts``
-    (:func:`pack_consts`), the kind's spans per candidate length in ``spans`` (rows SPAN_*).
-    What changes between lookups comes as scalars: ``check_mode`` (CHECKS_*);
-    ``use_checked_ok``, ``checked_ok`` holds the caller's alignment and checksum answers
-    (else the mode decides); ``has_index``, the group is a sparse index with the prompt's
-    history (its target group's pass output ``history``, of ``n_history`` blocks) evaluated
-    before it; ``history_all_settled``, every history block of the prompt is settled (no
-    plan step will move an index target); ``budget`` and ``capped``, the restores the
-    admission gate lets begin now (or BUDGET_UNKNOWN) and whether the core-wide budget has
-    caps. ``prefix_step`` above 0 says the spans are a raw prefix's (``lo`` and ``cut`` 0,
-    ``hi`` ``k * prefix_step`` at length ``k``, every length served): the pass computes them
-    instead of reading them (the twin reads them). Everything it writes goes to ``out``,
-    laid out as :func:`out_offsets` says (one allocation a call)."""
-    # The caller holds every argument for the whole call: views of these own no reference
-    # (no atomic add and subtract for each of the dozen views of ``out`` below).
-    high, low, spans, history, out = unowned(high), unowned(low), unowned(spans), \
-        unowned(history), unowned(out)
-    n, count = high.size, spans.shape[1]
-    # The parts of ``out`` (out_offsets; the same arithmetic, inline for the compiler).
-    width = max(n, count)
-    ids_at = N_SCALARS + count
-    epochs_at = ids_at + n
-    bytes_at = epochs_at + (n + 1) // 2
-    scalars, asked, ids = out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at]
-    epochs = out[epochs_at:bytes_at].view(np.uint32)
-    raw_bytes = out[bytes_at:].view(np.uint8)
-    facts = raw_bytes[:n]
-    rows = raw_bytes[n : n + N_FLAGS * width].view(np.bool_)
-    # Whole rows (as long as the longer of n and count): the loops read the first n or count.
-    now_raw, now_cmp = rows[NOW_RAW * width : (NOW_RAW + 1) * width], \
-        rows[NOW_CMP * width : (NOW_CMP + 1) * width]
-    after_raw, after_cmp = rows[AFTER_RAW * width : (AFTER_RAW + 1) * width], \
-        rows[AFTER_CMP * width : (AFTER_CMP + 1) * width]
-    fit, settled_ok = rows[FIT * width : (FIT + 1) * width], \
-        rows[SETTLED_OK * width : (SETTLED_OK + 1) * width]
-    hit = rows[(N_PER_BLOCK + HIT) * width : (N_PER_BLOCK + HIT + 1) * width]
-    now = rows[(N_PER_BLOCK + NOW) * width : (N_PER_BLOCK + NOW + 1) * width]
-    after = rows[(N_PER_BLOCK + AFTER) * width : (N_PER_BLOCK + AFTER + 1) * width]
-    full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
-    target_size, own_size = consts[P_TARGET_SIZE], consts[P_OWN_SIZE]
-    layout_ok_at, code_at, hashed_at = consts[P_LAYOUT_OK_AT], consts[P_CODE_AT], \
-        consts[P_HASHED_AT]
-    lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
-    # The probe. A prompt's blocks are usually allocated in one batch, in order: where the
-    # block after the last one found is mapped (``mapped``) under the next key's words, the
-    # table maps that key to it (keys are mapped once, a block under its own words), with no
-    # read of the table. Elsewhere, per key, linear probing from its home until its entry or
-    # an empty slot: one key after a found one (its run of blocks ended there), else up to
-    # READ_AHEAD keys with their home slots read first (independent loads the CPU overlaps),
-    # until one is found.
-    mask = np.uint64(slots.size - 1)
-    n_blocks = block_high.size
-    # One scratch allocation (each costs the call about 0.1 us) in 8-byte words: per
-    # position of the prompt's history the first index row allowed to point at it (int64),
-    # the read-ahead home slots (uint64), three prefix counts per block (int32) and per
-    # history position the epoch of its block (uint32).
-    n_scratch_history = n_history if has_index else 0
-    n_home = min(READ_AHEAD, n)
-    counts_at = n_scratch_history + n_home
-    epochs_scratch_at = counts_at + (3 * (n + 1) + 1) // 2
-    scratch = np.empty(epochs_scratch_at + (n_scratch_history + 1) // 2, dtype=np.int64)
-    home_words = scratch[n_scratch_history:counts_at].view(np.uint64)
-    previous = -1
-    i = 0
-    while i < n:
-        if previous >= 0:
-            following = previous + 1
-            if following < n_blocks and mapped[following] and \
-                    block_low[following] == low[i] and block_high[following] == high[i]:
-                ids[i] = following
-                previous = following
-                i += 1
-                continue
-        start = i
-        stop = min(start + (1 if previous >= 0 or start == 0 else READ_AHEAD), n)
-        for j in range(start, stop):
-            home_words[j - start] = slots[low[j] & mask]
-        for j in range(start, stop):
-            key_high, key_low = high[j], low[j]
-            fingerprint = key_high & SLOT_FINGERPRINT
-            pos = key_low & mask
-            word = home_words[j - start]
-            ids[j] = -1
-            for _ in range(slots.size):
-                slot_block = word & SLOT_BLOCK
-                if slot_block == EMPTY_SLOT:
-                    break
-                if (slot_block < np.uint64(n_blocks)
-                        and (word & SLOT_FINGERPRINT) == fingerprint
-                        and block_low[slot_block] == key_low
-                        and block_high[slot_block] == key_high):
-                    ids[j] = slot_block
-                    break
-                pos = (pos + np.uint64(1)) & mask
-                word = slots[pos]
-            i = j + 1
-            previous = ids[j]
+    def group_pass(
+        high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
+        mapped: Bools, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
+        position: NDArray[np.int32],
+        sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8], check: NDArray[np.uint8],
+        refs_target: NDArray[np.int32], refs_epoch: NDArray[np.uint32],
+        target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
+        target_position: NDArray[np.int32], consts: NDArray[np.int64],
+        history: NDArray[np.int64], n_history: int, checked_ok: Bools, spans: NDArray[np.int64],
+        prefix_step: int, check_mode: int,
+        use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
+        capped: bool, out: NDArray[np.int64],
+    ) -> None:
+        """Everything one group contributes to a verdict, in one pass over the prompt's blocks
+        and one over the candidate lengths (see the module docstring; ``settled_ok[i]``: every
+        target of index row ``i`` already sits settled in this prompt's history).
+
+        The prompt's block ids come from probing the group's hash table (``slots``,
+        ``block_high``, ``block_low``; the table's own probe,
+        :func:`~kvfsm.state._hashtable.probe_keys`, in the same call) with the prompt's words
+        ``high``, ``low``, or, for a key whose block is the one after the previous key's, from
+        that block's ``mapped`` flag and words alone. The
+        group's fixed parameters and small tables come packed in ``consts``
+        (:func:`pack_consts`), the kind's spans per candidate length in ``spans`` (rows SPAN_*).
+        What changes between lookups comes as scalars: ``check_mode`` (CHECKS_*);
+        ``use_checked_ok``, ``checked_ok`` holds the caller's alignment and checksum answers
+        (else the mode decides); ``has_index``, the group is a sparse index with the prompt's
+        history (its target group's pass output ``history``, of ``n_history`` blocks) evaluated
+        before it; ``history_all_settled``, every history block of the prompt is settled (no
+        plan step will move an index target); ``budget`` and ``capped``, the restores the
+        admission gate lets begin now (or BUDGET_UNKNOWN) and whether the core-wide budget has
+        caps. ``prefix_step`` above 0 says the spans are a raw prefix's (``lo`` and ``cut`` 0,
+        ``hi`` ``k * prefix_step`` at length ``k``, every length served): the pass computes them
+        instead of reading them (the twin reads them). Everything it writes goes to ``out``,
+        laid out as :func:`out_offsets` says (one allocation a call)."""
+        if plain:  # constants: what they switch on is compiled away
+            has_index = use_checked_ok = False
+        # The caller holds every argument for the whole call: views of these own no reference
+        # (no atomic add and subtract for each of the dozen views of ``out`` below).
+        high, low, spans, history, out = unowned(high), unowned(low), unowned(spans), \
+            unowned(history), unowned(out)
+        n, count = high.size, spans.shape[1]
+        # The parts of ``out`` (out_offsets; the same arithmetic, inline for the compiler).
+        width = max(n, count)
+        ids_at = N_SCALARS + count
+        epochs_at = ids_at + n
+        bytes_at = epochs_at + (n + 1) // 2
+        scalars, asked, ids = out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at]
+        epochs = out[epochs_at:bytes_at].view(np.uint32)
+        raw_bytes = out[bytes_at:].view(np.uint8)
+        facts = raw_bytes[:n]
+        rows = raw_bytes[n : n + N_FLAGS * width].view(np.bool_)
+        # Whole rows (as long as the longer of n and count): the loops read the first n or count.
+        now_raw, now_cmp = rows[NOW_RAW * width : (NOW_RAW + 1) * width], \
+            rows[NOW_CMP * width : (NOW_CMP + 1) * width]
+        after_raw, after_cmp = rows[AFTER_RAW * width : (AFTER_RAW + 1) * width], \
+            rows[AFTER_CMP * width : (AFTER_CMP + 1) * width]
+        fit, settled_ok = rows[FIT * width : (FIT + 1) * width], \
+            rows[SETTLED_OK * width : (SETTLED_OK + 1) * width]
+        hit = rows[(N_PER_BLOCK + HIT) * width : (N_PER_BLOCK + HIT + 1) * width]
+        now = rows[(N_PER_BLOCK + NOW) * width : (N_PER_BLOCK + NOW + 1) * width]
+        after = rows[(N_PER_BLOCK + AFTER) * width : (N_PER_BLOCK + AFTER + 1) * width]
+        full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
+        target_size, own_size = consts[P_TARGET_SIZE], consts[P_OWN_SIZE]
+        layout_ok_at, code_at, hashed_at = consts[P_LAYOUT_OK_AT], consts[P_CODE_AT], \
+            consts[P_HASHED_AT]
+        lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
+        # The probe. A prompt's blocks are usually allocated in one batch, in order: where the
+        # block after the last one found is mapped (``mapped``) under the next key's words, the
+        # table maps that key to it (keys are mapped once, a block under its own words), with no
+        # read of the table. Elsewhere the table's own probe (probe_keys): one key after a found
+        # one (its run of blocks ended there), else up to READ_AHEAD keys with their home slots
+        # read first, until one is found.
+        n_blocks = block_high.size
+        # One scratch allocation (each costs the call about 0.1 us) in 8-byte words: per
+        # position of the prompt's history the first index row allowed to point at it (int64),
+        # the read-ahead home slots (uint64), three prefix counts per block (int32) and per
+        # history position the epoch of its block (uint32).
+        n_scratch_history = n_history if has_index else 0
+        n_home = min(READ_AHEAD, n)
+        counts_at = n_scratch_history + n_home
+        epochs_scratch_at = counts_at + (3 * (n + 1) + 1) // 2
+        scratch = np.empty(epochs_scratch_at + (n_scratch_history + 1) // 2, dtype=np.int64)
+        home_words = scratch[n_scratch_history:counts_at].view(np.uint64)
+        previous = -1
+        i = 0
+        while i < n:
             if previous >= 0:
-                break
-    # The index's target group (its pass output ``history``, over the same lengths): its
-    # block ids and its settled row.
-    n_targets = target_epoch.size
-    if not has_index:
-        n_history = 0
-    history_width = max(n_history, count)
-    history_ids = history[N_SCALARS + count : N_SCALARS + count + n_history]
-    history_bytes = history[N_SCALARS + count + n_history + (n_history + 1) // 2 :].view(
-        np.uint8)
-    history_row = n_history + consts[P_HISTORY_SETTLED_ROW] * history_width
-    history_settled = history_bytes[history_row : history_row + n_history].view(np.bool_)
-    for i in range(N_SCALARS):
-        scalars[i] = 0
-    scalars[CHAIN_BLOCKS] = n
-    changes = False
-    # Prefix counts (int32: a prompt has far fewer blocks): bad raw / compressed / missing,
-    # in the scratch (each entry past the first is written before it is read); a raw
-    # prefix's spans need only where the first missing and first bad raw blocks are.
-    counts = scratch[counts_at:epochs_scratch_at].view(np.int32)
-    raw_bad, cmp_bad, missing = counts[: n + 1], counts[n + 1 : 2 * n + 2], \
-        counts[2 * n + 2 : 3 * n + 3]
-    raw_bad[0] = cmp_bad[0] = missing[0] = 0
-    # Per position of the prompt's history (small: the prompt's blocks): the epoch of the
-    # block there (0 where none), and the first index row allowed to point at it (the first
-    # whose block ends at or after it; never when it is dead), so a reference costs two small
-    # lookups.
-    epoch_at = scratch[epochs_scratch_at:].view(np.uint32)[:n_scratch_history]
-    epoch_at[:] = 0
-    first_row_at = scratch[:n_scratch_history]
-    if has_index:
-        for at in range(n_history):
-            held = history_ids[at]
-            if held < 0 or not consts[hashed_at + target_states[held]]:
-                first_row_at[at] = n  # no row of this prompt
+                following = previous + 1
+                if following < n_blocks and mapped[following] and \
+                        block_low[following] == low[i] and block_high[following] == high[i]:
+                    ids[i] = following
+                    previous = following
+                    i += 1
+                    continue
+            # One key right after a found one, else up to READ_AHEAD, until one is found.
+            i = probe_keys(slots, block_high, block_low, high, low, ids, i,
+                           min(i + (1 if previous >= 0 or i == 0 else READ_AHEAD), n), home_words,
+                           True, True)
+            previous = ids[i - 1]
+        # The index's target group (its pass output ``history``, over the same lengths): its
+        # block ids and its settled row.
+        n_targets = target_epoch.size
+        if not has_index:
+            n_history = 0
+        history_width = max(n_history, count)
+        history_ids = history[N_SCALARS + count : N_SCALARS + count + n_history]
+        history_bytes = history[N_SCALARS + count + n_history + (n_history + 1) // 2 :].view(
+            np.uint8)
+        history_row = n_history + consts[P_HISTORY_SETTLED_ROW] * history_width
+        history_settled = history_bytes[history_row : history_row + n_history].view(np.bool_)
+        for i in range(N_SCALARS):
+            scalars[i] = 0
+        scalars[CHAIN_BLOCKS] = n
+        changes = False
+        # Prefix counts (int32: a prompt has far fewer blocks): bad raw / compressed / missing,
+        # in the scratch (each entry past the first is written before it is read); a raw
+        # prefix's spans need only where the first missing and first bad raw blocks are.
+        counts = scratch[counts_at:epochs_scratch_at].view(np.int32)
+        raw_bad, cmp_bad, missing = counts[: n + 1], counts[n + 1 : 2 * n + 2], \
+            counts[2 * n + 2 : 3 * n + 3]
+        raw_bad[0] = cmp_bad[0] = missing[0] = 0
+        # Per position of the prompt's history (small: the prompt's blocks): the epoch of the
+        # block there (0 where none), and the first index row allowed to point at it (the first
+        # whose block ends at or after it; never when it is dead), so a reference costs two small
+        # lookups.
+        epoch_at = scratch[epochs_scratch_at:].view(np.uint32)[:n_scratch_history]
+        epoch_at[:] = 0
+        first_row_at = scratch[:n_scratch_history]
+        if has_index:
+            for at in range(n_history):
+                held = history_ids[at]
+                if held < 0 or not consts[hashed_at + target_states[held]]:
+                    first_row_at[at] = n  # no row of this prompt
+                else:
+                    epoch_at[at] = target_epoch[held]
+                    first_row_at[at] = ((at + 1) * target_size + own_size - 1) // own_size - 1
+        # The block of the previous row when it was found and every reference of it passed (an
+        # index's neighbouring rows often hold the same references; -1: none).
+        fit_block = -1
+        raw_count = cmp_count = missing_count = 0
+        # Blocks before the first bad raw one (before the first missing one: chain_blocks).
+        first_raw_bad = 0
+        chain_blocks, needs_checksums = n, False
+        for i in range(n):
+            block = ids[i]
+            row_fit, row_settled = True, True
+            if block < 0:
+                block_facts = 0
+                epochs[i] = 0
+                if chain_blocks == n:
+                    chain_blocks = i
+                row_fit = not has_index
             else:
-                epoch_at[at] = target_epoch[held]
-                first_row_at[at] = ((at + 1) * target_size + own_size - 1) // own_size - 1
-    # The block of the previous row when it was found and every reference of it passed (an
-    # index's neighbouring rows often hold the same references; -1: none).
-    fit_block = -1
-    raw_count = cmp_count = missing_count = 0
-    # Blocks before the first bad raw one (before the first missing one: chain_blocks).
-    first_raw_bad = 0
-    chain_blocks, needs_checksums = n, False
-    for i in range(n):
-        block = ids[i]
-        row_fit, row_settled = True, True
-        if block < 0:
-            block_facts = 0
-            epochs[i] = 0
-            if chain_blocks == n:
-                chain_blocks = i
-            row_fit = not has_index
-        else:
-            state = states[block]
-            epochs[i] = epoch[block]
-            block_facts = FOUND | (consts[code_at + state] << CODE_SHIFT)
-            if position[block] == i:
-                block_facts |= PLACED
-            if sub_blocks[block] == full_sub_mask:
-                block_facts |= WHOLE
-            if consts[layout_ok_at + layout_id[block]]:
-                block_facts |= LAYOUT
-            same = has_index and fit_block >= 0
-            if same and block != fit_block:
-                for j in range(refs_target.shape[1]):
-                    if refs_target[block, j] != refs_target[fit_block, j] or \
-                            refs_epoch[block, j] != refs_epoch[fit_block, j]:
-                        same = False
-                        break
-            if same:
-                # The previous row's references, which all passed: their targets' checks are
-                # the same, and a target allowed from a row is allowed from every later one.
-                row_settled = settled_ok[i - 1]
-            elif has_index:
-                for j in range(refs_target.shape[1]):
-                    target = refs_target[block, j]
-                    ref_epoch = refs_epoch[block, j]
-                    if target == _NO_TARGET:
-                        if ref_epoch != 0:
+                state = states[block]
+                epochs[i] = epoch[block]
+                block_facts = FOUND | (consts[code_at + state] << CODE_SHIFT)
+                if position[block] == i:
+                    block_facts |= PLACED
+                if sub_blocks[block] == full_sub_mask:
+                    block_facts |= WHOLE
+                if consts[layout_ok_at + layout_id[block]]:
+                    block_facts |= LAYOUT
+                same = has_index and fit_block >= 0
+                if same and block != fit_block:
+                    for j in range(refs_target.shape[1]):
+                        if refs_target[block, j] != refs_target[fit_block, j] or \
+                                refs_epoch[block, j] != refs_epoch[fit_block, j]:
+                            same = False
+                            break
+                if same:
+                    # The previous row's references, which all passed: their targets' checks are
+                    # the same, and a target allowed from a row is allowed from every later one.
+                    row_settled = settled_ok[i - 1]
+                elif has_index:
+                    for j in range(refs_target.shape[1]):
+                        target = refs_target[block, j]
+                        ref_epoch = refs_epoch[block, j]
+                        if target == _NO_TARGET:
+                            if ref_epoch != 0:
+                                row_fit = False
+                            continue
+                        if target < 0 or target >= n_targets:
                             row_fit = False
-                        continue
-                    if target < 0 or target >= n_targets:
-                        row_fit = False
-                        row_settled = history_all_settled
-                        break
-                    at = target_position[target]
-                    ours = 0 <= at < n_history and history_ids[at] == target
-                    if not ours:
-                        row_fit = False
-                        row_settled = history_all_settled
-                        break
-                    if not history_all_settled and not history_settled[at]:
-                        row_settled = False
-                    if row_fit:
-                        row_fit = epoch_at[at] == ref_epoch and first_row_at[at] <= i
-                    if not row_fit and (history_all_settled or not row_settled):
-                        break
-        facts[i] = block_facts
-        readable = (block_facts & READABLE) != 0
-        sound = (block_facts & SOUND) == SOUND and row_fit
-        if use_checked_ok:
-            ok = checked_ok[i]
-        elif check_mode == CHECKS_RECORDED and readable:
-            ok = check[block] != _FAILED
-            if check[block] == _UNCHECKED:
-                needs_checksums = True
+                            row_settled = history_all_settled
+                            break
+                        at = target_position[target]
+                        ours = 0 <= at < n_history and history_ids[at] == target
+                        if not ours:
+                            row_fit = False
+                            row_settled = history_all_settled
+                            break
+                        if not history_all_settled and not history_settled[at]:
+                            row_settled = False
+                        if row_fit:
+                            row_fit = epoch_at[at] == ref_epoch and first_row_at[at] <= i
+                        if not row_fit and (history_all_settled or not row_settled):
+                            break
+            facts[i] = block_facts
+            readable = (block_facts & READABLE) != 0
+            sound = (block_facts & SOUND) == SOUND and row_fit
+            if use_checked_ok:
+                ok = checked_ok[i]
+            elif check_mode == CHECKS_RECORDED and readable:
+                ok = check[block] != _FAILED
+                if check[block] == _UNCHECKED:
+                    needs_checksums = True
+            else:
+                ok = True
+            good = sound and ok
+            is_raw = good and (block_facts & READ_RAW) != 0
+            is_cmp = good and (block_facts & READ_COMPRESSED) != 0
+            movable = restore_aligned and sound and not (readable and not ok)
+            to_raw = (is_raw or (movable and (block_facts & TO_RAW) != 0)) and row_settled
+            to_cmp = (is_cmp or (movable and (block_facts & TO_COMPRESSED) != 0)) and row_settled
+            if to_raw != is_raw or to_cmp != is_cmp:
+                changes = True
+            now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
+            fit[i], settled_ok[i] = row_fit, row_settled
+            fit_block = block if row_fit and block >= 0 else -1
+            # Running counts kept in locals: the arrays are stored to, never read back here.
+            raw_count += not is_raw
+            cmp_count += not is_cmp
+            missing_count += block < 0
+            first_raw_bad += raw_count == 0
+            if not prefix_step:
+                raw_bad[i + 1] = raw_count
+                cmp_bad[i + 1] = cmp_count
+                missing[i + 1] = missing_count
+        scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
+        # The blocks the chain found, where they are one run at one epoch (ONE_RUN_BLOCKS; a
+        # branch-free loop over what was just written, which vectorizes).
+        differ = 0
+        if chain_blocks > 0:
+            run_first, run_epoch = ids[0], epochs[0]
+            for i in range(chain_blocks):
+                differ |= (ids[i] - (run_first + i)) | (epochs[i] ^ run_epoch)
+        scalars[ONE_RUN_BLOCKS] = chain_blocks if differ == 0 else 0
+        # Every block usable now in the form the kind settles in: none counted bad in it.
+        scalars[ALL_SETTLED] = (cmp_count if consts[P_SETTLED_FORM] != 0 else raw_count) == 0
+        largest_hit = largest_now = 0
+        if prefix_step and count:
+            # A raw prefix's spans (length k: blocks [0, k * prefix_step), every length served):
+            # a length is hit (usable) up to the first missing (bad) block, so each row is true
+            # up to a point and false after it, and is filled so.
+            largest_hit = min(count - 1, chain_blocks // prefix_step)
+            largest_now = min(count - 1, first_raw_bad // prefix_step)
+            hit[:largest_hit + 1] = True
+            hit[largest_hit + 1:count] = False
+            now[:largest_now + 1] = True
+            now[largest_now + 1:count] = False
+            after[:largest_now + 1] = True
+            after[largest_now + 1:count] = False
         else:
-            ok = True
-        good = sound and ok
-        is_raw = good and (block_facts & READ_RAW) != 0
-        is_cmp = good and (block_facts & READ_COMPRESSED) != 0
-        movable = restore_aligned and sound and not (readable and not ok)
-        to_raw = (is_raw or (movable and (block_facts & TO_RAW) != 0)) and row_settled
-        to_cmp = (is_cmp or (movable and (block_facts & TO_COMPRESSED) != 0)) and row_settled
-        if to_raw != is_raw or to_cmp != is_cmp:
-            changes = True
-        now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
-        fit[i], settled_ok[i] = row_fit, row_settled
-        fit_block = block if row_fit and block >= 0 else -1
-        # Running counts kept in locals: the arrays are stored to, never read back here.
-        raw_count += not is_raw
-        cmp_count += not is_cmp
-        missing_count += block < 0
-        first_raw_bad += raw_count == 0
-        if not prefix_step:
-            raw_bad[i + 1] = raw_count
-            cmp_bad[i + 1] = cmp_count
-            missing[i + 1] = missing_count
-    scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
-    # The blocks the chain found, where they are one run at one epoch (ONE_RUN_BLOCKS; a
-    # branch-free loop over what was just written, which vectorizes).
-    differ = 0
-    if chain_blocks > 0:
-        run_first, run_epoch = ids[0], epochs[0]
-        for i in range(chain_blocks):
-            differ |= (ids[i] - (run_first + i)) | (epochs[i] ^ run_epoch)
-    scalars[ONE_RUN_BLOCKS] = chain_blocks if differ == 0 else 0
-    # Every block usable now in the form the kind settles in: none counted bad in it.
-    scalars[ALL_SETTLED] = (cmp_count if consts[P_SETTLED_FORM] != 0 else raw_count) == 0
-    largest_hit = largest_now = 0
-    if prefix_step and count:
-        # A raw prefix's spans (length k: blocks [0, k * prefix_step), every length served):
-        # a length is hit (usable) up to the first missing (bad) block, so each row is true
-        # up to a point and false after it, and is filled so.
-        largest_hit = min(count - 1, chain_blocks // prefix_step)
-        largest_now = min(count - 1, first_raw_bad // prefix_step)
-        hit[:largest_hit + 1] = True
-        hit[largest_hit + 1:count] = False
-        now[:largest_now + 1] = True
-        now[largest_now + 1:count] = False
-        after[:largest_now + 1] = True
-        after[largest_now + 1:count] = False
-    else:
-        for k in range(count):
-            start, middle, end = lo[k], cut[k], hi[k]
-            served = base[k] != 0
-            hit_here = served and missing[end] == missing[start]
-            now_here = served and raw_bad[end] == raw_bad[middle] and \
-                cmp_bad[middle] == cmp_bad[start]
-            hit[k] = hit_here
-            now[k] = now_here
-            after[k] = now_here
-            if hit_here:
-                largest_hit = k
-            if now_here:
-                largest_now = k
-    scalars[LARGEST_HIT], scalars[LARGEST_NOW] = largest_hit, largest_now
-    scalars[LARGEST_AFTER] = largest_now
-    scalars[PLAN_CHANGES] = changes
-    if changes:
-        _plan_pass(ids, states, consts, spans, now_raw, now_cmp, after_raw, after_cmp, after,
-                   asked, scalars, budget, capped)
+            for k in range(count):
+                start, middle, end = lo[k], cut[k], hi[k]
+                served = base[k] != 0
+                hit_here = served and missing[end] == missing[start]
+                now_here = served and raw_bad[end] == raw_bad[middle] and \
+                    cmp_bad[middle] == cmp_bad[start]
+                hit[k] = hit_here
+                now[k] = now_here
+                after[k] = now_here
+                if hit_here:
+                    largest_hit = k
+                if now_here:
+                    largest_now = k
+        scalars[LARGEST_HIT], scalars[LARGEST_NOW] = largest_hit, largest_now
+        scalars[LARGEST_AFTER] = largest_now
+        scalars[PLAN_CHANGES] = changes
+        if changes:
+            _plan_pass(ids, states, consts, spans, now_raw, now_cmp, after_raw, after_cmp, after,
+                       asked, scalars, budget, capped)
+
+    return group_pass
+
+
+#: The pass's loop: the general one, and the plain one (no index, no checks given).
+_PASS_GENERAL: Final = _group_pass_loop_for(False)
+_PASS_PLAIN: Final = _group_pass_loop_for(True)
+
+group_pass = kernel(example=_group_pass_example, twin=_group_pass_twin,
+                    inputs=_group_pass_inputs, calls=(_plan_pass, probe_keys))(_PASS_GENERAL)
 
 
 # -- the same pass with the group's fixed arrays by address ------------------------------------
@@ -874,8 +868,6 @@ def _group_pass_fixed_twin(
          use_checked_ok, has_index, history_all_settled, budget, capped, out)
 
 
-#: The pass's loop, for :func:`group_pass_fixed` to call (compiled into it).
-_group_pass_loop = group_pass.python
 
 
 def _group_pass_fixed_example() -> tuple[object, ...]:
@@ -885,7 +877,7 @@ def _group_pass_fixed_example() -> tuple[object, ...]:
 
 @kernel(example=_group_pass_fixed_example, twin=_group_pass_fixed_twin,
         inputs=lambda rng: _fixed_args(_group_pass_inputs(rng)),
-        calls=(_plan_pass, _group_pass_loop))
+        calls=(_plan_pass, probe_keys, _PASS_GENERAL, _PASS_PLAIN))
 def group_pass_fixed(
     high: Words, low: Words, fixed: NDArray[np.int64], history: NDArray[np.int64],
     n_history: int, checked_ok: Bools, spans: NDArray[np.int64], prefix_step: int,
@@ -899,14 +891,29 @@ def group_pass_fixed(
     # Unowned views (the caller holds the arrays): passed down without reference counting.
     high, low, fixed, history, checked_ok, spans, out = unowned(high), unowned(low), \
         unowned(fixed), unowned(history), unowned(checked_ok), unowned(spans), unowned(out)
-    _group_pass_loop(
-        high, low, vector_at(fixed, 0, np.uint64), vector_at(fixed, 1, np.uint64),
-        vector_at(fixed, 2, np.uint64), vector_at(fixed, 3, np.bool_),
-        vector_at(fixed, 4, np.uint8), vector_at(fixed, 5, np.uint32),
-        vector_at(fixed, 6, np.int32), vector_at(fixed, 7, np.uint16),
-        vector_at(fixed, 8, np.uint8), vector_at(fixed, 9, np.uint8),
-        matrix_at(fixed, 10, np.int32), matrix_at(fixed, 11, np.uint32),
-        vector_at(fixed, 12, np.uint32), vector_at(fixed, 13, np.uint8),
-        vector_at(fixed, 14, np.int32), vector_at(fixed, 15, np.int64),
-        history, n_history, checked_ok, spans, prefix_step, check_mode, use_checked_ok,
-        has_index, history_all_settled, budget, capped, out)
+    slots, block_high, block_low = vector_at(fixed, 0, np.uint64), \
+        vector_at(fixed, 1, np.uint64), vector_at(fixed, 2, np.uint64)
+    mapped, states, epoch = vector_at(fixed, 3, np.bool_), vector_at(fixed, 4, np.uint8), \
+        vector_at(fixed, 5, np.uint32)
+    position, sub_blocks, layout_id = vector_at(fixed, 6, np.int32), \
+        vector_at(fixed, 7, np.uint16), vector_at(fixed, 8, np.uint8)
+    check, refs_target, refs_epoch = vector_at(fixed, 9, np.uint8), \
+        matrix_at(fixed, 10, np.int32), matrix_at(fixed, 11, np.uint32)
+    target_epoch, target_states, target_position = vector_at(fixed, 12, np.uint32), \
+        vector_at(fixed, 13, np.uint8), vector_at(fixed, 14, np.int32)
+    consts = vector_at(fixed, 15, np.int64)
+    # A group without an index, with no checks given (most passes), runs the plain loop.
+    if has_index or use_checked_ok:
+        _PASS_GENERAL(
+            high, low, slots, block_high, block_low, mapped, states, epoch, position,
+            sub_blocks, layout_id, check, refs_target, refs_epoch, target_epoch,
+            target_states, target_position, consts, history, n_history, checked_ok, spans,
+            prefix_step, check_mode, use_checked_ok, has_index, history_all_settled, budget,
+            capped, out)
+    else:
+        _PASS_PLAIN(
+            high, low, slots, block_high, block_low, mapped, states, epoch, position,
+            sub_blocks, layout_id, check, refs_target, refs_epoch, target_epoch,
+            target_states, target_position, consts, history, n_history, checked_ok, spans,
+            prefix_step, check_mode, use_checked_ok, has_index, history_all_settled, budget,
+            capped, out)
