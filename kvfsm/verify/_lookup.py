@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm.spec import Event, Form, GroupDecl, Layout, Tier
+from kvfsm.spec import Event, Form, Layout, Tier
 from kvfsm.state import StateCore
 from kvfsm.verify._explained import Explanation, explained_later
 from kvfsm.verify._group_eval import GroupEval, _new_eval
@@ -186,8 +186,9 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
         if not explain:
             # Usable at the last candidate with no plan past it: every group holds there, so
             # its own figures are the verdict's and it has no stop.
-            groups.append(_shared_group_verdict(e.verdicts, e.decl, usable, usable, usable,
-                                                None))
+            decl = e.decl
+            groups.append(GroupVerdict(decl.name, decl.kind, decl.block_size, usable, usable,
+                                       usable, None))
         checked = e.checked
         if checked is not None:
             checks.append(Checks(e.decl.name, *checked))
@@ -299,22 +300,8 @@ def _group_verdict(e: GroupEval, step: int, count: int) -> GroupVerdict:
                 stop = e.reason(*first)
         if stop is None:
             stop = e.rule.unservable or Reason.NOT_CACHED
-    return _shared_group_verdict(e.verdicts, e.decl, hit, usable, restorable, stop)
-
-
-def _shared_group_verdict(
-        known_here: dict[tuple[int, int, int, Reason | None], GroupVerdict], decl: GroupDecl,
-        hit: int, usable: int, restorable: int, stop: Reason | None) -> GroupVerdict:
-    """The group's figures as a value shared between its verdicts (``known_here``: kept with
-    its statics, which are the group's own: no other declaration can hit them)."""
-    key = (hit, usable, restorable, stop)
-    known = known_here.get(key)
-    if known is None:
-        if len(known_here) >= MAX_CACHED:
-            known_here.clear()
-        known = known_here[key] = GroupVerdict(decl.name, decl.kind, decl.block_size, hit,
-                                               usable, restorable, stop)
-    return known
+    decl = e.decl
+    return GroupVerdict(decl.name, decl.kind, decl.block_size, hit, usable, restorable, stop)
 
 
 def _boundary(layout: LookupLayout, chains: list[int], last: int, hit: int) -> Shortfall | None:

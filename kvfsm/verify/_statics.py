@@ -14,7 +14,6 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._reasons import Reason
 from kvfsm.fsm import CompiledTable
 from kvfsm.kinds import KindRule
 from kvfsm.memory import SlotPool
@@ -23,7 +22,7 @@ from kvfsm.spec import Form, Layout, Tier
 from kvfsm.state import GroupState
 from kvfsm.verify._group_pass import pack_consts, pack_fixed
 from kvfsm.verify._paths import RestorePaths, restore_paths
-from kvfsm.verify._types import DeviceProfile, GroupVerdict
+from kvfsm.verify._types import DeviceProfile
 
 Bools = NDArray[np.bool_]
 
@@ -47,7 +46,6 @@ class _Kept(NamedTuple):
     rule: KindRule
     name: str
     paths: RestorePaths
-    verdicts: dict[tuple[int, int, int, Reason | None], GroupVerdict]
 
 
 #: Statics kept per group: one per reading layout and device profile a caller uses.
@@ -62,7 +60,7 @@ class Statics:
     one when something it was made from is replaced (the table, a new recorded layout)."""
 
     __slots__ = ("aligned", "arrays", "fixed", "fixed_table", "kept", "layout_ok", "made_from",
-                 "paths", "pool", "restore_aligned", "settled_compressed", "table", "verdicts")
+                 "paths", "pool", "restore_aligned", "settled_compressed", "table")
 
     paths: RestorePaths
 
@@ -95,13 +93,10 @@ class Statics:
         consts = pack_consts(group.full_sub_mask, self.restore_aligned, *sizes,
                              self.settled_compressed, layout_ok, paths.code,
                              paths.restores_by_form, hashed, target_settled_compressed)
-        #: The group's figures (GroupVerdict) by (hit, usable, restorable, stop), shared
-        #: between verdicts: values.
-        self.verdicts: dict[tuple[int, int, int, Reason | None], GroupVerdict] = {}
         #: What an evaluation keeps of the group and of these statics once its lookup is over
         #: (:meth:`~kvfsm.verify._pass_output.PassOutput.detach`): the same for every
         #: evaluation made with them.
-        self.kept = _Kept(group.rule, group.name, paths, self.verdicts)
+        self.kept = _Kept(group.rule, group.name, paths)
         table = self.table
         #: The pass's arguments after the prompt's words, up to the prompt's history: the hash
         #: table, the group's metadata, its index references and their targets, the consts.

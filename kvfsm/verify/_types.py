@@ -28,10 +28,6 @@ class Level(enum.Enum):
     #: construction (pool alignment a multiple of the profile's).
     FAST = "fast"
 
-    # Hashed by identity, as compared (each level is one object): a lookup keys its cache of
-    # full verdicts by level, and Enum's own hash is a Python call on its name.
-    __hash__ = object.__hash__
-
 
 def _alignment(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     _args.positive(f"DeviceProfile.{attribute.name}", value)
