@@ -27,6 +27,7 @@ from kvfsm._jit import _KERNELS, Kernel, warm_up
 from kvfsm._jit import settings as jit
 from kvfsm.spec._shipped import shipped_specs_dir
 from kvfsm.verify import Level
+from tests import kernel_inputs
 from tests.verify_models import DEEPSEEK, FOUR, GPT_OSS, PROMPTS, drive, engine
 
 # The hash kernel's plain-Python runs wrap uint64 arithmetic on purpose (the hash is defined
@@ -40,6 +41,7 @@ needs_numba = pytest.mark.skipif(not jit.available, reason="numba is not install
 LOOKUP_KERNELS = {
     kvfsm.state._hashtable.probe_kernel,
     kvfsm.verify._group_pass.group_pass,
+    kvfsm.verify._group_pass.group_pass_fixed,
     kvfsm.verify._snapshot.take_snapshot,
 }
 
@@ -249,16 +251,26 @@ def _arrays_of(args: tuple[Any, ...]) -> list[Any]:
                           else [value])]
 
 
-def test_every_lookup_kernel_is_registered_with_a_twin_and_inputs() -> None:
-    registered = {each for each in _KERNELS if each.inputs is not None}
-    assert registered >= LOOKUP_KERNELS
+#: Random valid inputs per kernel: the lookup's from tests/kernel_inputs.py, the others' as
+#: their kernels register them.
+INPUTS: dict[Kernel, Callable[[np.random.Generator], tuple[object, ...]]] = {
+    **{each: each.inputs for each in _KERNELS if each.inputs is not None},
+    kvfsm.state._hashtable.probe_kernel: kernel_inputs.probe_inputs,
+    kvfsm.verify._group_pass.group_pass: kernel_inputs.group_pass_inputs,
+    kvfsm.verify._group_pass.group_pass_fixed: kernel_inputs.group_pass_fixed_inputs,
+    kvfsm.verify._snapshot.take_snapshot: kernel_inputs.take_snapshot_inputs,
+}
+
+
+def test_every_lookup_kernel_has_a_twin_and_inputs() -> None:
+    assert set(INPUTS) >= LOOKUP_KERNELS
     for each in LOOKUP_KERNELS:
         assert each.twin is not each.python, each.__name__
 
 
 @pytest.mark.parametrize("each", [
     pytest.param(each, id=each.__name__, marks=pytest.mark.skipif(
-        each.inputs is None, reason=f"{each.__name__} gives no random inputs"))
+        each not in INPUTS, reason=f"{each.__name__} has no random inputs"))
     for each in _KERNELS])
 @settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
@@ -266,8 +278,7 @@ def test_every_kernel_agrees_compiled_as_twin_and_as_python(each: Kernel, seed: 
     """For random valid inputs, the plain-Python function, the NumPy twin, the compiled version
     (where numba is available) and the kernel called either way leave the same arguments:
     ``out`` the same, and the inputs as they were (or changed alike)."""
-    assert each.inputs is not None
-    args = each.inputs(np.random.default_rng(seed))
+    args = INPUTS[each](np.random.default_rng(seed))
     runs: dict[str, Callable[..., None]] = {
         "python": each.python, "twin": each.twin, "call, numpy": each}
     with jit.using(False):

@@ -93,49 +93,6 @@ def probe_example() -> tuple[object, ...]:
             np.empty(1, dtype=np.intp), True)
 
 
-def probe_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """A valid table (no key twice, none past an empty slot of its chain: keys inserted at the
-    first empty slot, some then removed to tombstones; now and then no empty slot at all) over
-    blocks whose words share fingerprints, words and home slots, now and then a slot naming a
-    block beyond the words (corrupt), and keys to find: stored ones, the words of blocks not
-    mapped, and others sharing a word with them."""
-    capacity = 1 << int(rng.integers(3, 7))
-    n_blocks = int(rng.integers(1, 2 * capacity))
-    # Few distinct high words (fingerprints: 0 and the top bit) and low words in a few
-    # multiples of the capacity: long chains, equal fingerprints, keys equal in one word only.
-    highs = np.array([0, 1, 1 << 63, (1 << 63) | 1], dtype=np.uint64)
-    block_high = rng.choice(highs, n_blocks).astype(np.uint64)
-    block_low = rng.integers(0, 4 * capacity, n_blocks).astype(np.uint64)
-    slots = np.full(capacity, EMPTY_SLOT, dtype=np.uint64)
-    stored: set[tuple[int, int]] = set()
-    full = rng.random() < 0.1
-    wanted = capacity if full else int(rng.integers(0, capacity // 2 + 1))
-    mask = capacity - 1
-    for block in rng.permutation(n_blocks).tolist():
-        key = (int(block_high[block]), int(block_low[block]))
-        if len(stored) == wanted:
-            break
-        if key in stored:
-            continue  # a block with the same content as a mapped one: not mapped
-        stored.add(key)
-        pos = key[1] & mask
-        while (slots[pos] & SLOT_BLOCK) != EMPTY_SLOT:
-            pos = (pos + 1) & mask
-        slots[pos] = slot_words(block_high[block : block + 1], np.array([block]))[0]
-    live = (slots & SLOT_BLOCK) < np.uint64(n_blocks)
-    stray = live & (rng.random(capacity) < 0.05)
-    slots[stray] = (slots[stray] & SLOT_FINGERPRINT) | np.uint64(n_blocks)  # beyond the words
-    tomb = live & ~stray & (rng.random(capacity) < 0.3)
-    slots[tomb] = (slots[tomb] & SLOT_FINGERPRINT) | np.uint64(TOMBSTONE & ((1 << 32) - 1))
-    n = int(rng.integers(0, 2 * capacity))
-    pick = rng.integers(0, n_blocks, n)
-    high, low = block_high[pick], block_low[pick]
-    mixed = rng.random(n) < 0.3
-    high[mixed] = rng.choice(highs, int(mixed.sum()))
-    return (slots, block_high, block_low, high.astype(np.uint64), low.astype(np.uint64),
-            np.full(n, -7, dtype=np.intp), bool(rng.integers(0, 2)))
-
-
 def probe_twin(slots: U64Array, block_high: U64Array, block_low: U64Array, high: U64Array,
                 low: U64Array, out: IdArray, want_block: bool) -> None:
     """:func:`probe_kernel` as vectorized probe rounds: one round is a few array operations
@@ -223,7 +180,7 @@ def probe_keys(slots: U64Array, block_high: U64Array, block_low: U64Array, high:
     return stop
 
 
-@kernel(example=probe_example, twin=probe_twin, inputs=probe_inputs, calls=(probe_keys,))
+@kernel(example=probe_example, twin=probe_twin, calls=(probe_keys,))
 def probe_kernel(slots: U64Array, block_high: U64Array, block_low: U64Array, high: U64Array,
                  low: U64Array, out: IdArray, want_block: bool) -> None:
     """Per key, :func:`probe_keys`: ``out`` gets the slot (``want_block`` false) or the

@@ -42,7 +42,6 @@ from kvfsm._jit import kernel, read_only
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
     READ_AHEAD,
-    probe_inputs,
     probe_keys,
     probe_twin,
 )
@@ -226,18 +225,6 @@ def _history_views(history: NDArray[np.int64], n_history: int, count: int,
     return ids, flags[consts[P_HISTORY_SETTLED_ROW], :n_history]
 
 
-def history_of(ids: IdArray, settled: Bools, count: int, settled_row: int = NOW_RAW
-               ) -> NDArray[np.int64]:
-    """A pass output holding ``ids`` and the settled row ``settled`` (at ``settled_row``)
-    of a target group over ``count`` candidate lengths, everything else zero: the
-    ``history`` argument for hand-made index inputs."""
-    out = np.zeros(out_offsets(ids.size, count)[3], dtype=np.int64)
-    _, _, held, _, _, flags = out_views(out, ids.size, count)
-    held[:] = ids
-    flags[settled_row, : ids.size] = settled
-    return out
-
-
 def _group_pass_example() -> tuple[object, ...]:
     """Arguments of exactly the call site's types: the prompt's words and the hash table's
     arrays are writable; metadata, tables and references are read-only views of the core's
@@ -260,105 +247,6 @@ def _group_pass_example() -> tuple[object, ...]:
         # Zeros, not empty: the padding after the last row is never written, and two runs
         # of the example are compared whole.
         np.zeros(out_offsets(1, 1)[3], np.int64))
-
-
-def _group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """A small group drawn freely: a hash table and prompt words as the probe's differential
-    test draws them (shared fingerprints, tombstones, stray slots, keys equal in one word,
-    misses), now and then reordered so neighbouring rows find the same block; metadata that
-    matches its position, layout and sub-blocks or not, random per-state codes and checks,
-    an index (sometimes) whose references into a small target group are right, stale, out of
-    order or out of range, a history partly settled, random spans per length (some lengths
-    unservable), and a budget from none to plenty."""
-    slots, block_high, block_low, high, low = cast(tuple[Words, ...], probe_inputs(rng)[:5])
-    n_blocks = block_high.size
-    # Which blocks the table maps (under their own words), as the table keeps them.
-    found = np.empty(n_blocks, dtype=np.intp)
-    probe_twin(slots, block_high, block_low, block_high, block_low, found, True)
-    mapped = found == np.arange(n_blocks)
-    if rng.random() < 0.4:
-        # A prompt's keys as they usually are: the words of consecutive blocks (mapped or
-        # not, some sharing words with a mapped block), now and then one key changed.
-        first = int(rng.integers(0, n_blocks))
-        run = np.arange(first, min(n_blocks, first + int(rng.integers(1, 24))))
-        high, low = block_high[run].copy(), block_low[run].copy()
-        if rng.random() < 0.3:
-            low[int(rng.integers(0, run.size))] ^= np.uint64(1)
-    n = high.size
-    ids = np.empty(n, dtype=np.intp)
-    probe_twin(slots, block_high, block_low, high, low, ids, True)
-    if rng.random() < 0.3:
-        order = np.argsort(ids, kind="stable")  # runs of one block: rows of equal references
-        high, low, ids = high[order], low[order], ids[order]
-    n_states, n_layouts = (int(rng.integers(1, top)) for top in (6, 4))
-    n_lengths = int(rng.integers(1, 8))
-    position = rng.integers(-1, 9, n_blocks).astype(np.int32)
-    for i, block in enumerate(ids.tolist()):
-        if block >= 0 and rng.random() < 0.7:
-            position[block] = i
-    full_sub_mask = int(rng.choice([1, 3]))
-    sub_blocks = np.where(rng.random(n_blocks) < 0.8, full_sub_mask,
-                          rng.integers(0, 4, n_blocks)).astype(np.uint16)
-    layout_ok = rng.random(n_layouts) < 0.7
-    has_index = bool(rng.random() < 0.5)
-    n_targets, top_k, n_history = (int(rng.integers(1, top)) for top in (9, 4, 9))
-    refs_target = rng.integers(-3, n_targets + 2, (n_blocks, top_k)).astype(np.int32)
-    refs_target[rng.random((n_blocks, top_k)) < 0.3] = _NO_TARGET
-    target_epoch = rng.integers(0, 2, n_targets).astype(np.uint32)
-    refs_epoch = target_epoch[np.clip(refs_target, 0, n_targets - 1)]
-    refs_epoch[refs_target == _NO_TARGET] = 0
-    refs_epoch[rng.random((n_blocks, top_k)) < 0.1] ^= 1
-    # Blocks holding another's references (neighbouring index rows usually do).
-    copied = rng.random(n_blocks) < 0.4
-    source = rng.integers(0, n_blocks, int(copied.sum()))
-    refs_target[copied], refs_epoch[copied] = refs_target[source], refs_epoch[source]
-    history_ids = rng.permutation(max(n_targets, n_history))[:n_history].astype(np.intp)
-    history_ids[(history_ids >= n_targets) | (rng.random(n_history) < 0.15)] = -1
-    target_position = np.full(n_targets, -1, dtype=np.int32)
-    held = np.flatnonzero(history_ids >= 0)
-    target_position[history_ids[held]] = held
-    wrong = rng.random(n_targets) < 0.15
-    target_position[wrong] = rng.integers(-1, n_history + 2, int(wrong.sum()))
-    history_settled = rng.random(n_history) < rng.choice([0.5, 0.9])
-    hi = rng.integers(0, n + 1, n_lengths)
-    cut = np.minimum(rng.integers(0, n + 1, n_lengths), hi)
-    lo = np.minimum(rng.integers(0, n + 1, n_lengths), cut)
-    base = rng.random(n_lengths) < 0.9
-    prefix_step = 0
-    if rng.random() < 0.3:
-        # A raw prefix's spans (full attention): every block before length k's end, raw.
-        prefix_step = int(rng.integers(1, 3))
-        n_lengths = min(n_lengths, n // prefix_step + 1)
-        hi = np.arange(n_lengths, dtype=np.int64) * prefix_step
-        cut, lo = np.zeros_like(hi), np.zeros_like(hi)
-        base = np.ones(n_lengths, dtype=np.bool_)
-    target_settled_compressed = bool(rng.random() < 0.5)
-    consts = pack_consts(
-        full_sub_mask, bool(rng.random() < 0.8), int(rng.choice([16, 64])),
-        int(rng.choice([16, 64])), bool(rng.random() < 0.5), layout_ok,
-        rng.integers(0, 16, n_states).astype(np.uint8),
-        np.stack([rng.random(n_states) < 0.5, rng.random(n_states) < 0.5]),
-        rng.random(n_states) < 0.8, target_settled_compressed)
-    # The target group's pass output: its ids and settled row; other rows hold noise.
-    history = history_of(history_ids, history_settled, n_lengths,
-                         NOW_CMP if target_settled_compressed else NOW_RAW)
-    _, _, _, _, _, history_flags = out_views(history, n_history, n_lengths)
-    other = NOW_RAW if target_settled_compressed else NOW_CMP
-    history_flags[other, :n_history] = rng.random(n_history) < 0.5
-    return (
-        high, low, slots, block_high, block_low, read_only(mapped),
-        read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)),
-        read_only(rng.integers(0, 5, n_blocks).astype(np.uint32)), read_only(position),
-        read_only(sub_blocks), read_only(rng.integers(0, n_layouts, n_blocks).astype(np.uint8)),
-        read_only(rng.integers(0, 3, n_blocks).astype(np.uint8)),
-        read_only(refs_target), read_only(refs_epoch), read_only(target_epoch),
-        read_only(rng.integers(0, n_states, n_targets).astype(np.uint8)),
-        read_only(target_position), consts, history, n_history,
-        rng.random(n) < 0.8, read_only(np.stack([lo, cut, hi, base]).astype(np.int64)),
-        prefix_step, int(rng.integers(0, 2)), bool(rng.random() < 0.3), has_index,
-        bool(history_settled.all()), int(rng.integers(BUDGET_UNKNOWN, 6)),
-        bool(rng.random() < 0.5),
-        np.empty(out_offsets(n, n_lengths)[3], dtype=np.int64))
 
 
 def prefix_counts(bad: Bools) -> NDArray[np.int64]:
@@ -824,7 +712,7 @@ _PASS_GENERAL: Final = _group_pass_loop_for(False)
 _PASS_PLAIN: Final = _group_pass_loop_for(True)
 
 group_pass = kernel(example=_group_pass_example, twin=_group_pass_twin,
-                    inputs=_group_pass_inputs, calls=(_plan_pass, probe_keys))(_PASS_GENERAL)
+                    calls=(_plan_pass, probe_keys))(_PASS_GENERAL)
 
 
 # -- the same pass with the group's fixed arrays by address ------------------------------------
@@ -876,7 +764,6 @@ def _group_pass_fixed_example() -> tuple[object, ...]:
 
 
 @kernel(example=_group_pass_fixed_example, twin=_group_pass_fixed_twin,
-        inputs=lambda rng: _fixed_args(_group_pass_inputs(rng)),
         calls=(_plan_pass, probe_keys, _PASS_GENERAL, _PASS_PLAIN))
 def group_pass_fixed(
     high: Words, low: Words, fixed: NDArray[np.int64], history: NDArray[np.int64],
