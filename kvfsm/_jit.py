@@ -201,17 +201,21 @@ class Kernel:
             from kvfsm import _addressed
             _addressed.register(numba)
             try:
-                self._compiled = numba.njit(cache=True, nogil=True)(self.python)
+                compiled = numba.njit(cache=True, nogil=True)(self.python)
             except RuntimeError as exc:  # numba found no writable place for its cache
                 _no_disk_cache(str(exc))
-                self._compiled = numba.njit(cache=False, nogil=True)(self.python)
+                compiled = numba.njit(cache=False, nogil=True)(self.python)
+            else:
+                if not _stamp_callees(compiled, self):
+                    compiled = numba.njit(cache=False, nogil=True)(self.python)
+            self._compiled = compiled
         return self._compiled
 
     def entry(self, *args: Any) -> Callable[..., Any]:
         """The compiled version's entry point for exactly the types of ``args`` (compiled now if
         no version has them), for a call site that calls it again and again with arguments of
         those types: it skips numba's matching of every argument's type (some 35 ns an
-        argument, a microsecond on a lookup's group pass).
+        argument). The lookup does not use it (its group pass goes through :attr:`run`).
 
         Only for arguments whose types are fixed by construction (the same arrays, or arrays
         made the same way): an entry point reads an array of another dtype, layout or
@@ -241,6 +245,16 @@ class Kernel:
 
         return checked
 
+    @property
+    def run(self) -> Callable[..., Any]:
+        """What a call runs now: the compiled version (numba's dispatcher, which matches every
+        call's argument types and compiles a version for types it has not seen) where kernels
+        run compiled, else the twin. For a hot call site: calling the kernel itself repacks
+        every argument once more."""
+        if settings.enabled:
+            return self._compiled or self._compiled_or_off() or self.twin
+        return self.twin
+
     def __call__(self, *args: Any) -> Any:
         # The one dispatch: a property read, as call sites did before kernels owned their twins.
         # A kernel's answer is in its ``out``; the few that also return one return it here.
@@ -264,6 +278,33 @@ def call_bound(each: Kernel, entries: dict[Kernel, Callable[..., Any]], *args: A
     if call is None:
         call = entries[each] = each.entry(*args)
     call(*args)
+
+
+def _stamp(path: str) -> tuple[float, int]:
+    """A source file's modification time and size (what numba's disk cache stamps)."""
+    st = os.stat(path)
+    return st.st_mtime, st.st_size
+
+
+def _stamp_callees(dispatcher: Any, each: Kernel) -> bool:
+    """Make ``dispatcher``'s disk cache stale when a file of ``each``'s callees changes, not
+    only the kernel's own file (numba stamps its cache with that file alone, and would load a
+    kernel compiled with an older callee). False where numba's cache keeps its stamp
+    elsewhere than this numba version does: the kernel is then compiled without a disk cache
+    (correct, only slower to start)."""
+    own = each.python.__code__.co_filename
+    files = sorted({callee.__code__.co_filename for callee in each.calls} - {own})
+    if not files:
+        return True
+    cache_file: Any = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    stamp = getattr(cache_file, "_source_stamp", None)
+    if stamp is None:
+        return False
+    try:
+        cache_file._source_stamp = (stamp, *[(path, *_stamp(path)) for path in files])
+    except OSError:  # a callee's file cannot be read: nothing to stamp it with
+        return False
+    return True
 
 
 #: Plain functions compiled kernels may call (registered with numba once each).
@@ -303,16 +344,11 @@ def kernel(*, example: Example, twin: Callable[..., Any] | None = None,
     valid input shows in a few hundred draws; every kernel with a vectorized twin gives it.
 
     ``calls`` names the plain functions (numba-compilable, like a kernel's body) that the
-    kernel's body calls, so one compiled pass can run another kernel's loop. They must be
-    defined in the same file as the body: numba's disk cache checks only that file's date, and
-    a kernel compiled with an older callee would otherwise be loaded stale."""
+    kernel's body calls, so one compiled pass can run another kernel's loop. numba's disk
+    cache checks only the body's file: the files of callees defined elsewhere are added to the
+    kernel's cache stamp (:func:`_stamp_callees`), so a changed callee compiles it again."""
 
     def decorate(function: Callable[..., Any]) -> Kernel:
-        for each in calls:
-            if each.__code__.co_filename != function.__code__.co_filename:
-                raise ValueError(f"kernel {function.__name__}: {each.__name__} is defined in "
-                                 f"{each.__code__.co_filename}, not beside it (numba's cache "
-                                 "would not see it change)")
         wrapped = Kernel(function, example=example, twin=twin, inputs=inputs, calls=calls)
         _KERNELS.append(wrapped)
         return wrapped

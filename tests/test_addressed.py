@@ -86,7 +86,8 @@ def test_every_shipped_groups_fixed_arrays_pack_into_a_table(decl: Any) -> None:
     for group in eng.core.groups.values():
         statics = _statics.statics_for(group, group.decl.layout, eng.profile)
         assert statics.fixed is not None, group.name
-        assert len(statics.fixed.held) == len(FIXED_KINDS)
+        assert statics.fixed_table is not None
+        assert len(statics.fixed_table.held) == len(FIXED_KINDS)
         assert pack_fixed(statics.arrays) is not None
 
 
@@ -108,14 +109,14 @@ def test_a_lookup_through_address_tables_answers_as_one_through_the_arrays(
         every = [statics for group in eng.core.groups.values()
                  for statics in _statics._STATICS.get(group, {}).values()]
         every += [statics for known in _known_statics(eng) for statics in known.values()]
-        kept = [(statics, statics.fixed, statics.entry) for statics in every]
+        kept = [(statics, statics.fixed) for statics in every]
         try:
-            for statics, _, _ in kept:
-                statics.fixed, statics.entry = None, None
+            for statics, _ in kept:
+                statics.fixed = None
             through_arrays = _core_lookup(eng, prompt, level)
         finally:
-            for statics, fixed, entry in kept:
-                statics.fixed, statics.entry = fixed, entry
+            for statics, fixed in kept:
+                statics.fixed = fixed
     assert through_tables == through_arrays
 
 

@@ -27,6 +27,7 @@ from kvfsm._jit import _KERNELS, Kernel, warm_up
 from kvfsm._jit import settings as jit
 from kvfsm.spec._shipped import shipped_specs_dir
 from kvfsm.verify import Level
+from tests import kernel_inputs
 from tests.verify_models import DEEPSEEK, FOUR, GPT_OSS, PROMPTS, drive, engine
 
 # The hash kernel's plain-Python runs wrap uint64 arithmetic on purpose (the hash is defined
@@ -40,7 +41,7 @@ needs_numba = pytest.mark.skipif(not jit.available, reason="numba is not install
 LOOKUP_KERNELS = {
     kvfsm.state._hashtable.probe_kernel,
     kvfsm.verify._group_pass.group_pass,
-    kvfsm.verify._group_pass.group_pass_first,
+    kvfsm.verify._group_pass.group_pass_fixed,
     kvfsm.verify._snapshot.take_snapshot,
 }
 
@@ -250,16 +251,26 @@ def _arrays_of(args: tuple[Any, ...]) -> list[Any]:
                           else [value])]
 
 
-def test_every_lookup_kernel_is_registered_with_a_twin_and_inputs() -> None:
-    registered = {each for each in _KERNELS if each.inputs is not None}
-    assert registered >= LOOKUP_KERNELS
+#: Random valid inputs per kernel: the lookup's from tests/kernel_inputs.py, the others' as
+#: their kernels register them.
+INPUTS: dict[Kernel, Callable[[np.random.Generator], tuple[object, ...]]] = {
+    **{each: each.inputs for each in _KERNELS if each.inputs is not None},
+    kvfsm.state._hashtable.probe_kernel: kernel_inputs.probe_inputs,
+    kvfsm.verify._group_pass.group_pass: kernel_inputs.group_pass_inputs,
+    kvfsm.verify._group_pass.group_pass_fixed: kernel_inputs.group_pass_fixed_inputs,
+    kvfsm.verify._snapshot.take_snapshot: kernel_inputs.take_snapshot_inputs,
+}
+
+
+def test_every_lookup_kernel_has_a_twin_and_inputs() -> None:
+    assert set(INPUTS) >= LOOKUP_KERNELS
     for each in LOOKUP_KERNELS:
         assert each.twin is not each.python, each.__name__
 
 
 @pytest.mark.parametrize("each", [
     pytest.param(each, id=each.__name__, marks=pytest.mark.skipif(
-        each.inputs is None, reason=f"{each.__name__} gives no random inputs"))
+        each not in INPUTS, reason=f"{each.__name__} has no random inputs"))
     for each in _KERNELS])
 @settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
@@ -267,8 +278,7 @@ def test_every_kernel_agrees_compiled_as_twin_and_as_python(each: Kernel, seed: 
     """For random valid inputs, the plain-Python function, the NumPy twin, the compiled version
     (where numba is available) and the kernel called either way leave the same arguments:
     ``out`` the same, and the inputs as they were (or changed alike)."""
-    assert each.inputs is not None
-    args = each.inputs(np.random.default_rng(seed))
+    args = INPUTS[each](np.random.default_rng(seed))
     runs: dict[str, Callable[..., None]] = {
         "python": each.python, "twin": each.twin, "call, numpy": each}
     with jit.using(False):
@@ -283,25 +293,6 @@ def test_every_kernel_agrees_compiled_as_twin_and_as_python(each: Kernel, seed: 
             if isinstance(want, np.ndarray):
                 assert value.dtype == want.dtype and value.tolist() == want.tolist(), \
                     f"{each.__name__} {name}: argument {i} differs from the Python function's"
-
-
-@settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1))
-def test_the_first_pass_answers_what_its_output_says(seed: int) -> None:
-    """A lookup's first pass returns what its output's scalars say (the last candidate usable
-    now where the hit ends there too and nothing needs checksums or changes by the plan, else
-    NOT_PLAIN), alike as Python, twin and compiled, and writes what the full pass writes."""
-    first = kvfsm.verify._group_pass.group_pass_first
-    args = first.inputs(np.random.default_rng(seed))
-    runs: dict[str, Callable[..., Any]] = {"python": first.python, "twin": first.twin}
-    if jit.available:
-        runs["compiled"] = first.compiled
-    answers = {}
-    for name, run in runs.items():
-        fresh = _copied(args)
-        answers[name] = run(*fresh)
-        assert answers[name] == kvfsm.verify._group_pass.first_pass_answer(fresh[-1]), name
-    assert len(set(answers.values())) == 1, answers
 
 
 @needs_numba
@@ -360,11 +351,9 @@ def test_a_checked_entry_point_refuses_other_argument_types_before_running(chang
 
 @needs_numba
 @pytest.mark.parametrize("decl", [DEEPSEEK, FOUR, GPT_OSS], ids=lambda decl: decl.name)
-def test_lookups_of_prompts_made_every_way_match_the_bound_group_pass(decl: Any) -> None:
-    """The lookup calls the group pass through an entry point bound on its first call; every
-    way a prompt is made (a list, arrays of several dtypes, a tensor, tokens appended in
-    pieces) passes its words as the same types (the checked entry point would refuse
-    others), and every verdict is the NumPy twin's."""
+def test_lookups_of_prompts_made_every_way_match_the_numpy_lookup(decl: Any) -> None:
+    """Every way a prompt is made (a list, arrays of several dtypes, a tensor, tokens
+    appended in pieces) gives, at every level, the NumPy twin's verdict."""
     eng = engine(decl, device=48, host=8)
     text = PROMPTS[0]
     eng.commit(eng.prompt(text[:200]))
@@ -380,6 +369,46 @@ def test_lookups_of_prompts_made_every_way_match_the_bound_group_pass(decl: Any)
             with jit.using(False):
                 expected = eng.lookup(prompt, level=level)
             assert eng.lookup(prompt, level=level) == expected
+
+
+@needs_numba
+def test_a_kernel_cached_on_disk_is_compiled_again_when_a_callee_in_another_file_changes(
+        tmp_path: Path) -> None:
+    """numba stamps its disk cache with the kernel's own file; a kernel calling a function
+    of another file (the group pass calls the hash table's probe) is compiled again when that
+    file changes, not loaded with the old callee."""
+    (tmp_path / "callee_file.py").write_text("def step(x):\n    return x + 1\n")
+    (tmp_path / "kernel_file.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from kvfsm._jit import kernel
+        from callee_file import step
+
+        @kernel(example=lambda: (np.zeros(1, np.int64),), calls=(step,))
+        def bump(out):
+            out[0] = step(out[0])
+        """))
+    code = """
+        import sys, numpy as np
+        sys.path.insert(0, sys.argv[1])
+        import kernel_file
+        out = np.zeros(1, np.int64)
+        kernel_file.bump.compiled(out)
+        print(out[0])
+        """
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def run() -> str:
+        result = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(tmp_path)],
+                                capture_output=True, text=True, env={**os.environ, **env},
+                                check=False, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    assert run() == "1"
+    assert run() == "1"  # loaded from the disk cache
+    assert any((tmp_path / "cache").rglob("*.nbi"))
+    (tmp_path / "callee_file.py").write_text("def step(x):\n    return x + 2\n")
+    assert run() == "2"
 
 
 def test_using_restores_the_setting_even_after_an_error() -> None:

@@ -31,13 +31,13 @@ from kvfsm.verify._group_pass import (
     ONE_RUN_BLOCKS,
     SETTLED_OK,
     group_pass,
-    history_of,
     out_offsets,
     out_views,
     pack_consts,
 )
 from kvfsm.verify._paths import restore_paths
 from kvfsm.verify._spans import _prefix_step
+from tests.kernel_inputs import history_of
 from tests.verify_models import DENSE, engine, tokens
 
 #: Every state readable raw (the restore-path code's low bit).

@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
@@ -42,6 +43,9 @@ from tests.verify_models import (
     drive,
     engine,
 )
+
+#: Every test runs on the compiled lookup and on the NumPy reference pass.
+pytestmark = pytest.mark.usefixtures("jit_backend")
 
 MODELS = [DENSE, SWA_ONLY, GPT_OSS, TWO_SIZES, QWEN, DEEPSEEK, HISTORY_SWA, FOUR]
 #: One token's read: (block index of the prompt, the form the layer reads it in).

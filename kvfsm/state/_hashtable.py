@@ -93,49 +93,6 @@ def probe_example() -> tuple[object, ...]:
             np.empty(1, dtype=np.intp), True)
 
 
-def probe_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """A valid table (no key twice, none past an empty slot of its chain: keys inserted at the
-    first empty slot, some then removed to tombstones; now and then no empty slot at all) over
-    blocks whose words share fingerprints, words and home slots, now and then a slot naming a
-    block beyond the words (corrupt), and keys to find: stored ones, the words of blocks not
-    mapped, and others sharing a word with them."""
-    capacity = 1 << int(rng.integers(3, 7))
-    n_blocks = int(rng.integers(1, 2 * capacity))
-    # Few distinct high words (fingerprints: 0 and the top bit) and low words in a few
-    # multiples of the capacity: long chains, equal fingerprints, keys equal in one word only.
-    highs = np.array([0, 1, 1 << 63, (1 << 63) | 1], dtype=np.uint64)
-    block_high = rng.choice(highs, n_blocks).astype(np.uint64)
-    block_low = rng.integers(0, 4 * capacity, n_blocks).astype(np.uint64)
-    slots = np.full(capacity, EMPTY_SLOT, dtype=np.uint64)
-    stored: set[tuple[int, int]] = set()
-    full = rng.random() < 0.1
-    wanted = capacity if full else int(rng.integers(0, capacity // 2 + 1))
-    mask = capacity - 1
-    for block in rng.permutation(n_blocks).tolist():
-        key = (int(block_high[block]), int(block_low[block]))
-        if len(stored) == wanted:
-            break
-        if key in stored:
-            continue  # a block with the same content as a mapped one: not mapped
-        stored.add(key)
-        pos = key[1] & mask
-        while (slots[pos] & SLOT_BLOCK) != EMPTY_SLOT:
-            pos = (pos + 1) & mask
-        slots[pos] = slot_words(block_high[block : block + 1], np.array([block]))[0]
-    live = (slots & SLOT_BLOCK) < np.uint64(n_blocks)
-    stray = live & (rng.random(capacity) < 0.05)
-    slots[stray] = (slots[stray] & SLOT_FINGERPRINT) | np.uint64(n_blocks)  # beyond the words
-    tomb = live & ~stray & (rng.random(capacity) < 0.3)
-    slots[tomb] = (slots[tomb] & SLOT_FINGERPRINT) | np.uint64(TOMBSTONE & ((1 << 32) - 1))
-    n = int(rng.integers(0, 2 * capacity))
-    pick = rng.integers(0, n_blocks, n)
-    high, low = block_high[pick], block_low[pick]
-    mixed = rng.random(n) < 0.3
-    high[mixed] = rng.choice(highs, int(mixed.sum()))
-    return (slots, block_high, block_low, high.astype(np.uint64), low.astype(np.uint64),
-            np.full(n, -7, dtype=np.intp), bool(rng.integers(0, 2)))
-
-
 def probe_twin(slots: U64Array, block_high: U64Array, block_low: U64Array, high: U64Array,
                 low: U64Array, out: IdArray, want_block: bool) -> None:
     """:func:`probe_kernel` as vectorized probe rounds: one round is a few array operations
@@ -181,42 +138,58 @@ def probe_twin(slots: U64Array, block_high: U64Array, block_low: U64Array, high:
         out[:] = found
 
 
-@kernel(example=probe_example, twin=probe_twin, inputs=probe_inputs)
-def probe_kernel(slots: U64Array, block_high: U64Array, block_low: U64Array, high: U64Array,
-                 low: U64Array, out: IdArray, want_block: bool) -> None:
-    """Per key, linear probing from its home until its entry or an empty slot: ``out`` gets
-    the slot (``want_block`` false) or the block id (true), -1 when absent. A slot is the
-    key's only if its fingerprint matches and its block's words (``block_high``,
-    ``block_low``) equal the key; a block id beyond those words never matches. Compiled
-    (the twin, :func:`probe_twin`, probes in vectorized rounds). A chain never runs
-    past the capacity, so a table left without empty slots (corrupt) still ends the probe. The
-    home slots of :data:`READ_AHEAD` keys are read first, then each chain walked from there."""
+def probe_keys(slots: U64Array, block_high: U64Array, block_low: U64Array, high: U64Array,
+               low: U64Array, out: NDArray[np.int64], start: int, stop: int,
+               home_words: U64Array, want_block: bool, until_found: bool) -> int:
+    """The one probe of the table (:func:`probe_kernel` and the lookup's group pass call it,
+    compiled into each): per key ``start`` to ``stop - 1`` (at most ``home_words.size``),
+    linear probing from its home slot until its entry or an empty slot. ``out`` gets the slot
+    (``want_block`` false) or the block id (true), -1 when absent; with ``until_found`` it
+    stops after the first key found. Returns the index after the last key probed.
+
+    A slot is the key's only if its fingerprint matches and its block's words
+    (``block_high``, ``block_low``) equal the key; a block id beyond those words never
+    matches. A chain never runs past the capacity, so a table left without empty slots
+    (corrupt) still ends the probe. The keys' home slots are read first into ``home_words``:
+    loads independent of each other, which the CPU overlaps (cache misses in a large table),
+    where walking one chain at a time waits on every branch that depends on the slot just
+    read. (One call per run of keys, not per key: a call per key costs the compiled walk
+    three times its time.)"""
     mask = np.uint64(slots.size - 1)
     n_blocks = np.uint64(block_high.size)
+    for i in range(start, stop):
+        home_words[i - start] = slots[low[i] & mask]
+    for i in range(start, stop):
+        key_high, key_low = high[i], low[i]
+        fingerprint = key_high & SLOT_FINGERPRINT
+        pos = key_low & mask
+        word = home_words[i - start]
+        out[i] = -1
+        for _ in range(slots.size):
+            block = word & SLOT_BLOCK
+            if block == EMPTY_SLOT:
+                break
+            if (block < n_blocks and (word & SLOT_FINGERPRINT) == fingerprint
+                    and block_low[block] == key_low and block_high[block] == key_high):
+                out[i] = block if want_block else pos
+                break
+            pos = (pos + np.uint64(1)) & mask
+            word = slots[pos]
+        if until_found and out[i] >= 0:
+            return i + 1
+    return stop
+
+
+@kernel(example=probe_example, twin=probe_twin, calls=(probe_keys,))
+def probe_kernel(slots: U64Array, block_high: U64Array, block_low: U64Array, high: U64Array,
+                 low: U64Array, out: IdArray, want_block: bool) -> None:
+    """Per key, :func:`probe_keys`: ``out`` gets the slot (``want_block`` false) or the
+    block id (true), -1 when absent, :data:`READ_AHEAD` keys at a time. Compiled (the twin,
+    :func:`probe_twin`, probes in vectorized rounds)."""
     home_words = np.empty(min(READ_AHEAD, high.size), dtype=np.uint64)
     for start in range(0, high.size, READ_AHEAD):
-        stop = min(start + READ_AHEAD, high.size)
-        # The home slots of a run of keys first: loads independent of each other, which the
-        # CPU overlaps (cache misses in a large table), where walking one chain at a time
-        # waits on every branch that depends on the slot just read.
-        for i in range(start, stop):
-            home_words[i - start] = slots[low[i] & mask]
-        for i in range(start, stop):
-            hi, lo = high[i], low[i]
-            fingerprint = hi & SLOT_FINGERPRINT
-            pos = lo & mask
-            word = home_words[i - start]
-            out[i] = -1
-            for _ in range(slots.size):
-                block = word & SLOT_BLOCK
-                if block == EMPTY_SLOT:
-                    break
-                if (block < n_blocks and (word & SLOT_FINGERPRINT) == fingerprint
-                        and block_low[block] == lo and block_high[block] == hi):
-                    out[i] = block if want_block else pos
-                    break
-                pos = (pos + np.uint64(1)) & mask
-                word = slots[pos]
+        probe_keys(slots, block_high, block_low, high, low, out, start,
+                   min(start + READ_AHEAD, high.size), home_words, want_block, False)
 
 
 def _words(high: ArrayLike, low: ArrayLike) -> tuple[U64Array, U64Array]:

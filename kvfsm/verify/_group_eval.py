@@ -9,8 +9,6 @@ afterwards, only for the lengths a verdict explains.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from numpy.typing import NDArray
 
@@ -140,13 +138,10 @@ class GroupEval(PassOutput):
     def _evaluate(self, group: GroupState, high: NDArray[np.uint64], low: NDArray[np.uint64],
                   lengths: NDArray[np.int64], level: Level, profile: DeviceProfile,
                   history: GroupEval | None, checksums: bool, spans: Spans, statics: Statics,
-                  capped: bool, first: NDArray[np.int64] | None = None) -> None:
+                  capped: bool) -> None:
         """The evaluation itself, from arguments already checked (a lookup calls it directly on
         an instance made by ``_new_eval``: it makes one per group, and every keyword costs on
-        that path). ``first``: the output of this very first pass, already run
-        (:func:`~kvfsm.verify._group_pass.group_pass_first`, for a group without an index
-        and an uncapped budget; the lookup ran it to find out whether the verdict needs
-        these evaluations at all)."""
+        that path)."""
         self.group = group
         self.decl = decl = group.decl
         self.lengths = lengths
@@ -164,7 +159,7 @@ class GroupEval(PassOutput):
         self._budget = group.restore_budget() if capped else BUDGET_UNKNOWN
         #: Data checks read from the core's records (a block seen failing stays failed).
         self._recorded_checks = checksums
-        scalars = self._pass(None, CHECKS_RECORDED if checksums else CHECKS_IGNORED, first)
+        scalars = self._pass(None, CHECKS_RECORDED if checksums else CHECKS_IGNORED)
         # Layers 2 (recorded layout vs the kernel's; the group's declared layout when the
         # caller names none), 1, 3 and 4, and what each block's state allows, in one pass;
         # a second where device checks must be computed here.
@@ -219,73 +214,44 @@ class GroupEval(PassOutput):
         """Last candidate index usable after the plan (0 when none)."""
         return self.largest[AFTER]
 
-    def _pass(self, checked_ok: Bools | None, check_mode: int,
-              first: NDArray[np.int64] | None = None) -> list[int]:
-        """One group pass (the probe included) into a fresh array (``first``: this first
-        pass's output, run already); returns its scalars."""
+    def _pass(self, checked_ok: Bools | None, check_mode: int) -> list[int]:
+        """One group pass (the probe included) into a fresh array; returns its scalars."""
         history = self._history
-        if first is not None:
-            # Made with these arguments: no index, no checks, no budget asked, no caps.
-            self._has_index = False
-            self._out = out = first
-            self._raw = None
+        if history is not None and self.n > 0 and self.group.target is not None:
+            self._has_index = True
+            # The history's own output: the pass reads its ids and settled row there, laid
+            # out for the history's lengths (which must be these: the pass reads by them).
+            if history.lengths.size != self.lengths.size:
+                raise ValueError(f"group {self.group.name!r}: its history was evaluated "
+                                 f"over {history.lengths.size} lengths, not "
+                                 f"{self.lengths.size}")
+            history_out, n_history, all_settled = history._out, history.n, history.all_settled
         else:
-            if history is not None and self.n > 0 and self.group.target is not None:
-                self._has_index = True
-                # The history's own output: the pass reads its ids and settled row there,
-                # laid out for the history's lengths (which must be these: the pass reads by
-                # them).
-                if history.lengths.size != self.lengths.size:
-                    raise ValueError(f"group {self.group.name!r}: its history was evaluated "
-                                     f"over {history.lengths.size} lengths, not "
-                                     f"{self.lengths.size}")
-                history_out, n_history, all_settled = \
-                    history._out, history.n, history.all_settled
-            else:
-                self._has_index = False
-                history_out, n_history, all_settled = _NO_HISTORY, 0, True
-            spans = self.spans
-            # Sized by the spans (made for these n blocks and lengths): the kernel writes by
-            # them.
-            self._out = out = np.empty(spans.out_size, dtype=np.int64)
-            self._raw = None
-            high, low = self.words
-            statics = self._statics
-            # The kernel's version chosen here, not in Kernel.__call__: one frame and one
-            # repacking of its ~30 arguments fewer on every lookup. A first pass calls the
-            # statics' entry point, with the group's fixed arrays as one address table where
-            # they are laid out as the pass views them (numba unboxes each array argument on
-            # every call): every array but the statics' own is made the same way on every
-            # lookup (the prompt's words are uint64 views of its chain, a history's output and
-            # this one are fresh int64 arrays, the spans' rows a read-only int64 array), so
-            # numba's matching of their types is skipped; a second pass, with checks computed
-            # here, is matched.
-            if checked_ok is None and jit_settings.enabled:
-                fixed = statics.fixed
-                if fixed is not None:
-                    args: tuple[Any, ...] = (
-                        high, low, fixed, history_out, n_history, _NO_CHECKED, spans.rows,
-                        spans.prefix_step, check_mode, False, self._has_index, all_settled,
-                        self._budget, self._capped, out)
-                    kernel = group_pass_fixed
-                else:
-                    args = (high, low, *statics.arrays, history_out, n_history, _NO_CHECKED,
-                            spans.rows, spans.prefix_step, check_mode, False, self._has_index,
-                            all_settled, self._budget, self._capped, out)
-                    kernel = group_pass
-                run = statics.entry
-                if run is None:
-                    run = statics.entry = kernel.entry(*args)
-                run(*args)
-            else:
-                args = (high, low, *statics.arrays, history_out, n_history,
-                        _NO_CHECKED if checked_ok is None else checked_ok, spans.rows,
-                        spans.prefix_step, check_mode, checked_ok is not None,
-                        self._has_index, all_settled, self._budget, self._capped, out)
-                if jit_settings.enabled:
-                    group_pass.compiled(*args)
-                else:
-                    group_pass.twin(*args)
+            self._has_index = False
+            history_out, n_history, all_settled = _NO_HISTORY, 0, True
+        spans = self.spans
+        # Sized by the spans (made for these n blocks and lengths): the kernel writes by them.
+        self._out = out = np.empty(spans.out_size, dtype=np.int64)
+        self._raw = None
+        high, low = self.words
+        statics = self._statics
+        use_checked_ok = checked_ok is not None
+        given = _NO_CHECKED if checked_ok is None else checked_ok
+        # Compiled, the group's fixed arrays go as one address table where they are laid out
+        # as the pass views them (numba matches each array argument's type on every call,
+        # some 40 ns an array). Every call goes through numba's dispatcher, which compiles a
+        # version for argument types it has not seen: none is read as another's.
+        fixed = statics.fixed
+        if fixed is not None and jit_settings.enabled:
+            group_pass_fixed.run(
+                high, low, fixed, history_out, n_history, given, spans.rows,
+                spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
+                self._budget, self._capped, out)
+        else:
+            group_pass.run(
+                high, low, *statics.arrays, history_out, n_history, given, spans.rows,
+                spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
+                self._budget, self._capped, out)
         scalars: list[int] = out[:N_SCALARS].tolist()
         total = scalars[RESTORES_TOTAL]
         if total and self._budget == BUDGET_UNKNOWN:

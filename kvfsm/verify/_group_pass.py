@@ -24,6 +24,7 @@ its form there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final, cast
 
 import numpy as np
@@ -41,9 +42,7 @@ from kvfsm._jit import kernel, read_only
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
     READ_AHEAD,
-    SLOT_BLOCK,
-    SLOT_FINGERPRINT,
-    probe_inputs,
+    probe_keys,
     probe_twin,
 )
 from kvfsm.state._touch import one_run_blocks
@@ -226,18 +225,6 @@ def _history_views(history: NDArray[np.int64], n_history: int, count: int,
     return ids, flags[consts[P_HISTORY_SETTLED_ROW], :n_history]
 
 
-def history_of(ids: IdArray, settled: Bools, count: int, settled_row: int = NOW_RAW
-               ) -> NDArray[np.int64]:
-    """A pass output holding ``ids`` and the settled row ``settled`` (at ``settled_row``)
-    of a target group over ``count`` candidate lengths, everything else zero: the
-    ``history`` argument for hand-made index inputs."""
-    out = np.zeros(out_offsets(ids.size, count)[3], dtype=np.int64)
-    _, _, held, _, _, flags = out_views(out, ids.size, count)
-    held[:] = ids
-    flags[settled_row, : ids.size] = settled
-    return out
-
-
 def _group_pass_example() -> tuple[object, ...]:
     """Arguments of exactly the call site's types: the prompt's words and the hash table's
     arrays are writable; metadata, tables and references are read-only views of the core's
@@ -260,105 +247,6 @@ def _group_pass_example() -> tuple[object, ...]:
         # Zeros, not empty: the padding after the last row is never written, and two runs
         # of the example are compared whole.
         np.zeros(out_offsets(1, 1)[3], np.int64))
-
-
-def _group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """A small group drawn freely: a hash table and prompt words as the probe's differential
-    test draws them (shared fingerprints, tombstones, stray slots, keys equal in one word,
-    misses), now and then reordered so neighbouring rows find the same block; metadata that
-    matches its position, layout and sub-blocks or not, random per-state codes and checks,
-    an index (sometimes) whose references into a small target group are right, stale, out of
-    order or out of range, a history partly settled, random spans per length (some lengths
-    unservable), and a budget from none to plenty."""
-    slots, block_high, block_low, high, low = cast(tuple[Words, ...], probe_inputs(rng)[:5])
-    n_blocks = block_high.size
-    # Which blocks the table maps (under their own words), as the table keeps them.
-    found = np.empty(n_blocks, dtype=np.intp)
-    probe_twin(slots, block_high, block_low, block_high, block_low, found, True)
-    mapped = found == np.arange(n_blocks)
-    if rng.random() < 0.4:
-        # A prompt's keys as they usually are: the words of consecutive blocks (mapped or
-        # not, some sharing words with a mapped block), now and then one key changed.
-        first = int(rng.integers(0, n_blocks))
-        run = np.arange(first, min(n_blocks, first + int(rng.integers(1, 24))))
-        high, low = block_high[run].copy(), block_low[run].copy()
-        if rng.random() < 0.3:
-            low[int(rng.integers(0, run.size))] ^= np.uint64(1)
-    n = high.size
-    ids = np.empty(n, dtype=np.intp)
-    probe_twin(slots, block_high, block_low, high, low, ids, True)
-    if rng.random() < 0.3:
-        order = np.argsort(ids, kind="stable")  # runs of one block: rows of equal references
-        high, low, ids = high[order], low[order], ids[order]
-    n_states, n_layouts = (int(rng.integers(1, top)) for top in (6, 4))
-    n_lengths = int(rng.integers(1, 8))
-    position = rng.integers(-1, 9, n_blocks).astype(np.int32)
-    for i, block in enumerate(ids.tolist()):
-        if block >= 0 and rng.random() < 0.7:
-            position[block] = i
-    full_sub_mask = int(rng.choice([1, 3]))
-    sub_blocks = np.where(rng.random(n_blocks) < 0.8, full_sub_mask,
-                          rng.integers(0, 4, n_blocks)).astype(np.uint16)
-    layout_ok = rng.random(n_layouts) < 0.7
-    has_index = bool(rng.random() < 0.5)
-    n_targets, top_k, n_history = (int(rng.integers(1, top)) for top in (9, 4, 9))
-    refs_target = rng.integers(-3, n_targets + 2, (n_blocks, top_k)).astype(np.int32)
-    refs_target[rng.random((n_blocks, top_k)) < 0.3] = _NO_TARGET
-    target_epoch = rng.integers(0, 2, n_targets).astype(np.uint32)
-    refs_epoch = target_epoch[np.clip(refs_target, 0, n_targets - 1)]
-    refs_epoch[refs_target == _NO_TARGET] = 0
-    refs_epoch[rng.random((n_blocks, top_k)) < 0.1] ^= 1
-    # Blocks holding another's references (neighbouring index rows usually do).
-    copied = rng.random(n_blocks) < 0.4
-    source = rng.integers(0, n_blocks, int(copied.sum()))
-    refs_target[copied], refs_epoch[copied] = refs_target[source], refs_epoch[source]
-    history_ids = rng.permutation(max(n_targets, n_history))[:n_history].astype(np.intp)
-    history_ids[(history_ids >= n_targets) | (rng.random(n_history) < 0.15)] = -1
-    target_position = np.full(n_targets, -1, dtype=np.int32)
-    held = np.flatnonzero(history_ids >= 0)
-    target_position[history_ids[held]] = held
-    wrong = rng.random(n_targets) < 0.15
-    target_position[wrong] = rng.integers(-1, n_history + 2, int(wrong.sum()))
-    history_settled = rng.random(n_history) < rng.choice([0.5, 0.9])
-    hi = rng.integers(0, n + 1, n_lengths)
-    cut = np.minimum(rng.integers(0, n + 1, n_lengths), hi)
-    lo = np.minimum(rng.integers(0, n + 1, n_lengths), cut)
-    base = rng.random(n_lengths) < 0.9
-    prefix_step = 0
-    if rng.random() < 0.3:
-        # A raw prefix's spans (full attention): every block before length k's end, raw.
-        prefix_step = int(rng.integers(1, 3))
-        n_lengths = min(n_lengths, n // prefix_step + 1)
-        hi = np.arange(n_lengths, dtype=np.int64) * prefix_step
-        cut, lo = np.zeros_like(hi), np.zeros_like(hi)
-        base = np.ones(n_lengths, dtype=np.bool_)
-    target_settled_compressed = bool(rng.random() < 0.5)
-    consts = pack_consts(
-        full_sub_mask, bool(rng.random() < 0.8), int(rng.choice([16, 64])),
-        int(rng.choice([16, 64])), bool(rng.random() < 0.5), layout_ok,
-        rng.integers(0, 16, n_states).astype(np.uint8),
-        np.stack([rng.random(n_states) < 0.5, rng.random(n_states) < 0.5]),
-        rng.random(n_states) < 0.8, target_settled_compressed)
-    # The target group's pass output: its ids and settled row; other rows hold noise.
-    history = history_of(history_ids, history_settled, n_lengths,
-                         NOW_CMP if target_settled_compressed else NOW_RAW)
-    _, _, _, _, _, history_flags = out_views(history, n_history, n_lengths)
-    other = NOW_RAW if target_settled_compressed else NOW_CMP
-    history_flags[other, :n_history] = rng.random(n_history) < 0.5
-    return (
-        high, low, slots, block_high, block_low, read_only(mapped),
-        read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)),
-        read_only(rng.integers(0, 5, n_blocks).astype(np.uint32)), read_only(position),
-        read_only(sub_blocks), read_only(rng.integers(0, n_layouts, n_blocks).astype(np.uint8)),
-        read_only(rng.integers(0, 3, n_blocks).astype(np.uint8)),
-        read_only(refs_target), read_only(refs_epoch), read_only(target_epoch),
-        read_only(rng.integers(0, n_states, n_targets).astype(np.uint8)),
-        read_only(target_position), consts, history, n_history,
-        rng.random(n) < 0.8, read_only(np.stack([lo, cut, hi, base]).astype(np.int64)),
-        prefix_step, int(rng.integers(0, 2)), bool(rng.random() < 0.3), has_index,
-        bool(history_settled.all()), int(rng.integers(BUDGET_UNKNOWN, 6)),
-        bool(rng.random() < 0.5),
-        np.empty(out_offsets(n, n_lengths)[3], dtype=np.int64))
 
 
 def prefix_counts(bad: Bools) -> NDArray[np.int64]:
@@ -536,301 +424,295 @@ def _plan_pass(ids: NDArray[np.int64], states: NDArray[np.uint8], consts: NDArra
             scalars[LARGEST_AFTER] = k
 
 
-@kernel(example=_group_pass_example, twin=_group_pass_twin, inputs=_group_pass_inputs,
-        calls=(_plan_pass,))
-def group_pass(
-    high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
-    mapped: Bools, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
-    position: NDArray[np.int32],
-    sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8], check: NDArray[np.uint8],
-    refs_target: NDArray[np.int32], refs_epoch: NDArray[np.uint32],
-    target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
-    target_position: NDArray[np.int32], consts: NDArray[np.int64],
-    history: NDArray[np.int64], n_history: int, checked_ok: Bools, spans: NDArray[np.int64],
-    prefix_step: int, check_mode: int,
-    use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
-    capped: bool, out: NDArray[np.int64],
-) -> None:
-    """Everything one group contributes to a verdict, in one pass over the prompt's blocks
-    and one over the candidate lengths (see the module docstring; ``settled_ok[i]``: every
-    target of index row ``i`` already sits settled in this prompt's history).
+def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
+    """The group pass's loop (:func:`group_pass`), one source compiled two ways: the general
+    one, and (``plain``, a constant numba compiles in) one for a group without an index with
+    no checks given, a lookup's first pass of most groups: its loop has none of the index's
+    per-row work nor the branch on given checks (some 20 % of a long prompt's pass)."""
 
-    The prompt's block ids come from probing the group's hash table (``slots``,
-    ``block_high``, ``block_low``; :func:`~kvfsm.state._hashtable.probe_kernel`'s walk, in
-    the same call) with the prompt's words ``high``, ``low``, or, for a key whose block is
-    the one after the previous key's, from that block's ``mapped`` flag and words alone. The
-    group's fixed parameters and small tables come packed in ``consts``
-    (:func:`pack_consts`), the kind's spans per candidate length in ``spans`` (rows SPAN_*).
-    What changes between lookups comes as scalars: ``check_mode`` (CHECKS_*);
-    ``use_checked_ok``, ``checked_ok`` holds the caller's alignment and checksum answers
-    (else the mode decides); ``has_index``, the group is a sparse index with the prompt's
-    history (its target group's pass output ``history``, of ``n_history`` blocks) evaluated
-    before it; ``history_all_settled``, every history block of the prompt is settled (no
-    plan step will move an index target); ``budget`` and ``capped``, the restores the
-    admission gate lets begin now (or BUDGET_UNKNOWN) and whether the core-wide budget has
-    caps. ``prefix_step`` above 0 says the spans are a raw prefix's (``lo`` and ``cut`` 0,
-    ``hi`` ``k * prefix_step`` at length ``k``, every length served): the pass computes them
-    instead of reading them (the twin reads them). Everything it writes goes to ``out``,
-    laid out as :func:`out_offsets` says (one allocation a call)."""
-    # The caller holds every argument for the whole call: views of these own no reference
-    # (no atomic add and subtract for each of the dozen views of ``out`` below).
-    high, low, spans, history, out = unowned(high), unowned(low), unowned(spans), \
-        unowned(history), unowned(out)
-    n, count = high.size, spans.shape[1]
-    # The parts of ``out`` (out_offsets; the same arithmetic, inline for the compiler).
-    width = max(n, count)
-    ids_at = N_SCALARS + count
-    epochs_at = ids_at + n
-    bytes_at = epochs_at + (n + 1) // 2
-    scalars, asked, ids = out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at]
-    epochs = out[epochs_at:bytes_at].view(np.uint32)
-    raw_bytes = out[bytes_at:].view(np.uint8)
-    facts = raw_bytes[:n]
-    rows = raw_bytes[n : n + N_FLAGS * width].view(np.bool_)
-    # Whole rows (as long as the longer of n and count): the loops read the first n or count.
-    now_raw, now_cmp = rows[NOW_RAW * width : (NOW_RAW + 1) * width], \
-        rows[NOW_CMP * width : (NOW_CMP + 1) * width]
-    after_raw, after_cmp = rows[AFTER_RAW * width : (AFTER_RAW + 1) * width], \
-        rows[AFTER_CMP * width : (AFTER_CMP + 1) * width]
-    fit, settled_ok = rows[FIT * width : (FIT + 1) * width], \
-        rows[SETTLED_OK * width : (SETTLED_OK + 1) * width]
-    hit = rows[(N_PER_BLOCK + HIT) * width : (N_PER_BLOCK + HIT + 1) * width]
-    now = rows[(N_PER_BLOCK + NOW) * width : (N_PER_BLOCK + NOW + 1) * width]
-    after = rows[(N_PER_BLOCK + AFTER) * width : (N_PER_BLOCK + AFTER + 1) * width]
-    full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
-    target_size, own_size = consts[P_TARGET_SIZE], consts[P_OWN_SIZE]
-    layout_ok_at, code_at, hashed_at = consts[P_LAYOUT_OK_AT], consts[P_CODE_AT], \
-        consts[P_HASHED_AT]
-    lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
-    # The probe. A prompt's blocks are usually allocated in one batch, in order: where the
-    # block after the last one found is mapped (``mapped``) under the next key's words, the
-    # table maps that key to it (keys are mapped once, a block under its own words), with no
-    # read of the table. Elsewhere, per key, linear probing from its home until its entry or
-    # an empty slot: one key after a found one (its run of blocks ended there), else up to
-    # READ_AHEAD keys with their home slots read first (independent loads the CPU overlaps),
-    # until one is found.
-    mask = np.uint64(slots.size - 1)
-    n_blocks = block_high.size
-    # One scratch allocation (each costs the call about 0.1 us) in 8-byte words: per
-    # position of the prompt's history the first index row allowed to point at it (int64),
-    # the read-ahead home slots (uint64), three prefix counts per block (int32) and per
-    # history position the epoch of its block (uint32).
-    n_scratch_history = n_history if has_index else 0
-    n_home = min(READ_AHEAD, n)
-    counts_at = n_scratch_history + n_home
-    epochs_scratch_at = counts_at + (3 * (n + 1) + 1) // 2
-    scratch = np.empty(epochs_scratch_at + (n_scratch_history + 1) // 2, dtype=np.int64)
-    home_words = scratch[n_scratch_history:counts_at].view(np.uint64)
-    previous = -1
-    i = 0
-    while i < n:
-        if previous >= 0:
-            following = previous + 1
-            if following < n_blocks and mapped[following] and \
-                    block_low[following] == low[i] and block_high[following] == high[i]:
-                ids[i] = following
-                previous = following
-                i += 1
-                continue
-        start = i
-        stop = min(start + (1 if previous >= 0 or start == 0 else READ_AHEAD), n)
-        for j in range(start, stop):
-            home_words[j - start] = slots[low[j] & mask]
-        for j in range(start, stop):
-            key_high, key_low = high[j], low[j]
-            fingerprint = key_high & SLOT_FINGERPRINT
-            pos = key_low & mask
-            word = home_words[j - start]
-            ids[j] = -1
-            for _ in range(slots.size):
-                slot_block = word & SLOT_BLOCK
-                if slot_block == EMPTY_SLOT:
-                    break
-                if (slot_block < np.uint64(n_blocks)
-                        and (word & SLOT_FINGERPRINT) == fingerprint
-                        and block_low[slot_block] == key_low
-                        and block_high[slot_block] == key_high):
-                    ids[j] = slot_block
-                    break
-                pos = (pos + np.uint64(1)) & mask
-                word = slots[pos]
-            i = j + 1
-            previous = ids[j]
+    def group_pass(
+        high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
+        mapped: Bools, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
+        position: NDArray[np.int32],
+        sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8], check: NDArray[np.uint8],
+        refs_target: NDArray[np.int32], refs_epoch: NDArray[np.uint32],
+        target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
+        target_position: NDArray[np.int32], consts: NDArray[np.int64],
+        history: NDArray[np.int64], n_history: int, checked_ok: Bools, spans: NDArray[np.int64],
+        prefix_step: int, check_mode: int,
+        use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
+        capped: bool, out: NDArray[np.int64],
+    ) -> None:
+        """Everything one group contributes to a verdict, in one pass over the prompt's blocks
+        and one over the candidate lengths (see the module docstring; ``settled_ok[i]``: every
+        target of index row ``i`` already sits settled in this prompt's history).
+
+        The prompt's block ids come from probing the group's hash table (``slots``,
+        ``block_high``, ``block_low``; the table's own probe,
+        :func:`~kvfsm.state._hashtable.probe_keys`, in the same call) with the prompt's words
+        ``high``, ``low``, or, for a key whose block is the one after the previous key's, from
+        that block's ``mapped`` flag and words alone. The
+        group's fixed parameters and small tables come packed in ``consts``
+        (:func:`pack_consts`), the kind's spans per candidate length in ``spans`` (rows SPAN_*).
+        What changes between lookups comes as scalars: ``check_mode`` (CHECKS_*);
+        ``use_checked_ok``, ``checked_ok`` holds the caller's alignment and checksum answers
+        (else the mode decides); ``has_index``, the group is a sparse index with the prompt's
+        history (its target group's pass output ``history``, of ``n_history`` blocks) evaluated
+        before it; ``history_all_settled``, every history block of the prompt is settled (no
+        plan step will move an index target); ``budget`` and ``capped``, the restores the
+        admission gate lets begin now (or BUDGET_UNKNOWN) and whether the core-wide budget has
+        caps. ``prefix_step`` above 0 says the spans are a raw prefix's (``lo`` and ``cut`` 0,
+        ``hi`` ``k * prefix_step`` at length ``k``, every length served): the pass computes them
+        instead of reading them (the twin reads them). Everything it writes goes to ``out``,
+        laid out as :func:`out_offsets` says (one allocation a call)."""
+        if plain:  # constants: what they switch on is compiled away
+            has_index = use_checked_ok = False
+        # The caller holds every argument for the whole call: views of these own no reference
+        # (no atomic add and subtract for each of the dozen views of ``out`` below).
+        high, low, spans, history, out = unowned(high), unowned(low), unowned(spans), \
+            unowned(history), unowned(out)
+        n, count = high.size, spans.shape[1]
+        # The parts of ``out`` (out_offsets; the same arithmetic, inline for the compiler).
+        width = max(n, count)
+        ids_at = N_SCALARS + count
+        epochs_at = ids_at + n
+        bytes_at = epochs_at + (n + 1) // 2
+        scalars, asked, ids = out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at]
+        epochs = out[epochs_at:bytes_at].view(np.uint32)
+        raw_bytes = out[bytes_at:].view(np.uint8)
+        facts = raw_bytes[:n]
+        rows = raw_bytes[n : n + N_FLAGS * width].view(np.bool_)
+        # Whole rows (as long as the longer of n and count): the loops read the first n or count.
+        now_raw, now_cmp = rows[NOW_RAW * width : (NOW_RAW + 1) * width], \
+            rows[NOW_CMP * width : (NOW_CMP + 1) * width]
+        after_raw, after_cmp = rows[AFTER_RAW * width : (AFTER_RAW + 1) * width], \
+            rows[AFTER_CMP * width : (AFTER_CMP + 1) * width]
+        fit, settled_ok = rows[FIT * width : (FIT + 1) * width], \
+            rows[SETTLED_OK * width : (SETTLED_OK + 1) * width]
+        hit = rows[(N_PER_BLOCK + HIT) * width : (N_PER_BLOCK + HIT + 1) * width]
+        now = rows[(N_PER_BLOCK + NOW) * width : (N_PER_BLOCK + NOW + 1) * width]
+        after = rows[(N_PER_BLOCK + AFTER) * width : (N_PER_BLOCK + AFTER + 1) * width]
+        full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
+        target_size, own_size = consts[P_TARGET_SIZE], consts[P_OWN_SIZE]
+        layout_ok_at, code_at, hashed_at = consts[P_LAYOUT_OK_AT], consts[P_CODE_AT], \
+            consts[P_HASHED_AT]
+        lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
+        # The probe. A prompt's blocks are usually allocated in one batch, in order: where the
+        # block after the last one found is mapped (``mapped``) under the next key's words, the
+        # table maps that key to it (keys are mapped once, a block under its own words), with no
+        # read of the table. Elsewhere the table's own probe (probe_keys): one key after a found
+        # one (its run of blocks ended there), else up to READ_AHEAD keys with their home slots
+        # read first, until one is found.
+        n_blocks = block_high.size
+        # One scratch allocation (each costs the call about 0.1 us) in 8-byte words: per
+        # position of the prompt's history the first index row allowed to point at it (int64),
+        # the read-ahead home slots (uint64), three prefix counts per block (int32) and per
+        # history position the epoch of its block (uint32).
+        n_scratch_history = n_history if has_index else 0
+        n_home = min(READ_AHEAD, n)
+        counts_at = n_scratch_history + n_home
+        epochs_scratch_at = counts_at + (3 * (n + 1) + 1) // 2
+        scratch = np.empty(epochs_scratch_at + (n_scratch_history + 1) // 2, dtype=np.int64)
+        home_words = scratch[n_scratch_history:counts_at].view(np.uint64)
+        previous = -1
+        i = 0
+        while i < n:
             if previous >= 0:
-                break
-    # The index's target group (its pass output ``history``, over the same lengths): its
-    # block ids and its settled row.
-    n_targets = target_epoch.size
-    if not has_index:
-        n_history = 0
-    history_width = max(n_history, count)
-    history_ids = history[N_SCALARS + count : N_SCALARS + count + n_history]
-    history_bytes = history[N_SCALARS + count + n_history + (n_history + 1) // 2 :].view(
-        np.uint8)
-    history_row = n_history + consts[P_HISTORY_SETTLED_ROW] * history_width
-    history_settled = history_bytes[history_row : history_row + n_history].view(np.bool_)
-    for i in range(N_SCALARS):
-        scalars[i] = 0
-    scalars[CHAIN_BLOCKS] = n
-    changes = False
-    # Prefix counts (int32: a prompt has far fewer blocks): bad raw / compressed / missing,
-    # in the scratch (each entry past the first is written before it is read); a raw
-    # prefix's spans need only where the first missing and first bad raw blocks are.
-    counts = scratch[counts_at:epochs_scratch_at].view(np.int32)
-    raw_bad, cmp_bad, missing = counts[: n + 1], counts[n + 1 : 2 * n + 2], \
-        counts[2 * n + 2 : 3 * n + 3]
-    raw_bad[0] = cmp_bad[0] = missing[0] = 0
-    # Per position of the prompt's history (small: the prompt's blocks): the epoch of the
-    # block there (0 where none), and the first index row allowed to point at it (the first
-    # whose block ends at or after it; never when it is dead), so a reference costs two small
-    # lookups.
-    epoch_at = scratch[epochs_scratch_at:].view(np.uint32)[:n_scratch_history]
-    epoch_at[:] = 0
-    first_row_at = scratch[:n_scratch_history]
-    if has_index:
-        for at in range(n_history):
-            held = history_ids[at]
-            if held < 0 or not consts[hashed_at + target_states[held]]:
-                first_row_at[at] = n  # no row of this prompt
+                following = previous + 1
+                if following < n_blocks and mapped[following] and \
+                        block_low[following] == low[i] and block_high[following] == high[i]:
+                    ids[i] = following
+                    previous = following
+                    i += 1
+                    continue
+            # One key right after a found one, else up to READ_AHEAD, until one is found.
+            i = probe_keys(slots, block_high, block_low, high, low, ids, i,
+                           min(i + (1 if previous >= 0 or i == 0 else READ_AHEAD), n), home_words,
+                           True, True)
+            previous = ids[i - 1]
+        # The index's target group (its pass output ``history``, over the same lengths): its
+        # block ids and its settled row.
+        n_targets = target_epoch.size
+        if not has_index:
+            n_history = 0
+        history_width = max(n_history, count)
+        history_ids = history[N_SCALARS + count : N_SCALARS + count + n_history]
+        history_bytes = history[N_SCALARS + count + n_history + (n_history + 1) // 2 :].view(
+            np.uint8)
+        history_row = n_history + consts[P_HISTORY_SETTLED_ROW] * history_width
+        history_settled = history_bytes[history_row : history_row + n_history].view(np.bool_)
+        for i in range(N_SCALARS):
+            scalars[i] = 0
+        scalars[CHAIN_BLOCKS] = n
+        changes = False
+        # Prefix counts (int32: a prompt has far fewer blocks): bad raw / compressed / missing,
+        # in the scratch (each entry past the first is written before it is read); a raw
+        # prefix's spans need only where the first missing and first bad raw blocks are.
+        counts = scratch[counts_at:epochs_scratch_at].view(np.int32)
+        raw_bad, cmp_bad, missing = counts[: n + 1], counts[n + 1 : 2 * n + 2], \
+            counts[2 * n + 2 : 3 * n + 3]
+        raw_bad[0] = cmp_bad[0] = missing[0] = 0
+        # Per position of the prompt's history (small: the prompt's blocks): the epoch of the
+        # block there (0 where none), and the first index row allowed to point at it (the first
+        # whose block ends at or after it; never when it is dead), so a reference costs two small
+        # lookups.
+        epoch_at = scratch[epochs_scratch_at:].view(np.uint32)[:n_scratch_history]
+        epoch_at[:] = 0
+        first_row_at = scratch[:n_scratch_history]
+        if has_index:
+            for at in range(n_history):
+                held = history_ids[at]
+                if held < 0 or not consts[hashed_at + target_states[held]]:
+                    first_row_at[at] = n  # no row of this prompt
+                else:
+                    epoch_at[at] = target_epoch[held]
+                    first_row_at[at] = ((at + 1) * target_size + own_size - 1) // own_size - 1
+        # The block of the previous row when it was found and every reference of it passed (an
+        # index's neighbouring rows often hold the same references; -1: none).
+        fit_block = -1
+        raw_count = cmp_count = missing_count = 0
+        # Blocks before the first bad raw one (before the first missing one: chain_blocks).
+        first_raw_bad = 0
+        chain_blocks, needs_checksums = n, False
+        for i in range(n):
+            block = ids[i]
+            row_fit, row_settled = True, True
+            if block < 0:
+                block_facts = 0
+                epochs[i] = 0
+                if chain_blocks == n:
+                    chain_blocks = i
+                row_fit = not has_index
             else:
-                epoch_at[at] = target_epoch[held]
-                first_row_at[at] = ((at + 1) * target_size + own_size - 1) // own_size - 1
-    # The block of the previous row when it was found and every reference of it passed (an
-    # index's neighbouring rows often hold the same references; -1: none).
-    fit_block = -1
-    raw_count = cmp_count = missing_count = 0
-    # Blocks before the first bad raw one (before the first missing one: chain_blocks).
-    first_raw_bad = 0
-    chain_blocks, needs_checksums = n, False
-    for i in range(n):
-        block = ids[i]
-        row_fit, row_settled = True, True
-        if block < 0:
-            block_facts = 0
-            epochs[i] = 0
-            if chain_blocks == n:
-                chain_blocks = i
-            row_fit = not has_index
-        else:
-            state = states[block]
-            epochs[i] = epoch[block]
-            block_facts = FOUND | (consts[code_at + state] << CODE_SHIFT)
-            if position[block] == i:
-                block_facts |= PLACED
-            if sub_blocks[block] == full_sub_mask:
-                block_facts |= WHOLE
-            if consts[layout_ok_at + layout_id[block]]:
-                block_facts |= LAYOUT
-            same = has_index and fit_block >= 0
-            if same and block != fit_block:
-                for j in range(refs_target.shape[1]):
-                    if refs_target[block, j] != refs_target[fit_block, j] or \
-                            refs_epoch[block, j] != refs_epoch[fit_block, j]:
-                        same = False
-                        break
-            if same:
-                # The previous row's references, which all passed: their targets' checks are
-                # the same, and a target allowed from a row is allowed from every later one.
-                row_settled = settled_ok[i - 1]
-            elif has_index:
-                for j in range(refs_target.shape[1]):
-                    target = refs_target[block, j]
-                    ref_epoch = refs_epoch[block, j]
-                    if target == _NO_TARGET:
-                        if ref_epoch != 0:
+                state = states[block]
+                epochs[i] = epoch[block]
+                block_facts = FOUND | (consts[code_at + state] << CODE_SHIFT)
+                if position[block] == i:
+                    block_facts |= PLACED
+                if sub_blocks[block] == full_sub_mask:
+                    block_facts |= WHOLE
+                if consts[layout_ok_at + layout_id[block]]:
+                    block_facts |= LAYOUT
+                same = has_index and fit_block >= 0
+                if same and block != fit_block:
+                    for j in range(refs_target.shape[1]):
+                        if refs_target[block, j] != refs_target[fit_block, j] or \
+                                refs_epoch[block, j] != refs_epoch[fit_block, j]:
+                            same = False
+                            break
+                if same:
+                    # The previous row's references, which all passed: their targets' checks are
+                    # the same, and a target allowed from a row is allowed from every later one.
+                    row_settled = settled_ok[i - 1]
+                elif has_index:
+                    for j in range(refs_target.shape[1]):
+                        target = refs_target[block, j]
+                        ref_epoch = refs_epoch[block, j]
+                        if target == _NO_TARGET:
+                            if ref_epoch != 0:
+                                row_fit = False
+                            continue
+                        if target < 0 or target >= n_targets:
                             row_fit = False
-                        continue
-                    if target < 0 or target >= n_targets:
-                        row_fit = False
-                        row_settled = history_all_settled
-                        break
-                    at = target_position[target]
-                    ours = 0 <= at < n_history and history_ids[at] == target
-                    if not ours:
-                        row_fit = False
-                        row_settled = history_all_settled
-                        break
-                    if not history_all_settled and not history_settled[at]:
-                        row_settled = False
-                    if row_fit:
-                        row_fit = epoch_at[at] == ref_epoch and first_row_at[at] <= i
-                    if not row_fit and (history_all_settled or not row_settled):
-                        break
-        facts[i] = block_facts
-        readable = (block_facts & READABLE) != 0
-        sound = (block_facts & SOUND) == SOUND and row_fit
-        if use_checked_ok:
-            ok = checked_ok[i]
-        elif check_mode == CHECKS_RECORDED and readable:
-            ok = check[block] != _FAILED
-            if check[block] == _UNCHECKED:
-                needs_checksums = True
+                            row_settled = history_all_settled
+                            break
+                        at = target_position[target]
+                        ours = 0 <= at < n_history and history_ids[at] == target
+                        if not ours:
+                            row_fit = False
+                            row_settled = history_all_settled
+                            break
+                        if not history_all_settled and not history_settled[at]:
+                            row_settled = False
+                        if row_fit:
+                            row_fit = epoch_at[at] == ref_epoch and first_row_at[at] <= i
+                        if not row_fit and (history_all_settled or not row_settled):
+                            break
+            facts[i] = block_facts
+            readable = (block_facts & READABLE) != 0
+            sound = (block_facts & SOUND) == SOUND and row_fit
+            if use_checked_ok:
+                ok = checked_ok[i]
+            elif check_mode == CHECKS_RECORDED and readable:
+                ok = check[block] != _FAILED
+                if check[block] == _UNCHECKED:
+                    needs_checksums = True
+            else:
+                ok = True
+            good = sound and ok
+            is_raw = good and (block_facts & READ_RAW) != 0
+            is_cmp = good and (block_facts & READ_COMPRESSED) != 0
+            movable = restore_aligned and sound and not (readable and not ok)
+            to_raw = (is_raw or (movable and (block_facts & TO_RAW) != 0)) and row_settled
+            to_cmp = (is_cmp or (movable and (block_facts & TO_COMPRESSED) != 0)) and row_settled
+            if to_raw != is_raw or to_cmp != is_cmp:
+                changes = True
+            now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
+            fit[i], settled_ok[i] = row_fit, row_settled
+            fit_block = block if row_fit and block >= 0 else -1
+            # Running counts kept in locals: the arrays are stored to, never read back here.
+            raw_count += not is_raw
+            cmp_count += not is_cmp
+            missing_count += block < 0
+            first_raw_bad += raw_count == 0
+            if not prefix_step:
+                raw_bad[i + 1] = raw_count
+                cmp_bad[i + 1] = cmp_count
+                missing[i + 1] = missing_count
+        scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
+        # The blocks the chain found, where they are one run at one epoch (ONE_RUN_BLOCKS; a
+        # branch-free loop over what was just written, which vectorizes).
+        differ = 0
+        if chain_blocks > 0:
+            run_first, run_epoch = ids[0], epochs[0]
+            for i in range(chain_blocks):
+                differ |= (ids[i] - (run_first + i)) | (epochs[i] ^ run_epoch)
+        scalars[ONE_RUN_BLOCKS] = chain_blocks if differ == 0 else 0
+        # Every block usable now in the form the kind settles in: none counted bad in it.
+        scalars[ALL_SETTLED] = (cmp_count if consts[P_SETTLED_FORM] != 0 else raw_count) == 0
+        largest_hit = largest_now = 0
+        if prefix_step and count:
+            # A raw prefix's spans (length k: blocks [0, k * prefix_step), every length served):
+            # a length is hit (usable) up to the first missing (bad) block, so each row is true
+            # up to a point and false after it, and is filled so.
+            largest_hit = min(count - 1, chain_blocks // prefix_step)
+            largest_now = min(count - 1, first_raw_bad // prefix_step)
+            hit[:largest_hit + 1] = True
+            hit[largest_hit + 1:count] = False
+            now[:largest_now + 1] = True
+            now[largest_now + 1:count] = False
+            after[:largest_now + 1] = True
+            after[largest_now + 1:count] = False
         else:
-            ok = True
-        good = sound and ok
-        is_raw = good and (block_facts & READ_RAW) != 0
-        is_cmp = good and (block_facts & READ_COMPRESSED) != 0
-        movable = restore_aligned and sound and not (readable and not ok)
-        to_raw = (is_raw or (movable and (block_facts & TO_RAW) != 0)) and row_settled
-        to_cmp = (is_cmp or (movable and (block_facts & TO_COMPRESSED) != 0)) and row_settled
-        if to_raw != is_raw or to_cmp != is_cmp:
-            changes = True
-        now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
-        fit[i], settled_ok[i] = row_fit, row_settled
-        fit_block = block if row_fit and block >= 0 else -1
-        # Running counts kept in locals: the arrays are stored to, never read back here.
-        raw_count += not is_raw
-        cmp_count += not is_cmp
-        missing_count += block < 0
-        first_raw_bad += raw_count == 0
-        if not prefix_step:
-            raw_bad[i + 1] = raw_count
-            cmp_bad[i + 1] = cmp_count
-            missing[i + 1] = missing_count
-    scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
-    # The blocks the chain found, where they are one run at one epoch (ONE_RUN_BLOCKS; a
-    # branch-free loop over what was just written, which vectorizes).
-    differ = 0
-    if chain_blocks > 0:
-        run_first, run_epoch = ids[0], epochs[0]
-        for i in range(chain_blocks):
-            differ |= (ids[i] - (run_first + i)) | (epochs[i] ^ run_epoch)
-    scalars[ONE_RUN_BLOCKS] = chain_blocks if differ == 0 else 0
-    # Every block usable now in the form the kind settles in: none counted bad in it.
-    scalars[ALL_SETTLED] = (cmp_count if consts[P_SETTLED_FORM] != 0 else raw_count) == 0
-    largest_hit = largest_now = 0
-    if prefix_step and count:
-        # A raw prefix's spans (length k: blocks [0, k * prefix_step), every length served):
-        # a length is hit (usable) up to the first missing (bad) block, so each row is true
-        # up to a point and false after it, and is filled so.
-        largest_hit = min(count - 1, chain_blocks // prefix_step)
-        largest_now = min(count - 1, first_raw_bad // prefix_step)
-        hit[:largest_hit + 1] = True
-        hit[largest_hit + 1:count] = False
-        now[:largest_now + 1] = True
-        now[largest_now + 1:count] = False
-        after[:largest_now + 1] = True
-        after[largest_now + 1:count] = False
-    else:
-        for k in range(count):
-            start, middle, end = lo[k], cut[k], hi[k]
-            served = base[k] != 0
-            hit_here = served and missing[end] == missing[start]
-            now_here = served and raw_bad[end] == raw_bad[middle] and \
-                cmp_bad[middle] == cmp_bad[start]
-            hit[k] = hit_here
-            now[k] = now_here
-            after[k] = now_here
-            if hit_here:
-                largest_hit = k
-            if now_here:
-                largest_now = k
-    scalars[LARGEST_HIT], scalars[LARGEST_NOW] = largest_hit, largest_now
-    scalars[LARGEST_AFTER] = largest_now
-    scalars[PLAN_CHANGES] = changes
-    if changes:
-        _plan_pass(ids, states, consts, spans, now_raw, now_cmp, after_raw, after_cmp, after,
-                   asked, scalars, budget, capped)
+            for k in range(count):
+                start, middle, end = lo[k], cut[k], hi[k]
+                served = base[k] != 0
+                hit_here = served and missing[end] == missing[start]
+                now_here = served and raw_bad[end] == raw_bad[middle] and \
+                    cmp_bad[middle] == cmp_bad[start]
+                hit[k] = hit_here
+                now[k] = now_here
+                after[k] = now_here
+                if hit_here:
+                    largest_hit = k
+                if now_here:
+                    largest_now = k
+        scalars[LARGEST_HIT], scalars[LARGEST_NOW] = largest_hit, largest_now
+        scalars[LARGEST_AFTER] = largest_now
+        scalars[PLAN_CHANGES] = changes
+        if changes:
+            _plan_pass(ids, states, consts, spans, now_raw, now_cmp, after_raw, after_cmp, after,
+                       asked, scalars, budget, capped)
+
+    return group_pass
+
+
+#: The pass's loop: the general one, and the plain one (no index, no checks given).
+_PASS_GENERAL: Final = _group_pass_loop_for(False)
+_PASS_PLAIN: Final = _group_pass_loop_for(True)
+
+group_pass = kernel(example=_group_pass_example, twin=_group_pass_twin,
+                    calls=(_plan_pass, probe_keys))(_PASS_GENERAL)
 
 
 # -- the same pass with the group's fixed arrays by address ------------------------------------
@@ -874,8 +756,6 @@ def _group_pass_fixed_twin(
          use_checked_ok, has_index, history_all_settled, budget, capped, out)
 
 
-#: The pass's loop, for :func:`group_pass_fixed` to call (compiled into it).
-_group_pass_loop = group_pass.python
 
 
 def _group_pass_fixed_example() -> tuple[object, ...]:
@@ -884,8 +764,7 @@ def _group_pass_fixed_example() -> tuple[object, ...]:
 
 
 @kernel(example=_group_pass_fixed_example, twin=_group_pass_fixed_twin,
-        inputs=lambda rng: _fixed_args(_group_pass_inputs(rng)),
-        calls=(_plan_pass, _group_pass_loop))
+        calls=(_plan_pass, probe_keys, _PASS_GENERAL, _PASS_PLAIN))
 def group_pass_fixed(
     high: Words, low: Words, fixed: NDArray[np.int64], history: NDArray[np.int64],
     n_history: int, checked_ok: Bools, spans: NDArray[np.int64], prefix_step: int,
@@ -899,253 +778,29 @@ def group_pass_fixed(
     # Unowned views (the caller holds the arrays): passed down without reference counting.
     high, low, fixed, history, checked_ok, spans, out = unowned(high), unowned(low), \
         unowned(fixed), unowned(history), unowned(checked_ok), unowned(spans), unowned(out)
-    _group_pass_loop(
-        high, low, vector_at(fixed, 0, np.uint64), vector_at(fixed, 1, np.uint64),
-        vector_at(fixed, 2, np.uint64), vector_at(fixed, 3, np.bool_),
-        vector_at(fixed, 4, np.uint8), vector_at(fixed, 5, np.uint32),
-        vector_at(fixed, 6, np.int32), vector_at(fixed, 7, np.uint16),
-        vector_at(fixed, 8, np.uint8), vector_at(fixed, 9, np.uint8),
-        matrix_at(fixed, 10, np.int32), matrix_at(fixed, 11, np.uint32),
-        vector_at(fixed, 12, np.uint32), vector_at(fixed, 13, np.uint8),
-        vector_at(fixed, 14, np.int32), vector_at(fixed, 15, np.int64),
-        history, n_history, checked_ok, spans, prefix_step, check_mode, use_checked_ok,
-        has_index, history_all_settled, budget, capped, out)
-
-
-# -- a lookup's first pass of a group without an index --------------------------------------
-
-#: The history and checks a first pass of a group without an index passes (never read: no
-#: index, no checks computed here), as constants the compiled pass holds.
-_FIRST_HISTORY: Final = read_only(np.zeros(N_SCALARS + 1, dtype=np.int64))
-_FIRST_CHECKED: Final = read_only(np.ones(0, dtype=np.bool_))
-#: :func:`group_pass_first`'s answer where the lookup has more to look at than one index.
-NOT_PLAIN: Final = -1
-
-
-def first_pass_answer(out: NDArray[np.int64]) -> int:
-    """What a first pass's scalars say at once: the last candidate index usable now where that
-    is also the last hit and no block needs a checksum computed or changes by the plan (the
-    group holds exactly to there and nothing else is left to find), else NOT_PLAIN."""
-    if out[NEEDS_CHECKSUMS] != 0 or out[PLAN_CHANGES] != 0 or \
-            out[LARGEST_HIT] != out[LARGEST_NOW]:
-        return NOT_PLAIN
-    return int(out[LARGEST_NOW])
-
-
-def _first_args(args: tuple[object, ...]) -> tuple[object, ...]:
-    """:func:`group_pass_fixed` arguments as :func:`group_pass_first` takes them: no index,
-    no checks computed here, no budget asked, no caps."""
-    high, low, fixed, _, _, _, spans, prefix_step, check_mode, *_, out = args
-    return high, low, fixed, spans, prefix_step, check_mode, out
-
-
-def _group_pass_first_twin(high: Words, low: Words, fixed: NDArray[np.int64],
-                           spans: NDArray[np.int64], prefix_step: int, check_mode: int,
-                           out: NDArray[np.int64]) -> int:
-    """:func:`group_pass_first` in NumPy."""
-    _group_pass_fixed_twin(high, low, fixed, _FIRST_HISTORY, 0, _FIRST_CHECKED, spans,
-                           prefix_step, check_mode, False, False, True, BUDGET_UNKNOWN, False,
-                           out)
-    return first_pass_answer(out)
-
-
-def _plain_pass_loop(
-    high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
-    mapped: Bools, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
-    position: NDArray[np.int32], sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8],
-    check: NDArray[np.uint8], consts: NDArray[np.int64], spans: NDArray[np.int64],
-    prefix_step: int, check_mode: int, out: NDArray[np.int64],
-) -> None:
-    """:func:`group_pass` of a group without an index, with no checks given, no budget asked
-    and no caps (a lookup's first pass), writing the same output: the index's per-row work,
-    its branches and scratch left out (the pass 8 % faster at 32 tokens, 16-18 % from 1 024
-    to 4 096 tokens). Its parts are written out here, not called: numba calls a compiled
-    function with array arguments at a cost a short prompt's whole pass notices. The
-    differential test holds it to the twin, as the full pass."""
-    n, count = high.size, spans.shape[1]
-    # The parts of ``out``, as group_pass views them.
-    width = max(n, count)
-    ids_at = N_SCALARS + count
-    epochs_at = ids_at + n
-    bytes_at = epochs_at + (n + 1) // 2
-    scalars, asked, ids = out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at]
-    epochs = out[epochs_at:bytes_at].view(np.uint32)
-    raw_bytes = out[bytes_at:].view(np.uint8)
-    facts = raw_bytes[:n]
-    rows = raw_bytes[n : n + N_FLAGS * width].view(np.bool_)
-    now_raw, now_cmp = rows[NOW_RAW * width : (NOW_RAW + 1) * width], \
-        rows[NOW_CMP * width : (NOW_CMP + 1) * width]
-    after_raw, after_cmp = rows[AFTER_RAW * width : (AFTER_RAW + 1) * width], \
-        rows[AFTER_CMP * width : (AFTER_CMP + 1) * width]
-    fit, settled_ok = rows[FIT * width : (FIT + 1) * width], \
-        rows[SETTLED_OK * width : (SETTLED_OK + 1) * width]
-    hit = rows[(N_PER_BLOCK + HIT) * width : (N_PER_BLOCK + HIT + 1) * width]
-    now = rows[(N_PER_BLOCK + NOW) * width : (N_PER_BLOCK + NOW + 1) * width]
-    after = rows[(N_PER_BLOCK + AFTER) * width : (N_PER_BLOCK + AFTER + 1) * width]
-    full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
-    layout_ok_at, code_at = consts[P_LAYOUT_OK_AT], consts[P_CODE_AT]
-    # One scratch allocation in 8-byte words: the probe's read-ahead home slots (uint64) and,
-    # unless the spans are a raw prefix's, three prefix counts per block (int32).
-    n_home = min(READ_AHEAD, n)
-    n_counts = 0 if prefix_step else 3 * (n + 1)
-    scratch = np.empty(n_home + (n_counts + 1) // 2, dtype=np.int64)
-    home_words = scratch[:n_home].view(np.uint64)
-    # The probe, as group_pass's (the same ids), as one loop over the keys: the run of blocks
-    # after the last one found first, else the key's chain from its home slot, read ahead
-    # with those of the keys after it (one key right after a found one).
-    mask = np.uint64(slots.size - 1)
-    n_blocks = block_high.size
-    previous = -1
-    batch_start = batch_end = 0  # keys whose home slots are read ahead into home_words
-    for i in range(n):
-        if previous >= 0:
-            following = previous + 1
-            if following < n_blocks and mapped[following] and \
-                    block_low[following] == low[i] and block_high[following] == high[i]:
-                ids[i] = following
-                previous = following
-                continue
-        if i >= batch_end:
-            batch_start = i
-            batch_end = min(i + (1 if previous >= 0 or i == 0 else READ_AHEAD), n)
-            for j in range(batch_start, batch_end):
-                home_words[j - batch_start] = slots[low[j] & mask]
-        key_high, key_low = high[i], low[i]
-        fingerprint = key_high & SLOT_FINGERPRINT
-        pos = key_low & mask
-        word = home_words[i - batch_start]
-        ids[i] = -1
-        for _ in range(slots.size):
-            slot_block = word & SLOT_BLOCK
-            if slot_block == EMPTY_SLOT:
-                break
-            if (slot_block < np.uint64(n_blocks)
-                    and (word & SLOT_FINGERPRINT) == fingerprint
-                    and block_low[slot_block] == key_low
-                    and block_high[slot_block] == key_high):
-                ids[i] = slot_block
-                break
-            pos = (pos + np.uint64(1)) & mask
-            word = slots[pos]
-        previous = ids[i]
-    counts = scratch[n_home:].view(np.int32)
-    raw_bad, cmp_bad, missing = counts[: n + 1], counts[n + 1 : 2 * n + 2], \
-        counts[2 * n + 2 : 3 * n + 3]
-    if not prefix_step:
-        raw_bad[0] = cmp_bad[0] = missing[0] = 0
-    for i in range(N_SCALARS):
-        scalars[i] = 0
-    recorded = check_mode == CHECKS_RECORDED
-    changes = False
-    raw_count = cmp_count = missing_count = 0
-    # Blocks before the first bad raw one (before the first missing one: chain_blocks).
-    first_raw_bad = 0
-    chain_blocks, needs_checksums = n, False
-    for i in range(n):
-        block = ids[i]
-        ok = True
-        if block < 0:
-            block_facts = 0
-            epochs[i] = 0
-            if chain_blocks == n:
-                chain_blocks = i
-        else:
-            epochs[i] = epoch[block]
-            block_facts = FOUND | (consts[code_at + states[block]] << CODE_SHIFT)
-            if position[block] == i:
-                block_facts |= PLACED
-            if sub_blocks[block] == full_sub_mask:
-                block_facts |= WHOLE
-            if consts[layout_ok_at + layout_id[block]]:
-                block_facts |= LAYOUT
-            if recorded and (block_facts & READABLE) != 0:
-                recorded_check = check[block]
-                ok = recorded_check != _FAILED
-                if recorded_check == _UNCHECKED:
-                    needs_checksums = True
-        facts[i] = block_facts
-        sound = (block_facts & SOUND) == SOUND
-        good = sound and ok
-        is_raw = good and (block_facts & READ_RAW) != 0
-        is_cmp = good and (block_facts & READ_COMPRESSED) != 0
-        # No checks are given here: a block fails one only where readable with a failed
-        # recorded check, so group_pass's "sound, and not readable and failed" is ``good``.
-        movable = restore_aligned and good
-        to_raw = is_raw or (movable and (block_facts & TO_RAW) != 0)
-        to_cmp = is_cmp or (movable and (block_facts & TO_COMPRESSED) != 0)
-        if to_raw != is_raw or to_cmp != is_cmp:
-            changes = True
-        now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
-        fit[i] = settled_ok[i] = True
-        raw_count += not is_raw
-        cmp_count += not is_cmp
-        missing_count += block < 0
-        first_raw_bad += raw_count == 0
-        if not prefix_step:
-            raw_bad[i + 1] = raw_count
-            cmp_bad[i + 1] = cmp_count
-            missing[i + 1] = missing_count
-    scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
-    differ = 0  # ONE_RUN_BLOCKS, as group_pass
-    if chain_blocks > 0:
-        run_first, run_epoch = ids[0], epochs[0]
-        for i in range(chain_blocks):
-            differ |= (ids[i] - (run_first + i)) | (epochs[i] ^ run_epoch)
-    scalars[ONE_RUN_BLOCKS] = chain_blocks if differ == 0 else 0
-    scalars[ALL_SETTLED] = (cmp_count if consts[P_SETTLED_FORM] != 0 else raw_count) == 0
-    largest_hit = largest_now = 0
-    if prefix_step and count:  # the per-length rows, as group_pass
-        largest_hit = min(count - 1, chain_blocks // prefix_step)
-        largest_now = min(count - 1, first_raw_bad // prefix_step)
-        hit[:largest_hit + 1] = True
-        hit[largest_hit + 1:count] = False
-        now[:largest_now + 1] = True
-        now[largest_now + 1:count] = False
-        after[:largest_now + 1] = True
-        after[largest_now + 1:count] = False
+    slots, block_high, block_low = vector_at(fixed, 0, np.uint64), \
+        vector_at(fixed, 1, np.uint64), vector_at(fixed, 2, np.uint64)
+    mapped, states, epoch = vector_at(fixed, 3, np.bool_), vector_at(fixed, 4, np.uint8), \
+        vector_at(fixed, 5, np.uint32)
+    position, sub_blocks, layout_id = vector_at(fixed, 6, np.int32), \
+        vector_at(fixed, 7, np.uint16), vector_at(fixed, 8, np.uint8)
+    check, refs_target, refs_epoch = vector_at(fixed, 9, np.uint8), \
+        matrix_at(fixed, 10, np.int32), matrix_at(fixed, 11, np.uint32)
+    target_epoch, target_states, target_position = vector_at(fixed, 12, np.uint32), \
+        vector_at(fixed, 13, np.uint8), vector_at(fixed, 14, np.int32)
+    consts = vector_at(fixed, 15, np.int64)
+    # A group without an index, with no checks given (most passes), runs the plain loop.
+    if has_index or use_checked_ok:
+        _PASS_GENERAL(
+            high, low, slots, block_high, block_low, mapped, states, epoch, position,
+            sub_blocks, layout_id, check, refs_target, refs_epoch, target_epoch,
+            target_states, target_position, consts, history, n_history, checked_ok, spans,
+            prefix_step, check_mode, use_checked_ok, has_index, history_all_settled, budget,
+            capped, out)
     else:
-        lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
-        for k in range(count):
-            start, middle, end = lo[k], cut[k], hi[k]
-            served = base[k] != 0
-            hit_here = served and missing[end] == missing[start]
-            now_here = served and raw_bad[end] == raw_bad[middle] and \
-                cmp_bad[middle] == cmp_bad[start]
-            hit[k] = hit_here
-            now[k] = now_here
-            after[k] = now_here
-            if hit_here:
-                largest_hit = k
-            if now_here:
-                largest_now = k
-    scalars[LARGEST_HIT], scalars[LARGEST_NOW] = largest_hit, largest_now
-    scalars[LARGEST_AFTER] = largest_now
-    scalars[PLAN_CHANGES] = changes
-    if changes:
-        _plan_pass(ids, states, consts, spans, now_raw, now_cmp, after_raw, after_cmp, after,
-                   asked, scalars, BUDGET_UNKNOWN, False)
-
-
-@kernel(example=lambda: _first_args(_group_pass_fixed_example()),
-        twin=_group_pass_first_twin,
-        inputs=lambda rng: _first_args(_fixed_args(_group_pass_inputs(rng))),
-        calls=(_plan_pass, _plain_pass_loop, first_pass_answer))
-def group_pass_first(high: Words, low: Words, fixed: NDArray[np.int64],
-                     spans: NDArray[np.int64], prefix_step: int, check_mode: int,
-                     out: NDArray[np.int64]) -> int:
-    """:func:`group_pass_fixed` of a lookup's first pass over a group without an index, with
-    no budget asked and no caps (what most lookups of most groups are): seven arguments
-    instead of fifteen, the group's arrays it reads viewed from the table, the loop without
-    an index's work (:func:`_plain_pass_loop`), and its answer (:func:`first_pass_answer`)
-    returned, so a lookup whose every group holds to the same length reads no scalar of the
-    output."""
-    # Unowned views (the caller holds the arrays): passed down without reference counting.
-    fixed, out = unowned(fixed), unowned(out)
-    _plain_pass_loop(unowned(high), unowned(low), vector_at(fixed, 0, np.uint64),
-                     vector_at(fixed, 1, np.uint64), vector_at(fixed, 2, np.uint64),
-                     vector_at(fixed, 3, np.bool_), vector_at(fixed, 4, np.uint8),
-                     vector_at(fixed, 5, np.uint32), vector_at(fixed, 6, np.int32),
-                     vector_at(fixed, 7, np.uint16), vector_at(fixed, 8, np.uint8),
-                     vector_at(fixed, 9, np.uint8), vector_at(fixed, 15, np.int64),
-                     unowned(spans), prefix_step, check_mode, out)
-    return first_pass_answer(out)
+        _PASS_PLAIN(
+            high, low, slots, block_high, block_low, mapped, states, epoch, position,
+            sub_blocks, layout_id, check, refs_target, refs_epoch, target_epoch,
+            target_states, target_position, consts, history, n_history, checked_ok, spans,
+            prefix_step, check_mode, use_checked_ok, has_index, history_all_settled, budget,
+            capped, out)

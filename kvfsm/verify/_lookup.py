@@ -16,20 +16,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm._jit import settings as jit_settings
-from kvfsm.spec import Event, Form, GroupDecl, Layout, Tier
+from kvfsm.spec import Event, Form, Layout, Tier
 from kvfsm.state import StateCore
 from kvfsm.verify._explained import Explanation, explained_later
-from kvfsm.verify._first_passes import (
-    Passed,
-    bound_entry,
-    evaluations,
-    first_pass_entry,
-    prompt_end,
-    whole_fields,
-)
 from kvfsm.verify._group_eval import GroupEval, _new_eval
-from kvfsm.verify._group_pass import AFTER, CHECKS_IGNORED, CHECKS_RECORDED, HIT, NOW
+from kvfsm.verify._group_pass import AFTER, HIT, NOW
 from kvfsm.verify._lookup_layout import (
     MAX_CACHED,
     LookupLayout,
@@ -39,7 +30,7 @@ from kvfsm.verify._lookup_layout import (
 )
 from kvfsm.verify._prompt import Prompt
 from kvfsm.verify._spans import spans_for
-from kvfsm.verify._statics import FIRST_PASS, statics_for
+from kvfsm.verify._statics import statics_for
 from kvfsm.verify._types import (
     Checks,
     DeviceProfile,
@@ -51,7 +42,6 @@ from kvfsm.verify._types import (
     RestoreStep,
     Shortfall,
     Verdict,
-    full_verdict,
 )
 from kvfsm.verify._why import BY_CODE, listed
 
@@ -61,6 +51,14 @@ _DEFAULT_PROFILE = DeviceProfile()
 _FULL: Final = Level.FULL
 _FAST: Final = Level.FAST
 _INT64: Final = np.dtype(np.int64)
+
+
+@functools.lru_cache(maxsize=MAX_CACHED)
+def prompt_end(hit: int) -> Shortfall:
+    """The shortfall of a prompt hit at every candidate length (a value: shared)."""
+    return Shortfall(Reason.PROMPT_END, "*", detail=(
+        f"every candidate length hit; tokens from {hit} on are computed, the last one for its "
+        "logits"))
 
 
 def _largest(vector: np.ndarray, below: int | None = None) -> int:
@@ -136,70 +134,21 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     lengths, rows, cached_spans = layout.spans_at(n_tokens, count) if known is None else known
     lease_spans: LeaseSpans | None = cached_spans
     capped = core.restore_budget.capped
-    made: list[GroupEval] | None = None
-    if layout.plain and not capped and not kernel_layouts and jit_settings.enabled:
-        # Each group's first pass (kvfsm.verify._first_passes, run here: a frame fewer), and
-        # the verdict where every group holds to the last candidate length, hit as far, with
-        # no checksum to compute (FULL recomputes them), no alignment to check here, nothing
-        # the plan changes, and nothing more asked (a speculative drop, a boundary reason).
-        mode = CHECKS_RECORDED if checksums else CHECKS_IGNORED
-        says_all = not drop_last_block and not layout.boundary and \
-            not (checksums and level is _FULL)
-        last_at = count - 1
-        run = bound_entry[0] if bound_entry else None
-        passed: list[Passed] = []
-        found = []
-        for group, decl, _, known_here, spans in rows:
-            words = prompt.words(decl.block_size)
-            high, low = words
-            # The statics this group's first passes used last, where nothing they were made
-            # from changed (statics_for's checks: the profile, the table, the layouts; the
-            # reading layout is the group's own, and a group without an index has no target).
-            statics = known_here.get(FIRST_PASS)
-            if statics is None or statics.made_from[1] is not profile or \
-                    statics.made_from[2] is not group.table or \
-                    statics.made_from[4] != len(group.layouts):
-                statics = known_here[FIRST_PASS] = statics_for(group, decl.layout, profile,
-                                                               known_here)
-            fixed = statics.fixed
-            if fixed is None or spans.n != high.size:
-                break  # not laid out for the first pass: the general lookup runs them all
-            out = np.empty(spans.out_size, _INT64)
-            if run is None:
-                run = first_pass_entry(high, low, fixed, spans.rows, spans.prefix_step, mode,
-                                       out)
-            if run(high, low, fixed, spans.rows, spans.prefix_step, mode, out) != last_at or \
-                    not (statics.aligned or (level is _FAST and statics.restore_aligned)):
-                says_all = False
-            passed.append((group, words, spans, statics, out))
-            if says_all:  # what the probe keeps (built here: a second loop costs more)
-                found.append((decl.name, spans, out, words, group.changes))
-        else:
-            if says_all:
-                usable = last_at * step
-                by_level = layout.whole.get(usable)
-                fields = None if by_level is None else by_level.get(level)
-                if fields is None:
-                    fields = whole_fields(layout, rows, usable, level)
-                return full_verdict(n_tokens, fields, make_probe(
-                    layout, prompt, found, last_at, usable, cached_spans))
-            made = evaluations(passed, lengths, level, profile, checksums)
-    if made is None:
-        made = []
-        # Groups whose blocks point into another group come after it (the index check reads
-        # the prompt's blocks of the target group, ``made[target_at]``).
-        for group, decl, target_at, known_here, spans in rows:
-            high, low = prompt.words(decl.block_size)
-            reads = (kernel_layouts.get(decl.name) if kernel_layouts else None) or decl.layout
-            if spans.n != high.size:  # the prompt's words end before its tokens: own spans
-                spans = spans_for(group, high.size, lengths, step)
-                lease_spans = None
-            # Made without the constructor's checks and keywords: the arguments are made here.
-            evaluation = _new_eval(GroupEval)
-            evaluation._evaluate(group, high, low, lengths, level, profile,
-                                 made[target_at] if target_at >= 0 else None, checksums,
-                                 spans, statics_for(group, reads, profile, known_here), capped)
-            made.append(evaluation)
+    made: list[GroupEval] = []
+    # Groups whose blocks point into another group come after it (the index check reads
+    # the prompt's blocks of the target group, ``made[target_at]``).
+    for group, decl, target_at, known_here, spans in rows:
+        high, low = prompt.words(decl.block_size)
+        reads = (kernel_layouts.get(decl.name) if kernel_layouts else None) or decl.layout
+        if spans.n != high.size:  # the prompt's words end before its tokens: own spans
+            spans = spans_for(group, high.size, lengths, step)
+            lease_spans = None
+        # Made without the constructor's checks and keywords: the arguments are made here.
+        evaluation = _new_eval(GroupEval)
+        evaluation._evaluate(group, high, low, lengths, level, profile,
+                             made[target_at] if target_at >= 0 else None, checksums,
+                             spans, statics_for(group, reads, profile, known_here), capped)
+        made.append(evaluation)
     every = tuple(made)
     hit_at, usable_at, after_at = _common_lasts(every)
     admitted = _admitted(core, every) if capped else True
@@ -237,8 +186,9 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
         if not explain:
             # Usable at the last candidate with no plan past it: every group holds there, so
             # its own figures are the verdict's and it has no stop.
-            groups.append(_shared_group_verdict(e.verdicts, e.decl, usable, usable, usable,
-                                                None))
+            decl = e.decl
+            groups.append(GroupVerdict(decl.name, decl.kind, decl.block_size, usable, usable,
+                                       usable, None))
         checked = e.checked
         if checked is not None:
             checks.append(Checks(e.decl.name, *checked))
@@ -350,22 +300,8 @@ def _group_verdict(e: GroupEval, step: int, count: int) -> GroupVerdict:
                 stop = e.reason(*first)
         if stop is None:
             stop = e.rule.unservable or Reason.NOT_CACHED
-    return _shared_group_verdict(e.verdicts, e.decl, hit, usable, restorable, stop)
-
-
-def _shared_group_verdict(
-        known_here: dict[tuple[int, int, int, Reason | None], GroupVerdict], decl: GroupDecl,
-        hit: int, usable: int, restorable: int, stop: Reason | None) -> GroupVerdict:
-    """The group's figures as a value shared between its verdicts (``known_here``: kept with
-    its statics, which are the group's own: no other declaration can hit them)."""
-    key = (hit, usable, restorable, stop)
-    known = known_here.get(key)
-    if known is None:
-        if len(known_here) >= MAX_CACHED:
-            known_here.clear()
-        known = known_here[key] = GroupVerdict(decl.name, decl.kind, decl.block_size, hit,
-                                               usable, restorable, stop)
-    return known
+    decl = e.decl
+    return GroupVerdict(decl.name, decl.kind, decl.block_size, hit, usable, restorable, stop)
 
 
 def _boundary(layout: LookupLayout, chains: list[int], last: int, hit: int) -> Shortfall | None:

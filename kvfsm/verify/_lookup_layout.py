@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,29 +21,19 @@ from kvfsm.state import GroupState, StateCore
 from kvfsm.verify._prompt import Prompt
 from kvfsm.verify._spans import Spans, spans_for
 from kvfsm.verify._statics import StaticsCache
-from kvfsm.verify._types import LeaseSpans, Level, Probe, ProbedGroup
+from kvfsm.verify._types import LeaseSpans, Probe, ProbedGroup
 
-#: Entries a lookup cache keeps before it starts again (candidate lengths, spans by prompt
-#: length, shared values).
+#: Entries a lookup cache keeps before it starts again (spans by prompt length, shared
+#: values).
 MAX_CACHED: Final = 4096
 #: The key of a core's :class:`LookupLayout` in its ``caches``.
 _LAYOUT_KEY = "verify.lookup.layout"
 
-#: Candidate lengths by (count, step), shared read-only: most prompts of a serving load have
-#: a few hundred distinct lengths.
-_CANDIDATES: dict[tuple[int, int], NDArray[np.int64]] = {}
-
-
 def candidates(count: int, step: int) -> NDArray[np.int64]:
-    """``[0, step, 2 * step, ...]``, ``count`` of them (read-only, cached)."""
-    key = (count, step)
-    lengths = _CANDIDATES.get(key)
-    if lengths is None:
-        if len(_CANDIDATES) >= MAX_CACHED:
-            _CANDIDATES.clear()
-        lengths = np.arange(count, dtype=np.int64) * step
-        lengths.flags.writeable = False
-        _CANDIDATES[key] = lengths
+    """``[0, step, 2 * step, ...]``, ``count`` of them (read-only: kept by
+    :meth:`LookupLayout.spans_at` for every lookup of a prompt length)."""
+    lengths = np.arange(count, dtype=np.int64) * step
+    lengths.flags.writeable = False
     return lengths
 
 
@@ -60,8 +50,7 @@ class LookupLayout:
     (for the block-boundary reason), and a weak reference to the core (for probes)."""
 
     __slots__ = ("__weakref__", "block_sizes", "boundary", "by_length", "change_count", "core",
-                 "finest_prefix", "groups", "names", "order", "plain", "prefix_at", "step",
-                 "whole")
+                 "finest_prefix", "groups", "names", "order", "prefix_at", "step")
 
     def __init__(self, core: StateCore) -> None:
         self.core = weakref.ref(core)
@@ -88,12 +77,6 @@ class LookupLayout:
                                  default=0)
         #: A prefix group's chain may reach past the last candidate length it covers.
         self.boundary = bool(self.prefix_at) and self.step > self.finest_prefix
-        #: No group points into another: every group's first pass may run before the
-        #: lookup looks at any (:mod:`kvfsm.verify._first_passes`).
-        self.plain = all(target_at < 0 for _, _, target_at, _ in self.groups)
-        #: By usable tokens and level: the fields of a verdict usable to the end of its
-        #: prompt, but its length and probe (:func:`~kvfsm.verify._first_passes.whole_fields`).
-        self.whole: dict[int, dict[Level, dict[str, Any]]] = {}
         #: By prompt length in tokens: the candidate lengths, each group's spans over them
         #: (a serving load repeats prompt lengths; one look-up instead of one per group), and
         #: what a lease reads of those spans (made by :meth:`spans_at`; a lookup reads them
@@ -131,24 +114,12 @@ def lease_spans_of(names: tuple[str, ...], spans: list[Spans]) -> LeaseSpans:
     return LeaseSpans(names, bounds, offsets)
 
 
-#: The layout last asked for and its core, both weakly: most processes serve one engine,
-#: whose lookups then skip the core's caches; a dropped engine is not kept.
-_LAST_LAYOUT: tuple[weakref.ref[StateCore], weakref.ref[LookupLayout]] | None = None
-
-
 def layout_of(core: StateCore) -> LookupLayout:
     """The core's :class:`LookupLayout` (kept in the core's ``caches``)."""
-    global _LAST_LAYOUT
-    last = _LAST_LAYOUT
-    if last is not None and last[0]() is core:
-        layout = last[1]()
-        if layout is not None:
-            return layout
     known = core.caches.get(_LAYOUT_KEY)
     if not isinstance(known, LookupLayout):
         known = LookupLayout(core)
         core.caches[_LAYOUT_KEY] = known
-    _LAST_LAYOUT = (known.core, weakref.ref(known))
     return known
 
 

@@ -41,7 +41,6 @@ from kvfsm.verify._paths import RestorePaths
 from kvfsm.verify._snapshot import take_snapshot
 from kvfsm.verify._spans import Spans
 from kvfsm.verify._statics import Statics
-from kvfsm.verify._types import GroupVerdict
 from kvfsm.verify._why import Codes, reason_codes
 
 Bools = NDArray[np.bool_]
@@ -101,11 +100,6 @@ class PassOutput:
     def rule(self) -> KindRule:
         """The rule of the group's kind."""
         return self.group.rule
-
-    @property
-    def verdicts(self) -> dict[tuple[int, int, int, Reason | None], GroupVerdict]:
-        """The group's figures by (hit, usable, restorable, stop), shared between verdicts."""
-        return self._statics.verdicts
 
     @property
     def paths(self) -> RestorePaths:

@@ -54,19 +54,7 @@ def _take_snapshot_example() -> tuple[object, ...]:
             read_only(np.zeros(1, dtype=np.uint8)), True)
 
 
-def _take_snapshot_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """A pass output of a few blocks over a few lengths (its other words noise), some ids
-    missing, over a group of random states and checks (every check state, FAILED often)."""
-    n, count = int(rng.integers(0, 9)), int(rng.integers(1, 6))
-    n_blocks = int(rng.integers(1, 12))
-    out = rng.integers(-(2**40), 2**40, out_offsets(n, count)[3]).astype(np.int64)
-    ids = rng.integers(-1, n_blocks, n)
-    out[N_SCALARS + count : N_SCALARS + count + n] = ids
-    return (out, n, count, read_only(rng.integers(0, 256, n_blocks).astype(np.uint8)),
-            read_only(rng.integers(0, 3, n_blocks).astype(np.uint8)), bool(rng.random() < 0.7))
-
-
-@kernel(example=_take_snapshot_example, twin=_take_snapshot_twin, inputs=_take_snapshot_inputs)
+@kernel(example=_take_snapshot_example, twin=_take_snapshot_twin)
 def take_snapshot(out: NDArray[np.int64], n: int, count: int, states: NDArray[np.uint8],
                   check: NDArray[np.uint8], record_failed: bool) -> None:
     """Into the snapshot rows of a group pass's output ``out`` (``n`` blocks, ``count``

@@ -70,25 +70,12 @@ def _prefix_step(rows: NDArray[np.int64]) -> int:
     return step
 
 
-#: Spans by (group declaration, prompt blocks, candidate count, step), shared: a kind's rule
-#: is a function of these alone, and a serving load repeats prompt lengths.
-_SPANS: dict[tuple[int, int, int, int], tuple[object, Spans]] = {}
-_MAX_SPANS = 4096
-
-
 def spans_for(group: GroupState, n: int, lengths: NDArray[np.int64], step: int) -> Spans:
-    """The group's spans over ``lengths`` (``[0, step, ...]``) for a prompt of ``n`` blocks."""
-    decl = group.decl
-    key = (id(decl), n, lengths.size, step)
-    known = _SPANS.get(key)
-    if known is not None and known[0] is decl:
-        return known[1]
-    if len(_SPANS) >= _MAX_SPANS:
-        _SPANS.clear()
-    spans = Spans(group.rule.needed(decl, lengths), n)
+    """The group's spans over ``lengths`` (``[0, step, ...]``) for a prompt of ``n`` blocks
+    (read-only; a lookup keeps them per prompt length: :meth:`LookupLayout.spans_at`)."""
+    spans = Spans(group.rule.needed(group.decl, lengths), n)
     for array in (spans.lo, spans.cut, spans.hi):
         array.setflags(write=False)
-    _SPANS[key] = (decl, spans)
     return spans
 
 

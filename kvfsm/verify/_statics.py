@@ -9,13 +9,11 @@ so a lookup hands the pass one address table instead of sixteen arrays.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
-from typing import Any, Final, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._reasons import Reason
 from kvfsm.fsm import CompiledTable
 from kvfsm.kinds import KindRule
 from kvfsm.memory import SlotPool
@@ -24,7 +22,7 @@ from kvfsm.spec import Form, Layout, Tier
 from kvfsm.state import GroupState
 from kvfsm.verify._group_pass import pack_consts, pack_fixed
 from kvfsm.verify._paths import RestorePaths, restore_paths
-from kvfsm.verify._types import DeviceProfile, GroupVerdict
+from kvfsm.verify._types import DeviceProfile
 
 Bools = NDArray[np.bool_]
 
@@ -48,7 +46,6 @@ class _Kept(NamedTuple):
     rule: KindRule
     name: str
     paths: RestorePaths
-    verdicts: dict[tuple[int, int, int, Reason | None], GroupVerdict]
 
 
 #: Statics kept per group: one per reading layout and device profile a caller uses.
@@ -62,8 +59,8 @@ class Statics:
     arrays, and the parameters that never change. Made once; :func:`statics_for` makes a new
     one when something it was made from is replaced (the table, a new recorded layout)."""
 
-    __slots__ = ("aligned", "arrays", "entry", "fixed", "kept", "layout_ok", "made_from", "paths",
-                 "pool", "restore_aligned", "settled_compressed", "table", "verdicts")
+    __slots__ = ("aligned", "arrays", "fixed", "fixed_table", "kept", "layout_ok", "made_from",
+                 "paths", "pool", "restore_aligned", "settled_compressed", "table")
 
     paths: RestorePaths
 
@@ -96,13 +93,10 @@ class Statics:
         consts = pack_consts(group.full_sub_mask, self.restore_aligned, *sizes,
                              self.settled_compressed, layout_ok, paths.code,
                              paths.restores_by_form, hashed, target_settled_compressed)
-        #: The group's figures (GroupVerdict) by (hit, usable, restorable, stop), shared
-        #: between verdicts: values.
-        self.verdicts: dict[tuple[int, int, int, Reason | None], GroupVerdict] = {}
         #: What an evaluation keeps of the group and of these statics once its lookup is over
         #: (:meth:`~kvfsm.verify._pass_output.PassOutput.detach`): the same for every
         #: evaluation made with them.
-        self.kept = _Kept(group.rule, group.name, paths, self.verdicts)
+        self.kept = _Kept(group.rule, group.name, paths)
         table = self.table
         #: The pass's arguments after the prompt's words, up to the prompt's history: the hash
         #: table, the group's metadata, its index references and their targets, the consts.
@@ -110,24 +104,17 @@ class Statics:
                        group.states,
                        group.epoch, group.position, group.sub_blocks, group.layout_id,
                        group.check, *targets, consts)
-        #: The same arrays as one address table (None where one is laid out otherwise): a
-        #: compiled first pass takes them so, one argument instead of sixteen.
-        self.fixed = pack_fixed(self.arrays)
-        #: The compiled pass's entry point for the argument types of a first pass with these
-        #: arrays (bound on the first compiled pass; None until): the arrays are these, and
-        #: every other argument is made the same way on every lookup (see ``_pass``).
-        self.entry: Callable[..., None] | None = None
+        #: The same arrays as one address table (None where one is laid out otherwise),
+        #: holding the arrays it addresses.
+        self.fixed_table = pack_fixed(self.arrays)
+        #: The table as a plain ndarray, as a compiled pass takes it (one argument instead of
+        #: sixteen): numba matches an ndarray subclass's type in Python, some 0.7 us a call,
+        #: a plain array's in C.
+        self.fixed = None if self.fixed_table is None else self.fixed_table.view(np.ndarray)
 
 
-#: A group's statics: by the ids of the reading layout and device profile, and under
-#: :data:`FIRST_PASS`.
-StaticsCache = dict[tuple[int, int] | int, "Statics"]
-#: The key under which a group's statics cache (``known_here`` of :func:`statics_for`) also
-#: keeps the statics its lookups' first passes used last (the group's own layout, the
-#: lookup's device profile): an int, hashed at no cost, beside the ``(layout id, profile
-#: id)`` keys; a lookup checks them as :func:`statics_for` does (see
-#: :func:`~kvfsm.verify._lookup.lookup_checked`).
-FIRST_PASS: Final = 0
+#: A group's statics: by the ids of the reading layout and device profile.
+StaticsCache = dict[tuple[int, int], "Statics"]
 
 #: Per group (weakly): its statics by the ids of the reading layout and device profile.
 _STATICS: weakref.WeakKeyDictionary[GroupState, StaticsCache] = \

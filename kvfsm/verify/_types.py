@@ -28,10 +28,6 @@ class Level(enum.Enum):
     #: construction (pool alignment a multiple of the profile's).
     FAST = "fast"
 
-    # Hashed by identity, as compared (each level is one object): a lookup keys its cache of
-    # full verdicts by level, and Enum's own hash is a Python call on its name.
-    __hash__ = object.__hash__
-
 
 def _alignment(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     _args.positive(f"DeviceProfile.{attribute.name}", value)
@@ -256,37 +252,6 @@ class Verdict:
     @property
     def reason_set(self) -> frozenset[Reason]:
         return frozenset(s.reason for s in self.reasons)
-
-
-_new_verdict = object.__new__
-
-
-#: Sets an instance's ``__dict__`` whole (a frozen class refuses ``setattr``).
-_set_dict = object.__setattr__
-
-
-def full_fields(usable: int, level: Level, groups: tuple[GroupVerdict, ...],
-                reasons: tuple[Shortfall, ...]) -> dict[str, Any]:
-    """The fields of a full hit's verdict at ``usable`` tokens and ``level`` (hit, usable now
-    and restorable all ``usable``, no plan, no checksums computed), in Verdict's order, with
-    a prompt length of 0 and no probe: what :func:`full_verdict` copies (a lookup keeps one
-    per usable length and level)."""
-    return {"prompt_tokens": 0, "hit_tokens": usable, "usable_tokens": usable,
-            "restorable_tokens": usable, "recompute_from": usable, "level": level,
-            "groups": groups, "reasons": reasons, "plan": (), "checks": (), "probe": None}
-
-
-def full_verdict(prompt_tokens: int, fields: dict[str, Any], probe: Probe) -> Verdict:
-    """The verdict of :func:`full_fields`' ``fields`` for a prompt of ``prompt_tokens`` with
-    ``probe``, made by copying them whole: the constructor's frame and defaults are a tenth of
-    a short prompt's lookup, and storing the fields one by one into a fresh instance grows its
-    dict twice. The fields are Verdict's, in its order (attrs stores them so too)."""
-    verdict = _new_verdict(Verdict)
-    own = fields.copy()
-    own["prompt_tokens"] = prompt_tokens
-    own["probe"] = probe
-    _set_dict(verdict, "__dict__", own)
-    return verdict
 
 
 KernelLayouts = Mapping[str, Layout]

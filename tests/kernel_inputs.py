@@ -1,0 +1,207 @@
+"""Random valid inputs of the lookup's compiled kernels, for the differential test
+(``tests/test_jit.py``: each kernel compiled, as its NumPy twin and as plain Python, on the
+same draws), and hand-made pass outputs for the group pass's tests."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm._jit import read_only
+from kvfsm.state._hashtable import (
+    EMPTY_SLOT,
+    SLOT_BLOCK,
+    SLOT_FINGERPRINT,
+    TOMBSTONE,
+    probe_twin,
+    slot_words,
+)
+from kvfsm.verify._group_pass import (
+    _NO_TARGET,
+    BUDGET_UNKNOWN,
+    N_SCALARS,
+    NOW_CMP,
+    NOW_RAW,
+    _fixed_args,
+    out_offsets,
+    out_views,
+    pack_consts,
+)
+
+Words = NDArray[np.uint64]
+Bools = NDArray[np.bool_]
+IdArray = NDArray[np.intp]
+
+
+def probe_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """A valid table (no key twice, none past an empty slot of its chain: keys inserted at the
+    first empty slot, some then removed to tombstones; now and then no empty slot at all) over
+    blocks whose words share fingerprints, words and home slots, now and then a slot naming a
+    block beyond the words (corrupt), and keys to find: stored ones, the words of blocks not
+    mapped, and others sharing a word with them."""
+    capacity = 1 << int(rng.integers(3, 7))
+    n_blocks = int(rng.integers(1, 2 * capacity))
+    # Few distinct high words (fingerprints: 0 and the top bit) and low words in a few
+    # multiples of the capacity: long chains, equal fingerprints, keys equal in one word only.
+    highs = np.array([0, 1, 1 << 63, (1 << 63) | 1], dtype=np.uint64)
+    block_high = rng.choice(highs, n_blocks).astype(np.uint64)
+    block_low = rng.integers(0, 4 * capacity, n_blocks).astype(np.uint64)
+    slots = np.full(capacity, EMPTY_SLOT, dtype=np.uint64)
+    stored: set[tuple[int, int]] = set()
+    full = rng.random() < 0.1
+    wanted = capacity if full else int(rng.integers(0, capacity // 2 + 1))
+    mask = capacity - 1
+    for block in rng.permutation(n_blocks).tolist():
+        key = (int(block_high[block]), int(block_low[block]))
+        if len(stored) == wanted:
+            break
+        if key in stored:
+            continue  # a block with the same content as a mapped one: not mapped
+        stored.add(key)
+        pos = key[1] & mask
+        while (slots[pos] & SLOT_BLOCK) != EMPTY_SLOT:
+            pos = (pos + 1) & mask
+        slots[pos] = slot_words(block_high[block : block + 1], np.array([block]))[0]
+    live = (slots & SLOT_BLOCK) < np.uint64(n_blocks)
+    stray = live & (rng.random(capacity) < 0.05)
+    slots[stray] = (slots[stray] & SLOT_FINGERPRINT) | np.uint64(n_blocks)  # beyond the words
+    tomb = live & ~stray & (rng.random(capacity) < 0.3)
+    slots[tomb] = (slots[tomb] & SLOT_FINGERPRINT) | np.uint64(TOMBSTONE & ((1 << 32) - 1))
+    n = int(rng.integers(0, 2 * capacity))
+    pick = rng.integers(0, n_blocks, n)
+    high, low = block_high[pick], block_low[pick]
+    mixed = rng.random(n) < 0.3
+    high[mixed] = rng.choice(highs, int(mixed.sum()))
+    return (slots, block_high, block_low, high.astype(np.uint64), low.astype(np.uint64),
+            np.full(n, -7, dtype=np.intp), bool(rng.integers(0, 2)))
+
+
+def history_of(ids: IdArray, settled: Bools, count: int, settled_row: int = NOW_RAW
+               ) -> NDArray[np.int64]:
+    """A pass output holding ``ids`` and the settled row ``settled`` (at ``settled_row``)
+    of a target group over ``count`` candidate lengths, everything else zero: the
+    ``history`` argument for hand-made index inputs."""
+    out = np.zeros(out_offsets(ids.size, count)[3], dtype=np.int64)
+    _, _, held, _, _, flags = out_views(out, ids.size, count)
+    held[:] = ids
+    flags[settled_row, : ids.size] = settled
+    return out
+
+
+def group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """A small group drawn freely: a hash table and prompt words as the probe's differential
+    test draws them (shared fingerprints, tombstones, stray slots, keys equal in one word,
+    misses), now and then reordered so neighbouring rows find the same block; metadata that
+    matches its position, layout and sub-blocks or not, random per-state codes and checks,
+    an index (sometimes) whose references into a small target group are right, stale, out of
+    order or out of range, a history partly settled, random spans per length (some lengths
+    unservable), and a budget from none to plenty."""
+    slots, block_high, block_low, high, low = cast(tuple[Words, ...], probe_inputs(rng)[:5])
+    n_blocks = block_high.size
+    # Which blocks the table maps (under their own words), as the table keeps them.
+    found = np.empty(n_blocks, dtype=np.intp)
+    probe_twin(slots, block_high, block_low, block_high, block_low, found, True)
+    mapped = found == np.arange(n_blocks)
+    if rng.random() < 0.4:
+        # A prompt's keys as they usually are: the words of consecutive blocks (mapped or
+        # not, some sharing words with a mapped block), now and then one key changed.
+        first = int(rng.integers(0, n_blocks))
+        run = np.arange(first, min(n_blocks, first + int(rng.integers(1, 24))))
+        high, low = block_high[run].copy(), block_low[run].copy()
+        if rng.random() < 0.3:
+            low[int(rng.integers(0, run.size))] ^= np.uint64(1)
+    n = high.size
+    ids = np.empty(n, dtype=np.intp)
+    probe_twin(slots, block_high, block_low, high, low, ids, True)
+    if rng.random() < 0.3:
+        order = np.argsort(ids, kind="stable")  # runs of one block: rows of equal references
+        high, low, ids = high[order], low[order], ids[order]
+    n_states, n_layouts = (int(rng.integers(1, top)) for top in (6, 4))
+    n_lengths = int(rng.integers(1, 8))
+    position = rng.integers(-1, 9, n_blocks).astype(np.int32)
+    for i, block in enumerate(ids.tolist()):
+        if block >= 0 and rng.random() < 0.7:
+            position[block] = i
+    full_sub_mask = int(rng.choice([1, 3]))
+    sub_blocks = np.where(rng.random(n_blocks) < 0.8, full_sub_mask,
+                          rng.integers(0, 4, n_blocks)).astype(np.uint16)
+    layout_ok = rng.random(n_layouts) < 0.7
+    has_index = bool(rng.random() < 0.5)
+    n_targets, top_k, n_history = (int(rng.integers(1, top)) for top in (9, 4, 9))
+    refs_target = rng.integers(-3, n_targets + 2, (n_blocks, top_k)).astype(np.int32)
+    refs_target[rng.random((n_blocks, top_k)) < 0.3] = _NO_TARGET
+    target_epoch = rng.integers(0, 2, n_targets).astype(np.uint32)
+    refs_epoch = target_epoch[np.clip(refs_target, 0, n_targets - 1)]
+    refs_epoch[refs_target == _NO_TARGET] = 0
+    refs_epoch[rng.random((n_blocks, top_k)) < 0.1] ^= 1
+    # Blocks holding another's references (neighbouring index rows usually do).
+    copied = rng.random(n_blocks) < 0.4
+    source = rng.integers(0, n_blocks, int(copied.sum()))
+    refs_target[copied], refs_epoch[copied] = refs_target[source], refs_epoch[source]
+    history_ids = rng.permutation(max(n_targets, n_history))[:n_history].astype(np.intp)
+    history_ids[(history_ids >= n_targets) | (rng.random(n_history) < 0.15)] = -1
+    target_position = np.full(n_targets, -1, dtype=np.int32)
+    held = np.flatnonzero(history_ids >= 0)
+    target_position[history_ids[held]] = held
+    wrong = rng.random(n_targets) < 0.15
+    target_position[wrong] = rng.integers(-1, n_history + 2, int(wrong.sum()))
+    history_settled = rng.random(n_history) < rng.choice([0.5, 0.9])
+    hi = rng.integers(0, n + 1, n_lengths)
+    cut = np.minimum(rng.integers(0, n + 1, n_lengths), hi)
+    lo = np.minimum(rng.integers(0, n + 1, n_lengths), cut)
+    base = rng.random(n_lengths) < 0.9
+    prefix_step = 0
+    if rng.random() < 0.3:
+        # A raw prefix's spans (full attention): every block before length k's end, raw.
+        prefix_step = int(rng.integers(1, 3))
+        n_lengths = min(n_lengths, n // prefix_step + 1)
+        hi = np.arange(n_lengths, dtype=np.int64) * prefix_step
+        cut, lo = np.zeros_like(hi), np.zeros_like(hi)
+        base = np.ones(n_lengths, dtype=np.bool_)
+    target_settled_compressed = bool(rng.random() < 0.5)
+    consts = pack_consts(
+        full_sub_mask, bool(rng.random() < 0.8), int(rng.choice([16, 64])),
+        int(rng.choice([16, 64])), bool(rng.random() < 0.5), layout_ok,
+        rng.integers(0, 16, n_states).astype(np.uint8),
+        np.stack([rng.random(n_states) < 0.5, rng.random(n_states) < 0.5]),
+        rng.random(n_states) < 0.8, target_settled_compressed)
+    # The target group's pass output: its ids and settled row; other rows hold noise.
+    history = history_of(history_ids, history_settled, n_lengths,
+                         NOW_CMP if target_settled_compressed else NOW_RAW)
+    _, _, _, _, _, history_flags = out_views(history, n_history, n_lengths)
+    other = NOW_RAW if target_settled_compressed else NOW_CMP
+    history_flags[other, :n_history] = rng.random(n_history) < 0.5
+    return (
+        high, low, slots, block_high, block_low, read_only(mapped),
+        read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)),
+        read_only(rng.integers(0, 5, n_blocks).astype(np.uint32)), read_only(position),
+        read_only(sub_blocks), read_only(rng.integers(0, n_layouts, n_blocks).astype(np.uint8)),
+        read_only(rng.integers(0, 3, n_blocks).astype(np.uint8)),
+        read_only(refs_target), read_only(refs_epoch), read_only(target_epoch),
+        read_only(rng.integers(0, n_states, n_targets).astype(np.uint8)),
+        read_only(target_position), consts, history, n_history,
+        rng.random(n) < 0.8, read_only(np.stack([lo, cut, hi, base]).astype(np.int64)),
+        prefix_step, int(rng.integers(0, 2)), bool(rng.random() < 0.3), has_index,
+        bool(history_settled.all()), int(rng.integers(BUDGET_UNKNOWN, 6)),
+        bool(rng.random() < 0.5),
+        np.empty(out_offsets(n, n_lengths)[3], dtype=np.int64))
+
+
+def take_snapshot_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """A pass output of a few blocks over a few lengths (its other words noise), some ids
+    missing, over a group of random states and checks (every check state, FAILED often)."""
+    n, count = int(rng.integers(0, 9)), int(rng.integers(1, 6))
+    n_blocks = int(rng.integers(1, 12))
+    out = rng.integers(-(2**40), 2**40, out_offsets(n, count)[3]).astype(np.int64)
+    ids = rng.integers(-1, n_blocks, n)
+    out[N_SCALARS + count : N_SCALARS + count + n] = ids
+    return (out, n, count, read_only(rng.integers(0, 256, n_blocks).astype(np.uint8)),
+            read_only(rng.integers(0, 3, n_blocks).astype(np.uint8)), bool(rng.random() < 0.7))
+
+
+def group_pass_fixed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """:func:`group_pass_inputs` as :func:`~kvfsm.verify._group_pass.group_pass_fixed` takes
+    them (the group's fixed arrays as one address table)."""
+    return _fixed_args(group_pass_inputs(rng))
