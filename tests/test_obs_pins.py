@@ -41,7 +41,7 @@ PAST_TTL_S = 0.05
 def net_pins(head: Record, lines: Sequence[Record]) -> dict[str, NDArray[np.int64]]:
     """Per group, the pins each block holds after ``lines``: the header's start plus every
     pin line and every run of a pins or take line, less a take's runs where a give_back
-    line names it."""
+    line names it (a lease line gives back what it takes)."""
     held = {}
     for name, entry in head["groups"].items():
         pins = np.zeros(entry["blocks"], dtype=np.int64)
@@ -271,8 +271,8 @@ def _renumbered(lines: list[Record]) -> list[Record]:
 
 @pytest.fixture
 def evicted_after_lease(tmp_path: Path) -> tuple[Record, list[Record]]:
-    """A dense engine's log: a commit, a lease taken, validated and given back, then every
-    device block evicted."""
+    """A dense engine's log: a commit, a lease taken, validated twice (a take_read line, then
+    a reads line) and given back (a give_back line), then every device block evicted."""
     path = tmp_path / "evicted.jsonl"
     with EventLog(path) as log:
         eng = Engine("dense", CoreConfig(device_blocks=16, backend="numpy"), event_log=log)
@@ -280,6 +280,7 @@ def evicted_after_lease(tmp_path: Path) -> tuple[Record, list[Record]]:
         eng.commit(prompt)
         _, lease = eng.lookup_and_lease(prompt)
         with lease:
+            lease.validate()
             lease.validate()
         eng.core.fire(GROUP, eng.core.blocks_in(GROUP, "device"), Event.EVICT)
         eng.close()

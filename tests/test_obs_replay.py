@@ -585,3 +585,55 @@ def test_a_line_changed_in_place_or_a_log_cut_after_its_last_write_is_refused(
     assert result.violation is not None and result.violation.check == "chain"
     assert "covered by no chain line" in result.violation.message
     assert _replayed(tmp_path, lines).accepted
+
+
+@pytest.fixture
+def whole_lease(tmp_path: Path) -> tuple[Record, list[Record]]:
+    """A DeepSeek-style engine's commit and a lease taken, validated once and given back with
+    nothing logged between: one lease line, a run per group."""
+    path = tmp_path / "whole.jsonl"
+    with EventLog(path) as log:
+        eng = Engine("deepseek_v4_like", CoreConfig(device_blocks=64, backend="numpy"),
+                     event_log=log)
+        prompt = eng.prompt(np.random.default_rng(5).integers(0, 50_000, 161))
+        eng.commit(prompt)
+        _, lease = eng.lookup_and_lease(prompt)
+        with lease:
+            lease.validate()
+        eng.close()
+    result = replay(path)
+    assert result.accepted and result.reads == 3 and result.pins == 2 * 3
+    head, lines = records(path)
+    assert [r["type"] for r in lines if r["type"] not in ("move", "write", "refs")] == ["lease"]
+    return head, lines
+
+
+def test_a_lease_line_is_checked_as_its_take_read_and_give_back(tmp_path: Path,
+                                                                whole_lease: Any) -> None:
+    """A lease line's take is checked (a run at an epoch its blocks are not at is refused),
+    a block past the run (free) too, and it leaves no take open: a
+    give_back naming it is refused."""
+    def later(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines, "lease")
+        lines[i]["runs"][2][3] += 1
+        return i
+
+    result, line = tamper(tmp_path, whole_lease, later)
+    rejected(result, line, "pin", "group 'index'", "taken at epoch")
+
+    def past_the_run(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines, "lease")
+        # Pinned first, so the free block is refused as a pin of a block a kernel may not read.
+        lines[i]["runs"][0][2] += 1
+        return i
+
+    result, line = tamper(tmp_path, whole_lease, past_the_run)
+    rejected(result, line, "pin", "group 'history'", "state 'free'")
+
+    def given_again(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines, "lease")
+        lines.append({"seq": len(lines), "type": "give_back", "take": lines[i]["seq"]})
+        return len(lines) - 1
+
+    result, line = tamper(tmp_path, whole_lease, given_again)
+    rejected(result, line, "give_back", "gives back take", "no open lease take")

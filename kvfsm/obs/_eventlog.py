@@ -5,8 +5,9 @@ of that lifecycle's compiled table, the capacity of each tier and the block coun
 blocks not free at epoch 0 when the log was attached). Then one line per batch that moved, one
 per reported read of a group's arrays, and one per lease's reads told as runs (a run of
 consecutive ids at one epoch per group), each with a sequence number. A lease taken in one
-pass writes a take line (its read joins it where nothing was logged between them) and a
-give_back line naming it, a few bytes where its runs would repeat. On the hot path a batch
+pass writes a take line (its read joins it where nothing was logged between them, and so
+does its give-back after that) and a give_back line naming it, a few bytes where its runs
+would repeat. On the hot path a batch
 costs one tuple of the arrays the core hands over, appended to a list; lines are formatted and
 written every ``flush_every`` records and on :meth:`EventLog.flush`, :meth:`EventLog.close` or
 context exit. A lease's runs are buffered as numbers (a lease whose every group read one run,
@@ -41,6 +42,8 @@ from kvfsm.fsm import CompiledTable
 from kvfsm.obs._read_lines import (
     GIVE_BACK,
     GIVE_BACK_LINE,
+    LEASE,
+    LEASE_LINE,
     PINS,
     PINS_LINE,
     READ,
@@ -65,7 +68,7 @@ FORMAT: Final = "kvfsm-eventlog"
 VERSION: Final = 5
 #: Versions :func:`~kvfsm.obs.replay` reads (1 never wrote runs; 2 wrote a lease's runs as a
 #: read line per group, never as one reads line; before 4 no chain lines; before 5 no pin,
-#: pins, take, take_read, give_back, check_failed, write or refs lines, and no pins in the
+#: pins, take, take_read, lease, give_back, check_failed, write or refs lines, and no pins in the
 #: header's ``start``).
 READABLE_VERSIONS: Final = frozenset({1, 2, 3, 4, 5})
 #: The first version whose lines are chained.
@@ -157,7 +160,8 @@ _Runs = list[tuple[str, int, int, int]]
 #: A buffered line of a lease taken in one pass, one run at one epoch per group holding
 #: blocks: ``(names, answers, count, kind, delta)``, the groups' names, the take's answer
 #: rows (:meth:`~kvfsm.state.StateCore.record_lease_runs`), how many of them hold blocks,
-#: the line's kind (READS_LINE, TAKE_LINE, TAKE_READ_LINE, or PINS_LINE of ``delta`` pins
+#: the line's kind (READS_LINE, TAKE_LINE, TAKE_READ_LINE, LEASE_LINE, or PINS_LINE of
+#: ``delta`` pins
 #: each). A give-back of a take line: ``((), None, take line's seq, GIVE_BACK_LINE, 0)``.
 _Leased = tuple[tuple[str, ...], NDArray[np.int64] | None, int, int, int]
 _LEASED_FIELDS: Final = 5
@@ -474,8 +478,9 @@ class EventLog:
         blocks, as the answer rows of its take (as :meth:`read_answer_runs`; a give-back
         this way returns every pin the take took): buffered as they are, formatted with the
         batch in the same compiled pass. A take is a take line (its read, if logged next,
-        joins it); its give-back a give_back line naming it, or a pins line where this log
-        wrote no take line of it (attached since, or forgotten: :data:`OPEN_TAKES_KEPT`)."""
+        joins it: take_read); its give-back a give_back line naming it (or, if its take_read
+        is the last line, makes that a lease line), or a pins line where this log wrote no
+        take line of it (attached since, or forgotten: :data:`OPEN_TAKES_KEPT`)."""
         with self._lock:
             if self._file is None or self._error is not None or not count:
                 return
@@ -488,6 +493,14 @@ class EventLog:
                 record = (names, answers, count, TAKE_LINE, 0)
             else:
                 taken = takes.pop(id(answers), None) if delta == -1 else None
+                if taken is not None:
+                    last = self._buffer[-1] if self._buffer else None
+                    if last.__class__ is tuple and len(last) == _LEASED_FIELDS and \
+                            last[_ANSWERS] is answers and last[_KIND] == TAKE_READ_LINE:
+                        # Its take_read is the last line, nothing logged since: one lease
+                        # line says all three, one line fewer.
+                        self._buffer[-1] = (names, answers, count, LEASE_LINE, 0)
+                        return
                 record = (names, answers, count, PINS_LINE, delta) if taken is None else \
                     ((), None, taken[1], GIVE_BACK_LINE, 0)
             buffer = self._buffer
@@ -687,7 +700,7 @@ class EventLog:
         self.close()
 
 
-__all__ = ["CHECK_FAILED", "FLUSH_EVERY", "FORMAT", "GIVE_BACK", "MOVE", "OPEN_TAKES_KEPT",
-           "PIN", "PINS", "READ", "READABLE_VERSIONS", "READS", "REFS", "TAKE", "TAKE_READ",
-           "VERSION", "WRITE",
+__all__ = ["CHECK_FAILED", "FLUSH_EVERY", "FORMAT", "GIVE_BACK", "LEASE", "MOVE",
+           "OPEN_TAKES_KEPT", "PIN", "PINS", "READ", "READABLE_VERSIONS", "READS", "REFS", "TAKE",
+           "TAKE_READ", "VERSION", "WRITE",
            "EventLog", "header", "runs", "table_digest"]

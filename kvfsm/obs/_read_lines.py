@@ -33,6 +33,9 @@ PINS: Final = "pins"
 TAKE: Final = "take"
 TAKE_READ: Final = "take_read"
 GIVE_BACK: Final = "give_back"
+#: The ``type`` of a whole lease, nothing logged while it was held: a take_read line and the
+#: give-back of its pins at once.
+LEASE: Final = "lease"
 #: A run this long or longer is written as ``[first, count]`` runs on a read line; shorter
 #: ones as lists (fewer characters either way).
 _RUNS_FROM: Final = 3
@@ -44,9 +47,10 @@ def _run_pieces(kind: str) -> tuple[str, str, str, str]:
 
 
 #: The pieces of each kind of line the pass writes; a line's kind is the index of its first
-#: piece (READS_LINE, PINS_LINE, TAKE_LINE, TAKE_READ_LINE, GIVE_BACK_LINE).
+#: piece (READS_LINE, PINS_LINE, TAKE_LINE, TAKE_READ_LINE, LEASE_LINE, GIVE_BACK_LINE).
 _PIECES: Final = _run_pieces(READS)
 _KINDS: Final = (_PIECES, _run_pieces(PINS), _run_pieces(TAKE), _run_pieces(TAKE_READ),
+                 _run_pieces(LEASE),
                  # One number, the take's sequence number, where the others have runs (its
                  # third piece is never written).
                  ('{"seq":', f',"type":"{GIVE_BACK}","{TAKE}":', "", "}"))
@@ -54,7 +58,8 @@ READS_LINE: Final = 0
 PINS_LINE: Final = len(_PIECES)
 TAKE_LINE: Final = 2 * len(_PIECES)
 TAKE_READ_LINE: Final = 3 * len(_PIECES)
-GIVE_BACK_LINE: Final = 4 * len(_PIECES)
+LEASE_LINE: Final = 4 * len(_PIECES)
+GIVE_BACK_LINE: Final = 5 * len(_PIECES)
 _ALL_PIECES: Final = tuple(piece for pieces in _KINDS for piece in pieces)
 _PIECE_BYTES: Final = np.frombuffer("".join(_ALL_PIECES).encode("ascii"),
                                     dtype=np.uint8).copy()
@@ -89,7 +94,7 @@ def run_read_line(seq: int, group_json: str, first: int, count: int, epoch: int)
 def reads_line(seq: int, runs: Sequence[JsonRun], kind: str = READS) -> str:
     """The line of a lease's reads (at least one run): per group, ``count`` consecutive ids
     from ``first``, all at ``epoch``; or of another ``kind`` of runs (pins, take,
-    take_read), the last number of each run as that kind says."""
+    take_read, lease), the last number of each run as that kind says."""
     spelled = "],[".join(f"{group_json},{first},{count},{epoch}"
                          for group_json, first, count, epoch in runs)
     return f'{{"seq":{seq},"type":"{kind}","runs":[[{spelled}]]}}'
@@ -149,8 +154,8 @@ def _lines_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     rows = np.stack([rng.integers(0, len(names), size), rng.integers(0, top, size),
                      rng.integers(1, top, size), rng.integers(0, top, size)], axis=1)
     name_bytes, name_starts = name_table(names)
-    kinds = rng.choice([READS_LINE, PINS_LINE, TAKE_LINE, TAKE_READ_LINE, GIVE_BACK_LINE],
-                       lines).astype(np.int64)
+    kinds = rng.choice([READS_LINE, PINS_LINE, TAKE_LINE, TAKE_READ_LINE, LEASE_LINE,
+                        GIVE_BACK_LINE], lines).astype(np.int64)
     return (rows.astype(np.int64).reshape(-1, 4), ends, kinds, int(rng.integers(0, top)),
             name_bytes,
             name_starts, _PIECE_BYTES, _PIECE_STARTS,
@@ -195,10 +200,10 @@ def reads_lines_kernel(rows: NDArray[np.int64], ends: NDArray[np.int64],
     (from 0 for the first; at least one each), each ``(group, first id, count, epoch)``
     where group ``g``'s JSON name is ``name_bytes[name_starts[g]:name_starts[g + 1]]``;
     ``written[0]``: the bytes written. Line ``k`` is a reads line, or a pins line (its runs'
-    last numbers pin deltas), a take or take_read line (epochs), as ``kinds[k]``
-    (READS_LINE, PINS_LINE, TAKE_LINE, TAKE_READ_LINE) says: the index of its first piece in
-    ``pieces``; or a give_back line (GIVE_BACK_LINE) of one row, whose first id is the take
-    line's sequence number."""
+    last numbers pin deltas), a take, take_read or lease line (epochs), as ``kinds[k]``
+    (READS_LINE, PINS_LINE, TAKE_LINE, TAKE_READ_LINE, LEASE_LINE) says: the index of its
+    first piece in ``pieces``; or a give_back line (GIVE_BACK_LINE) of one row, whose first
+    id is the take line's sequence number."""
     at = 0
     start = 0
     for k in range(ends.size):
@@ -264,7 +269,8 @@ def reads_lines(rows: NDArray[np.int64], ends: NDArray[np.int64], seq: int,
     return out[:int(written[0])].tobytes().decode("ascii")
 
 
-__all__ = ["GIVE_BACK", "GIVE_BACK_LINE", "PINS", "PINS_LINE", "READ", "READS", "READS_LINE",
+__all__ = ["GIVE_BACK", "GIVE_BACK_LINE", "LEASE", "LEASE_LINE", "PINS", "PINS_LINE", "READ",
+           "READS", "READS_LINE",
            "TAKE", "TAKE_LINE", "TAKE_READ", "TAKE_READ_LINE", "JsonRun", "give_back_line",
            "line_bound", "name_table", "reads_line", "reads_lines", "reads_lines_kernel",
            "run_read_line"]

@@ -32,6 +32,7 @@ from kvfsm.obs._eventlog import (
     CHECK_FAILED,
     FORMAT,
     GIVE_BACK,
+    LEASE,
     MOVE,
     PIN,
     PINS,
@@ -75,8 +76,8 @@ CHECKS: Final = (
 )
 
 #: The ``type`` of each kind of line after the header (the chain line aside).
-_LINE_TYPES: Final = [MOVE, READ, READS, PIN, PINS, TAKE, TAKE_READ, GIVE_BACK, CHECK_FAILED,
-                      WRITE, REFS]
+_LINE_TYPES: Final = [MOVE, READ, READS, PIN, PINS, TAKE, TAKE_READ, LEASE, GIVE_BACK,
+                      CHECK_FAILED, WRITE, REFS]
 #: Most pins one line may give or take per block (the core's counters are uint16).
 _MAX_PIN_DELTA: Final = 1 << 16
 #: ``_Group.failed`` of a block no lookup saw fail at its current epoch.
@@ -585,8 +586,10 @@ class _Replay:
         if kind == PINS:
             self.lease_pins(record, what)
             return
-        if kind in (TAKE, TAKE_READ):
-            self.take(record, seq, kind == TAKE_READ, what)
+        if kind in (TAKE, TAKE_READ, LEASE):
+            self.take(record, seq, kind != TAKE, what)
+            if kind == LEASE:  # given back at once: nothing was logged while it was held
+                self.give_back({TAKE: seq}, what)
             return
         if kind == GIVE_BACK:
             self.give_back(record, what)
