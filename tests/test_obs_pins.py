@@ -607,3 +607,27 @@ def test_takes_past_the_kept_ones_are_forgotten_and_given_back_as_runs(
     kinds = [r["type"] for r in lines if r["type"] in ("take", "give_back", "pins")]
     assert kinds == ["take", "take", "pins", "give_back"]
     assert replay(path).accepted
+
+
+def test_a_take_written_before_its_read_is_named_by_its_give_back(tmp_path: Path) -> None:
+    """A take whose batch is written before the lease is read (a log writing every record)
+    joins nothing: a take line, a reads line and a give_back naming the take; the pins
+    replayed are the core's after each step and the log replays clean."""
+    path = tmp_path / "every.jsonl"
+    with EventLog(path, flush_every=1) as log:
+        eng = deepseek(log)
+        prompt = ds_prompt(eng, 8)
+        eng.commit(prompt)
+        _, lease = eng.lookup_and_lease(prompt)
+        assert_log_holds_core_pins(log, eng)
+        lease.validate()
+        lease.release()
+        assert_log_holds_core_pins(log, eng)
+        eng.close()
+    _, lines = records(path)
+    leased = [r for r in lines if r["type"] not in ("move", "write", "refs")]
+    assert [r["type"] for r in leased] == ["take", "reads", "give_back"]
+    assert leased[2]["take"] == leased[0]["seq"]
+    assert leased[0]["runs"] == leased[1]["runs"]
+    result = replay(path)
+    assert result.accepted and result.reads == len(leased[1]["runs"])

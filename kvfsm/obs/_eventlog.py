@@ -161,11 +161,10 @@ _Runs = list[tuple[str, int, int, int]]
 #: blocks: ``(names, answers, count, kind, delta)``, the groups' names, the take's answer
 #: rows (:meth:`~kvfsm.state.StateCore.record_lease_runs`), how many of them hold blocks,
 #: the line's kind (READS_LINE, TAKE_LINE, TAKE_READ_LINE, LEASE_LINE, or PINS_LINE of
-#: ``delta`` pins
-#: each). A give-back of a take line: ``((), None, take line's seq, GIVE_BACK_LINE, 0)``.
+#: ``delta`` pins each). A give-back of a take line: ``((), None, take line's seq,
+#: GIVE_BACK_LINE, 0)``.
 _Leased = tuple[tuple[str, ...], NDArray[np.int64] | None, int, int, int]
 _LEASED_FIELDS: Final = 5
-_NAMES, _ANSWERS, _COUNT, _KIND = range(_LEASED_FIELDS - 1)
 #: A buffered lease's pins, one line: ``(PINS, runs)``, each run ``(group, first, count,
 #: delta)`` (formatted with the batch: a lease's take and give-back only append it).
 _PinRuns = tuple[str, Sequence[tuple[str, int, int, int]]]
@@ -355,6 +354,13 @@ class EventLog:
         #: The takes written as take lines and not given back yet, by their answer rows'
         #: ``id``: ``(answers, seq)`` (the array kept, so its ``id`` names no other).
         self._takes: dict[int, tuple[NDArray[np.int64], int]] = {}
+        #: The take whose record is the buffer's last (its answer rows, sequence number and
+        #: kind, TAKE_LINE or TAKE_READ_LINE), put in ``_takes`` only once another record
+        #: follows it or it is written: the usual lease is read and given back before then,
+        #: and joins its line at no cost of the dict.
+        self._last_take: NDArray[np.int64] | None = None
+        self._last_take_seq = 0
+        self._last_kind = TAKE_LINE
         #: Each group's place in the core's order, and the names as JSON packed for the
         #: compiled formatter (:func:`~kvfsm.obs._read_lines.reads_lines`).
         self._group_code: dict[str, int] = {}
@@ -440,14 +446,14 @@ class EventLog:
             if self._file is None or self._error is not None or not count:
                 return
             buffer = self._buffer
-            if buffer:
-                last = buffer[-1]
-                if last.__class__ is tuple and len(last) == _LEASED_FIELDS and \
-                        last[_ANSWERS] is answers and last[_KIND] == TAKE_LINE:
+            if self._last_take is not None:
+                if self._last_take is answers and self._last_kind == TAKE_LINE:
                     # The read of this lease's take, with nothing logged since: the take's
                     # line says both (it names the epochs read), one line fewer.
                     buffer[-1] = (names, answers, count, TAKE_READ_LINE, 0)
+                    self._last_kind = TAKE_READ_LINE
                     return
+                self._settle_take()
             buffer.append((names, answers, count, READS_LINE, 0))
             self.records += 1
             if len(buffer) >= self.flush_every:  # _write_if_full, a frame fewer per lease
@@ -484,26 +490,26 @@ class EventLog:
         with self._lock:
             if self._file is None or self._error is not None or not count:
                 return
-            takes = self._takes
-            record: _Leased
-            if delta == 1:
-                if len(takes) >= OPEN_TAKES_KEPT:
-                    takes.clear()
-                takes[id(answers)] = (answers, self.records)
-                record = (names, answers, count, TAKE_LINE, 0)
-            else:
-                taken = takes.pop(id(answers), None) if delta == -1 else None
-                if taken is not None:
-                    last = self._buffer[-1] if self._buffer else None
-                    if last.__class__ is tuple and len(last) == _LEASED_FIELDS and \
-                            last[_ANSWERS] is answers and last[_KIND] == TAKE_READ_LINE:
-                        # Its take_read is the last line, nothing logged since: one lease
-                        # line says all three, one line fewer.
-                        self._buffer[-1] = (names, answers, count, LEASE_LINE, 0)
-                        return
-                record = (names, answers, count, PINS_LINE, delta) if taken is None else \
-                    ((), None, taken[1], GIVE_BACK_LINE, 0)
             buffer = self._buffer
+            record: _Leased
+            if self._last_take is answers and delta == -1:
+                # Its take is the last line, nothing logged since.
+                self._last_take = None
+                if self._last_kind == TAKE_READ_LINE:  # one lease line says all three
+                    buffer[-1] = (names, answers, count, LEASE_LINE, 0)
+                    return
+                record = ((), None, self._last_take_seq, GIVE_BACK_LINE, 0)
+            else:
+                if self._last_take is not None:
+                    self._settle_take()
+                if delta == 1:
+                    self._last_take, self._last_take_seq = answers, self.records
+                    self._last_kind = TAKE_LINE
+                    record = (names, answers, count, TAKE_LINE, 0)
+                else:
+                    taken = self._takes.pop(id(answers), None) if delta == -1 else None
+                    record = (names, answers, count, PINS_LINE, delta) if taken is None else \
+                        ((), None, taken[1], GIVE_BACK_LINE, 0)
             buffer.append(record)
             self.records += 1
             if len(buffer) >= self.flush_every:
@@ -532,8 +538,21 @@ class EventLog:
                 return
             self._append(json.dumps({"seq": self.records, **fields}, separators=_COMPACT))
 
+    def _settle_take(self) -> None:
+        """Keep the last take where its give-back finds it (the lock is held; a record is
+        about to follow it, or the buffer to be written)."""
+        takes = self._takes
+        if len(takes) >= OPEN_TAKES_KEPT:
+            takes.clear()
+        answers = self._last_take
+        assert answers is not None
+        takes[id(answers)] = (answers, self._last_take_seq)
+        self._last_take = None
+
     def _append(self, record: _Record | _Runs | _PinRuns | str) -> None:
         """Buffer one record (the lock is held), writing the buffer once it is full."""
+        if self._last_take is not None:
+            self._settle_take()
         self._buffer.append(record)
         self.records += 1
         self._write_if_full()
@@ -552,6 +571,8 @@ class EventLog:
         """Format and write the buffered records (the lock is held)."""
         if not self._buffer or self._file is None:
             return
+        if self._last_take is not None:  # the buffer is about to be written
+            self._settle_take()
         started = time.perf_counter()
         try:
             self._write_buffer()
@@ -689,6 +710,7 @@ class EventLog:
                 file, self._file = self._file, None
                 self._buffer.clear()
                 self._takes.clear()
+                self._last_take = None
             if file is not None:
                 file.close()
 
