@@ -4,15 +4,15 @@ The first line is a header naming the model and, per group, the lifecycle it fol
 of that lifecycle's compiled table, the capacity of each tier and the block count (and the
 blocks not free at epoch 0 when the log was attached). Then one line per batch that moved, one
 per reported read of a group's arrays, and one per lease's reads told as runs (a run of
-consecutive ids at one epoch per group), each with a sequence number. A lease taken in one
-pass writes a take line (its read joins it where nothing was logged between them, and so
-does its give-back after that) and a give_back line naming it, a few bytes where its runs
-would repeat. On the hot path a batch
-costs one tuple of the arrays the core hands over, appended to a list; lines are formatted and
-written every ``flush_every`` records and on :meth:`EventLog.flush`, :meth:`EventLog.close` or
-context exit. A lease's runs are buffered as numbers (a lease whose every group read one run,
-as its take's small answer array, a row per group), and a read of arrays that are one run is
-formatted as it is recorded, so the buffer never keeps a lease's id or epoch arrays alive.
+consecutive ids at one epoch per group), each with a sequence number. A lease taken in one pass
+writes a take line (its read joins it where nothing was logged between them, and so does its
+give-back after that) and a give_back line naming it, a few bytes where its runs would repeat.
+On the hot path a batch costs one tuple of the arrays the core hands over, appended to a list;
+lines are formatted and written every ``flush_every`` records and on :meth:`EventLog.flush`,
+:meth:`EventLog.close` or context exit. A lease's runs are buffered as numbers (a lease whose
+every group read one run, as its take's small answer array, a row per group), and a read of
+arrays that are one run is formatted as it is recorded, so the buffer never keeps a lease's id
+or epoch arrays alive.
 
 Every write ends with a chain line (``{"type":"chain","lines":n,"digest":...}``): the xxh3-128
 of the previous chain digest (the header line's own hash for the first) followed by the bytes
@@ -165,6 +165,10 @@ _Runs = list[tuple[str, int, int, int]]
 #: GIVE_BACK_LINE, 0)``.
 _Leased = tuple[tuple[str, ...], NDArray[np.int64] | None, int, int, int]
 _LEASED_FIELDS: Final = 5
+#: Numbers in a row handed to the compiled formatter: group, first id, count, last number
+#: (a give-back's one row: its take's number where a run's first id is).
+_ROW_COLUMNS: Final = 4
+_ROW_FIRST_ID: Final = 1
 #: A buffered lease's pins, one line: ``(PINS, runs)``, each run ``(group, first, count,
 #: delta)`` (formatted with the batch: a lease's take and give-back only append it).
 _PinRuns = tuple[str, Sequence[tuple[str, int, int, int]]]
@@ -660,7 +664,7 @@ class EventLog:
             deltas.append(delta)
         kinds = np.array(kinds_of, dtype=np.int64)
         ends = np.cumsum(row_counts, dtype=np.int64)
-        rows = np.zeros((int(ends[-1]), 4), dtype=np.int64)
+        run_rows = np.zeros((0, _ROW_COLUMNS), dtype=np.int64)
         if answers_of:
             answers = np.concatenate(answers_of)
             counts = answers[:, HI] - answers[:, LO]
@@ -674,15 +678,13 @@ class EventLog:
                                 np.repeat(np.array(deltas, dtype=np.int64), rows_per), last)
             run_rows = np.stack((np.concatenate(codes)[holding], answers[holding, FIRST_ID],
                                  counts[holding], last[holding]), axis=1)
-        else:
-            run_rows = rows[:0]
-        if taken_seqs:
+        rows = run_rows
+        if taken_seqs:  # each give-back's one row among the others: its take's number
+            rows = np.zeros((int(ends[-1]), _ROW_COLUMNS), dtype=np.int64)
             given = np.zeros(rows.shape[0], dtype=bool)
             given[ends[kinds == GIVE_BACK_LINE] - 1] = True
-            rows[given, 1] = taken_seqs
+            rows[given, _ROW_FIRST_ID] = taken_seqs
             rows[~given] = run_rows
-        else:
-            rows = run_rows
         # Each run record holds blocks in ``count`` groups (none is buffered without).
         assert int(ends[-1]) == rows.shape[0], "a lease's count is its groups holding blocks"
         lines.append(reads_lines(rows, ends, seq, self._name_bytes, self._name_starts, kinds))
