@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, Engine, EventLog, LeaseLost, Level
+from kvfsm.obs import _eventlog as eventlog
 from kvfsm.obs import replay
 from kvfsm.serve import flip_device_bytes
 from kvfsm.spec import Event
@@ -39,13 +40,15 @@ PAST_TTL_S = 0.05
 
 def net_pins(head: Record, lines: Sequence[Record]) -> dict[str, NDArray[np.int64]]:
     """Per group, the pins each block holds after ``lines``: the header's start plus every
-    pin line and every run of a pins line."""
+    pin line and every run of a pins or take line, less a take's runs where a give_back
+    line names it (a lease line gives back what it takes)."""
     held = {}
     for name, entry in head["groups"].items():
         pins = np.zeros(entry["blocks"], dtype=np.int64)
         start = entry["start"]
         pins[start["ids"]] = start.get("pins", [0] * len(start["ids"]))
         held[name] = pins
+    taken: dict[int, list[list[Any]]] = {}
     for record in lines:
         if record["type"] == "pin":
             if "ids_runs" in record:
@@ -57,6 +60,13 @@ def net_pins(head: Record, lines: Sequence[Record]) -> dict[str, NDArray[np.int6
         elif record["type"] == "pins":
             for group, first, count, delta in record["runs"]:
                 held[group][first:first + count] += delta
+        elif record["type"] in ("take", "take_read"):
+            taken[record["seq"]] = record["runs"]
+            for group, first, count, _ in record["runs"]:
+                held[group][first:first + count] += 1
+        elif record["type"] == "give_back":
+            for group, first, count, _ in taken.pop(record["take"]):
+                held[group][first:first + count] -= 1
     return held
 
 
@@ -118,7 +128,7 @@ def test_every_pin_writer_is_logged_and_replays_to_the_pins_the_core_holds(
         eng.close()
     _, lines = records(path)
     kinds = {record["type"] for record in lines}
-    assert {"pin", "pins", "write", "refs"} <= kinds
+    assert {"pin", "take", "take_read", "give_back", "write", "refs"} <= kinds
     result = replay(path)
     assert result.accepted, result.violation
     assert result.pins > 0
@@ -248,15 +258,21 @@ def test_nothing_is_gathered_for_pins_where_no_observer_takes_them(
 
 
 def _renumbered(lines: list[Record]) -> list[Record]:
+    """``lines`` numbered in turn, each give_back naming its take's new number (a line
+    added, numbered 0, names none)."""
+    renumbered = {record["seq"]: seq for seq, record in enumerate(lines)
+                  if record["type"] in ("take", "take_read")}
     for seq, record in enumerate(lines):
         record["seq"] = seq
+        if record["type"] == "give_back" and isinstance(record.get("take"), int):
+            record["take"] = renumbered.get(record["take"], record["take"])
     return lines
 
 
 @pytest.fixture
 def evicted_after_lease(tmp_path: Path) -> tuple[Record, list[Record]]:
-    """A dense engine's log: a commit, a lease taken, validated and given back, then every
-    device block evicted."""
+    """A dense engine's log: a commit, a lease taken, validated twice (a take_read line, then
+    a reads line) and given back (a give_back line), then every device block evicted."""
     path = tmp_path / "evicted.jsonl"
     with EventLog(path) as log:
         eng = Engine("dense", CoreConfig(device_blocks=16, backend="numpy"), event_log=log)
@@ -264,6 +280,7 @@ def evicted_after_lease(tmp_path: Path) -> tuple[Record, list[Record]]:
         eng.commit(prompt)
         _, lease = eng.lookup_and_lease(prompt)
         with lease:
+            lease.validate()
             lease.validate()
         eng.core.fire(GROUP, eng.core.blocks_in(GROUP, "device"), Event.EVICT)
         eng.close()
@@ -273,8 +290,13 @@ def evicted_after_lease(tmp_path: Path) -> tuple[Record, list[Record]]:
 
 def _give_back(lines: list[Record]) -> int:
     """Index of the lease's give-back line."""
-    return next(i for i, r in enumerate(lines) if r["type"] == "pins"
-                and r["runs"][0][3] < 0)
+    return next(i for i, r in enumerate(lines) if r["type"] == "give_back")
+
+
+def _given_runs(lines: list[Record], at: int) -> list[list[Any]]:
+    """The runs ``[group, first id, count, epoch]`` of the take the give_back line at ``at``
+    names."""
+    return next(r["runs"] for r in lines if r["seq"] == lines[at]["take"])
 
 
 def _evict(lines: list[Record]) -> int:
@@ -284,7 +306,7 @@ def _evict(lines: list[Record]) -> int:
 def test_an_eviction_while_pinned_is_refused(tmp_path: Path, evicted_after_lease: Any) -> None:
     """Drop the lease's give-back: its blocks are evicted while (as the log says) pinned."""
     head, lines = copy.deepcopy(evicted_after_lease)
-    _, first, _, _ = lines[_give_back(lines)]["runs"][0]
+    _, first, _, _ = _given_runs(lines, _give_back(lines))[0]
     del lines[_give_back(lines)]
     lines = _renumbered(lines)
     evict = _evict(lines)
@@ -322,7 +344,7 @@ def test_an_unbalanced_unpin_or_a_pin_of_an_unreadable_block_is_refused(
         tmp_path: Path, evicted_after_lease: Any) -> None:
     head, lines = copy.deepcopy(evicted_after_lease)
     give_back = _give_back(lines)
-    group, first, _, _ = lines[give_back]["runs"][0]
+    group, first, _, _ = _given_runs(lines, give_back)[0]
     lines.insert(give_back + 1, {"seq": 0, "type": "pin", "group": group, "delta": -1,
                                  "ids": [first]})
     rejected(replay(write(tmp_path / "t.jsonl", head, _renumbered(lines))), give_back + 3,
@@ -342,6 +364,11 @@ def test_an_unbalanced_unpin_or_a_pin_of_an_unreadable_block_is_refused(
     ({"type": "pins", "runs": []}, "no runs"),
     ({"type": "pins", "runs": [[GROUP, 0, 1]]}, "not [group, first id, count, delta]"),
     ({"type": "pins", "runs": [["nope", 0, 1, 1]]}, "unknown group"),
+    ({"type": "take", "runs": []}, "no runs"),
+    ({"type": "take_read", "runs": [[GROUP, 0, 1]]}, "not [group, first id, count, epoch]"),
+    ({"type": "take", "runs": [[GROUP, 0, 1, -1]]}, "epoch"),
+    ({"type": "give_back"}, "'take'"),
+    ({"type": "give_back", "take": "0"}, "'take'"),
     ({"type": "check_failed", "group": GROUP, "ids": [0], "epochs": []}, "'epochs'"),
     ({"type": "write", "group": GROUP, "ids": [0], "sub_blocks": 0}, "names no sub-block"),
     ({"type": "refs", "group": GROUP, "ids": [0], "targets": [], "epochs": []}, "a list per id"),
@@ -530,3 +557,99 @@ def test_a_give_back_after_a_block_moved_under_the_lease_tells_only_the_pins_giv
         assert state.pins[9] == 1 and state.pins[2] == 0
         assert_log_holds_core_pins(log, eng)
         eng.close()
+
+
+# -- give-backs the log cannot name a take for --------------------------------------------------
+
+
+def test_a_give_back_of_a_take_the_log_never_saw_lists_its_runs(tmp_path: Path) -> None:
+    """A log attached while a lease is open (its pins in the header's start) writes that
+    lease's give-back as a pins line of its runs, never a give_back naming a take it has not
+    written; the pins it replays stay the core's and it replays clean."""
+    path = tmp_path / "late.jsonl"
+    eng = deepseek()
+    prompt = ds_prompt(eng, 4)
+    eng.commit(prompt)
+    _, lease = eng.lookup_and_lease(prompt)
+    with EventLog(path) as log:
+        log.attach(eng.core)
+        lease.release()
+        assert_log_holds_core_pins(log, eng)
+        _, again = eng.lookup_and_lease(prompt)  # taken while attached: named on give-back
+        again.release()
+        assert_log_holds_core_pins(log, eng)
+    _, lines = records(path)
+    assert [r["type"] for r in lines] == ["pins", "take", "give_back"]
+    assert {run[3] for run in lines[0]["runs"]} == {-1}
+    assert lines[2]["take"] == lines[1]["seq"]
+    assert replay(path).accepted
+    eng.close()
+
+
+def test_takes_past_the_kept_ones_are_forgotten_and_given_back_as_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``OPEN_TAKES_KEPT`` open takes the log forgets them (a lease given back in part
+    never names its take, so they could pile up): a forgotten take's give-back lists its
+    runs, a kept one's names it, and the log replays to the pins the core holds."""
+    monkeypatch.setattr(eventlog, "OPEN_TAKES_KEPT", 1)
+    path = tmp_path / "forgot.jsonl"
+    with EventLog(path) as log:
+        eng = deepseek(log)
+        prompts = [ds_prompt(eng, seed) for seed in (5, 6)]
+        for prompt in prompts:
+            eng.commit(prompt)
+        leases = [eng.lookup_and_lease(prompt)[1] for prompt in prompts]
+        for lease in leases:
+            lease.release()
+            assert_log_holds_core_pins(log, eng)
+        eng.close()
+    _, lines = records(path)
+    kinds = [r["type"] for r in lines if r["type"] in ("take", "give_back", "pins")]
+    assert kinds == ["take", "take", "pins", "give_back"]
+    assert replay(path).accepted
+
+
+def test_a_take_written_before_its_read_is_named_by_its_give_back(tmp_path: Path) -> None:
+    """A take whose batch is written before the lease is read (a log writing every record)
+    joins nothing: a take line, a reads line and a give_back naming the take; the pins
+    replayed are the core's after each step and the log replays clean."""
+    path = tmp_path / "every.jsonl"
+    with EventLog(path, flush_every=1) as log:
+        eng = deepseek(log)
+        prompt = ds_prompt(eng, 8)
+        eng.commit(prompt)
+        _, lease = eng.lookup_and_lease(prompt)
+        assert_log_holds_core_pins(log, eng)
+        lease.validate()
+        lease.release()
+        assert_log_holds_core_pins(log, eng)
+        eng.close()
+    _, lines = records(path)
+    leased = [r for r in lines if r["type"] not in ("move", "write", "refs")]
+    assert [r["type"] for r in leased] == ["take", "reads", "give_back"]
+    assert leased[2]["take"] == leased[0]["seq"]
+    assert leased[0]["runs"] == leased[1]["runs"]
+    result = replay(path)
+    assert result.accepted and result.reads == len(leased[1]["runs"])
+
+
+def test_a_lease_tells_answer_row_observers_itself_only_where_all_take_them(
+        tmp_path: Path) -> None:
+    """Where every pin observer takes answer rows (an event log), a one-pass lease calls
+    their ``pinned_answer_runs`` itself; an observer taking runs only attached beside makes
+    the lease go through the core, which tells each its own way (both count the core's
+    pins)."""
+    with EventLog(tmp_path / "tellers.jsonl") as log:
+        eng = deepseek(log)
+        assert eng.core.lease_pin_tellers == (log.pinned_answer_runs,)
+        runs = RunsOnly()
+        eng.core.add_observer(runs)
+        assert eng.core.lease_pin_tellers is None
+        _leases_and_pins(eng, 31)
+        assert_log_holds_core_pins(log, eng)
+        for name, state in eng.core.groups.items():
+            np.testing.assert_array_equal(runs.held(eng.core)[name], state.pins, err_msg=name)
+        eng.core.remove_observer(runs)
+        assert eng.core.lease_pin_tellers == (log.pinned_answer_runs,)
+    assert eng.core.lease_pin_tellers is None  # the log closed: no pin observer is left
+    eng.close()

@@ -203,8 +203,9 @@ def test_a_read_of_a_block_a_kernel_may_not_read(tmp_path: Path) -> None:
 
 @pytest.fixture
 def leased(tmp_path: Path) -> tuple[Record, list[Record]]:
-    """The header and records of a DeepSeek-style engine's commit and a validated lease: its
-    reads are one line, a run per group."""
+    """The header and records of a DeepSeek-style engine's commit and a lease validated
+    twice: its take and first read are one take_read line, its second read a reads line, a
+    run per group each, and its give-back a give_back line naming the take."""
     path = tmp_path / "leased.jsonl"
     with EventLog(path) as log:
         eng = Engine("deepseek_v4_like", CoreConfig(device_blocks=64, backend="numpy"),
@@ -214,13 +215,17 @@ def leased(tmp_path: Path) -> tuple[Record, list[Record]]:
         _, lease = eng.lookup_and_lease(prompt)
         with lease:
             lease.validate()
+            lease.validate()
         eng.close()
-    assert replay(path).reads == 3
-    return records(path)
+    assert replay(path).reads == 2 * 3
+    head, lines = records(path)
+    assert [r["type"] for r in lines if r["type"] not in ("move", "write", "refs")] == \
+        ["take_read", "reads", "give_back"]
+    return head, lines
 
 
-def _reads(lines: list[Record]) -> int:
-    return next(i for i, r in enumerate(lines) if r["type"] == "reads")
+def _reads(lines: list[Record], kind: str = "reads") -> int:
+    return next(i for i, r in enumerate(lines) if r["type"] == kind)
 
 
 def test_a_leases_run_read_at_an_epoch_the_block_has_left(tmp_path: Path, leased: Any
@@ -243,6 +248,71 @@ def test_a_leases_run_over_a_block_a_kernel_may_not_read(tmp_path: Path, leased:
 
     result, line = tamper(tmp_path, leased, edit)
     rejected(result, line, "read", "group 'history'", "read in state 'free'")
+
+
+def test_a_take_of_blocks_at_an_epoch_they_are_not_at_or_not_readable(tmp_path: Path,
+                                                                      leased: Any) -> None:
+    """A take names the epoch of the blocks it pins: another epoch, or a block past the run
+    (free), is refused at the take line."""
+    def later(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines, "take_read")
+        lines[i]["runs"][1][3] += 1
+        return i
+
+    result, line = tamper(tmp_path, leased, later)
+    rejected(result, line, "pin", "group 'swa'", "taken at epoch", "content is at epoch")
+
+    def longer(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines, "take_read")
+        lines[i]["runs"][0][2] += 1  # one block past the run: never written, still free
+        return i
+
+    result, line = tamper(tmp_path, leased, longer)
+    rejected(result, line, "pin", "group 'history'", "pinned in state 'free'")
+
+
+def test_a_take_reads_checks_its_read(tmp_path: Path, leased: Any) -> None:
+    """A take_read line's read is checked as a read: a check_failed line before it at the
+    epoch of one of its blocks makes it a read where a lookup saw the block fail."""
+    def failed_before(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines, "take_read")
+        group, first, _, epoch = lines[i]["runs"][0]
+        lines.insert(i, {"seq": i, "type": "check_failed", "group": group, "ids": [first],
+                         "epochs": [epoch]})
+        for seq, record in enumerate(lines):
+            record["seq"] = seq
+        back = _reads(lines, "give_back")
+        lines[back]["take"] += 1
+        return i + 1
+
+    result, line = tamper(tmp_path, leased, failed_before)
+    rejected(result, line, "failed_read", "group 'history'", "fail its checksum")
+
+
+def test_a_give_back_naming_no_open_take_is_refused(tmp_path: Path, leased: Any) -> None:
+    """A give_back must name an open take line: one naming a move line, a line not yet
+    written, or a take given back already is refused at the give_back line; the real one is
+    accepted (the fixture replays clean)."""
+    def not_a_take(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines, "give_back")
+        lines[i]["take"] = 0  # the commit's first move
+        return i
+
+    def not_yet(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines, "give_back")
+        lines[i]["take"] = lines[i]["seq"] + 1
+        return i
+
+    def twice(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines, "give_back")
+        lines.insert(i + 1, {**lines[i], "seq": lines[i]["seq"] + 1})
+        for seq, record in enumerate(lines[i + 2:], lines[i]["seq"] + 2):
+            record["seq"] = seq
+        return i + 1
+
+    for edit in (not_a_take, not_yet, twice):
+        result, line = tamper(tmp_path, leased, edit)
+        rejected(result, line, "give_back", "gives back take", "no open lease take")
 
 
 @pytest.mark.parametrize("runs, why", [
@@ -515,3 +585,55 @@ def test_a_line_changed_in_place_or_a_log_cut_after_its_last_write_is_refused(
     assert result.violation is not None and result.violation.check == "chain"
     assert "covered by no chain line" in result.violation.message
     assert _replayed(tmp_path, lines).accepted
+
+
+@pytest.fixture
+def whole_lease(tmp_path: Path) -> tuple[Record, list[Record]]:
+    """A DeepSeek-style engine's commit and a lease taken, validated once and given back with
+    nothing logged between: one lease line, a run per group."""
+    path = tmp_path / "whole.jsonl"
+    with EventLog(path) as log:
+        eng = Engine("deepseek_v4_like", CoreConfig(device_blocks=64, backend="numpy"),
+                     event_log=log)
+        prompt = eng.prompt(np.random.default_rng(5).integers(0, 50_000, 161))
+        eng.commit(prompt)
+        _, lease = eng.lookup_and_lease(prompt)
+        with lease:
+            lease.validate()
+        eng.close()
+    result = replay(path)
+    assert result.accepted and result.reads == 3 and result.pins == 2 * 3
+    head, lines = records(path)
+    assert [r["type"] for r in lines if r["type"] not in ("move", "write", "refs")] == ["lease"]
+    return head, lines
+
+
+def test_a_lease_line_is_checked_as_its_take_read_and_give_back(tmp_path: Path,
+                                                                whole_lease: Any) -> None:
+    """A lease line's take is checked (a run at an epoch its blocks are not at is refused),
+    a block past the run (free) too, and it leaves no take open: a
+    give_back naming it is refused."""
+    def later(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines, "lease")
+        lines[i]["runs"][2][3] += 1
+        return i
+
+    result, line = tamper(tmp_path, whole_lease, later)
+    rejected(result, line, "pin", "group 'index'", "taken at epoch")
+
+    def past_the_run(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines, "lease")
+        # Pinned first, so the free block is refused as a pin of a block a kernel may not read.
+        lines[i]["runs"][0][2] += 1
+        return i
+
+    result, line = tamper(tmp_path, whole_lease, past_the_run)
+    rejected(result, line, "pin", "group 'history'", "state 'free'")
+
+    def given_again(head: Record, lines: list[Record]) -> int:
+        i = _reads(lines, "lease")
+        lines.append({"seq": len(lines), "type": "give_back", "take": lines[i]["seq"]})
+        return len(lines) - 1
+
+    result, line = tamper(tmp_path, whole_lease, given_again)
+    rejected(result, line, "give_back", "gives back take", "no open lease take")

@@ -139,8 +139,9 @@ def test_a_group_changed_after_the_take_is_checked_block_by_block() -> None:
 
 
 def test_one_pass_logs_the_reads_the_group_by_group_lease_logs(tmp_path: Path) -> None:
-    """The event log of a one-pass lease has the same reads line as a group-by-group one's,
-    and replays clean."""
+    """The event log of a one-pass lease reads the same runs as a group-by-group one's (on
+    its lease line: its take, read and give-back at once, nothing logged between), and
+    replays clean."""
     logs = [tmp_path / "one.jsonl", tmp_path / "other.jsonl"]
     opened = (EventLog(logs[0]), EventLog(logs[1]))
     _, fast, _, slow = _one_pass_and_group_by_group("deepseek_v4_like", opened)
@@ -150,9 +151,10 @@ def test_one_pass_logs_the_reads_the_group_by_group_lease_logs(tmp_path: Path) -
     slow.release()
     for log in opened:
         log.close()
-    reads = [[line for line in path.read_text().splitlines()[1:]
-              if json.loads(line)["type"] in ("read", "reads")] for path in logs]
+    reads = [[record["runs"] for record in map(json.loads, path.read_text().splitlines()[1:])
+              if record["type"] in ("read", "reads", "take_read", "lease")] for path in logs]
     assert reads[0] and reads[0] == reads[1]
+    assert '"type":"lease"' in logs[0].read_text()
     for path in logs:
         assert replay(path).accepted
 

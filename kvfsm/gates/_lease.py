@@ -242,9 +242,14 @@ class Lease:
             core = book.core
             if core.pins_observed:
                 if probed.one_runs and probed.arrays.change_count.total == probed.changes:
-                    # tell_pins's usual case (nothing changed since the take), a frame fewer
-                    core.tell_lease_pins(probed.arrays.names, probed.answers, probed.holding,
-                                         -1)
+                    # tell_pins's usual case (nothing changed since the take), frames fewer
+                    tellers = core.lease_pin_tellers
+                    if tellers is None:
+                        core.tell_lease_pins(probed.arrays.names, probed.answers,
+                                             probed.holding, -1)
+                    else:
+                        for tell in tellers:
+                            tell(probed.arrays.names, probed.answers, probed.holding, -1)
                 else:
                     probed.tell_pins(core, -1)
 

@@ -197,7 +197,11 @@ class LeaseBook:
             refuse_probed(hold, stop)
         core = self.core
         if core.pins_observed:  # told once taken: a refused take pinned nothing
-            if hold.one_runs:  # hold.tell_pins's usual case, a frame fewer
+            tellers = core.lease_pin_tellers
+            if hold.one_runs and tellers is not None:  # the usual lease, two frames fewer
+                for tell in tellers:
+                    tell(arrays.names, answers, touched, 1)
+            elif hold.one_runs:  # hold.tell_pins's usual case, a frame fewer
                 core.tell_lease_pins(arrays.names, answers, touched, 1)
             else:
                 hold.tell_pins(core, 1)

@@ -4,12 +4,15 @@ The first line is a header naming the model and, per group, the lifecycle it fol
 of that lifecycle's compiled table, the capacity of each tier and the block count (and the
 blocks not free at epoch 0 when the log was attached). Then one line per batch that moved, one
 per reported read of a group's arrays, and one per lease's reads told as runs (a run of
-consecutive ids at one epoch per group), each with a sequence number. On the hot path a batch
-costs one tuple of the arrays the core hands over, appended to a list; lines are formatted and
-written every ``flush_every`` records and on :meth:`EventLog.flush`, :meth:`EventLog.close` or
-context exit. A lease's runs are buffered as numbers (a lease whose every group read one run,
-as its take's small answer array, a row per group), and a read of arrays that are one run is
-formatted as it is recorded, so the buffer never keeps a lease's id or epoch arrays alive.
+consecutive ids at one epoch per group), each with a sequence number. A lease taken in one pass
+writes a take line (its read joins it where nothing was logged between them, and so does its
+give-back after that) and a give_back line naming it, a few bytes where its runs would repeat.
+On the hot path a batch costs one tuple of the arrays the core hands over, appended to a list;
+lines are formatted and written every ``flush_every`` records and on :meth:`EventLog.flush`,
+:meth:`EventLog.close` or context exit. A lease's runs are buffered as numbers (a lease whose
+every group read one run, as its take's small answer array, a row per group), and a read of
+arrays that are one run is formatted as it is recorded, so the buffer never keeps a lease's id
+or epoch arrays alive.
 
 Every write ends with a chain line (``{"type":"chain","lines":n,"digest":...}``): the xxh3-128
 of the previous chain digest (the header line's own hash for the first) followed by the bytes
@@ -37,11 +40,19 @@ from kvfsm._errors import KvfsmError
 from kvfsm._jit import kernel
 from kvfsm.fsm import CompiledTable
 from kvfsm.obs._read_lines import (
+    GIVE_BACK,
+    GIVE_BACK_LINE,
+    LEASE,
+    LEASE_LINE,
     PINS,
     PINS_LINE,
     READ,
     READS,
     READS_LINE,
+    TAKE,
+    TAKE_LINE,
+    TAKE_READ,
+    TAKE_READ_LINE,
     name_table,
     reads_line,
     reads_lines,
@@ -57,7 +68,8 @@ FORMAT: Final = "kvfsm-eventlog"
 VERSION: Final = 5
 #: Versions :func:`~kvfsm.obs.replay` reads (1 never wrote runs; 2 wrote a lease's runs as a
 #: read line per group, never as one reads line; before 4 no chain lines; before 5 no pin,
-#: pins, check_failed, write or refs lines, and no pins in the header's ``start``).
+#: pins, take, take_read, lease, give_back, check_failed, write or refs lines, and no pins in the
+#: header's ``start``).
 READABLE_VERSIONS: Final = frozenset({1, 2, 3, 4, 5})
 #: The first version whose lines are chained.
 CHAINED_VERSION: Final = 4
@@ -145,19 +157,26 @@ _Record = tuple[str, str, Event | None, NDArray[np.intp], NDArray[np.uint8] | No
 #: A buffered lease's reads, one line: per group, ``count`` consecutive ids from ``first``
 #: at one epoch, ``(group, first, count, epoch)`` (a list, told that way by ``read_runs``).
 _Runs = list[tuple[str, int, int, int]]
-#: A buffered lease's read of one run at one epoch per group holding blocks, one line: the
-#: groups' names, the take's answer rows
-#: (:meth:`~kvfsm.state.StateCore.record_lease_runs`) and how many of them hold blocks.
-_AnswerRuns = tuple[tuple[str, ...], NDArray[np.int64], int]
-_ANSWER_FIELDS: Final = 3
+#: A buffered line of a lease taken in one pass, one run at one epoch per group holding
+#: blocks: ``(names, answers, count, kind, delta)``, the groups' names, the take's answer
+#: rows (:meth:`~kvfsm.state.StateCore.record_lease_runs`), how many of them hold blocks,
+#: the line's kind (READS_LINE, TAKE_LINE, TAKE_READ_LINE, LEASE_LINE, or PINS_LINE of
+#: ``delta`` pins each). A give-back of a take line: ``((), None, take line's seq,
+#: GIVE_BACK_LINE, 0)``.
+_Leased = tuple[tuple[str, ...], NDArray[np.int64] | None, int, int, int]
+_LEASED_FIELDS: Final = 5
+#: Numbers in a row handed to the compiled formatter: group, first id, count, last number
+#: (a give-back's one row: its take's number where a run's first id is).
+_ROW_COLUMNS: Final = 4
+_ROW_FIRST_ID: Final = 1
 #: A buffered lease's pins, one line: ``(PINS, runs)``, each run ``(group, first, count,
 #: delta)`` (formatted with the batch: a lease's take and give-back only append it).
 _PinRuns = tuple[str, Sequence[tuple[str, int, int, int]]]
 _PIN_FIELDS: Final = 2
-#: A buffered lease's pins of one run per group holding blocks, one line: its read's
-#: :data:`_AnswerRuns` and the pin delta (the last number of each run).
-_PinAnswerRuns = tuple[tuple[str, ...], NDArray[np.int64], int, int]
-_PIN_ANSWER_FIELDS: Final = 4
+#: Takes whose give-back may still name them, kept at most (a lease given back in part, after
+#: a block moved under it, never names its take): past this many the log forgets them all,
+#: and their give-backs list their runs (as a give-back of a take it never saw does).
+OPEN_TAKES_KEPT: Final = 1 << 16
 
 
 def _runs_example() -> tuple[object, ...]:
@@ -335,8 +354,17 @@ class EventLog:
         self._group_json: dict[str, str] = {}
         #: Records not written yet, a line each: a tuple of arrays, a lease's runs or answer
         #: rows, or a line already formatted.
-        self._buffer: list[_Record | _Runs | _AnswerRuns | _PinRuns | _PinAnswerRuns | str] \
-            = []
+        self._buffer: list[_Record | _Runs | _Leased | _PinRuns | str] = []
+        #: The takes written as take lines and not given back yet, by their answer rows'
+        #: ``id``: ``(answers, seq)`` (the array kept, so its ``id`` names no other).
+        self._takes: dict[int, tuple[NDArray[np.int64], int]] = {}
+        #: The take whose record is the buffer's last (its answer rows, sequence number and
+        #: kind, TAKE_LINE or TAKE_READ_LINE), put in ``_takes`` only once another record
+        #: follows it or it is written: the usual lease is read and given back before then,
+        #: and joins its line at no cost of the dict.
+        self._last_take: NDArray[np.int64] | None = None
+        self._last_take_seq = 0
+        self._last_kind = TAKE_LINE
         #: Each group's place in the core's order, and the names as JSON packed for the
         #: compiled formatter (:func:`~kvfsm.obs._read_lines.reads_lines`).
         self._group_code: dict[str, int] = {}
@@ -422,7 +450,15 @@ class EventLog:
             if self._file is None or self._error is not None or not count:
                 return
             buffer = self._buffer
-            buffer.append((names, answers, count))
+            if self._last_take is not None:
+                if self._last_take is answers and self._last_kind == TAKE_LINE:
+                    # The read of this lease's take, with nothing logged since: the take's
+                    # line says both (it names the epochs read), one line fewer.
+                    buffer[-1] = (names, answers, count, TAKE_READ_LINE, 0)
+                    self._last_kind = TAKE_READ_LINE
+                    return
+                self._settle_take()
+            buffer.append((names, answers, count, READS_LINE, 0))
             self.records += 1
             if len(buffer) >= self.flush_every:  # _write_if_full, a frame fewer per lease
                 self._write_if_full()
@@ -449,13 +485,36 @@ class EventLog:
     def pinned_answer_runs(self, names: tuple[str, ...], answers: NDArray[np.int64],
                            count: int, delta: int) -> None:
         """A lease's pins taken (``delta`` 1) or given back (-1), one run per group holding
-        blocks, as the answer rows of its take (as :meth:`read_answer_runs`): buffered as
-        they are, one pins line formatted with the batch in the same compiled pass."""
+        blocks, as the answer rows of its take (as :meth:`read_answer_runs`; a give-back
+        this way returns every pin the take took): buffered as they are, formatted with the
+        batch in the same compiled pass. A take is a take line (its read, if logged next,
+        joins it: take_read); its give-back a give_back line naming it (or, if its take_read
+        is the last line, makes that a lease line), or a pins line where this log wrote no
+        take line of it (attached since, or forgotten: :data:`OPEN_TAKES_KEPT`)."""
         with self._lock:
             if self._file is None or self._error is not None or not count:
                 return
             buffer = self._buffer
-            buffer.append((names, answers, count, delta))
+            record: _Leased
+            if self._last_take is answers and delta == -1:
+                # Its take is the last line, nothing logged since.
+                self._last_take = None
+                if self._last_kind == TAKE_READ_LINE:  # one lease line says all three
+                    buffer[-1] = (names, answers, count, LEASE_LINE, 0)
+                    return
+                record = ((), None, self._last_take_seq, GIVE_BACK_LINE, 0)
+            else:
+                if self._last_take is not None:
+                    self._settle_take()
+                if delta == 1:
+                    self._last_take, self._last_take_seq = answers, self.records
+                    self._last_kind = TAKE_LINE
+                    record = (names, answers, count, TAKE_LINE, 0)
+                else:
+                    taken = self._takes.pop(id(answers), None) if delta == -1 else None
+                    record = (names, answers, count, PINS_LINE, delta) if taken is None else \
+                        ((), None, taken[1], GIVE_BACK_LINE, 0)
+            buffer.append(record)
             self.records += 1
             if len(buffer) >= self.flush_every:
                 self._write_if_full()
@@ -483,8 +542,21 @@ class EventLog:
                 return
             self._append(json.dumps({"seq": self.records, **fields}, separators=_COMPACT))
 
+    def _settle_take(self) -> None:
+        """Keep the last take where its give-back finds it (the lock is held; a record is
+        about to follow it, or the buffer to be written)."""
+        takes = self._takes
+        if len(takes) >= OPEN_TAKES_KEPT:
+            takes.clear()
+        answers = self._last_take
+        assert answers is not None
+        takes[id(answers)] = (answers, self._last_take_seq)
+        self._last_take = None
+
     def _append(self, record: _Record | _Runs | _PinRuns | str) -> None:
         """Buffer one record (the lock is held), writing the buffer once it is full."""
+        if self._last_take is not None:
+            self._settle_take()
         self._buffer.append(record)
         self.records += 1
         self._write_if_full()
@@ -503,6 +575,8 @@ class EventLog:
         """Format and write the buffered records (the lock is held)."""
         if not self._buffer or self._file is None:
             return
+        if self._last_take is not None:  # the buffer is about to be written
+            self._settle_take()
         started = time.perf_counter()
         try:
             self._write_buffer()
@@ -519,8 +593,7 @@ class EventLog:
         # compiled pass.
         leased: list[Any] = []
         for record in self._buffer:
-            if isinstance(record, tuple) and len(record) in (_ANSWER_FIELDS,
-                                                             _PIN_ANSWER_FIELDS):
+            if isinstance(record, tuple) and len(record) == _LEASED_FIELDS:
                 leased.append(record)
                 continue
             if leased:
@@ -539,7 +612,7 @@ class EventLog:
                                               for group, first, count, epoch in record]))
                 seq += 1
                 continue
-            kind, group, event, ids, before, after, epochs = record  # type: ignore[misc]
+            kind, group, event, ids, before, after, epochs = record
             if event is not None and before is not None and after is not None:
                 names = self._names[group]
                 lines.append(json.dumps(
@@ -561,43 +634,58 @@ class EventLog:
         self._file.write(text + chain_line(text.count("\n"), self._chain))
         self._file.flush()
 
-    def _leased_lines(self, leased: Sequence[_AnswerRuns | _PinAnswerRuns], seq: int,
-                      lines: list[str]) -> int:
-        """Append the lines of leases' reads and pins (:data:`_PinAnswerRuns`) given as
-        their answer rows (a line per record, a run per group holding blocks, numbered from
+    def _leased_lines(self, leased: Sequence[_Leased], seq: int, lines: list[str]) -> int:
+        """Append the lines of leases taken in one pass (:data:`_Leased`: reads, takes,
+        pins, give-backs; a line per record, a run per group holding blocks, numbered from
         ``seq``) as one piece; the next number."""
         codes_of = self._codes_of
         codes = []
-        holding_counts = []
-        # Per record: its line's kind and a run's last number where that is not an epoch (a
-        # pins line's delta); one pass over the records, the rest array operations.
+        answers_of = []
+        # Per record: its kind, rows (a give-back: one, its take's number) and a run's last
+        # number where that is not an epoch (a pins line's delta); one pass over the records,
+        # the rest array operations.
         kinds_of = []
+        row_counts = []
         deltas = []
-        for each in leased:
-            names = each[0]
+        taken_seqs = []
+        for names, answers, count, kind, delta in leased:
+            kinds_of.append(kind)
+            if answers is None:  # a give-back: its one row is the take's number
+                row_counts.append(1)
+                taken_seqs.append(count)
+                continue
             known = codes_of.get(names)
             if known is None:
                 known = codes_of[names] = np.array([self._group_code[name] for name in names],
                                                    dtype=np.int64)
             codes.append(known)
-            holding_counts.append(each[2])
-            pin = len(each) == _PIN_ANSWER_FIELDS
-            kinds_of.append(PINS_LINE if pin else READS_LINE)
-            deltas.append(each[-1] if pin else 0)
-        answers = np.concatenate([each[1] for each in leased])
-        counts = answers[:, HI] - answers[:, LO]
-        holding = counts > 0
+            answers_of.append(answers)
+            row_counts.append(count)
+            deltas.append(delta)
         kinds = np.array(kinds_of, dtype=np.int64)
-        # A run's last number: a read's epoch, or a pins line's delta.
-        last = answers[:, FIRST_EPOCH]
-        if (kinds == PINS_LINE).any():
-            rows_per = [known.size for known in codes]
-            last = np.where(np.repeat(kinds == PINS_LINE, rows_per),
-                            np.repeat(np.array(deltas, dtype=np.int64), rows_per), last)
-        rows = np.stack((np.concatenate(codes)[holding], answers[holding, FIRST_ID],
-                         counts[holding], last[holding]), axis=1)
-        # Each record holds blocks in ``count`` groups (none is buffered without).
-        ends = np.cumsum(holding_counts, dtype=np.int64)
+        ends = np.cumsum(row_counts, dtype=np.int64)
+        run_rows = np.zeros((0, _ROW_COLUMNS), dtype=np.int64)
+        if answers_of:
+            answers = np.concatenate(answers_of)
+            counts = answers[:, HI] - answers[:, LO]
+            holding = counts > 0
+            # A run's last number: an epoch, or a pins line's delta.
+            last = answers[:, FIRST_EPOCH]
+            runs_kinds = kinds[kinds != GIVE_BACK_LINE]
+            if (runs_kinds == PINS_LINE).any():
+                rows_per = [known.size for known in codes]
+                last = np.where(np.repeat(runs_kinds == PINS_LINE, rows_per),
+                                np.repeat(np.array(deltas, dtype=np.int64), rows_per), last)
+            run_rows = np.stack((np.concatenate(codes)[holding], answers[holding, FIRST_ID],
+                                 counts[holding], last[holding]), axis=1)
+        rows = run_rows
+        if taken_seqs:  # each give-back's one row among the others: its take's number
+            rows = np.zeros((int(ends[-1]), _ROW_COLUMNS), dtype=np.int64)
+            given = np.zeros(rows.shape[0], dtype=bool)
+            given[ends[kinds == GIVE_BACK_LINE] - 1] = True
+            rows[given, _ROW_FIRST_ID] = taken_seqs
+            rows[~given] = run_rows
+        # Each run record holds blocks in ``count`` groups (none is buffered without).
         assert int(ends[-1]) == rows.shape[0], "a lease's count is its groups holding blocks"
         lines.append(reads_lines(rows, ends, seq, self._name_bytes, self._name_starts, kinds))
         return seq + len(leased)
@@ -623,6 +711,8 @@ class EventLog:
             with self._lock:
                 file, self._file = self._file, None
                 self._buffer.clear()
+                self._takes.clear()
+                self._last_take = None
             if file is not None:
                 file.close()
 
@@ -634,6 +724,7 @@ class EventLog:
         self.close()
 
 
-__all__ = ["CHECK_FAILED", "FLUSH_EVERY", "FORMAT", "MOVE", "PIN", "PINS", "READ",
-           "READABLE_VERSIONS", "READS", "REFS", "VERSION", "WRITE",
+__all__ = ["CHECK_FAILED", "FLUSH_EVERY", "FORMAT", "GIVE_BACK", "LEASE", "MOVE",
+           "OPEN_TAKES_KEPT", "PIN", "PINS", "READ", "READABLE_VERSIONS", "READS", "REFS", "TAKE",
+           "TAKE_READ", "VERSION", "WRITE",
            "EventLog", "header", "runs", "table_digest"]

@@ -26,19 +26,46 @@ READ: Final = "read"
 READS: Final = "reads"
 #: The ``type`` of a line of a lease's pins: ``[group, first id, count, delta]`` per group.
 PINS: Final = "pins"
+#: The ``type`` of a lease's take: one pin on each block of ``[group, first id, count,
+#: epoch]`` per group (the blocks are at that epoch); with the read of those blocks at once
+#: (nothing logged between the take and its read); and the give-back of every pin a take
+#: line took (``"take"``: that line's sequence number).
+TAKE: Final = "take"
+TAKE_READ: Final = "take_read"
+GIVE_BACK: Final = "give_back"
+#: The ``type`` of a whole lease, nothing logged while it was held: a take_read line and the
+#: give-back of its pins at once.
+LEASE: Final = "lease"
 #: A run this long or longer is written as ``[first, count]`` runs on a read line; shorter
 #: ones as lists (fewer characters either way).
 _RUNS_FROM: Final = 3
-#: The constant pieces of a reads line, in the order the pass writes them, then those of a
-#: pins line (a line's kind is the index of its first piece: READS_LINE or PINS_LINE).
-_PIECES: Final = ('{"seq":', f',"type":"{READS}","runs":[[', '],[', ']]}')
-_PINS_PIECES: Final = ('{"seq":', f',"type":"{PINS}","runs":[[', '],[', ']]}')
+
+def _run_pieces(kind: str) -> tuple[str, str, str, str]:
+    """The constant pieces of a line of runs of type ``kind``, in the order the pass writes
+    them: before the sequence number, before the first run, between runs, at the end."""
+    return ('{"seq":', f',"type":"{kind}","runs":[[', '],[', ']]}')
+
+
+#: The pieces of each kind of line the pass writes; a line's kind is the index of its first
+#: piece (READS_LINE, PINS_LINE, TAKE_LINE, TAKE_READ_LINE, LEASE_LINE, GIVE_BACK_LINE).
+_PIECES: Final = _run_pieces(READS)
+_KINDS: Final = (_PIECES, _run_pieces(PINS), _run_pieces(TAKE), _run_pieces(TAKE_READ),
+                 _run_pieces(LEASE),
+                 # One number, the take's sequence number, where the others have runs (its
+                 # third piece is never written).
+                 ('{"seq":', f',"type":"{GIVE_BACK}","{TAKE}":', "", "}"))
 READS_LINE: Final = 0
 PINS_LINE: Final = len(_PIECES)
-_PIECE_BYTES: Final = np.frombuffer("".join((*_PIECES, *_PINS_PIECES)).encode("ascii"),
+TAKE_LINE: Final = 2 * len(_PIECES)
+TAKE_READ_LINE: Final = 3 * len(_PIECES)
+LEASE_LINE: Final = 4 * len(_PIECES)
+GIVE_BACK_LINE: Final = 5 * len(_PIECES)
+_ALL_PIECES: Final = tuple(piece for pieces in _KINDS for piece in pieces)
+_PIECE_BYTES: Final = np.frombuffer("".join(_ALL_PIECES).encode("ascii"),
                                     dtype=np.uint8).copy()
-_PIECE_STARTS: Final = np.cumsum([0, *(len(piece) for piece in (*_PIECES, *_PINS_PIECES))]
-                                 ).astype(np.int64)
+_PIECE_STARTS: Final = np.cumsum([0, *(len(piece) for piece in _ALL_PIECES)]).astype(np.int64)
+#: Characters of the constant pieces of the longest kind of line.
+_LINE_PIECE_CHARS: Final = max(len("".join(pieces)) for pieces in _KINDS)
 #: Characters of the longest int64 (its sign included).
 _INT_CHARS: Final = 20
 _NEWLINE: Final = ord("\n")
@@ -64,12 +91,18 @@ def run_read_line(seq: int, group_json: str, first: int, count: int, epoch: int)
             f'"epochs":[{epochs}]}}')
 
 
-def reads_line(seq: int, runs: Sequence[JsonRun]) -> str:
+def reads_line(seq: int, runs: Sequence[JsonRun], kind: str = READS) -> str:
     """The line of a lease's reads (at least one run): per group, ``count`` consecutive ids
-    from ``first``, all at ``epoch``."""
+    from ``first``, all at ``epoch``; or of another ``kind`` of runs (pins, take,
+    take_read, lease), the last number of each run as that kind says."""
     spelled = "],[".join(f"{group_json},{first},{count},{epoch}"
                          for group_json, first, count, epoch in runs)
-    return f'{{"seq":{seq},"type":"{READS}","runs":[[{spelled}]]}}'
+    return f'{{"seq":{seq},"type":"{kind}","runs":[[{spelled}]]}}'
+
+
+def give_back_line(seq: int, take: int) -> str:
+    """The line of a give-back of every pin the take line numbered ``take`` took."""
+    return f'{{"seq":{seq},"type":"{GIVE_BACK}","{TAKE}":{take}}}'
 
 
 def _put_int(out: NDArray[np.uint8], at: int, value: int) -> int:
@@ -121,7 +154,8 @@ def _lines_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     rows = np.stack([rng.integers(0, len(names), size), rng.integers(0, top, size),
                      rng.integers(1, top, size), rng.integers(0, top, size)], axis=1)
     name_bytes, name_starts = name_table(names)
-    kinds = rng.choice([READS_LINE, PINS_LINE], lines).astype(np.int64)
+    kinds = rng.choice([READS_LINE, PINS_LINE, TAKE_LINE, TAKE_READ_LINE, LEASE_LINE,
+                        GIVE_BACK_LINE], lines).astype(np.int64)
     return (rows.astype(np.int64).reshape(-1, 4), ends, kinds, int(rng.integers(0, top)),
             name_bytes,
             name_starts, _PIECE_BYTES, _PIECE_STARTS,
@@ -142,8 +176,11 @@ def _reads_lines_twin(rows: NDArray[np.int64], ends: NDArray[np.int64],
     lines, start = [], 0
     for k, end in enumerate(ends.tolist()):
         head, runs_open, between, close = texts[kinds[k]:kinds[k] + len(_PIECES)]
-        body = between.join(f"{names[group]},{first},{count},{last}"
-                            for group, first, count, last in table[start:end])
+        if kinds[k] == GIVE_BACK_LINE:  # the take's number, from the line's first row
+            body = str(table[start][1])
+        else:
+            body = between.join(f"{names[group]},{first},{count},{last}"
+                                for group, first, count, last in table[start:end])
         lines.append(f"{head}{seq + k}{runs_open}{body}{close}")
         start = end
     data = np.frombuffer("\n".join(lines).encode("ascii"), dtype=np.uint8)
@@ -163,8 +200,10 @@ def reads_lines_kernel(rows: NDArray[np.int64], ends: NDArray[np.int64],
     (from 0 for the first; at least one each), each ``(group, first id, count, epoch)``
     where group ``g``'s JSON name is ``name_bytes[name_starts[g]:name_starts[g + 1]]``;
     ``written[0]``: the bytes written. Line ``k`` is a reads line, or a pins line (its runs'
-    last numbers pin deltas), as ``kinds[k]`` (READS_LINE, PINS_LINE) says: the index of its
-    first piece in ``pieces``."""
+    last numbers pin deltas), a take, take_read or lease line (epochs), as ``kinds[k]``
+    (READS_LINE, PINS_LINE, TAKE_LINE, TAKE_READ_LINE, LEASE_LINE) says: the index of its
+    first piece in ``pieces``; or a give_back line (GIVE_BACK_LINE) of one row, whose first
+    id is the take line's sequence number."""
     at = 0
     start = 0
     for k in range(ends.size):
@@ -175,6 +214,12 @@ def reads_lines_kernel(rows: NDArray[np.int64], ends: NDArray[np.int64],
         at = _put_piece(out, at, pieces, piece_starts, base)
         at = _put_int(out, at, seq + k)
         at = _put_piece(out, at, pieces, piece_starts, base + 1)
+        if base == GIVE_BACK_LINE:
+            # One number where the others have runs: the take's, its first row's first id.
+            at = _put_int(out, at, rows[start, 1])
+            at = _put_piece(out, at, pieces, piece_starts, base + 3)
+            start = ends[k]
+            continue
         for r in range(start, ends[k]):
             if r > start:
                 at = _put_piece(out, at, pieces, piece_starts, base + 2)
@@ -202,7 +247,7 @@ def line_bound(lines: int, runs: int, name_starts: NDArray[np.int64]) -> int:
     """Bytes enough for ``lines`` reads lines of ``runs`` runs in all, of these groups (and
     the newlines between)."""
     longest_name = int(np.diff(name_starts).max()) if name_starts.size > 1 else 0
-    per_line = _PIECE_BYTES.size + _INT_CHARS + 1
+    per_line = _LINE_PIECE_CHARS + _INT_CHARS + 1
     per_run = longest_name + _NUMBERS_PER_RUN * (_INT_CHARS + 1) + len(_PIECES[2])
     return max(lines * per_line + runs * per_run, 1)
 
@@ -212,8 +257,7 @@ def reads_lines(rows: NDArray[np.int64], ends: NDArray[np.int64], seq: int,
                 kinds: NDArray[np.int64] | None = None) -> str:
     """The lines of leases' reads (see :func:`reads_lines_kernel`) numbered from ``seq``,
     joined by newlines (no newline after the last; empty for no lease); ``kinds``: per line,
-    READS_LINE or PINS_LINE (a lease's pins, each run's last number a delta; None: all
-    reads lines)."""
+    its kind (see :func:`reads_lines_kernel`; None: all reads lines)."""
     if not ends.size:
         return ""
     out = np.empty(line_bound(ends.size, rows.shape[0], name_starts), dtype=np.uint8)
@@ -225,5 +269,8 @@ def reads_lines(rows: NDArray[np.int64], ends: NDArray[np.int64], seq: int,
     return out[:int(written[0])].tobytes().decode("ascii")
 
 
-__all__ = ["PINS", "PINS_LINE", "READ", "READS", "READS_LINE", "JsonRun", "line_bound",
-           "name_table", "reads_line", "reads_lines", "reads_lines_kernel", "run_read_line"]
+__all__ = ["GIVE_BACK", "GIVE_BACK_LINE", "LEASE", "LEASE_LINE", "PINS", "PINS_LINE", "READ",
+           "READS", "READS_LINE",
+           "TAKE", "TAKE_LINE", "TAKE_READ", "TAKE_READ_LINE", "JsonRun", "give_back_line",
+           "line_bound", "name_table", "reads_line", "reads_lines", "reads_lines_kernel",
+           "run_read_line"]

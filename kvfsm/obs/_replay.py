@@ -5,11 +5,12 @@ re-fired on the replayed states: the event must have a row from the logged from-
 from-state must be the replayed one, the to-state the row's destination, and the epochs must
 move exactly as the row's ``bump_epoch`` effects say. A read must be of blocks a kernel may read
 (``readable`` states) at their replayed epoch, and not at an epoch a lookup saw them fail their
-checksum at. Pins are counted from the pin lines (version 5): a pin is of a readable block, an
-unpin never takes a block below 0, and no move gives up a block's device slot or takes its
-content to a lower tier while a pin holds it. Writes and index references land only on blocks
-being written. After every line, the blocks holding a slot or a copy in each tier never exceed
-that tier's capacity from the header.
+checksum at. Pins are counted from the pin lines (version 5): a pin is of a readable block, a
+lease's take of blocks at their replayed epochs, an unpin never takes a block below 0, a
+give-back names an open take (one not given back yet), and no move gives up a block's device
+slot or takes its content to a lower tier while a pin holds it. Writes and index references
+land only on blocks being written. After every line, the blocks holding a slot or a copy in
+each tier never exceed that tier's capacity from the header.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from kvfsm.obs._eventlog import (
     CHAINED_VERSION,
     CHECK_FAILED,
     FORMAT,
+    GIVE_BACK,
+    LEASE,
     MOVE,
     PIN,
     PINS,
@@ -37,6 +40,8 @@ from kvfsm.obs._eventlog import (
     READABLE_VERSIONS,
     READS,
     REFS,
+    TAKE,
+    TAKE_READ,
     WRITE,
     chain_digest,
     chain_start,
@@ -62,12 +67,17 @@ CHECKS: Final = (
     "read",        # a read of a block not readable, or at another epoch than its current one
     "capacity",    # more blocks in a tier than the header's capacity for it
     "chain",       # lines not those written (changed, dropped, added, renumbered, cut)
-    "pin",         # a pin of a block not readable, or an unpin of a block no pin holds
+    "pin",         # a pin of a block not readable (a take: or not at its epoch), or an
+                   # unpin of a block no pin holds
+    "give_back",   # a give-back naming no open lease take (none, not a take, given back)
     "pinned",      # a move giving up a device slot or leaving the device while pins hold it
     "failed_read",  # a read at the epoch a lookup saw the block fail its checksum at
     "write",       # a write or index references on a block not being written
 )
 
+#: The ``type`` of each kind of line after the header (the chain line aside).
+_LINE_TYPES: Final = [MOVE, READ, READS, PIN, PINS, TAKE, TAKE_READ, LEASE, GIVE_BACK,
+                      CHECK_FAILED, WRITE, REFS]
 #: Most pins one line may give or take per block (the core's counters are uint16).
 _MAX_PIN_DELTA: Final = 1 << 16
 #: ``_Group.failed`` of a block no lookup saw fail at its current epoch.
@@ -392,6 +402,19 @@ class _Group:
             raise _Reject("malformed", f"{what}: no ids")
         self.add_pins(ids, delta)
 
+    def take_run(self, run: list[Any], what: str) -> NDArray[np.int64]:
+        """A run of a take line: ``[group, first id, count, epoch]`` (the group checked by
+        the caller), one pin on each block, each at ``epoch``; its ids."""
+        ids = _expand([run[1:3]], 1, what, 0, self.n_blocks)
+        epoch = int(_ints(run[3:], f"{what} epoch", 0, _EPOCH_MODULUS)[0])
+        self.add_pins(ids, 1)
+        bad = np.flatnonzero(self.epochs[ids] != epoch)
+        if bad.size:
+            block = int(ids[bad[0]])
+            raise _Reject("pin", f"group {self.name!r} block {block} taken at epoch {epoch}, "
+                          f"but its content is at epoch {int(self.epochs[block])}")
+        return ids
+
     def pin_run(self, run: list[Any], what: str) -> None:
         """A run of a pins line: ``[group, first id, count, delta]`` (the group checked by
         the caller)."""
@@ -462,6 +485,8 @@ class _Replay:
         self.lifecycles = lifecycles
         self.groups: dict[str, _Group] = {}
         self.lines = self.moves = self.reads = self.blocks_moved = self.pins = 0
+        #: Take lines not given back yet, by sequence number: each run's group and ids.
+        self.takes: dict[int, list[tuple[_Group, NDArray[np.int64]]]] = {}
         #: Chained logs: the last chain digest, and the lines read since it.
         self.chained = False
         self.chain = b""
@@ -561,6 +586,14 @@ class _Replay:
         if kind == PINS:
             self.lease_pins(record, what)
             return
+        if kind in (TAKE, TAKE_READ, LEASE):
+            self.take(record, seq, kind != TAKE, what)
+            if kind == LEASE:  # given back at once: nothing was logged while it was held
+                self.give_back({TAKE: seq}, what)
+            return
+        if kind == GIVE_BACK:
+            self.give_back(record, what)
+            return
         group = self.group(_field(record, "group", str, what), what)
         if kind == MOVE:
             self.blocks_moved += group.move(record, what)
@@ -576,8 +609,7 @@ class _Replay:
         elif kind in (WRITE, REFS):
             group.write(record, kind, what)
         else:
-            raise _Reject("malformed", f"{what}: type {kind!r}, expected one of "
-                          f"{[MOVE, READ, READS, PIN, PINS, CHECK_FAILED, WRITE, REFS]}")
+            raise _Reject("malformed", f"{what}: type {kind!r}, expected one of {_LINE_TYPES}")
 
     def group(self, name: str, what: str) -> _Group:
         """The replayed group ``name``, or a malformed line naming the groups there are."""
@@ -612,6 +644,39 @@ class _Replay:
                 raise _Reject("malformed", f"{where}: {run!r} is not [group, first id, count, "
                               "delta]")
             self.group(run[0], where).pin_run(run, where)
+            self.pins += 1
+
+
+    def take(self, record: Mapping[str, Any], seq: int, read: bool, what: str) -> None:
+        """A lease's take: per group, ``[group, first id, count, epoch]``, a pin on each
+        block, at that epoch; with ``read``, then a read of those blocks at those epochs. Kept
+        open for the give-back naming ``seq``."""
+        runs = _field(record, "runs", list, what)
+        if not runs:
+            raise _Reject("malformed", f"{what}: no runs")
+        taken = []
+        for at, run in enumerate(runs):
+            where = f"{what} run {at}"
+            if not isinstance(run, list) or len(run) != 4 or not isinstance(run[0], str):
+                raise _Reject("malformed", f"{where}: {run!r} is not [group, first id, count, "
+                              "epoch]")
+            group = self.group(run[0], where)
+            taken.append((group, group.take_run(run, where)))
+            self.pins += 1
+            if read:
+                group.read_run(run, where)
+                self.reads += 1
+        self.takes[seq] = taken
+
+    def give_back(self, record: Mapping[str, Any], what: str) -> None:
+        """The give-back of every pin the open take line it names took."""
+        take = _field(record, TAKE, int, what)
+        taken = self.takes.pop(take, None)
+        if taken is None:
+            raise _Reject("give_back", f"{what} gives back take {take}, which is no open "
+                          "lease take (no take line of that number, or given back already)")
+        for group, ids in taken:
+            group.add_pins(ids, -1)
             self.pins += 1
 
 
