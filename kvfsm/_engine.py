@@ -247,21 +247,35 @@ class Engine:
                 prompt, level, priority, kernel_layouts, drop_last_block)
             if not self.tiers:
                 return self._lookup(prompt, chosen, kernel_layouts, drop_last_block)
+            self.restorer.poll()  # loads that finished since: their blocks are readable now
+            self._forget_evicted()
+            verdict = self._lookup(prompt, chosen, kernel_layouts, drop_last_block, False)
+            # The last token is always computed: the longest candidate is below it.
+            if verdict.usable_tokens >= (prompt.n_tokens - 1) // self._layout.step \
+                    * self._layout.step:
+                # Usable to the prompt's end: no stored copy could add to it.
+                return self._settled(verdict, prompt, chosen, kernel_layouts, drop_last_block)
         # Copies other engines (or this one before a restart) stored: asked of the tiers
         # without the lock, so a slow store costs this lookup only (up to its deadline).
         self._discovered(prompt)
         with self._lock:
-            self.restorer.poll()  # loads that finished since: their blocks are readable now
+            self.restorer.poll()
             verdict = self._lookup(prompt, chosen, kernel_layouts, drop_last_block, False)
-            if verdict.checks and self._reload_failed(verdict):
-                # A device copy failed its checksum while an intact stored copy remains: its
-                # device slot went back, and the verdict now plans the reload.
-                verdict = self._lookup(prompt, chosen, kernel_layouts, drop_last_block, False)
-            if verdict.restorable_tokens > verdict.usable_tokens:
-                verdict = self._name_down_tiers(verdict)
-            if self.metrics is not None:
-                self.metrics.observe_lookup(verdict)
-            return verdict
+            return self._settled(verdict, prompt, chosen, kernel_layouts, drop_last_block)
+
+    def _settled(self, verdict: Verdict, prompt: Prompt, chosen: Level,
+                 kernel_layouts: KernelLayouts | None, drop_last_block: bool) -> Verdict:
+        """Under the lock: a tiered engine's ``verdict`` with failed device copies sent back
+        to be reloaded, tiers not answering named, and the lookup counted."""
+        if verdict.checks and self._reload_failed(verdict):
+            # A device copy failed its checksum while an intact stored copy remains: its
+            # device slot went back, and the verdict now plans the reload.
+            verdict = self._lookup(prompt, chosen, kernel_layouts, drop_last_block, False)
+        if verdict.restorable_tokens > verdict.usable_tokens:
+            verdict = self._name_down_tiers(verdict)
+        if self.metrics is not None:
+            self.metrics.observe_lookup(verdict)
+        return verdict
 
     def _name_down_tiers(self, verdict: Verdict) -> Verdict:
         """``verdict`` with a ``TIER_UNAVAILABLE`` shortfall per group whose plan reads a

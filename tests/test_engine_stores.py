@@ -122,6 +122,22 @@ def to_remote(eng: Engine, prompt: Prompt) -> None:
     assert set(states(eng, prompt)) == {"remote"}
 
 
+def test_a_lookup_asks_the_stores_only_about_a_prompt_it_cannot_serve_to_its_end(
+        tmp_path: Path) -> None:
+    """A prompt usable to its end asks no store (a scheduler's usual lookup costs what the
+    device holds, nothing more); a prompt with blocks the core does not know asks, once per
+    lookup, and one whose stored copy is found reuses it."""
+    eng, held = make(tmp_path)
+    resident = eng.prompt(tokens(0))
+    eng.commit(resident, payload=payload_of(resident))
+    before = held.calls["contains"]
+    for _ in range(3):
+        assert eng.lookup(resident).usable_tokens == 128
+    assert held.calls["contains"] == before
+    assert eng.lookup(eng.prompt(tokens(5))).hit_tokens == 0
+    assert held.calls["contains"] == before + 1
+
+
 # -- I/O outside the lock -----------------------------------------------------------------------
 
 
