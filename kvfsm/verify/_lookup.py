@@ -16,13 +16,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm.spec import Event, Form, Layout, Tier
+from kvfsm.spec import Event, Form, GroupKind, Layout, Tier
 from kvfsm.state import StateCore
 from kvfsm.verify._explained import Explanation, explained_later
 from kvfsm.verify._group_eval import GroupEval, _new_eval
 from kvfsm.verify._group_pass import AFTER, HIT, NOW
 from kvfsm.verify._lookup_layout import (
     MAX_CACHED,
+    HeldKey,
     LookupLayout,
     layout_of,
     lease_spans_of,
@@ -59,6 +60,15 @@ def prompt_end(hit: int) -> Shortfall:
     return Shortfall(Reason.PROMPT_END, "*", detail=(
         f"every candidate length hit; tokens from {hit} on are computed, the last one for its "
         "logits"))
+
+
+@functools.lru_cache(maxsize=MAX_CACHED)
+def held_to(groups: HeldKey, usable: int) -> tuple[GroupVerdict, ...]:
+    """The verdicts of ``groups`` (name, kind's name, block size) that each hold to
+    ``usable`` tokens, hit as far, with no stop: values, shared by every lookup they answer,
+    keyed by those values alone."""
+    return tuple([GroupVerdict(name, GroupKind[kind], block_size, usable, usable, usable, None)
+                  for name, kind, block_size in groups])
 
 
 def _largest(vector: np.ndarray, below: int | None = None) -> int:
@@ -138,14 +148,14 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     # Groups whose blocks point into another group come after it (the index check reads
     # the prompt's blocks of the target group, ``made[target_at]``).
     for group, decl, target_at, known_here, spans in rows:
-        high, low = prompt.words(decl.block_size)
+        words = prompt.words(decl.block_size)
         reads = (kernel_layouts.get(decl.name) if kernel_layouts else None) or decl.layout
-        if spans.n != high.size:  # the prompt's words end before its tokens: own spans
-            spans = spans_for(group, high.size, lengths, step)
+        if spans.n != words[0].size:  # the prompt's words end before its tokens: own spans
+            spans = spans_for(group, words[0].size, lengths, step)
             lease_spans = None
         # Made without the constructor's checks and keywords: the arguments are made here.
         evaluation = _new_eval(GroupEval)
-        evaluation._evaluate(group, high, low, lengths, level, profile,
+        evaluation._evaluate(group, words, lengths, level, profile,
                              made[target_at] if target_at >= 0 else None, checksums,
                              spans, statics_for(group, reads, profile, known_here), capped)
         made.append(evaluation)
@@ -181,18 +191,13 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     # One loop over the groups (not one per thing made of them): each group's figures, the
     # checksums it computed, and what a lease reads of it (its name, spans, pass output and
     # hash words, and its change count now: a lease finding it unchanged needs no second look).
-    groups, checks, found = [], [], []
+    checks, found = [], []
     for e in every:
-        if not explain:
-            # Usable at the last candidate with no plan past it: every group holds there, so
-            # its own figures are the verdict's and it has no stop.
-            decl = e.decl
-            groups.append(GroupVerdict(decl.name, decl.kind, decl.block_size, usable, usable,
-                                       usable, None))
+        name = e.decl.name
         checked = e.checked
         if checked is not None:
-            checks.append(Checks(e.decl.name, *checked))
-        found.append((e.decl.name, e.spans, e._out, e.words, e.group.changes))
+            checks.append(Checks(name, *checked))
+        found.append((name, e.spans, e._out, e.words, e.group.changes))
     if lease_spans is None:
         lease_spans = lease_spans_of(layout.names, [e.spans for e in every])
     probe = make_probe(layout, prompt, found, usable_at, usable, lease_spans)
@@ -207,9 +212,11 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
              "checks": tuple(checks), "probe": probe},
             functools.partial(_explain, every, step, count, hit, final, usable, restorable,
                               tuple(reasons)))
-    # Positional: the fields in declaration order (cheaper than keywords on every lookup).
-    return Verdict(n_tokens, hit, usable, restorable, usable, level, tuple(groups),
-                   tuple(reasons), (), tuple(checks), probe)
+    # Usable at the last candidate with no plan past it: every group holds there, so its own
+    # figures are the verdict's and it has no stop. Positional: the fields in declaration
+    # order (cheaper than keywords on every lookup).
+    return Verdict(n_tokens, hit, usable, restorable, usable, level,
+                   held_to(layout.held_key, usable), tuple(reasons), (), tuple(checks), probe)
 
 
 def _explain(every: tuple[GroupEval, ...], step: int, count: int, hit: int, final: int,
