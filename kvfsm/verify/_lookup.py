@@ -23,6 +23,7 @@ from kvfsm.verify._group_eval import GroupEval, _new_eval
 from kvfsm.verify._group_pass import AFTER, HIT, NOW
 from kvfsm.verify._lookup_layout import (
     MAX_CACHED,
+    Found,
     HeldKey,
     LookupLayout,
     layout_of,
@@ -145,6 +146,12 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     lease_spans: LeaseSpans | None = cached_spans
     capped = core.restore_budget.capped
     made: list[GroupEval] = []
+    # What a lease reads of each group (its name, spans, pass output and hash words, and its
+    # change count now: a lease finding it unchanged needs no second look), and the
+    # checksums each computed, gathered as the groups are evaluated (a lookup changes
+    # nothing: the change counts are those at its end).
+    checks: list[Checks] = []
+    found: list[Found] = []
     # Groups whose blocks point into another group come after it (the index check reads
     # the prompt's blocks of the target group, ``made[target_at]``).
     for group, decl, target_at, known_here, spans in rows:
@@ -159,6 +166,10 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
                              made[target_at] if target_at >= 0 else None, checksums,
                              spans, statics_for(group, reads, profile, known_here), capped)
         made.append(evaluation)
+        checked = evaluation.checked
+        if checked is not None:
+            checks.append(Checks(decl.name, *checked))
+        found.append((decl.name, spans, evaluation._out, words, group.changes))
     every = tuple(made)
     hit_at, usable_at, after_at = _common_lasts(every)
     admitted = _admitted(core, every) if capped else True
@@ -185,23 +196,12 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
             reasons.append(boundary)
     if hit == final and hit > 0:
         reasons.append(prompt_end(hit))
-    # Something to explain (a shortfall, a plan): each group's stop, the reasons and the plan
-    # are made when first read, from the pass outputs and a snapshot taken now.
-    explain = usable < final or restorable > usable
-    # One loop over the groups (not one per thing made of them): each group's figures, the
-    # checksums it computed, and what a lease reads of it (its name, spans, pass output and
-    # hash words, and its change count now: a lease finding it unchanged needs no second look).
-    checks, found = [], []
-    for e in every:
-        name = e.decl.name
-        checked = e.checked
-        if checked is not None:
-            checks.append(Checks(name, *checked))
-        found.append((name, e.spans, e._out, e.words, e.group.changes))
     if lease_spans is None:
         lease_spans = lease_spans_of(layout.names, [e.spans for e in every])
     probe = make_probe(layout, prompt, found, usable_at, usable, lease_spans)
-    if explain:
+    # Something to explain (a shortfall, a plan): each group's stop, the reasons and the plan
+    # are made when first read, from the pass outputs and a snapshot taken now.
+    if usable < final or restorable > usable:
         for e in every:
             e.freeze()  # every snapshot first: an index's reads its target group
         for e in every:
