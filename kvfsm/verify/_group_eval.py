@@ -256,8 +256,6 @@ class GroupEval(PassOutput):
         self._raw = None
         high, low = self.words
         statics = self._statics
-        use_checked_ok = checked_ok is not None
-        given = _NO_CHECKED if checked_ok is None else checked_ok
         # Compiled, the group's fixed arrays go as one address table where they are laid out
         # as the pass views them (numba matches each array argument's type on every call,
         # some 40 ns an array).
@@ -277,18 +275,21 @@ class GroupEval(PassOutput):
             entry(high, low, fixed, history_out, n_history, _NO_CHECKED, spans.rows,
                   spans.prefix_step, check_mode, False, self._has_index, all_settled,
                   self._budget, self._capped, out)
-        elif fixed is not None and jit_settings.enabled:
-            # Every call through numba's dispatcher, which compiles a version for argument
-            # types it has not seen: none is read as another's.
-            group_pass_fixed.run(
-                high, low, fixed, history_out, n_history, given, spans.rows,
-                spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
-                self._budget, self._capped, out)
         else:
-            group_pass.run(
-                high, low, *statics.arrays, history_out, n_history, given, spans.rows,
-                spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
-                self._budget, self._capped, out)
+            use_checked_ok = checked_ok is not None
+            given = _NO_CHECKED if checked_ok is None else checked_ok
+            if fixed is not None and jit_settings.enabled:
+                # Every call through numba's dispatcher, which compiles a version for argument
+                # types it has not seen: none is read as another's.
+                group_pass_fixed.run(
+                    high, low, fixed, history_out, n_history, given, spans.rows,
+                    spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
+                    self._budget, self._capped, out)
+            else:
+                group_pass.run(
+                    high, low, *statics.arrays, history_out, n_history, given, spans.rows,
+                    spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
+                    self._budget, self._capped, out)
         scalars: list[int] = out[:N_SCALARS].tolist()
         total = scalars[RESTORES_TOTAL]
         if total and self._budget == BUDGET_UNKNOWN:
