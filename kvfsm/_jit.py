@@ -215,7 +215,9 @@ class Kernel:
         """The compiled version's entry point for exactly the types of ``args`` (compiled now if
         no version has them), for a call site that calls it again and again with arguments of
         those types: it skips numba's matching of every argument's type (some 35 ns an
-        argument). The lookup does not use it (its group pass goes through :attr:`run`).
+        argument). The lookup's first group pass uses one per group's statics, bound to the
+        types its arguments have by construction (see ``GroupEval._pass``); its other passes
+        go through :attr:`run`.
 
         Only for arguments whose types are fixed by construction (the same arrays, or arrays
         made the same way): an entry point reads an array of another dtype, layout or

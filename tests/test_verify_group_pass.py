@@ -279,3 +279,29 @@ def test_one_run_blocks_counts_the_chain_where_it_is_one_run_at_one_epoch() -> N
     core.fire("attn", [int(ids[3])], Event.SPILL_DONE)  # block 3 moved: another epoch
     assert int(group.epoch[ids[3]]) != int(group.epoch[ids[0]])
     assert counted(high, low) == 0
+
+
+@pytest.mark.usefixtures("jit_backend")
+def test_words_of_another_layout_find_what_the_prompts_own_find() -> None:
+    """Words given strided, read-only or as another integer type are read as their values:
+    the same ids and usable lengths as the prompt's own words."""
+    eng = engine(DENSE)
+    prompt = eng.prompt(tokens(161))
+    eng.commit(prompt)
+    core, group = eng.core, eng.core.group("attn")
+    lengths = np.array([0, 64, 160], dtype=np.int64)
+
+    def evaluated(high: np.ndarray, low: np.ndarray) -> GroupEval:
+        return GroupEval(core, group, high, low, lengths, level=Level.FULL, kernel_layout=None,
+                         profile=DeviceProfile(), checksums=False)
+
+    own = evaluated(*prompt.words(16))
+    strided = [np.repeat(words, 2)[::2] for words in prompt.words(16)]
+    read_only = [words.copy() for words in prompt.words(16)]
+    for words in read_only:
+        words.flags.writeable = False
+    signed = [words.view(np.int64) for words in prompt.words(16)]
+    for high, low in (strided, read_only, signed):
+        other = evaluated(high, low)
+        assert other.ids.tolist() == own.ids.tolist()
+        assert other.now.tolist() == own.now.tolist() == [True, True, True]

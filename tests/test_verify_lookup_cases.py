@@ -21,6 +21,8 @@ from tests.verify_models import (
     PROMPTS,
     TWO_SIZES,
     engine,
+    group,
+    model,
 )
 
 needs_numba = pytest.mark.skipif(not jit.available, reason="numba is not installed")
@@ -135,3 +137,24 @@ def test_a_full_hit_asked_for_more_than_its_passes_say_is_explained(
             want = eng.lookup(prompt, level=Level.STANDARD, drop_last_block=drop_last_block)
     assert got == want
     assert reason in got.reason_set
+
+
+def test_full_hits_of_models_sharing_a_group_name_report_their_own_groups() -> None:
+    """Two models whose groups share a name but not a kind or a block size: each full hit's
+    per-group verdicts are its own model's, however the lookups interleave."""
+    wide = model("t_wide_attn", group("attn", "full", "full_kv", 32))
+    window = model("t_window_attn", group("attn", "sliding_window", "sliding_window", 16,
+                                          "window = 64"))
+    engines = [engine(DENSE), engine(wide), engine(window)]
+    text = PROMPTS[0][:257]
+    prompts = [eng.prompt(text) for eng in engines]
+    for eng, prompt in zip(engines, prompts, strict=True):
+        eng.commit(prompt)
+    for _ in range(2):
+        for eng, prompt in zip(engines, prompts, strict=True):
+            verdict = eng.lookup(prompt, level=Level.STANDARD)
+            (attn,) = verdict.groups
+            decl = eng.core.group("attn").decl
+            assert (attn.kind, attn.block_size) == (decl.kind, decl.block_size)
+            assert attn.usable_tokens == verdict.usable_tokens == 256 - 256 % decl.block_size
+            assert attn.stop is None

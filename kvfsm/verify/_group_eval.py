@@ -30,6 +30,7 @@ from kvfsm.verify._group_pass import (
     LARGEST_HIT,
     LARGEST_NOW,
     N_SCALARS,
+    N_SPAN_ROWS,
     NEEDS_CHECKSUMS,
     NOW,
     ONE_RUN_BLOCKS,
@@ -57,6 +58,10 @@ assert tuple(range(N_SCALARS)) == _SCALAR_ORDER, "GroupEval unpacks the scalars 
 #: The levels the evaluation compares against (a module global reads faster than an enum's
 #: member on every lookup).
 _FULL, _FAST = Level.FULL, Level.FAST
+#: The pass output's dtype (an object: ``np.empty`` then parses none).
+_INT64 = np.dtype(np.int64)
+#: The prompt's hash words' dtype (:meth:`~kvfsm.verify._prompt.Prompt.words`).
+_WORD = np.dtype(np.uint64)
 
 
 
@@ -130,26 +135,29 @@ class GroupEval(PassOutput):
     ) -> None:
         if statics is None:
             statics = statics_for(group, kernel_layout or group.decl.layout, profile)
+        # The words as a prompt makes them (contiguous native uint64, writable; copied only
+        # where given otherwise): the first pass reads them as that type (see _pass).
+        high, low = np.require(high, _WORD, ["C", "W"]), np.require(low, _WORD, ["C", "W"])
         if spans is None or spans.n != high.size or spans.lo.size != lengths.size:
             spans = Spans(group.rule.needed(group.decl, lengths), high.size)
-        self._evaluate(group, high, low, lengths, level, profile, history, checksums, spans,
+        self._evaluate(group, (high, low), lengths, level, profile, history, checksums, spans,
                        statics, group.budget.capped if capped is None else capped)
 
-    def _evaluate(self, group: GroupState, high: NDArray[np.uint64], low: NDArray[np.uint64],
+    def _evaluate(self, group: GroupState, words: tuple[NDArray[np.uint64], NDArray[np.uint64]],
                   lengths: NDArray[np.int64], level: Level, profile: DeviceProfile,
                   history: GroupEval | None, checksums: bool, spans: Spans, statics: Statics,
                   capped: bool) -> None:
         """The evaluation itself, from arguments already checked (a lookup calls it directly on
         an instance made by ``_new_eval``: it makes one per group, and every keyword costs on
-        that path)."""
+        that path). ``spans`` are made for the prompt's blocks ``words`` holds."""
         self.group = group
-        self.decl = decl = group.decl
+        self.decl = group.decl
         self.lengths = lengths
         # Every complete block of the prompt: candidates use the first lengths[-1] // size, the
         # rest tells how far this group's chain reaches.
-        self.n = high.size
-        #: The prompt's hash words of this group's blocks.
-        self.words = (high, low)
+        self.n = spans.n
+        #: The prompt's hash words of this group's blocks (the prompt's own tuple).
+        self.words = words
         self._statics = statics
         self.spans = spans
         self._history = history
@@ -163,36 +171,49 @@ class GroupEval(PassOutput):
         # Layers 2 (recorded layout vs the kernel's; the group's declared layout when the
         # caller names none), 1, 3 and 4, and what each block's state allows, in one pass;
         # a second where device checks must be computed here.
-        check_alignment = not statics.aligned and \
-            not (level is _FAST and statics.restore_aligned)
-        if check_alignment or scalars[NEEDS_CHECKSUMS] or (checksums and level is _FULL):
-            # Device checks computed here over the readable blocks' slots, then the pass again
-            # with their answers.
-            ids = self.ids
-            readable = (self.facts & READABLE) != 0
-            if readable.any():
-                readable_ids = ids[readable]
-                slots = group.slot[Tier.DEVICE][readable_ids]
-                if check_alignment:
-                    self.align_ok = slots_aligned(statics.pool, profile, slots, readable)
-                if checksums:
-                    self.checksum_ok, made, passed = _checksums(group, statics.pool, level,
-                                                                slots, readable_ids, readable)
-                    if made.size:
-                        self.checked = (made, passed)
-            checked_ok = _both(self.align_ok, self.checksum_ok)
-            self._recorded_checks = False
-            scalars = self._pass(checked_ok, CHECKS_IGNORED)
-        # The scalars in their order (_SCALAR_ORDER), unpacked at once.
-        chain, _, _, asked_kept, largest_hit, largest_now, largest_after, all_settled, _, _ = \
-            scalars
-        self.chain_tokens: int = chain * decl.block_size
+        if (checksums and level is _FULL) or scalars[NEEDS_CHECKSUMS] or \
+                not (statics.aligned or (level is _FAST and statics.restore_aligned)):
+            scalars = self._checked_pass(level, profile, checksums)
+        # The scalars in their order (_SCALAR_ORDER), unpacked at once; the chain's reach and
+        # the settled flag are read from the output when asked (few lookups ask).
+        _, _, _, asked_kept, largest_hit, largest_now, largest_after, _, _, _ = scalars
         if asked_kept:
             self.restores_asked = self._out[N_SCALARS : N_SCALARS + lengths.size]
         #: Last candidate index where the hit / usable now / usable after the plan holds, by
         #: per-length row (HIT, NOW, AFTER).
         self.largest: tuple[int, int, int] = (largest_hit, largest_now, largest_after)
-        self.all_settled = all_settled != 0
+
+    def _checked_pass(self, level: Level, profile: DeviceProfile, checksums: bool) -> list[int]:
+        """Device checks computed here over the readable blocks' slots (alignment the pools
+        do not guarantee, data checksums), then the pass again with their answers."""
+        group, statics = self.group, self._statics
+        check_alignment = not statics.aligned and \
+            not (level is _FAST and statics.restore_aligned)
+        ids = self.ids
+        readable = (self.facts & READABLE) != 0
+        if readable.any():
+            readable_ids = ids[readable]
+            slots = group.slot[Tier.DEVICE][readable_ids]
+            if check_alignment:
+                self.align_ok = slots_aligned(statics.pool, profile, slots, readable)
+            if checksums:
+                self.checksum_ok, made, passed = _checksums(group, statics.pool, level, slots,
+                                                            readable_ids, readable)
+                if made.size:
+                    self.checked = (made, passed)
+        checked_ok = _both(self.align_ok, self.checksum_ok)
+        self._recorded_checks = False
+        return self._pass(checked_ok, CHECKS_IGNORED)
+
+    @property
+    def chain_tokens(self) -> int:
+        """How far the prompt's hash chain in this group reaches, in tokens."""
+        return int(self._out[CHAIN_BLOCKS]) * self.decl.block_size
+
+    @property
+    def all_settled(self) -> bool:
+        """Every block the pass read is settled (what an index's pass reads of its target)."""
+        return bool(self._out[ALL_SETTLED])
 
     @property
     def restore_aligned(self) -> bool:
@@ -231,27 +252,44 @@ class GroupEval(PassOutput):
             history_out, n_history, all_settled = _NO_HISTORY, 0, True
         spans = self.spans
         # Sized by the spans (made for these n blocks and lengths): the kernel writes by them.
-        self._out = out = np.empty(spans.out_size, dtype=np.int64)
+        self._out = out = np.empty(spans.out_size, _INT64)
         self._raw = None
         high, low = self.words
         statics = self._statics
-        use_checked_ok = checked_ok is not None
-        given = _NO_CHECKED if checked_ok is None else checked_ok
         # Compiled, the group's fixed arrays go as one address table where they are laid out
         # as the pass views them (numba matches each array argument's type on every call,
-        # some 40 ns an array). Every call goes through numba's dispatcher, which compiles a
-        # version for argument types it has not seen: none is read as another's.
+        # some 40 ns an array).
         fixed = statics.fixed
-        if fixed is not None and jit_settings.enabled:
-            group_pass_fixed.run(
-                high, low, fixed, history_out, n_history, given, spans.rows,
-                spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
-                self._budget, self._capped, out)
+        if fixed is not None and jit_settings.enabled and checked_ok is None:
+            # The first pass (most lookups' only one) calls the version compiled for the one
+            # type each argument has by construction, skipping numba's matching of fifteen
+            # types (~0.5 us): the prompt's words are checked where made
+            # (Prompt.words; GroupEval's constructor copies others to that type), ``fixed`` is
+            # these statics' own table, the history is _NO_HISTORY or another evaluation's
+            # ``_out``, made as ``out`` is here, the spans' rows are checked where made
+            # (Spans), no checks are given, and scalars are converted, not reinterpreted. A
+            # pass given checks computed here goes through numba's dispatcher (below).
+            entry = statics.entry
+            if entry is None:
+                entry = statics.entry = group_pass_fixed.entry(*_first_pass_types(fixed))
+            entry(high, low, fixed, history_out, n_history, _NO_CHECKED, spans.rows,
+                  spans.prefix_step, check_mode, False, self._has_index, all_settled,
+                  self._budget, self._capped, out)
         else:
-            group_pass.run(
-                high, low, *statics.arrays, history_out, n_history, given, spans.rows,
-                spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
-                self._budget, self._capped, out)
+            use_checked_ok = checked_ok is not None
+            given = _NO_CHECKED if checked_ok is None else checked_ok
+            if fixed is not None and jit_settings.enabled:
+                # Every call through numba's dispatcher, which compiles a version for argument
+                # types it has not seen: none is read as another's.
+                group_pass_fixed.run(
+                    high, low, fixed, history_out, n_history, given, spans.rows,
+                    spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
+                    self._budget, self._capped, out)
+            else:
+                group_pass.run(
+                    high, low, *statics.arrays, history_out, n_history, given, spans.rows,
+                    spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
+                    self._budget, self._capped, out)
         scalars: list[int] = out[:N_SCALARS].tolist()
         total = scalars[RESTORES_TOTAL]
         if total and self._budget == BUDGET_UNKNOWN:
@@ -260,6 +298,17 @@ class GroupEval(PassOutput):
             if total > self._budget:
                 return self._pass(checked_ok, check_mode)  # again, filtered by the budget
         return scalars
+
+
+def _first_pass_types(fixed: NDArray[np.int64]) -> tuple[object, ...]:
+    """Arguments of the types a first pass over ``fixed`` is called with (see
+    :meth:`GroupEval._pass`): words as a prompt makes them, history and output as made here,
+    spans' rows as :class:`~kvfsm.verify._spans.Spans` makes them, no checks given."""
+    words = np.zeros(1, dtype=_WORD)
+    rows = np.zeros((N_SPAN_ROWS, 1), dtype=_INT64)
+    rows.setflags(write=False)
+    return (words, words.copy(), fixed, _NO_HISTORY, 0, _NO_CHECKED, rows, 0, CHECKS_RECORDED,
+            False, False, True, BUDGET_UNKNOWN, False, np.empty(1, _INT64))
 
 
 #: Makes an evaluation without its constructor's checks (a lookup fills it through

@@ -40,6 +40,8 @@ def candidates(count: int, step: int) -> NDArray[np.int64]:
 #: A group as a lookup of a given prompt length reads it: its state, declaration, the position
 #: of the group its blocks point into (-1: none), its statics cache and its spans.
 Row = tuple[GroupState, GroupDecl, int, StaticsCache, Spans]
+#: Per group: its name, its kind's name and its block size (:attr:`LookupLayout.held_key`).
+HeldKey = tuple[tuple[str, str, int], ...]
 
 
 class LookupLayout:
@@ -50,7 +52,7 @@ class LookupLayout:
     (for the block-boundary reason), and a weak reference to the core (for probes)."""
 
     __slots__ = ("__weakref__", "block_sizes", "boundary", "by_length", "change_count", "core",
-                 "finest_prefix", "groups", "names", "order", "prefix_at", "step")
+                 "finest_prefix", "groups", "held_key", "names", "order", "prefix_at", "step")
 
     def __init__(self, core: StateCore) -> None:
         self.core = weakref.ref(core)
@@ -61,6 +63,11 @@ class LookupLayout:
         names = [group.decl.name for group in self.order]
         #: The groups' names in lookup order (one tuple for every probe of this core).
         self.names = tuple(names)
+        #: Per group in lookup order: its name, its kind's name and its block size, the values
+        #: a group verdict holding to a length is made of (strings and ints: a key that hashes
+        #: in C, unlike an enum member).
+        self.held_key: HeldKey = tuple((group.decl.name, group.decl.kind.name,
+                                        group.decl.block_size) for group in self.order)
         #: Per group in lookup order: its state, its declaration, the position in this order
         #: of the group its blocks point into (-1: none; always an earlier one: a model's
         #: sparse index may not point into another sparse index) and its
@@ -181,5 +188,5 @@ def make_probe(layout: LookupLayout, prompt: Prompt, found: list[Found], at: int
 _IDS_VIEWED: Final = np.dtype(np.intp) != np.dtype(np.int64)
 
 
-__all__ = ["MAX_CACHED", "Found", "LookupLayout", "Row", "candidates", "layout_of",
+__all__ = ["MAX_CACHED", "Found", "HeldKey", "LookupLayout", "Row", "candidates", "layout_of",
            "lease_spans_of", "make_probe"]

@@ -13,6 +13,9 @@ from kvfsm.state import PrefixHashes
 from kvfsm.state._hashing import XXH3_128, check_hash_function
 from kvfsm.state._request_keys import content_keys_of, namespace_of, namespace_root
 
+#: The hash words' dtype (native uint64), as the lookup's group pass reads them.
+_WORD = np.dtype(np.uint64)
+
 
 class Prompt:
     """Tokens of one request and their block hashes for every block size the model uses.
@@ -171,7 +174,15 @@ class Prompt:
             raise ForeignPromptError(
                 f"prompt keeps no hashes at block size {block_size} (it keeps "
                 f"{list(self._block_sizes)}); make it with the engine's prompt(...)")
-        words = self._words_at[block_size] = hashes.words()
+        words = hashes.words()
+        # Checked once, where made: the lookup's first group pass reads the words through an
+        # entry point compiled for this type alone (see GroupEval._pass).
+        for each in words:
+            if each.dtype != _WORD or each.ndim != 1 or not each.flags.c_contiguous or \
+                    not each.flags.writeable:
+                raise AssertionError(f"prompt hash words of another type: {each.dtype}, "
+                                     f"{each.ndim}-D, flags {each.flags}")
+        self._words_at[block_size] = words
         return words
 
     def __repr__(self) -> str:

@@ -41,6 +41,11 @@ class Spans:
         #: array: the pass's ``spans`` (rows SPAN_*).
         self.rows = np.stack([self.lo, self.cut, self.hi, self.base]).astype(np.int64)
         self.rows.setflags(write=False)
+        # Always so (a fresh stack cast to int64), checked once here: the lookup's first group
+        # pass reads the rows through an entry point compiled for this type alone
+        # (GroupEval._pass).
+        if not (self.rows.ndim == 2 and self.rows.flags.c_contiguous):
+            raise AssertionError(f"spans rows of another layout: {self.rows.flags}")
         #: Above 0 where the spans are a raw prefix's (every length served, nothing before
         #: its first block or compressed, ``hi`` this step times the length's index): the
         #: pass computes them instead of reading them.

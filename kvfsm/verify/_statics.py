@@ -9,6 +9,7 @@ so a lookup hands the pass one address table instead of sixteen arrays.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -59,8 +60,8 @@ class Statics:
     arrays, and the parameters that never change. Made once; :func:`statics_for` makes a new
     one when something it was made from is replaced (the table, a new recorded layout)."""
 
-    __slots__ = ("aligned", "arrays", "fixed", "fixed_table", "kept", "layout_ok", "made_from",
-                 "paths", "pool", "restore_aligned", "settled_compressed", "table")
+    __slots__ = ("aligned", "arrays", "entry", "fixed", "fixed_table", "kept", "layout_ok",
+                 "made_from", "paths", "pool", "restore_aligned", "settled_compressed", "table")
 
     paths: RestorePaths
 
@@ -111,10 +112,14 @@ class Statics:
         #: sixteen): numba matches an ndarray subclass's type in Python, some 0.7 us a call,
         #: a plain array's in C.
         self.fixed = None if self.fixed_table is None else self.fixed_table.view(np.ndarray)
+        #: The compiled first pass over :attr:`fixed` for the argument types a lookup makes
+        #: (:meth:`~kvfsm.verify._group_eval.GroupEval._pass`; None until first needed).
+        self.entry: Callable[..., Any] | None = None
 
 
-#: A group's statics: by the ids of the reading layout and device profile.
-StaticsCache = dict[tuple[int, int], "Statics"]
+#: A group's statics: by the ids of the reading layout and device profile (each entry holds
+#: both, and is compared with them by identity), and under None the one used last.
+StaticsCache = dict[tuple[int, int] | None, "Statics"]
 
 #: Per group (weakly): its statics by the ids of the reading layout and device profile.
 _STATICS: weakref.WeakKeyDictionary[GroupState, StaticsCache] = \
@@ -131,20 +136,31 @@ def statics_for(group: GroupState, reads: Layout, profile: DeviceProfile,
         known_here = _STATICS.get(group)
         if known_here is None:
             known_here = _STATICS[group] = {}
-    key = (id(reads), id(profile))
-    known = known_here.get(key)
     table, target = group.table, group.target
     target_table = None if target is None else target.table
+    # The statics made or found last first (under None: a caller mostly reads with one layout
+    # and profile, and this spares making and hashing the key); each is compared below by
+    # identity with what it was made from, which it holds.
+    known = known_here.get(None)
+    if known is None or known.made_from[0] is not reads or known.made_from[1] is not profile:
+        key = (id(reads), id(profile))
+        known = known_here.get(key)
+    else:
+        key = None
     if known is not None:
         # The restore paths are not compared: they follow from the table alone.
         was = known.made_from
         if was[0] is reads and was[1] is profile and was[2] is table \
                 and was[4] == len(group.layouts) and was[5] is target_table:
+            if key is not None:
+                known_here[None] = known
             return known
+    if key is None:
+        key = (id(reads), id(profile))
     paths = restore_paths(table)
     if len(known_here) >= _MAX_STATICS:
         known_here.clear()
-    known = known_here[key] = Statics(
+    known = known_here[key] = known_here[None] = Statics(
         group, reads, profile, (reads, profile, table, paths, len(group.layouts), target_table))
     return known
 
