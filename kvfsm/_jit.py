@@ -109,9 +109,8 @@ def _no_disk_cache(why: str) -> None:
 
 
 class JitSettings:
-    """Whether kernels run compiled or as their NumPy twins (tests flip ``enabled`` to run both),
-    and whether entry points bound to argument types check them on every call
-    (``check_entries``: the test suite turns it on; see :meth:`Kernel.entry`)."""
+    """Whether kernels run compiled or as their NumPy twins (tests flip ``enabled`` to run
+    both)."""
 
     #: Kernels run compiled: a plain attribute (every kernel call reads it, and a property is
     #: a Python call each time; a class with ``__getattr__`` loses CPython's fast attribute
@@ -122,7 +121,6 @@ class JitSettings:
     enabled: bool
 
     def __init__(self) -> None:
-        self.check_entries = False
         object.__setattr__(self, "enabled", _numba_installed())
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -211,40 +209,6 @@ class Kernel:
             self._compiled = compiled
         return self._compiled
 
-    def entry(self, *args: Any) -> Callable[..., Any]:
-        """The compiled version's entry point for exactly the types of ``args`` (compiled now if
-        no version has them), for a call site that calls it again and again with arguments of
-        those types: it skips numba's matching of every argument's type (some 35 ns an
-        argument). The lookup does not use it (its group pass goes through :attr:`run`).
-
-        Only for arguments whose types are fixed by construction (the same arrays, or arrays
-        made the same way): an entry point reads an array of another dtype, layout or
-        dimension as if it had the bound one, unchecked. Where
-        :attr:`JitSettings.check_entries` is on (the test suite), the returned callable checks
-        every call's types against the bound ones and raises a TypeError on a difference."""
-        dispatcher: Any = self._compiled_or_off()  # a numba Dispatcher
-        if dispatcher is None:
-            return self.twin  # numba fails to import: the twin takes the same arguments
-        typeof = _numba().typeof
-        types = tuple(typeof(arg) for arg in args)
-        call: Callable[..., Any] = dispatcher.compile(types)
-        if not settings.check_entries:
-            return call
-        name = self.__name__
-
-        def checked(*each: Any) -> Any:
-            now = tuple(typeof(arg) for arg in each)
-            if now != types:
-                changed: list[tuple[object, object, object]] = \
-                    [("count", len(types), len(now))] if len(now) != len(types) else \
-                    [(i, was, new) for i, (was, new) in enumerate(zip(types, now, strict=True))
-                     if was != new]
-                raise TypeError(f"kernel {name}: entry point bound to other argument types "
-                                f"(position, bound, now): {changed}")
-            return call(*each)
-
-        return checked
-
     @property
     def run(self) -> Callable[..., Any]:
         """What a call runs now: the compiled version (numba's dispatcher, which matches every
@@ -264,20 +228,6 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<kernel {self.__name__}>"
-
-
-def call_bound(each: Kernel, entries: dict[Kernel, Callable[..., Any]], *args: Any) -> None:
-    """``each(*args)`` through its entry point bound to the types of ``args`` on the first call
-    and kept in ``entries`` (:meth:`Kernel.entry`), or its twin where compiled kernels are
-    off. Only for arguments made the same way on every call (an owner's own arrays, and
-    outputs a lookup makes alike every time)."""
-    if not settings.enabled:
-        each.twin(*args)
-        return
-    call = entries.get(each)
-    if call is None:
-        call = entries[each] = each.entry(*args)
-    call(*args)
 
 
 def _stamp(path: str) -> tuple[float, int]:

@@ -249,9 +249,9 @@ def test_a_lookups_probe_shows_the_blocks_its_lease_pins(name: str) -> None:
 
 def test_a_probe_made_by_hand_is_leased_with_its_arrays_types_matched() -> None:
     """A probe made by hand (strided ids, copied epochs) is not a lookup's own output: its
-    lease's passes match its arrays' types rather than run through the entry points each
-    group bound to a lookup's arrays (in this suite every bound call checks its types and
-    would raise), and it pins, validates and gives back exactly what a lookup's probe does."""
+    lease's passes match its arrays' types (numba's dispatcher, after a lease on a lookup's
+    own arrays compiled theirs), and it pins, validates and gives back exactly what a
+    lookup's probe does."""
     eng = _engine("deepseek_v4_like")
     prompt = eng.prompt(TEXT)
     eng.commit(prompt)

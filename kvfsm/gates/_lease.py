@@ -68,9 +68,6 @@ class _Held(NamedTuple):
     one_run: bool = False
     #: Touched (used now) in the pass that pinned them.
     touched: bool = False
-    #: ``pinned`` and ``epochs`` are views of a lookup's output (``Probe.exact``): the
-    #: group's kernels run on them through their bound entry points.
-    bound: bool = False
 
     @property
     def group(self) -> str:
@@ -126,7 +123,7 @@ class Lease:
             assert probed is not None
             # Positional, in field order, as the per-group take makes them.
             self._holding = tuple(
-                _Held(state, ids, first, ids, epochs, True, each[4], run, one_run, True, True)
+                _Held(state, ids, first, ids, epochs, True, each[4], run, one_run, True)
                 for state, each, (first, ids, epochs, run, one_run)
                 in zip(probed.arrays.groups, probed.passes, probed.views(), strict=True))
         return self._holding
@@ -270,7 +267,7 @@ class Lease:
             state = held.state
             count = held.pinned.size
             if held.alone:
-                unpin_unmoved(state, held.pinned, held.epochs[:count], held.run, held.bound)
+                unpin_unmoved(state, held.pinned, held.epochs[:count], held.run)
                 if core.pins_observed and count:
                     given = given_back(state, held.pinned, held.epochs[:count], held.run)
                     if held.one_run and given.size == count:  # as its take told it: a run

@@ -262,7 +262,6 @@ class LeaseBook:
                     return None
         held: list[_Held | None] = [None] * len(groups)
         answer = self._answer
-        exact = probe.exact
         # Groups changed since the lookup go first: only there can a block have moved
         # (LeaseLost), and they are only pinned, so such a refusal leaves nothing changed.
         # The others are pinned and marked used in one pass each: only a block at MAX_PINS
@@ -278,23 +277,21 @@ class LeaseBook:
                 if first >= 0:
                     raise self._refusal(state, group, first, why)
                 held[at] = _Held(state, group.ids, group.lo, group.ids, group.epochs, True,
-                                 state.changes, bound=exact)
+                                 state.changes)
             for at in unchanged:
                 group, state = groups[at], states[at]
                 assert state is not None
                 # Nothing changed since the lookup: every block is as it saw it (usable).
-                first, run, one_run = take_unchanged(state, group.ids, group.epochs, answer,
-                                                     exact)
+                first, run, one_run = take_unchanged(state, group.ids, group.epochs, answer)
                 if first >= 0:
                     raise self._refusal(state, group, first, PINNED_FULL)
                 # Positional, in field order: one per group on every take.
                 held[at] = _Held(state, group.ids, group.lo, group.ids, group.epochs, True,
-                                 state.changes, run, one_run, True, exact)
+                                 state.changes, run, one_run, True)
         except Exception:
             for taken in held:  # pinned before the refusal
                 if taken is not None:
-                    unpin_unmoved(taken.state, taken.pinned, taken.epochs, taken.run,
-                                  taken.bound)
+                    unpin_unmoved(taken.state, taken.pinned, taken.epochs, taken.run)
             raise
         runs: list[PinRun] = []
         for taken in held:

@@ -14,14 +14,14 @@ The per-group passes (:mod:`kvfsm.state._lease_pins`) still serve every other le
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._addressed import AddressTable, address_table
-from kvfsm._jit import Kernel, call_bound, kernel, read_only, settings
+from kvfsm._jit import kernel, read_only
 from kvfsm.state._group import MAX_PINS, GroupState
 from kvfsm.state._lease_pins import _pins_inputs, _unpin_twin
 from kvfsm.state._touch import (
@@ -287,39 +287,23 @@ class LeaseArrays:
             for state in self.groups])
         #: The answer of the last take (used under the owner's lock).
         self.result = np.zeros(3, dtype=np.int64)
-        #: The passes' entry points, bound on their first calls (the arrays are these, and a
-        #: lookup makes its outputs the same way every time).
-        self._entries: dict[Kernel, Callable[..., None]] = {}
-        #: The same two, once bound, as attributes: a lease calls each once, right after a
-        #: lookup that pushed the dict and the generic call path out of the caches.
-        self._take_entry: Callable[..., None] | None = None
-        self._unpin_entry: Callable[..., None] | None = None
 
     def take(self, outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
              offsets: NDArray[np.int64], at: int, tick: int,
              answers: NDArray[np.int64]) -> tuple[int, int, int]:
-        """:func:`take_probed_loop` over these groups; ``(result[0], result[1], result[2])``."""
-        entry = self._take_entry
-        if entry is not None and settings.enabled:
-            entry(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
-                  self.result)
-        else:
-            call_bound(take_probed_kernel, self._entries, outs, bounds, offsets, at, self.fixed,
-                       self.table, tick, MAX_PINS, answers, self.result)
-            self._take_entry = self._entries.get(take_probed_kernel)
+        """:func:`take_probed_loop` over these groups; ``(result[0], result[1], result[2])``.
+        Through numba's dispatcher, which checks every argument's type: ``outs``, ``bounds``
+        and ``offsets`` are a lookup's, made elsewhere."""
+        take_probed_kernel.run(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS,
+                               answers, self.result)
         stop, touched, one_reads = self.result.tolist()
         return stop, touched, one_reads
 
     def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
               answers: NDArray[np.int64], groups: int) -> None:
-        """:func:`unpin_probed_loop` over the first ``groups`` of these groups."""
-        entry = self._unpin_entry
-        if entry is not None and settings.enabled:
-            entry(outs, offsets, self.fixed, self.table, answers, groups)
-            return
-        call_bound(unpin_probed_kernel, self._entries, outs, offsets, self.fixed, self.table,
-                   answers, groups)
-        self._unpin_entry = self._entries.get(unpin_probed_kernel)
+        """:func:`unpin_probed_loop` over the first ``groups`` of these groups (checked as
+        :meth:`take`)."""
+        unpin_probed_kernel.run(outs, offsets, self.fixed, self.table, answers, groups)
 
 
 __all__ = ["ANSWER_COLUMNS", "FIRST_EPOCH", "FIRST_ID", "FULL", "HI", "LO", "ONE_READ",

@@ -15,13 +15,13 @@ with :func:`unpin_unmoved`; nothing else may release these pins.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm._jit import Kernel, call_bound, kernel, read_only
+from kvfsm._jit import kernel, read_only
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
 from kvfsm.state._group import FAILED, MAX_PINS, PIN_CHUNK_SHIFT, GroupState
 from kvfsm.state._touch import (
@@ -215,21 +215,8 @@ unpin_kernel = kernel(example=_pins_example, twin=_unpin_twin,
                       inputs=_pins_inputs)(unpin_loop)
 
 
-def run_bound(state: GroupState, each: Kernel, *args: Any) -> None:
-    """``each(*args)`` through the entry point the group bound on its first call
-    (:func:`~kvfsm._jit.call_bound`, kept in ``state.lease_entries``): only for the group's own
-    arrays and a lookup's ids and epochs (numba's matching of some fifteen argument types
-    skipped, half a microsecond a call)."""
-    call_bound(each, state.lease_entries, *args)
-
-
-def _matched(state: GroupState, each: Kernel, *args: Any) -> None:
-    """``each(*args)`` through numba's dispatcher (every argument's type matched)."""
-    each(*args)
-
-
 def take_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32],
-                   answer: NDArray[np.int64], bound: bool = False) -> tuple[int, int, bool]:
+                   answer: NDArray[np.int64]) -> tuple[int, int, bool]:
     """Pin each of the distinct blocks ``ids`` (seen at epochs ``seen``) once, as a lookup
     saw them usable when the group has not changed since (its ``changes`` then and now are
     equal: every block is still at the epoch, state and check the lookup saw, so only the
@@ -240,12 +227,10 @@ def take_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32],
     consecutive at one epoch. Else nothing is pinned or touched and the first answer is the
     first index pinned to the limit. ``answer``: four int64 the pass writes its answer to
     (the caller's, reused). The ids are the core's own (a lookup's): an id outside the group
-    is a KvfsmError, and then nothing changes. ``bound``: ``ids`` and ``seen`` are views of
-    a lookup's output (:attr:`Probe.exact`), so the pass runs through the group's bound
-    entry point (:func:`run_bound`)."""
+    is a KvfsmError, and then nothing changes."""
     blocks, recency, clock = state._blocks, state.recency, state.clock
-    (run_bound if bound else _matched)(
-        state, touch_kernel, ids, state.states, recency.list_of_state, blocks.last_use,
+    touch_kernel.run(
+        ids, state.states, recency.list_of_state, blocks.last_use,
         clock.now + 1, recency.prev, recency.next, recency.head, recency.tail, seen,
         blocks.pins, blocks.chunk_pins, state.pin_shift, MAX_PINS, recency.linked_run, answer)
     outside, first, run, one_run = answer.tolist()
@@ -272,14 +257,13 @@ def pin_if_usable(state: GroupState, ids: IdArray, seen: NDArray[np.uint32], cut
 
 
 def unpin_unmoved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
-                  run: int = ONE_BY_ONE, bound: bool = False) -> None:
+                  run: int = ONE_BY_ONE) -> None:
     """Give back the pins :func:`pin_if_usable` or :func:`take_unchanged` took on ``ids``
     (``run``: the latter's answer), except on blocks pinned one by one that are no longer at
-    ``epochs`` (their pin went with their content). ``bound``: as for
-    :func:`take_unchanged`."""
+    ``epochs`` (their pin went with their content)."""
     blocks = state._blocks
-    (run_bound if bound else _matched)(state, unpin_kernel, ids, epochs, state.epoch,
-                                       blocks.pins, blocks.chunk_pins, state.pin_shift, run)
+    unpin_kernel.run(ids, epochs, state.epoch, blocks.pins, blocks.chunk_pins, state.pin_shift,
+                     run)
 
 
 def given_back(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
