@@ -97,7 +97,8 @@ class LeaseBook:
         recency refreshed, nothing a verdict reads: an unchanged group's pins and its use
         are one pass).
         """
-        check_ttl(ttl_s)
+        if ttl_s is not DEFAULT_LEASE_TTL_S:  # check_ttl's own first test, a frame fewer
+            check_ttl(ttl_s)
         tokens = verdict.usable_tokens
         with self.lock:
             probe = verdict.probe
