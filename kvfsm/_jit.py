@@ -161,8 +161,8 @@ class Kernel:
     its numba version (compiled on first use), ``twin`` its vectorized NumPy version; calling
     the kernel runs the compiled version when :attr:`JitSettings.enabled`, else the twin.
     ``example()`` gives small arguments of the call site's exact types (for :func:`warm_up`),
-    ``inputs(rng)`` random valid arguments (for the differential test; None: the kernel is left
-    out of it). ``calls``: the plain functions its body calls (compiled into it; see
+    ``inputs(rng)`` random valid arguments (for the differential test; None: the test takes
+    them from ``tests/kernel_inputs.py``, or leaves the kernel out). ``calls``: the plain functions its body calls (compiled into it; see
     :func:`kernel`)."""
 
     def __init__(self, function: Callable[..., Any], *, example: Example,
@@ -291,7 +291,8 @@ def kernel(*, example: Example, twin: Callable[..., Any] | None = None,
     the same answer into ``out`` (None: a loop with no vectorized form, whose plain-Python
     function serves as its twin). ``inputs(rng)`` returns random valid arguments (from a
     ``numpy.random.Generator``), varied enough that a twin differing from the kernel on some
-    valid input shows in a few hundred draws; every kernel with a vectorized twin gives it.
+    valid input shows in a few hundred draws; the lookup's and the lease's kernels have
+    theirs in ``tests/kernel_inputs.py`` instead (test code kept out of the package).
 
     ``calls`` names the plain functions (numba-compilable, like a kernel's body) that the
     kernel's body calls, so one compiled pass can run another kernel's loop. numba's disk

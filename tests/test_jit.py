@@ -20,6 +20,9 @@ from hypothesis import strategies as st
 # Imported for their kernels: each registers itself in _KERNELS.
 import kvfsm
 import kvfsm.state._hashtable
+import kvfsm.state._lease_pass
+import kvfsm.state._lease_pins
+import kvfsm.state._touch
 import kvfsm.verify._group_pass
 import kvfsm.verify._snapshot
 from kvfsm._addressed import AddressTable
@@ -251,14 +254,20 @@ def _arrays_of(args: tuple[Any, ...]) -> list[Any]:
                           else [value])]
 
 
-#: Random valid inputs per kernel: the lookup's from tests/kernel_inputs.py, the others' as
-#: their kernels register them.
+#: Random valid inputs per kernel: the lookup's and the lease's from tests/kernel_inputs.py,
+#: the others' as their kernels register them.
 INPUTS: dict[Kernel, Callable[[np.random.Generator], tuple[object, ...]]] = {
     **{each: each.inputs for each in _KERNELS if each.inputs is not None},
     kvfsm.state._hashtable.probe_kernel: kernel_inputs.probe_inputs,
     kvfsm.verify._group_pass.group_pass: kernel_inputs.group_pass_inputs,
     kvfsm.verify._group_pass.group_pass_fixed: kernel_inputs.group_pass_fixed_inputs,
     kvfsm.verify._snapshot.take_snapshot: kernel_inputs.take_snapshot_inputs,
+    kvfsm.state._touch.touch_kernel: kernel_inputs.touch_kernel_inputs,
+    kvfsm.state._lease_pins.first_unusable_kernel: kernel_inputs.unusable_inputs,
+    kvfsm.state._lease_pins.first_moved_kernel: kernel_inputs.moved_inputs,
+    kvfsm.state._lease_pins.unpin_kernel: kernel_inputs.pins_inputs,
+    kvfsm.state._lease_pass.take_probed_kernel: kernel_inputs.take_probed_inputs,
+    kvfsm.state._lease_pass.unpin_probed_kernel: kernel_inputs.unpin_probed_inputs,
 }
 
 

@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 from kvfsm._addressed import AddressTable, address_table
 from kvfsm._jit import kernel, read_only
 from kvfsm.state._group import MAX_PINS, GroupState
-from kvfsm.state._lease_pins import _pins_inputs, _unpin_twin
+from kvfsm.state._lease_pins import _unpin_twin
 from kvfsm.state._touch import (
     ANSWER_COLUMNS,
     BLOCK,
@@ -60,7 +60,6 @@ from kvfsm.state._touch import (
     no_linked_run,
     one_run_blocks,
     take_probed_loop,
-    touch_inputs,
     unpin_loop,
     unpin_probed_loop,
 )
@@ -176,32 +175,7 @@ def _take_example() -> tuple[object, ...]:
             np.zeros((1, ANSWER_COLUMNS), dtype=np.int64), np.zeros(3, dtype=np.int64))
 
 
-def _take_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """One to three groups, each a lease's pinning touch as :func:`_touch_twin`'s inputs make
-    them (sound lists, distinct ids often one run over whole chunks, now and then an id outside
-    the group or a block at the limit), their ids and epochs in pass outputs; sometimes an
-    index group pointing into another, reaching past what is held of it."""
-    count = int(rng.integers(1, 4))
-    limit = int(rng.integers(1, 4))
-    made: list[tuple[Any, ...]] = [touch_inputs(rng, limit) for _ in range(count)]
-    at = int(rng.integers(0, 2))
-    outs, bounds, offsets = _outputs([(each[0], each[9]) for each in made], at, rng)
-    fixed = np.zeros((count, FIXED_COLUMNS), dtype=np.int64)
-    for g, each in enumerate(made):
-        fixed[g] = (each[12], -1, 16, 16)
-    if count > 1 and rng.random() < 0.5:
-        # The last group points into the first: held where the first starts at its block 0 and
-        # reaches ``hi * BLOCK // TARGET_BLOCK`` blocks.
-        fixed[-1, TARGET:] = (0, int(rng.choice([16, 64])), 16)
-    # Per group STATES ... LINKED_RUN (the take reads no epoch: zeros stand in).
-    arrays = lease_table([(each[1], each[2], each[3], each[5], each[6], each[7], each[8],
-                           each[10], each[11], np.zeros(each[3].size, dtype=np.uint32),
-                           each[14]) for each in made], convert=True)
-    return (outs, bounds, offsets, at, fixed, arrays, int(rng.integers(5, 9)), limit,
-            np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64), np.full(3, -7, np.int64))
-
-
-take_probed_kernel = kernel(example=_take_example, twin=_take_twin, inputs=_take_inputs,
+take_probed_kernel = kernel(example=_take_example, twin=_take_twin,
                             calls=(_probed_ids, _touch_known))(take_probed_loop)
 
 
@@ -228,26 +202,8 @@ def _unpin_example() -> tuple[object, ...]:
     return (outs, offsets, np.array([[6, -1, 16, 16]], dtype=np.int64), arrays, answers, 1)
 
 
-def _unpin_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """One to three groups given back as :func:`_unpin_twin`'s inputs make them (pins to give,
-    some moved off their epochs, by chunks or alone), their ids and epochs in pass outputs; all
-    of them or only those before the one a take stopped at."""
-    count = int(rng.integers(1, 4))
-    made: list[tuple[Any, ...]] = [_pins_inputs(rng) for _ in range(count)]
-    outs, bounds, offsets = _outputs([(each[0], each[1]) for each in made], 0, rng)
-    answers = np.zeros((count, ANSWER_COLUMNS), dtype=np.int64)
-    fixed = np.zeros((count, FIXED_COLUMNS), dtype=np.int64)
-    for g, each in enumerate(made):
-        answers[g, LO], answers[g, HI], answers[g, PINNED_AS] = bounds[g, 0, 0], \
-            bounds[g, 1, 0], each[6]
-        fixed[g] = (each[5], -1, 16, 16)
-    arrays = _unpin_tables([(each[2], each[3], each[4]) for each in made])
-    return (outs, offsets, fixed, arrays, answers, int(rng.integers(0, count + 1)))
-
-
 unpin_probed_kernel = kernel(example=_unpin_example, twin=_unpin_probed_twin,
-                             inputs=_unpin_inputs, calls=(_probed_ids, unpin_loop)
-                             )(unpin_probed_loop)
+                             calls=(_probed_ids, unpin_loop))(unpin_probed_loop)
 
 
 class LeaseArrays:
