@@ -162,8 +162,8 @@ class Kernel:
     the kernel runs the compiled version when :attr:`JitSettings.enabled`, else the twin.
     ``example()`` gives small arguments of the call site's exact types (for :func:`warm_up`),
     ``inputs(rng)`` random valid arguments (for the differential test; None: the test takes
-    them from ``tests/kernel_inputs.py``, or leaves the kernel out). ``calls``: the plain functions its body calls (compiled into it; see
-    :func:`kernel`)."""
+    them from ``tests/kernel_inputs.py``, or leaves the kernel out). ``calls``: the plain
+    functions its body calls (compiled into it; see :func:`kernel`)."""
 
     def __init__(self, function: Callable[..., Any], *, example: Example,
                  twin: Callable[..., Any] | None = None, inputs: Inputs | None = None,
