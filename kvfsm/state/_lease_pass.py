@@ -14,14 +14,14 @@ The per-group passes (:mod:`kvfsm.state._lease_pins`) still serve every other le
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._addressed import AddressTable, address_table
-from kvfsm._jit import kernel, read_only
+from kvfsm._jit import Kernel, _numba, kernel, read_only, settings
 from kvfsm.state._group import MAX_PINS, GroupState
 from kvfsm.state._lease_pins import _unpin_twin
 from kvfsm.state._touch import (
@@ -206,6 +206,35 @@ unpin_probed_kernel = kernel(example=_unpin_example, twin=_unpin_probed_twin,
                              calls=(_probed_ids, unpin_loop))(unpin_probed_loop)
 
 
+#: The dtype of every array a one-pass call hands its entry point (:class:`LeaseArrays`).
+_INT64: Final = np.dtype(np.int64)
+
+
+def _int64_c(arrays: Sequence[NDArray[Any]], ndim: int) -> bool:
+    """Every one of ``arrays`` is a plain NumPy array of int64, ``ndim`` dimensions, C-contiguous
+    and aligned: what a one-pass entry point reads it as (a few hundred ns for a lease's
+    arrays, where numba's matching of all its arguments costs microseconds right after a
+    long lookup)."""
+    for array in arrays:
+        if array.__class__ is not np.ndarray:
+            return False
+        flags = array.flags
+        if array.dtype is not _INT64 or array.ndim != ndim or not flags.c_contiguous or \
+                not flags.aligned:
+            return False
+    return True
+
+
+def _entry(each: Kernel, args: tuple[object, ...]) -> Callable[..., None]:
+    """``each``'s compiled version for exactly the types of ``args`` (compiled now if none has
+    them), called without numba's matching of argument types: only for arguments checked to
+    have those types (:meth:`LeaseArrays.take`)."""
+    typeof = _numba().typeof
+    dispatcher: Any = each.compiled  # a numba Dispatcher
+    call: Callable[..., None] = dispatcher.compile(tuple(typeof(arg) for arg in args))
+    return call
+
+
 class LeaseArrays:
     """A core's groups' arrays that a lease pass reads and writes, as one address table in one
     order of the groups (a lookup's), gathered once: the arrays are each group's own for its
@@ -243,23 +272,53 @@ class LeaseArrays:
             for state in self.groups])
         #: The answer of the last take (used under the owner's lock).
         self.result = np.zeros(3, dtype=np.int64)
+        #: Groups, the length of the lookup outputs' tuple the entry points are bound to.
+        self.count = len(self.groups)
+        #: The one-pass passes' entry points, bound on their first checked calls (see
+        #: :meth:`take`).
+        self._take_entry: Callable[..., None] | None = None
+        self._unpin_entry: Callable[..., None] | None = None
 
     def take(self, outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
              offsets: NDArray[np.int64], at: int, tick: int,
              answers: NDArray[np.int64]) -> tuple[int, int, int]:
         """:func:`take_probed_loop` over these groups; ``(result[0], result[1], result[2])``.
-        Through numba's dispatcher, which checks every argument's type: ``outs``, ``bounds``
-        and ``offsets`` are a lookup's, made elsewhere."""
-        take_probed_kernel.run(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS,
-                               answers, self.result)
+
+        Where kernels run compiled, through an entry point bound on the first call that skips
+        numba's matching of the ten arguments' types (some 2 µs right after a long lookup,
+        each lease's take): safe because every argument has the bound types by the time it
+        is called. ``fixed``, ``table`` and ``result`` are this object's own, made with their
+        dtypes in ``__init__`` (``table`` checked there by :func:`lease_table`); the lookup's
+        ``outs``, ``bounds``, ``offsets`` and the caller's ``answers`` are checked on every
+        call to be C-contiguous int64 of their dimensions (:func:`_int64_c`), else the call
+        goes through numba's dispatcher, which matches them; the rest are ints."""
+        entry = self._take_entry
+        if settings.enabled and len(outs) == self.count and _int64_c(outs, 1) and \
+                _int64_c((bounds,), 3) and _int64_c((offsets, answers), 2):
+            if entry is None:
+                entry = self._take_entry = _entry(take_probed_kernel, (
+                    outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
+                    self.result))
+        else:
+            entry = take_probed_kernel.run
+        entry(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
+              self.result)
         stop, touched, one_reads = self.result.tolist()
         return stop, touched, one_reads
 
     def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
               answers: NDArray[np.int64], groups: int) -> None:
-        """:func:`unpin_probed_loop` over the first ``groups`` of these groups (checked as
-        :meth:`take`)."""
-        unpin_probed_kernel.run(outs, offsets, self.fixed, self.table, answers, groups)
+        """:func:`unpin_probed_loop` over the first ``groups`` of these groups (through a bound
+        entry point where its arguments are checked as :meth:`take` checks them)."""
+        entry = self._unpin_entry
+        if settings.enabled and len(outs) == self.count and _int64_c(outs, 1) and \
+                _int64_c((offsets, answers), 2):
+            if entry is None:
+                entry = self._unpin_entry = _entry(unpin_probed_kernel, (
+                    outs, offsets, self.fixed, self.table, answers, groups))
+        else:
+            entry = unpin_probed_kernel.run
+        entry(outs, offsets, self.fixed, self.table, answers, groups)
 
 
 __all__ = ["ANSWER_COLUMNS", "FIRST_EPOCH", "FIRST_ID", "FULL", "HI", "LO", "ONE_READ",
