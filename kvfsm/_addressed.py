@@ -1,7 +1,7 @@
 """Arrays handed to a compiled kernel by address: one small table instead of many arguments.
 
 numba unboxes every array argument on every call (some 45 ns each on the development
-machine, after the entry point skipped type matching). A kernel whose many input arrays are
+machine, besides matching its type). A kernel whose many input arrays are
 the same ones on every call (a group's metadata, its hash table) can take them as one
 read-only ``int64`` table of ``(address, rows, columns)`` triples (:func:`address_table`) and
 view them again inside with :func:`array_at`: one unboxing instead of a dozen and more.

@@ -642,13 +642,7 @@ class Engine:
         with self._lock:
             leases = self._leases
             leases.reap()
-            if isinstance(prompt, Prompt):
-                # The usual lease, its verdict this core's lookup of this prompt with nothing
-                # changed since: one pass, straight from the lookup's outputs.
-                lease = leases.take_at_once(verdict, prompt, ttl_s)
-                if lease is not None:
-                    return lease
-            return leases.take_afresh(verdict, self._own(prompt), ttl_s)
+            return leases.take(verdict, self._own(prompt), ttl_s=ttl_s)
 
     def lookup_and_lease(
         self,
@@ -673,15 +667,13 @@ class Engine:
         with self._lock:
             verdict = self.lookup(prompt, level=level, priority=priority,
                                   kernel_layouts=kernel_layouts, drop_last_block=drop_last_block)
-            # The lookup just made, under this lock: the one-pass take straight away (a frame
-            # and take_looked_up's checks fewer, right after a long lookup); the book checks
-            # it where that cannot serve (a checksum failure recorded since, no probe).
+            # The lookup just made, under this lock, of the prompt it made or checked (its
+            # probe's; token ids are not made a prompt twice): nothing changed since, so the
+            # book's one-pass take serves it.
             probe = verdict.probe
-            if probe is not None and probe.spans is not None and probe.passes is not None:
-                lease = self._leases.take_probed(probe, verdict.usable_tokens, ttl_s)
-                if lease is not None:
-                    return verdict, lease
-            return verdict, self._leases.take_looked_up(verdict, ttl_s)
+            made = probe.prompt if probe is not None and isinstance(probe.prompt, Prompt) \
+                else self._own(prompt)
+            return verdict, self._leases.take(verdict, made, ttl_s=ttl_s)
 
     @property
     def leases_open(self) -> int:

@@ -109,9 +109,8 @@ def _no_disk_cache(why: str) -> None:
 
 
 class JitSettings:
-    """Whether kernels run compiled or as their NumPy twins (tests flip ``enabled`` to run both),
-    and whether entry points bound to argument types check them on every call
-    (``check_entries``: the test suite turns it on; see :meth:`Kernel.entry`)."""
+    """Whether kernels run compiled or as their NumPy twins (tests flip ``enabled`` to run
+    both)."""
 
     #: Kernels run compiled: a plain attribute (every kernel call reads it, and a property is
     #: a Python call each time; a class with ``__getattr__`` loses CPython's fast attribute
@@ -122,7 +121,6 @@ class JitSettings:
     enabled: bool
 
     def __init__(self) -> None:
-        self.check_entries = False
         object.__setattr__(self, "enabled", _numba_installed())
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -163,9 +161,9 @@ class Kernel:
     its numba version (compiled on first use), ``twin`` its vectorized NumPy version; calling
     the kernel runs the compiled version when :attr:`JitSettings.enabled`, else the twin.
     ``example()`` gives small arguments of the call site's exact types (for :func:`warm_up`),
-    ``inputs(rng)`` random valid arguments (for the differential test; None: the kernel is left
-    out of it). ``calls``: the plain functions its body calls (compiled into it; see
-    :func:`kernel`)."""
+    ``inputs(rng)`` random valid arguments (for the differential test; None: the test takes
+    them from ``tests/kernel_inputs.py``, or leaves the kernel out). ``calls``: the plain
+    functions its body calls (compiled into it; see :func:`kernel`)."""
 
     def __init__(self, function: Callable[..., Any], *, example: Example,
                  twin: Callable[..., Any] | None = None, inputs: Inputs | None = None,
@@ -212,40 +210,19 @@ class Kernel:
         return self._compiled
 
     def entry(self, *args: Any) -> Callable[..., Any]:
-        """The compiled version's entry point for exactly the types of ``args`` (compiled now if
-        no version has them), for a call site that calls it again and again with arguments of
-        those types: it skips numba's matching of every argument's type (some 35 ns an
-        argument). The lookup's first group pass uses one per group's statics, bound to the
-        types its arguments have by construction (see ``GroupEval._pass``); its other passes
-        go through :attr:`run`.
-
-        Only for arguments whose types are fixed by construction (the same arrays, or arrays
-        made the same way): an entry point reads an array of another dtype, layout or
-        dimension as if it had the bound one, unchecked. Where
-        :attr:`JitSettings.check_entries` is on (the test suite), the returned callable checks
-        every call's types against the bound ones and raises a TypeError on a difference."""
+        """The compiled version for exactly the types of ``args`` (compiled now if no version
+        has them), called without numba's matching of argument types (some 35 ns an
+        argument): only for a call site whose arguments have those types by construction or
+        are checked to have them before each call (the lookup's first group pass,
+        ``GroupEval._pass``; the one-pass lease, ``LeaseArrays.take``). An argument of another
+        dtype, layout or dimension would be read as the bound type, unchecked; every other
+        call goes through :attr:`run`. The twin where numba fails to import."""
         dispatcher: Any = self._compiled_or_off()  # a numba Dispatcher
         if dispatcher is None:
             return self.twin  # numba fails to import: the twin takes the same arguments
         typeof = _numba().typeof
-        types = tuple(typeof(arg) for arg in args)
-        call: Callable[..., Any] = dispatcher.compile(types)
-        if not settings.check_entries:
-            return call
-        name = self.__name__
-
-        def checked(*each: Any) -> Any:
-            now = tuple(typeof(arg) for arg in each)
-            if now != types:
-                changed: list[tuple[object, object, object]] = \
-                    [("count", len(types), len(now))] if len(now) != len(types) else \
-                    [(i, was, new) for i, (was, new) in enumerate(zip(types, now, strict=True))
-                     if was != new]
-                raise TypeError(f"kernel {name}: entry point bound to other argument types "
-                                f"(position, bound, now): {changed}")
-            return call(*each)
-
-        return checked
+        call: Callable[..., Any] = dispatcher.compile(tuple(typeof(arg) for arg in args))
+        return call
 
     @property
     def run(self) -> Callable[..., Any]:
@@ -266,20 +243,6 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<kernel {self.__name__}>"
-
-
-def call_bound(each: Kernel, entries: dict[Kernel, Callable[..., Any]], *args: Any) -> None:
-    """``each(*args)`` through its entry point bound to the types of ``args`` on the first call
-    and kept in ``entries`` (:meth:`Kernel.entry`), or its twin where compiled kernels are
-    off. Only for arguments made the same way on every call (an owner's own arrays, and
-    outputs a lookup makes alike every time)."""
-    if not settings.enabled:
-        each.twin(*args)
-        return
-    call = entries.get(each)
-    if call is None:
-        call = entries[each] = each.entry(*args)
-    call(*args)
 
 
 def _stamp(path: str) -> tuple[float, int]:
@@ -343,7 +306,8 @@ def kernel(*, example: Example, twin: Callable[..., Any] | None = None,
     the same answer into ``out`` (None: a loop with no vectorized form, whose plain-Python
     function serves as its twin). ``inputs(rng)`` returns random valid arguments (from a
     ``numpy.random.Generator``), varied enough that a twin differing from the kernel on some
-    valid input shows in a few hundred draws; every kernel with a vectorized twin gives it.
+    valid input shows in a few hundred draws; the lookup's and the lease's kernels have
+    theirs in ``tests/kernel_inputs.py`` instead (test code kept out of the package).
 
     ``calls`` names the plain functions (numba-compilable, like a kernel's body) that the
     kernel's body calls, so one compiled pass can run another kernel's loop. numba's disk

@@ -24,11 +24,6 @@ settings.register_profile("dev", max_examples=100, deadline=None)
 if os.environ.get("HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
 
-# Every compiled entry point bound to argument types (Kernel.entry) checks each call's types
-# throughout the suite: a call site passing an array made another way fails here, loudly,
-# where in production it would be read as the bound type.
-jit.check_entries = True
-
 
 @pytest.fixture(params=["numba", "numpy"])
 def jit_backend(request: pytest.FixtureRequest) -> Iterator[str]:

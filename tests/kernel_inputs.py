@@ -1,15 +1,16 @@
-"""Random valid inputs of the lookup's compiled kernels, for the differential test
+"""Random valid inputs of the lookup's and the lease's compiled kernels, for the differential test
 (``tests/test_jit.py``: each kernel compiled, as its NumPy twin and as plain Python, on the
 same draws), and hand-made pass outputs for the group pass's tests."""
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._jit import read_only
+from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
     SLOT_BLOCK,
@@ -17,6 +18,24 @@ from kvfsm.state._hashtable import (
     TOMBSTONE,
     probe_twin,
     slot_words,
+)
+from kvfsm.state._lease_pass import _outputs, _unpin_tables, lease_table
+from kvfsm.state._recency import random_lists, relink_loop
+from kvfsm.state._touch import (
+    ANSWER_COLUMNS,
+    FIXED_COLUMNS,
+    HI,
+    LO,
+    NO_PINNING,
+    ONE_BY_ONE,
+    ONE_RUN,
+    PINNED_AS,
+    RUN_COUNT,
+    RUN_FIRST,
+    RUNS,
+    TARGET,
+    no_linked_run,
+    run_chunks,
 )
 from kvfsm.verify._group_pass import (
     _NO_TARGET,
@@ -205,3 +224,191 @@ def group_pass_fixed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     """:func:`group_pass_inputs` as :func:`~kvfsm.verify._group_pass.group_pass_fixed` takes
     them (the group's fixed arrays as one address table)."""
     return _fixed_args(group_pass_inputs(rng))
+
+# The lease's and touch's kernels (kvfsm/state/_touch.py, _lease_pins.py, _lease_pass.py).
+
+def chunk_bounds(first: int, count: int, shift: int) -> tuple[int, int]:
+    """The whole chunks (of ``1 << shift`` ids) inside the ids ``[first, first + count)``,
+    as ``[lo_chunk, hi_chunk)`` (empty when ``hi_chunk <= lo_chunk``)."""
+    return (first + (1 << shift) - 1) >> shift, (first + count) >> shift
+
+
+def run_ids(rng: np.random.Generator, n_blocks: int) -> IdArray:
+    """Distinct ids, often one run of consecutive ids (a lease's usual blocks, spanning
+    whole pin chunks where it is long enough), or a few runs in any order (a commit that
+    made room), else a random set."""
+    draw = rng.random()
+    if draw < 0.45:
+        first = int(rng.integers(0, n_blocks))
+        return np.arange(first, int(rng.integers(first, n_blocks + 1)), dtype=np.intp)
+    if draw < 0.75:
+        cuts = np.sort(rng.choice(n_blocks + 1, size=min(n_blocks + 1, 5), replace=False))
+        runs = [np.arange(a, int(rng.integers(a, b + 1)), dtype=np.intp)
+                for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True)]
+        order = rng.permutation(len(runs))
+        return np.concatenate([runs[i] for i in order] or [np.zeros(0, dtype=np.intp)])
+    return rng.permutation(n_blocks)[: int(rng.integers(0, n_blocks + 1))].astype(np.intp)
+
+
+def touch_kernel_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """:func:`touch_inputs`, half the time a lease's pinning touch."""
+    return touch_inputs(rng, int(rng.integers(1, 4)) if rng.random() < 0.5 else NO_PINNING)
+
+
+def touch_inputs(rng: np.random.Generator, limit: int) -> tuple[object, ...]:
+    """Sound lists, states consistent with them (state ``s`` maps to list ``s - 1``), and ids
+    with repeats, now and then one outside the blocks, or (a third of the time) a run of one
+    list in list order, from anywhere in it to anywhere after (the splice path). With a pin
+    ``limit`` above 0, a lease's pinning touch instead: distinct ids (often one run over
+    whole chunks), a few pins on them and their chunks, now and then one at the limit.
+    Half the time some consecutive ids are linked in order on one list and the record of a
+    linked run names some of them (a truthful record), and then the ids are often inside
+    it, or overlap it."""
+    prev, next_, head, tail, member = random_lists(rng)
+    n = prev.size
+    linked_run = no_linked_run()
+    in_order: NDArray[np.intp] | None = None
+    if rng.random() < 0.5:
+        # Consecutive ids appended to one list's tail in order: linked so.
+        first = int(rng.integers(0, n))
+        in_order = np.arange(first, int(rng.integers(first + 1, n + 1)), dtype=np.intp)
+        listed = int(rng.integers(0, head.size))
+        relink_loop(prev, next_, head, tail, in_order, member[in_order],
+                    np.full(in_order.size, listed, dtype=np.int8), no_linked_run())
+        member[in_order] = listed
+        known = int(rng.integers(first, int(in_order[-1]) + 1))
+        linked_run[:] = (known, int(rng.integers(1, int(in_order[-1]) + 2 - known)), listed)
+    list_of_state = np.arange(-1, head.size, dtype=np.int8)
+    states = read_only((member + 1).astype(np.uint8))
+    shift = int(rng.integers(1, 3))
+    ids = rng.integers(0, n, int(rng.integers(0, 10))).astype(np.intp)
+    if limit > 0:
+        ids = run_ids(rng, n)
+    if in_order is not None and rng.random() < 0.5:
+        # Inside the record (no link read), or from inside it to past it.
+        start = int(rng.integers(linked_run[RUN_FIRST], linked_run[RUN_FIRST]
+                                 + linked_run[RUN_COUNT]))
+        end = int(rng.integers(start + 1, n + 1)) if rng.random() < 0.3 else \
+            int(rng.integers(start + 1, linked_run[RUN_FIRST] + linked_run[RUN_COUNT] + 1))
+        ids = np.arange(start, end, dtype=np.intp)
+    elif limit <= 0 and rng.random() < 1 / 3 and (member >= 0).any():
+        block = int(rng.choice(np.flatnonzero(member >= 0)))
+        run: list[int] = []
+        while block >= 0 and len(run) < int(rng.integers(1, 8)):
+            run.append(block)
+            block = int(next_[block])
+        ids = np.array(run, dtype=np.intp)
+    if ids.size and rng.random() < 0.2:
+        ids[int(rng.integers(0, ids.size))] = rng.choice([-1, n])
+    seen = np.full(ids.size, int(rng.integers(0, 3)), dtype=np.uint32)
+    if ids.size and rng.random() < 0.3:
+        seen[int(rng.integers(0, ids.size))] += np.uint32(1)
+    pins = rng.integers(0, max(limit, 1) + 1, n).astype(np.uint16)
+    chunk_pins = rng.integers(0, max(limit, 1) + 1, (n >> shift) + 1).astype(np.uint16)
+    last_use = rng.integers(0, 5, n).astype(np.uint32)
+    return (ids, states, list_of_state, last_use, int(rng.integers(5, 9)), prev, next_, head,
+            tail, seen, pins, chunk_pins, shift, limit, linked_run,
+            np.full(4, -7, dtype=np.int64))
+
+
+
+def unusable_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """Blocks mostly as seen (epochs, readable states of the right form, unchecked or
+    verified, few pins), now and then one moved, unreadable, of the other form, failed or
+    pinned to the limit."""
+    n_blocks, n_states = int(rng.integers(1, 12)), int(rng.integers(1, 5))
+    n = int(rng.integers(0, n_blocks + 1))
+    ids = rng.permutation(n_blocks)[:n].astype(np.intp)
+    epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
+    seen = epoch[ids].copy()
+    seen[rng.random(n) < 0.1] += 1
+    limit = int(rng.integers(1, 4))
+    return (ids, seen, int(rng.integers(0, n + 1)),
+            read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)), read_only(epoch),
+            read_only(np.where(rng.random(n_blocks) < 0.9, 0, rng.integers(0, 3, n_blocks))
+                      .astype(np.uint8)),
+            read_only(rng.random(n_states) < 0.85),
+            read_only(rng.choice([FORM_RAW, FORM_COMPRESSED], n_states).astype(np.int8)),
+            rng.integers(0, limit + 1, n_blocks).astype(np.uint16), limit,
+            np.empty(2, dtype=np.int64))
+
+
+
+def moved_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """Blocks mostly at the epochs recorded, readable and unchecked or verified, some moved,
+    unreadable or seen failing a checksum."""
+    n_blocks, n_states = int(rng.integers(1, 12)), int(rng.integers(1, 5))
+    ids = rng.integers(0, n_blocks, int(rng.integers(0, 10))).astype(np.intp)
+    epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
+    recorded = epoch[ids].copy()
+    recorded[rng.random(ids.size) < 0.1] += 1
+    return (ids, recorded, read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)),
+            read_only(epoch), read_only(rng.random(n_states) < 0.9),
+            read_only(np.where(rng.random(n_blocks) < 0.9, 0, rng.integers(0, 3, n_blocks))
+                      .astype(np.uint8)),
+            np.empty(1, dtype=np.int64))
+
+
+
+def pins_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """Distinct blocks with pins to give (some at 0), some moved off their recorded epoch,
+    given back as a pinning touch took them: one run over whole chunks, or several runs
+    some of which span whole chunks (their ends one by one, their chunks whole), or every
+    block alone."""
+    n_blocks, shift = int(rng.integers(1, 24)), int(rng.integers(1, 3))
+    ids = run_ids(rng, n_blocks)
+    epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
+    recorded = epoch[ids].copy()
+    recorded[rng.random(ids.size) < 0.2] += 1
+    lo_chunk, hi_chunk = chunk_bounds(int(ids[0]), ids.size, shift) if ids.size else (0, 0)
+    run = ONE_BY_ONE
+    if bool(ids.size) and bool((np.diff(ids) == 1).all()) and hi_chunk > lo_chunk:
+        run = ONE_RUN
+    elif run_chunks(ids, shift)[1].size and rng.random() < 0.8:
+        run = RUNS
+    return (ids, recorded, read_only(epoch), rng.integers(0, 3, n_blocks).astype(np.uint16),
+            rng.integers(0, 3, (n_blocks >> shift) + 1).astype(np.uint16), shift, run)
+
+
+
+def take_probed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """One to three groups, each a lease's pinning touch as :func:`_touch_twin`'s inputs make
+    them (sound lists, distinct ids often one run over whole chunks, now and then an id outside
+    the group or a block at the limit), their ids and epochs in pass outputs; sometimes an
+    index group pointing into another, reaching past what is held of it."""
+    count = int(rng.integers(1, 4))
+    limit = int(rng.integers(1, 4))
+    made: list[tuple[Any, ...]] = [touch_inputs(rng, limit) for _ in range(count)]
+    at = int(rng.integers(0, 2))
+    outs, bounds, offsets = _outputs([(each[0], each[9]) for each in made], at, rng)
+    fixed = np.zeros((count, FIXED_COLUMNS), dtype=np.int64)
+    for g, each in enumerate(made):
+        fixed[g] = (each[12], -1, 16, 16)
+    if count > 1 and rng.random() < 0.5:
+        # The last group points into the first: held where the first starts at its block 0 and
+        # reaches ``hi * BLOCK // TARGET_BLOCK`` blocks.
+        fixed[-1, TARGET:] = (0, int(rng.choice([16, 64])), 16)
+    # Per group STATES ... LINKED_RUN (the take reads no epoch: zeros stand in).
+    arrays = lease_table([(each[1], each[2], each[3], each[5], each[6], each[7], each[8],
+                           each[10], each[11], np.zeros(each[3].size, dtype=np.uint32),
+                           each[14]) for each in made], convert=True)
+    return (outs, bounds, offsets, at, fixed, arrays, int(rng.integers(5, 9)), limit,
+            np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64), np.full(3, -7, np.int64))
+
+
+
+def unpin_probed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """One to three groups given back as :func:`_unpin_twin`'s inputs make them (pins to give,
+    some moved off their epochs, by chunks or alone), their ids and epochs in pass outputs; all
+    of them or only those before the one a take stopped at."""
+    count = int(rng.integers(1, 4))
+    made: list[tuple[Any, ...]] = [pins_inputs(rng) for _ in range(count)]
+    outs, bounds, offsets = _outputs([(each[0], each[1]) for each in made], 0, rng)
+    answers = np.zeros((count, ANSWER_COLUMNS), dtype=np.int64)
+    fixed = np.zeros((count, FIXED_COLUMNS), dtype=np.int64)
+    for g, each in enumerate(made):
+        answers[g, LO], answers[g, HI], answers[g, PINNED_AS] = bounds[g, 0, 0], \
+            bounds[g, 1, 0], each[6]
+        fixed[g] = (each[5], -1, 16, 16)
+    arrays = _unpin_tables([(each[2], each[3], each[4]) for each in made])
+    return (outs, offsets, fixed, arrays, answers, int(rng.integers(0, count + 1)))

@@ -207,21 +207,6 @@ def test_lookup_and_lease_of_token_ids_or_a_foreign_prompt() -> None:
     assert _pins(eng) == {"attn": 0} and eng.leases_open == 0
 
 
-def test_lookup_and_lease_takes_only_a_lookups_own_verdict() -> None:
-    """The book's one-step take refuses a verdict whose probe is not a lookup's."""
-    eng = _engine("dense")
-    prompt = eng.prompt(TEXT)
-    eng.commit(prompt)
-    verdict = eng.lookup(prompt)
-    with pytest.raises(KvfsmError, match="verdict of a lookup"):
-        eng._leases.take_looked_up(attrs.evolve(verdict, probe=None))
-    other = _engine("dense")
-    other.commit(other.prompt(TEXT))
-    with pytest.raises(KvfsmError, match="on this core"):
-        eng._leases.take_looked_up(other.lookup(other.prompt(TEXT)))
-    assert _pins(eng) == {"attn": 0} and _pins(other) == {"attn": 0}
-
-
 def _pin_counts(eng: Engine) -> dict[str, tuple[list[int], list[int]]]:
     return {name: (state.block_pins.tolist(), state.chunk_pins.tolist())
             for name, state in eng.core.groups.items()}
@@ -249,9 +234,9 @@ def test_a_lookups_probe_shows_the_blocks_its_lease_pins(name: str) -> None:
 
 def test_a_probe_made_by_hand_is_leased_with_its_arrays_types_matched() -> None:
     """A probe made by hand (strided ids, copied epochs) is not a lookup's own output: its
-    lease's passes match its arrays' types rather than run through the entry points each
-    group bound to a lookup's arrays (in this suite every bound call checks its types and
-    would raise), and it pins, validates and gives back exactly what a lookup's probe does."""
+    lease's passes match its arrays' types (numba's dispatcher, after a lease on a lookup's
+    own arrays compiled theirs), and it pins, validates and gives back exactly what a
+    lookup's probe does."""
     eng = _engine("deepseek_v4_like")
     prompt = eng.prompt(TEXT)
     eng.commit(prompt)

@@ -20,12 +20,16 @@ from hypothesis import strategies as st
 # Imported for their kernels: each registers itself in _KERNELS.
 import kvfsm
 import kvfsm.state._hashtable
+import kvfsm.state._lease_pass
+import kvfsm.state._lease_pins
+import kvfsm.state._touch
 import kvfsm.verify._group_pass
 import kvfsm.verify._snapshot
 from kvfsm._addressed import AddressTable
 from kvfsm._jit import _KERNELS, Kernel, warm_up
 from kvfsm._jit import settings as jit
 from kvfsm.spec._shipped import shipped_specs_dir
+from kvfsm.state._lease_pins import take_unchanged, unpin_unmoved
 from kvfsm.verify import Level
 from tests import kernel_inputs
 from tests.verify_models import DEEPSEEK, FOUR, GPT_OSS, PROMPTS, drive, engine
@@ -134,7 +138,7 @@ def test_a_numba_that_fails_to_import_leaves_the_numpy_twins_serving(tmp_path: P
         print(found, settings.enabled, settings.backend, eng.lookup(text).usable_tokens)
     """, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
     assert out == "True False numpy 384"
-    # Without an engine's warm-up: the first kernel call or entry point finds it, and the
+    # Without an engine's warm-up: the first kernel call finds it, and the
     # twins serve from then on.
     out = _python("""
         from kvfsm._jit import settings
@@ -142,8 +146,7 @@ def test_a_numba_that_fails_to_import_leaves_the_numpy_twins_serving(tmp_path: P
         args = probe_kernel.example()
         found = settings.enabled
         probe_kernel(*args)
-        entry = probe_kernel.entry(*probe_kernel.example())
-        print(found, settings.enabled, entry is probe_kernel.twin, args[5].tolist())
+        print(found, settings.enabled, probe_kernel.run is probe_kernel.twin, args[5].tolist())
     """, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
     assert out == "True False True [-1]"
 
@@ -251,14 +254,20 @@ def _arrays_of(args: tuple[Any, ...]) -> list[Any]:
                           else [value])]
 
 
-#: Random valid inputs per kernel: the lookup's from tests/kernel_inputs.py, the others' as
-#: their kernels register them.
+#: Random valid inputs per kernel: the lookup's and the lease's from tests/kernel_inputs.py,
+#: the others' as their kernels register them.
 INPUTS: dict[Kernel, Callable[[np.random.Generator], tuple[object, ...]]] = {
     **{each: each.inputs for each in _KERNELS if each.inputs is not None},
     kvfsm.state._hashtable.probe_kernel: kernel_inputs.probe_inputs,
     kvfsm.verify._group_pass.group_pass: kernel_inputs.group_pass_inputs,
     kvfsm.verify._group_pass.group_pass_fixed: kernel_inputs.group_pass_fixed_inputs,
     kvfsm.verify._snapshot.take_snapshot: kernel_inputs.take_snapshot_inputs,
+    kvfsm.state._touch.touch_kernel: kernel_inputs.touch_kernel_inputs,
+    kvfsm.state._lease_pins.first_unusable_kernel: kernel_inputs.unusable_inputs,
+    kvfsm.state._lease_pins.first_moved_kernel: kernel_inputs.moved_inputs,
+    kvfsm.state._lease_pins.unpin_kernel: kernel_inputs.pins_inputs,
+    kvfsm.state._lease_pass.take_probed_kernel: kernel_inputs.take_probed_inputs,
+    kvfsm.state._lease_pass.unpin_probed_kernel: kernel_inputs.unpin_probed_inputs,
 }
 
 
@@ -308,45 +317,43 @@ def test_python_and_compiled_kernels_agree_on_their_examples() -> None:
                 assert np.array_equal(a, b), each.__name__
 
 
-@needs_numba
-def test_an_entry_point_writes_what_the_compiled_kernel_writes() -> None:
-    """A kernel's entry point bound to its example's types runs the same machine code as a
-    call through numba's dispatcher: on the example, the same answer."""
-    for each in _KERNELS:
-        bound, called = each.example(), each.example()
-        each.entry(*bound)(*bound)
-        each.compiled(*called)
-        for a, b in zip(_arrays_of(bound), _arrays_of(called), strict=True):
-            if isinstance(a, np.ndarray):
-                assert np.array_equal(a, b), each.__name__
+#: Prompt blocks the type-matching test pins (a few, enough for a run over whole chunks).
+BLOCKS_TAKEN = 4
 
 
 @needs_numba
-@pytest.mark.parametrize("change", ["dtype", "layout", "read-only", "count"])
-def test_a_checked_entry_point_refuses_other_argument_types_before_running(change: str) -> None:
-    """Where entry points check their calls (the whole suite), an array made another way than
-    the bound one (another dtype, a strided view, read-only) or another number of arguments
-    is refused with a TypeError naming the position, and the kernel writes nothing: unchecked,
-    the entry point would read it as the bound type."""
-    assert jit.check_entries  # tests/conftest.py: every bound call of the suite is checked
-    each = kvfsm.state._hashtable.probe_kernel
-    args = list(each.example())
-    call = each.entry(*args)
-    out = args[-2]
-    before = out.copy()
+@pytest.mark.parametrize("change", ["dtype", "layout", "read-only"])
+def test_a_lease_pass_reads_arrays_made_another_way_as_they_are(change: str) -> None:
+    """Every compiled call of the lease path goes through numba's dispatcher, which matches
+    each call's argument types: ids made another way than a lookup makes them (another dtype,
+    a strided view, read-only) pin and give back exactly what the lookup's own ids do, never
+    read as another type (what an entry point bound to the first call's types did)."""
+    eng = engine(DEEPSEEK, device=48, host=8)
+    prompt = eng.prompt(PROMPTS[0][:200])
+    eng.commit(prompt)
+    state = next(each for each in eng.core.groups.values() if each.target is None)
+    high, low = prompt.words(state.decl.block_size)
+    ids = state.hash_map.lookup(high[:BLOCKS_TAKEN], low[:BLOCKS_TAKEN]).astype(np.intp)
+    assert (ids >= 0).all()
+    epochs = state.epoch[ids].copy()
+    answer = np.empty(4, dtype=np.int64)
+    # The usual types first, as a server's takes: the version a bound entry point would keep.
+    _, run, _ = take_unchanged(state, ids, epochs, answer)
+    expected = state.block_pins.copy(), state.chunk_pins.copy()
+    unpin_unmoved(state, ids, epochs, run)
     if change == "dtype":
-        args[3] = args[3].astype(np.int64)  # the prompt's high words as int64
+        other = ids.astype(np.int32)
     elif change == "layout":
-        args[3] = np.zeros(2 * args[3].size + 2, dtype=np.uint64)[::2]  # strided
-    elif change == "read-only":
-        args[3] = args[3].copy()
-        args[3].flags.writeable = False
+        other = np.repeat(ids, 2)[::2]
     else:
-        args = args[:-1]
-    with pytest.raises(TypeError, match="probe_kernel") as error:
-        call(*args)
-    assert ("count" in str(error.value)) == (change == "count")
-    assert np.array_equal(out, before)
+        other = ids.copy()
+        other.flags.writeable = False
+    first, run, _ = take_unchanged(state, other, epochs, answer)
+    assert first < 0
+    assert np.array_equal(state.block_pins, expected[0])
+    assert np.array_equal(state.chunk_pins, expected[1])
+    unpin_unmoved(state, other, epochs, run)
+    assert not state.block_pins.any() and not state.chunk_pins.any()
 
 
 @needs_numba

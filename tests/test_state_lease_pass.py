@@ -17,7 +17,7 @@ from kvfsm.gates import _lease as lease_module
 from kvfsm.gates import _lease_book as book_module
 from kvfsm.obs import replay
 from kvfsm.state import MAX_PINS, StateError
-from kvfsm.state._lease_pass import LeaseArrays, lease_table
+from kvfsm.state._lease_pass import ANSWER_COLUMNS, LeaseArrays, lease_table
 from kvfsm.state._touch import EPOCH, LEASE_KINDS, LINKED_RUN, PINS, PREV
 from tests.verify_models import (
     DEEPSEEK,
@@ -246,3 +246,49 @@ def test_a_lease_table_refuses_arrays_it_would_have_to_copy() -> None:
         arrays[which] = bad
         with pytest.raises(TypeError, match=f"lease array {which}"):
             lease_table([arrays])
+
+
+
+@pytest.mark.parametrize("change", ["strided", "int32", "count"])
+def test_a_one_pass_take_given_outputs_made_another_way_reads_them_as_they_are(
+        change: str, jit_backend: str) -> None:
+    """The one-pass take and give-back skip numba's type matching only for arguments checked
+    to be of the types their entry points are bound to: outputs made another way (a strided
+    copy, another dtype, a tuple of another length) never reach those entry points: numba's
+    dispatcher matches them (reads them as what they are, or refuses them), or the twin
+    reads them."""
+    eng = _engine("deepseek_v4_like")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    eng.lease(eng.lookup(prompt), prompt).release()  # binds the entry points (compiled)
+    verdict = eng.lookup(prompt)
+    probe = verdict.probe
+    assert probe is not None and probe.passes is not None and probe.spans is not None
+    arrays = eng._leases._arrays
+    assert arrays is not None
+    if jit_backend == "numba":
+        assert arrays._take_entry is not None and arrays._unpin_entry is not None
+
+    def bound(*args: object) -> None:
+        raise AssertionError("an entry point got arguments of other types")
+
+    arrays._take_entry = arrays._unpin_entry = bound
+    outs = tuple(each[2] for each in probe.passes)
+    made: tuple[np.ndarray, ...]
+    if change == "strided":
+        made = tuple(np.repeat(out, 2)[::2] for out in outs)
+    elif change == "int32":
+        made = tuple(out.astype(np.int32) for out in outs)
+    else:
+        made = outs[:-1]
+    answers = np.empty((len(outs), ANSWER_COLUMNS), dtype=np.int64)
+    args = (probe.spans.bounds, probe.spans.offsets, probe.at, eng.core.clock.now + 1, answers)
+    try:
+        arrays.take(made, *args)
+    except AssertionError:
+        raise
+    except Exception:  # refused by numba's matching (numba views only contiguous arrays)
+        pass
+    if jit_backend == "numba":  # the lookup's own outputs do take the entry point
+        with pytest.raises(AssertionError, match="entry point"):
+            arrays.take(outs, *args)

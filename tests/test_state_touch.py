@@ -16,10 +16,10 @@ from kvfsm.state._touch import (
     NO_PINNING,
     ONE_RUN,
     RUNS,
-    chunk_bounds,
     run_chunks,
     touch_kernel,
 )
+from tests.kernel_inputs import chunk_bounds
 
 #: The backend fixture is set once per test, not per example: it changes nothing per input.
 FIXTURE_OK = settings(max_examples=150, deadline=None,

@@ -68,9 +68,6 @@ class _Held(NamedTuple):
     one_run: bool = False
     #: Touched (used now) in the pass that pinned them.
     touched: bool = False
-    #: ``pinned`` and ``epochs`` are views of a lookup's output (``Probe.exact``): the
-    #: group's kernels run on them through their bound entry points.
-    bound: bool = False
 
     @property
     def group(self) -> str:
@@ -126,7 +123,7 @@ class Lease:
             assert probed is not None
             # Positional, in field order, as the per-group take makes them.
             self._holding = tuple(
-                _Held(state, ids, first, ids, epochs, True, each[4], run, one_run, True, True)
+                _Held(state, ids, first, ids, epochs, True, each[4], run, one_run, True)
                 for state, each, (first, ids, epochs, run, one_run)
                 in zip(probed.arrays.groups, probed.passes, probed.views(), strict=True))
         return self._holding
@@ -181,66 +178,55 @@ class Lease:
         too)."""
         book = self._book
         with book.lock:
+            if self._released or book.clock() >= self.expires_at:
+                if not self._released:
+                    self.mark_expired()
+                    book.drop(self)
+                lost = LeaseLost(
+                    f"the lease expired (its ttl ran out at {self.expires_at:.3f} on the "
+                    "monotonic clock) and its pins were released; look up again"
+                    if self._expired_on_release else "the lease was released")
+                book.refused(lost)
+                raise lost
             probed = self._probed
-            if probed is not None and not self._released and \
-                    book.clock() < self.expires_at and \
-                    probed.arrays.change_count.total == probed.changes:
-                # The usual lease (open, in time, taken in one pass, no group changed since,
-                # so no block it holds moved): what _validate finds, without its checks.
-                self.reading = True
-                core = book.core
-                if core.reads_observed:
-                    if probed.one_runs:  # report_read's usual case, one call fewer
-                        core.record_lease_runs(probed.arrays.names, probed.answers,
-                                               probed.holding)
-                    else:
-                        probed.report_read(core)
-                return
-            try:
-                self._validate()
-            except LeaseLost as lost:
-                self._book.refused(lost)
-                raise
+            # Taken in one pass with no group changed since (the usual lease): no block it
+            # holds moved, nothing to look at.
+            if probed is None or probed.arrays.change_count.total != probed.changes:
+                try:
+                    for held in self._held:
+                        _check(held.state, held)
+                except LeaseLost as lost:
+                    book.refused(lost)
+                    raise
             self.reading = True
             # The read about to happen, for the event log (replay checks its epochs).
-            core = self._book.core
+            core = book.core
             if not core.reads_observed:
                 return
-            if self._probed is not None:
-                self._probed.report_read(core)
-                return
-            core.record_leased_reads([(held.state.name, held.ids, held.epochs, held.one_run)
-                                      for held in self._held])
-
-    def _validate(self) -> None:
-        if not self._released and self._book.clock() >= self.expires_at:
-            self.mark_expired()
-            self._book.drop(self)
-        if self._expired_on_release:
-            raise LeaseLost(f"the lease expired (its ttl ran out at {self.expires_at:.3f} "
-                            "on the monotonic clock) and its pins were released; look up "
-                            "again")
-        if self._released:
-            raise LeaseLost("the lease was released")
-        if self._probed is not None and self._probed.unchanged():
-            return  # no group changed since the take: no block it holds moved
-        for held in self._held:
-            _check(held.state, held)
+            if probed is None:
+                core.record_leased_reads([(held.state.name, held.ids, held.epochs,
+                                           held.one_run) for held in self._held])
+            elif probed.one_runs:  # report_read's usual case, one call fewer
+                core.record_lease_runs(probed.arrays.names, probed.answers, probed.holding)
+            else:
+                probed.report_read(core)
 
     def release(self) -> None:
-        """Give back the lease's pins (idempotent; safe from any thread)."""
+        """Give back the lease's pins (idempotent; safe from any thread). A block pinned by
+        this lease whose epoch moved anyway (something bypassed the pin) lost its pin with its
+        content: it is skipped, never unpinned under another owner."""
         book = self._book
         with book.lock:
-            probed = self._probed
-            if probed is None or self._released:
-                book.drop(self)
-                return
-            # The usual lease: what book.drop and unpin do, with two calls fewer.
             book.forget(self)
+            if self._released:
+                return
             self._released = True
-            probed.unpin()
             core = book.core
-            if core.pins_observed:
+            probed = self._probed
+            if probed is not None:
+                probed.unpin()
+                if not core.pins_observed:
+                    return
                 if probed.one_runs and probed.arrays.change_count.total == probed.changes:
                     # tell_pins's usual case (nothing changed since the take), frames fewer
                     tellers = core.lease_pin_tellers
@@ -252,25 +238,17 @@ class Lease:
                             tell(probed.arrays.names, probed.answers, probed.holding, -1)
                 else:
                     probed.tell_pins(core, -1)
+                return
+            self._unpin_held(core)
 
-    def unpin(self, core: StateCore) -> None:
-        """Give back the pins (the book calls this once, under its lock). A block pinned by
-        this lease whose epoch moved anyway (something bypassed the pin) lost its pin with its
-        content: it is skipped, never unpinned under another owner."""
-        if self._released:
-            return
-        self._released = True
-        if self._probed is not None:
-            self._probed.unpin()
-            if core.pins_observed:
-                self._probed.tell_pins(core, -1)
-            return
+    def _unpin_held(self, core: StateCore) -> None:
+        """:meth:`release` of a lease held group by group."""
         runs: list[PinRun] = []
         for held in self._held:
             state = held.state
             count = held.pinned.size
             if held.alone:
-                unpin_unmoved(state, held.pinned, held.epochs[:count], held.run, held.bound)
+                unpin_unmoved(state, held.pinned, held.epochs[:count], held.run)
                 if core.pins_observed and count:
                     given = given_back(state, held.pinned, held.epochs[:count], held.run)
                     if held.one_run and given.size == count:  # as its take told it: a run

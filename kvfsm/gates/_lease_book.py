@@ -79,7 +79,14 @@ class LeaseBook:
 
     def take(self, verdict: Verdict, prompt: Prompt, *,
              ttl_s: float = DEFAULT_LEASE_TTL_S) -> Lease:
-        """Pin the blocks ``verdict`` called usable for ``prompt`` and record their epochs.
+        """Pin the blocks ``verdict`` called usable for ``prompt`` (made or checked for this
+        core by the caller) and record their epochs: the one take of the book.
+
+        Where the verdict is this core's lookup of ``prompt`` and nothing changed since (the
+        core's count of changes is the lookup's), one compiled pass pins and touches every
+        group's blocks straight from the lookup's outputs (:meth:`_take_probed`); anything
+        else checks the prompt's blocks again against the verdict and pins those
+        (:meth:`_take_again`).
 
         Raises :class:`~kvfsm.LeaseLost` (nothing pinned) where a block needed at
         ``verdict.usable_tokens`` is no longer cached, readable in the form the kernel reads,
@@ -90,90 +97,67 @@ class LeaseBook:
         recency refreshed, nothing a verdict reads: an unchanged group's pins and its use
         are one pass).
         """
-        check_ttl(ttl_s)
+        if ttl_s is not DEFAULT_LEASE_TTL_S:  # check_ttl's own first test, a frame fewer
+            check_ttl(ttl_s)
+        tokens = verdict.usable_tokens
         with self.lock:
-            lease = self.take_at_once(verdict, prompt, ttl_s)
-            return lease if lease is not None else self.take_afresh(verdict, prompt, ttl_s)
+            probe = verdict.probe
+            if probe is not None and probe.prompt is prompt and probe.exact and \
+                    probe.spans is not None and probe.passes is not None and \
+                    probe.tokens == tokens and probe.core() is self.core:
+                lease = self._take_probed(probe, tokens, ttl_s)
+                if lease is not None:
+                    return lease
+            return self._take_again(verdict, prompt, ttl_s)
 
-    def take_afresh(self, verdict: Verdict, prompt: Prompt, ttl_s: float) -> Lease:
-        """:meth:`take` where :meth:`take_at_once` answered None (or cannot serve): each
-        group's blocks checked afresh against ``verdict``, then pinned. For an owner holding
-        the lock that checked ``ttl_s`` (:func:`check_ttl`) and made or checked ``prompt``
-        for this core."""
+    def _take_again(self, verdict: Verdict, prompt: Prompt, ttl_s: float) -> Lease:
+        """:meth:`take` where the one-pass take cannot serve: each group's blocks checked
+        again against ``verdict`` (its probe's ids and epochs where it is this core's lookup of
+        this prompt, else the prompt's blocks probed afresh), then pinned."""
         tokens = verdict.usable_tokens
         if tokens > prompt.n_tokens:
             raise KvfsmError(f"the verdict covers {tokens} tokens but the prompt has only "
                              f"{prompt.n_tokens}: not this prompt's verdict")
-        with self.lock:
-            held = self._probed(verdict, prompt)
-            if held is not None:
-                return self._open_lease(tokens, held, ttl_s)
-            try:
-                needed = {name: _needed(state, prompt, tokens)
-                          for name, state in self.core.groups.items()}
-            except LeaseLost as lost:
-                self.refused(lost)
-                raise
-            # Per target group: the blocks the lease's index blocks point at.
-            targets: dict[str, list[IdArray]] = {}
+        held = self._probed(verdict, prompt)
+        if held is not None:
+            return self._open_lease(tokens, held, ttl_s)
+        try:
+            needed = {name: _needed(state, prompt, tokens)
+                      for name, state in self.core.groups.items()}
+        except LeaseLost as lost:
+            self.refused(lost)
+            raise
+        # Per target group: the blocks the lease's index blocks point at.
+        targets: dict[str, list[IdArray]] = {}
+        for name, (ids, _) in needed.items():
+            group = self.core.group(name)
+            if group.target is not None:
+                targets.setdefault(group.target.name, []).append(_targets(group, ids))
+        done: list[str] = []
+        try:
             for name, (ids, _) in needed.items():
-                group = self.core.group(name)
-                if group.target is not None:
-                    targets.setdefault(group.target.name, []).append(_targets(group, ids))
-            done: list[str] = []
-            try:
-                for name, (ids, _) in needed.items():
-                    if ids.size:
-                        self.core.pin(name, ids)
-                        done.append(name)
-            except Exception:
-                for name in done:
-                    self.core.unpin(name, needed[name][0])
-                raise
-            recorded = tuple(_record(self.core.group(name), ids, index, targets.get(name, []))
-                             for name, (ids, index) in needed.items())
-            return self._open_lease(tokens, recorded, ttl_s)
+                if ids.size:
+                    self.core.pin(name, ids)
+                    done.append(name)
+        except Exception:
+            for name in done:
+                self.core.unpin(name, needed[name][0])
+            raise
+        recorded = tuple(_record(self.core.group(name), ids, index, targets.get(name, []))
+                         for name, (ids, index) in needed.items())
+        return self._open_lease(tokens, recorded, ttl_s)
 
-    def take_looked_up(self, verdict: Verdict, ttl_s: float = DEFAULT_LEASE_TTL_S) -> Lease:
-        """:meth:`take` of the verdict of a lookup on this core just made, on its own prompt,
-        the owner's lock held since before that lookup (so nothing but the checksums it
-        recorded changed since: the one-pass take straight away). ``ttl_s`` is the caller's
-        to check first (:func:`check_ttl`): a bad one must not cost a lookup."""
-        probe = verdict.probe
-        if probe is None or probe.spans is None or probe.passes is None or \
-                not isinstance(probe.prompt, Prompt) or probe.core() is not self.core:
-            raise KvfsmError("take_looked_up takes the verdict of a lookup on this core, as it "
-                             "made it")
-        with self.lock:
-            lease = self.take_probed(probe, verdict.usable_tokens, ttl_s)
-            if lease is None:  # the lookup recorded a checksum failure: checked group by group
-                return self.take_afresh(verdict, probe.prompt, ttl_s)
-            return lease
-
-    def take_at_once(self, verdict: Verdict, prompt: Prompt, ttl_s: float) -> Lease | None:
-        """The lease pinned in one pass over every group, where its verdict's lookup was of
-        this prompt on this core and no group changed since (the usual lease); None where
-        that cannot serve (nothing changed). For an owner holding the lock that checked
-        ``ttl_s`` (:func:`check_ttl`)."""
-        probe = verdict.probe
-        if probe is None or probe.spans is None or probe.passes is None or not probe.exact or \
-                probe.prompt is not prompt or probe.tokens != verdict.usable_tokens or \
-                probe.core() is not self.core:
-            return None
-        return self.take_probed(probe, verdict.usable_tokens, ttl_s)
-
-    def take_probed(self, probe: Probe, tokens: int, ttl_s: float) -> Lease | None:
+    def _take_probed(self, probe: Probe, tokens: int, ttl_s: float) -> Lease | None:
         """The lease of ``tokens`` made by pinning and touching the blocks of every group of a
         lookup's ``probe`` (its pass outputs, at its candidate ``at``, where its ``spans``
         say) in one compiled call, where no group changed since the lookup. None where some
         group changed, or an index group points past what the lease would hold of its
-        target (nothing changed: the caller checks the blocks afresh). A StateError (a block
-        already at ``MAX_PINS``) or KvfsmError (an id outside its group) where a group
+        target (nothing changed: :meth:`take` checks the blocks again). A StateError (a
+        block already at ``MAX_PINS``) or KvfsmError (an id outside its group) where a group
         refused: the groups before it stay marked used (their recency refreshed), nothing
         is pinned. One frame from the lookup's outputs to the open lease: a server takes a
         lease on every request, right after a long lookup, where each frame costs cache
-        misses. For an owner holding its lock since its own lookup on this core made
-        ``probe`` (:meth:`take_looked_up` and :meth:`take` check that first)."""
+        misses. For :meth:`take`, which checked that this core's lookup made ``probe``."""
         spans, passes = probe.spans, probe.passes
         assert spans is not None and passes is not None
         arrays = self._arrays
@@ -193,7 +177,7 @@ class LeaseBook:
             one_runs == touched))
         if stop != TAKEN:
             if stop < 0:
-                return None  # an index's targets outside what is held: checked afresh
+                return None  # an index's targets outside what is held: checked again
             refuse_probed(hold, stop)
         core = self.core
         if core.pins_observed:  # told once taken: a refused take pinned nothing
@@ -205,7 +189,7 @@ class LeaseBook:
                 core.tell_lease_pins(arrays.names, answers, touched, 1)
             else:
                 hold.tell_pins(core, 1)
-        # _open_lease, inline.
+        # _open_lease, inline (a frame fewer on every request's take).
         lease = Lease(self, tokens, hold, self.clock() + ttl_s)
         self._open[id(lease)] = lease
         if lease.expires_at < self.next_expiry:
@@ -222,7 +206,7 @@ class LeaseBook:
 
     def _open_lease(self, tokens: int, held: tuple[_Held, ...] | ProbedHold,
                     ttl_s: float) -> Lease:
-        lease = Lease(self, tokens, held, self.clock() + float(ttl_s))
+        lease = Lease(self, tokens, held, self.clock() + ttl_s)
         self._open[id(lease)] = lease
         if lease.expires_at < self.next_expiry:
             self.next_expiry = lease.expires_at
@@ -262,7 +246,6 @@ class LeaseBook:
                     return None
         held: list[_Held | None] = [None] * len(groups)
         answer = self._answer
-        exact = probe.exact
         # Groups changed since the lookup go first: only there can a block have moved
         # (LeaseLost), and they are only pinned, so such a refusal leaves nothing changed.
         # The others are pinned and marked used in one pass each: only a block at MAX_PINS
@@ -278,23 +261,21 @@ class LeaseBook:
                 if first >= 0:
                     raise self._refusal(state, group, first, why)
                 held[at] = _Held(state, group.ids, group.lo, group.ids, group.epochs, True,
-                                 state.changes, bound=exact)
+                                 state.changes)
             for at in unchanged:
                 group, state = groups[at], states[at]
                 assert state is not None
                 # Nothing changed since the lookup: every block is as it saw it (usable).
-                first, run, one_run = take_unchanged(state, group.ids, group.epochs, answer,
-                                                     exact)
+                first, run, one_run = take_unchanged(state, group.ids, group.epochs, answer)
                 if first >= 0:
                     raise self._refusal(state, group, first, PINNED_FULL)
                 # Positional, in field order: one per group on every take.
                 held[at] = _Held(state, group.ids, group.lo, group.ids, group.epochs, True,
-                                 state.changes, run, one_run, True, exact)
+                                 state.changes, run, one_run, True)
         except Exception:
             for taken in held:  # pinned before the refusal
                 if taken is not None:
-                    unpin_unmoved(taken.state, taken.pinned, taken.epochs, taken.run,
-                                  taken.bound)
+                    unpin_unmoved(taken.state, taken.pinned, taken.epochs, taken.run)
             raise
         runs: list[PinRun] = []
         for taken in held:
@@ -324,12 +305,11 @@ class LeaseBook:
 
     def drop(self, lease: Lease) -> None:
         """Release ``lease``'s pins and forget it (idempotent)."""
-        with self.lock:
-            self._open.pop(id(lease), None)
-            lease.unpin(self.core)
+        lease.release()
 
     def forget(self, lease: Lease) -> None:
-        """Stop counting ``lease`` as open (its owner gives back its pins; the lock held)."""
+        """Stop counting ``lease`` as open (:meth:`Lease.release` gives back its pins; the
+        lock held)."""
         self._open.pop(id(lease), None)
 
     def reap(self) -> int:

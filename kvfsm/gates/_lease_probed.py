@@ -39,7 +39,7 @@ Passes = Sequence[tuple[str, Any, NDArray[np.int64], Any, int]]
 
 
 class ProbedHold(NamedTuple):
-    """What a lease taken in one pass (``LeaseBook.take_probed``) holds: the groups'
+    """What a lease taken in one pass (``LeaseBook._take_probed``) holds: the groups'
     arrays, the lookup's pass per group (its outputs hold the ids and epochs), the outputs
     and where in them the ids and epochs start, the answer row per group (columns of
     :mod:`~kvfsm.state._lease_pass`: prompt blocks ``[LO, HI)``, how they were pinned,

@@ -20,7 +20,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm._jit import Kernel
 from kvfsm.fsm import INVALID, CompiledTable, EffectFn, GuardFn, Machine
 from kvfsm.kinds import rule_of
 from kvfsm.memory import SlotPool
@@ -254,9 +253,6 @@ class GroupState:
         self.change_count = ChangeCount() if change_count is None else change_count
         #: Working arrays for set operations on ids (shared by the core's groups).
         self.scratch = Scratch(n) if scratch is None else scratch
-        #: Compiled entry points of the lease kernels, by kernel, bound to the types of this
-        #: group's arrays on their first call (:func:`kvfsm._jit.call_bound`).
-        self.lease_entries: dict[Kernel, Callable[..., None]] = {}
         #: Restores in flight across the core's groups and their caps (shared by its groups).
         self.budget = RestoreBudget() if budget is None else budget
         self._dependents = dependents

@@ -15,15 +15,15 @@ The per-group passes (:mod:`kvfsm.state._lease_pins`) still serve every other le
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._addressed import AddressTable, address_table
-from kvfsm._jit import Kernel, call_bound, kernel, read_only, settings
+from kvfsm._jit import kernel, read_only, settings
 from kvfsm.state._group import MAX_PINS, GroupState
-from kvfsm.state._lease_pins import _pins_inputs, _unpin_twin
+from kvfsm.state._lease_pins import _unpin_twin
 from kvfsm.state._touch import (
     ANSWER_COLUMNS,
     BLOCK,
@@ -60,7 +60,6 @@ from kvfsm.state._touch import (
     no_linked_run,
     one_run_blocks,
     take_probed_loop,
-    touch_inputs,
     unpin_loop,
     unpin_probed_loop,
 )
@@ -176,32 +175,7 @@ def _take_example() -> tuple[object, ...]:
             np.zeros((1, ANSWER_COLUMNS), dtype=np.int64), np.zeros(3, dtype=np.int64))
 
 
-def _take_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """One to three groups, each a lease's pinning touch as :func:`_touch_twin`'s inputs make
-    them (sound lists, distinct ids often one run over whole chunks, now and then an id outside
-    the group or a block at the limit), their ids and epochs in pass outputs; sometimes an
-    index group pointing into another, reaching past what is held of it."""
-    count = int(rng.integers(1, 4))
-    limit = int(rng.integers(1, 4))
-    made: list[tuple[Any, ...]] = [touch_inputs(rng, limit) for _ in range(count)]
-    at = int(rng.integers(0, 2))
-    outs, bounds, offsets = _outputs([(each[0], each[9]) for each in made], at, rng)
-    fixed = np.zeros((count, FIXED_COLUMNS), dtype=np.int64)
-    for g, each in enumerate(made):
-        fixed[g] = (each[12], -1, 16, 16)
-    if count > 1 and rng.random() < 0.5:
-        # The last group points into the first: held where the first starts at its block 0 and
-        # reaches ``hi * BLOCK // TARGET_BLOCK`` blocks.
-        fixed[-1, TARGET:] = (0, int(rng.choice([16, 64])), 16)
-    # Per group STATES ... LINKED_RUN (the take reads no epoch: zeros stand in).
-    arrays = lease_table([(each[1], each[2], each[3], each[5], each[6], each[7], each[8],
-                           each[10], each[11], np.zeros(each[3].size, dtype=np.uint32),
-                           each[14]) for each in made], convert=True)
-    return (outs, bounds, offsets, at, fixed, arrays, int(rng.integers(5, 9)), limit,
-            np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64), np.full(3, -7, np.int64))
-
-
-take_probed_kernel = kernel(example=_take_example, twin=_take_twin, inputs=_take_inputs,
+take_probed_kernel = kernel(example=_take_example, twin=_take_twin,
                             calls=(_probed_ids, _touch_known))(take_probed_loop)
 
 
@@ -228,26 +202,27 @@ def _unpin_example() -> tuple[object, ...]:
     return (outs, offsets, np.array([[6, -1, 16, 16]], dtype=np.int64), arrays, answers, 1)
 
 
-def _unpin_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """One to three groups given back as :func:`_unpin_twin`'s inputs make them (pins to give,
-    some moved off their epochs, by chunks or alone), their ids and epochs in pass outputs; all
-    of them or only those before the one a take stopped at."""
-    count = int(rng.integers(1, 4))
-    made: list[tuple[Any, ...]] = [_pins_inputs(rng) for _ in range(count)]
-    outs, bounds, offsets = _outputs([(each[0], each[1]) for each in made], 0, rng)
-    answers = np.zeros((count, ANSWER_COLUMNS), dtype=np.int64)
-    fixed = np.zeros((count, FIXED_COLUMNS), dtype=np.int64)
-    for g, each in enumerate(made):
-        answers[g, LO], answers[g, HI], answers[g, PINNED_AS] = bounds[g, 0, 0], \
-            bounds[g, 1, 0], each[6]
-        fixed[g] = (each[5], -1, 16, 16)
-    arrays = _unpin_tables([(each[2], each[3], each[4]) for each in made])
-    return (outs, offsets, fixed, arrays, answers, int(rng.integers(0, count + 1)))
-
-
 unpin_probed_kernel = kernel(example=_unpin_example, twin=_unpin_probed_twin,
-                             inputs=_unpin_inputs, calls=(_probed_ids, unpin_loop)
-                             )(unpin_probed_loop)
+                             calls=(_probed_ids, unpin_loop))(unpin_probed_loop)
+
+
+#: The dtype of every array a one-pass call hands its entry point (:class:`LeaseArrays`).
+_INT64: Final = np.dtype(np.int64)
+
+
+def _int64_c(arrays: Sequence[NDArray[Any]], ndim: int) -> bool:
+    """Every one of ``arrays`` is a plain NumPy array of int64, ``ndim`` dimensions, C-contiguous
+    and aligned: what a one-pass entry point reads it as (a few hundred ns for a lease's
+    arrays, where numba's matching of all its arguments costs microseconds right after a
+    long lookup)."""
+    for array in arrays:
+        if array.__class__ is not np.ndarray:
+            return False
+        flags = array.flags
+        if array.dtype is not _INT64 or array.ndim != ndim or not flags.c_contiguous or \
+                not flags.aligned:
+            return False
+    return True
 
 
 class LeaseArrays:
@@ -287,39 +262,53 @@ class LeaseArrays:
             for state in self.groups])
         #: The answer of the last take (used under the owner's lock).
         self.result = np.zeros(3, dtype=np.int64)
-        #: The passes' entry points, bound on their first calls (the arrays are these, and a
-        #: lookup makes its outputs the same way every time).
-        self._entries: dict[Kernel, Callable[..., None]] = {}
-        #: The same two, once bound, as attributes: a lease calls each once, right after a
-        #: lookup that pushed the dict and the generic call path out of the caches.
+        #: Groups, the length of the lookup outputs' tuple the entry points are bound to.
+        self.count = len(self.groups)
+        #: The one-pass passes' entry points, bound on their first checked calls (see
+        #: :meth:`take`).
         self._take_entry: Callable[..., None] | None = None
         self._unpin_entry: Callable[..., None] | None = None
 
     def take(self, outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
              offsets: NDArray[np.int64], at: int, tick: int,
              answers: NDArray[np.int64]) -> tuple[int, int, int]:
-        """:func:`take_probed_loop` over these groups; ``(result[0], result[1], result[2])``."""
+        """:func:`take_probed_loop` over these groups; ``(result[0], result[1], result[2])``.
+
+        Where kernels run compiled, through an entry point bound on the first call that skips
+        numba's matching of the ten arguments' types (some 2 µs right after a long lookup,
+        each lease's take): safe because every argument has the bound types by the time it
+        is called. ``fixed``, ``table`` and ``result`` are this object's own, made with their
+        dtypes in ``__init__`` (``table`` checked there by :func:`lease_table`); the lookup's
+        ``outs``, ``bounds``, ``offsets`` and the caller's ``answers`` are checked on every
+        call to be C-contiguous int64 of their dimensions (:func:`_int64_c`), else the call
+        goes through numba's dispatcher, which matches them; the rest are ints."""
         entry = self._take_entry
-        if entry is not None and settings.enabled:
-            entry(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
-                  self.result)
+        if settings.enabled and len(outs) == self.count and _int64_c(outs, 1) and \
+                _int64_c((bounds,), 3) and _int64_c((offsets, answers), 2):
+            if entry is None:
+                entry = self._take_entry = take_probed_kernel.entry(*(
+                    outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
+                    self.result))
         else:
-            call_bound(take_probed_kernel, self._entries, outs, bounds, offsets, at, self.fixed,
-                       self.table, tick, MAX_PINS, answers, self.result)
-            self._take_entry = self._entries.get(take_probed_kernel)
+            entry = take_probed_kernel.run
+        entry(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
+              self.result)
         stop, touched, one_reads = self.result.tolist()
         return stop, touched, one_reads
 
     def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
               answers: NDArray[np.int64], groups: int) -> None:
-        """:func:`unpin_probed_loop` over the first ``groups`` of these groups."""
+        """:func:`unpin_probed_loop` over the first ``groups`` of these groups (through a bound
+        entry point where its arguments are checked as :meth:`take` checks them)."""
         entry = self._unpin_entry
-        if entry is not None and settings.enabled:
-            entry(outs, offsets, self.fixed, self.table, answers, groups)
-            return
-        call_bound(unpin_probed_kernel, self._entries, outs, offsets, self.fixed, self.table,
-                   answers, groups)
-        self._unpin_entry = self._entries.get(unpin_probed_kernel)
+        if settings.enabled and len(outs) == self.count and _int64_c(outs, 1) and \
+                _int64_c((offsets, answers), 2):
+            if entry is None:
+                entry = self._unpin_entry = unpin_probed_kernel.entry(*(
+                    outs, offsets, self.fixed, self.table, answers, groups))
+        else:
+            entry = unpin_probed_kernel.run
+        entry(outs, offsets, self.fixed, self.table, answers, groups)
 
 
 __all__ = ["ANSWER_COLUMNS", "FIRST_EPOCH", "FIRST_ID", "FULL", "HI", "LO", "ONE_READ",

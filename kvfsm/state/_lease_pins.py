@@ -15,22 +15,18 @@ with :func:`unpin_unmoved`; nothing else may release these pins.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
-from kvfsm._jit import Kernel, call_bound, kernel, read_only
+from kvfsm._jit import kernel, read_only
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
 from kvfsm.state._group import FAILED, MAX_PINS, PIN_CHUNK_SHIFT, GroupState
 from kvfsm.state._touch import (
     ONE_BY_ONE,
-    ONE_RUN,
-    RUNS,
-    chunk_bounds,
     run_chunks,
-    run_ids,
     touch_kernel,
     unpin_loop,
 )
@@ -54,27 +50,6 @@ def _unusable_example() -> tuple[object, ...]:
             MAX_PINS, np.empty(2, dtype=np.int64))
 
 
-def _unusable_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """Blocks mostly as seen (epochs, readable states of the right form, unchecked or
-    verified, few pins), now and then one moved, unreadable, of the other form, failed or
-    pinned to the limit."""
-    n_blocks, n_states = int(rng.integers(1, 12)), int(rng.integers(1, 5))
-    n = int(rng.integers(0, n_blocks + 1))
-    ids = rng.permutation(n_blocks)[:n].astype(np.intp)
-    epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
-    seen = epoch[ids].copy()
-    seen[rng.random(n) < 0.1] += 1
-    limit = int(rng.integers(1, 4))
-    return (ids, seen, int(rng.integers(0, n + 1)),
-            read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)), read_only(epoch),
-            read_only(np.where(rng.random(n_blocks) < 0.9, 0, rng.integers(0, 3, n_blocks))
-                      .astype(np.uint8)),
-            read_only(rng.random(n_states) < 0.85),
-            read_only(rng.choice([FORM_RAW, FORM_COMPRESSED], n_states).astype(np.int8)),
-            rng.integers(0, limit + 1, n_blocks).astype(np.uint16), limit,
-            np.empty(2, dtype=np.int64))
-
-
 def _unusable_twin(ids: IdArray, seen: NDArray[np.uint32], cut: int,
                    states: NDArray[np.uint8], epoch: NDArray[np.uint32],
                    check: NDArray[np.uint8], readable: NDArray[np.bool_],
@@ -93,7 +68,7 @@ def _unusable_twin(ids: IdArray, seen: NDArray[np.uint32], cut: int,
         pins[ids] += np.uint16(1)
 
 
-@kernel(example=_unusable_example, twin=_unusable_twin, inputs=_unusable_inputs)
+@kernel(example=_unusable_example, twin=_unusable_twin)
 def first_unusable_kernel(ids: IdArray, seen: NDArray[np.uint32], cut: int,
                           states: NDArray[np.uint8], epoch: NDArray[np.uint32],
                           check: NDArray[np.uint8], readable: NDArray[np.bool_],
@@ -133,21 +108,6 @@ def _moved_example() -> tuple[object, ...]:
             np.empty(1, dtype=np.int64))
 
 
-def _moved_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """Blocks mostly at the epochs recorded, readable and unchecked or verified, some moved,
-    unreadable or seen failing a checksum."""
-    n_blocks, n_states = int(rng.integers(1, 12)), int(rng.integers(1, 5))
-    ids = rng.integers(0, n_blocks, int(rng.integers(0, 10))).astype(np.intp)
-    epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
-    recorded = epoch[ids].copy()
-    recorded[rng.random(ids.size) < 0.1] += 1
-    return (ids, recorded, read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)),
-            read_only(epoch), read_only(rng.random(n_states) < 0.9),
-            read_only(np.where(rng.random(n_blocks) < 0.9, 0, rng.integers(0, 3, n_blocks))
-                      .astype(np.uint8)),
-            np.empty(1, dtype=np.int64))
-
-
 def _first_moved_twin(ids: IdArray, recorded: NDArray[np.uint32], states: NDArray[np.uint8],
                       epoch: NDArray[np.uint32], readable: NDArray[np.bool_],
                       check: NDArray[np.uint8], out: NDArray[np.int64]) -> None:
@@ -156,7 +116,7 @@ def _first_moved_twin(ids: IdArray, recorded: NDArray[np.uint32], states: NDArra
     out[0] = int(bad[0]) if bad.size else -1
 
 
-@kernel(example=_moved_example, twin=_first_moved_twin, inputs=_moved_inputs)
+@kernel(example=_moved_example, twin=_first_moved_twin)
 def first_moved_kernel(ids: IdArray, recorded: NDArray[np.uint32], states: NDArray[np.uint8],
                        epoch: NDArray[np.uint32], readable: NDArray[np.bool_],
                        check: NDArray[np.uint8], out: NDArray[np.int64]) -> None:
@@ -177,26 +137,6 @@ def _pins_example() -> tuple[object, ...]:
             np.zeros(1, dtype=np.uint16), PIN_CHUNK_SHIFT, ONE_BY_ONE)
 
 
-def _pins_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """Distinct blocks with pins to give (some at 0), some moved off their recorded epoch,
-    given back as a pinning touch took them: one run over whole chunks, or several runs
-    some of which span whole chunks (their ends one by one, their chunks whole), or every
-    block alone."""
-    n_blocks, shift = int(rng.integers(1, 24)), int(rng.integers(1, 3))
-    ids = run_ids(rng, n_blocks)
-    epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
-    recorded = epoch[ids].copy()
-    recorded[rng.random(ids.size) < 0.2] += 1
-    lo_chunk, hi_chunk = chunk_bounds(int(ids[0]), ids.size, shift) if ids.size else (0, 0)
-    run = ONE_BY_ONE
-    if bool(ids.size) and bool((np.diff(ids) == 1).all()) and hi_chunk > lo_chunk:
-        run = ONE_RUN
-    elif run_chunks(ids, shift)[1].size and rng.random() < 0.8:
-        run = RUNS
-    return (ids, recorded, read_only(epoch), rng.integers(0, 3, n_blocks).astype(np.uint16),
-            rng.integers(0, 3, (n_blocks >> shift) + 1).astype(np.uint16), shift, run)
-
-
 def _unpin_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
                 pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16], shift: int,
                 run: int) -> None:
@@ -211,25 +151,11 @@ def _unpin_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.ui
     pins[held] -= np.uint16(1)
 
 
-unpin_kernel = kernel(example=_pins_example, twin=_unpin_twin,
-                      inputs=_pins_inputs)(unpin_loop)
-
-
-def run_bound(state: GroupState, each: Kernel, *args: Any) -> None:
-    """``each(*args)`` through the entry point the group bound on its first call
-    (:func:`~kvfsm._jit.call_bound`, kept in ``state.lease_entries``): only for the group's own
-    arrays and a lookup's ids and epochs (numba's matching of some fifteen argument types
-    skipped, half a microsecond a call)."""
-    call_bound(each, state.lease_entries, *args)
-
-
-def _matched(state: GroupState, each: Kernel, *args: Any) -> None:
-    """``each(*args)`` through numba's dispatcher (every argument's type matched)."""
-    each(*args)
+unpin_kernel = kernel(example=_pins_example, twin=_unpin_twin)(unpin_loop)
 
 
 def take_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32],
-                   answer: NDArray[np.int64], bound: bool = False) -> tuple[int, int, bool]:
+                   answer: NDArray[np.int64]) -> tuple[int, int, bool]:
     """Pin each of the distinct blocks ``ids`` (seen at epochs ``seen``) once, as a lookup
     saw them usable when the group has not changed since (its ``changes`` then and now are
     equal: every block is still at the epoch, state and check the lookup saw, so only the
@@ -240,12 +166,10 @@ def take_unchanged(state: GroupState, ids: IdArray, seen: NDArray[np.uint32],
     consecutive at one epoch. Else nothing is pinned or touched and the first answer is the
     first index pinned to the limit. ``answer``: four int64 the pass writes its answer to
     (the caller's, reused). The ids are the core's own (a lookup's): an id outside the group
-    is a KvfsmError, and then nothing changes. ``bound``: ``ids`` and ``seen`` are views of
-    a lookup's output (:attr:`Probe.exact`), so the pass runs through the group's bound
-    entry point (:func:`run_bound`)."""
+    is a KvfsmError, and then nothing changes."""
     blocks, recency, clock = state._blocks, state.recency, state.clock
-    (run_bound if bound else _matched)(
-        state, touch_kernel, ids, state.states, recency.list_of_state, blocks.last_use,
+    touch_kernel.run(
+        ids, state.states, recency.list_of_state, blocks.last_use,
         clock.now + 1, recency.prev, recency.next, recency.head, recency.tail, seen,
         blocks.pins, blocks.chunk_pins, state.pin_shift, MAX_PINS, recency.linked_run, answer)
     outside, first, run, one_run = answer.tolist()
@@ -272,14 +196,13 @@ def pin_if_usable(state: GroupState, ids: IdArray, seen: NDArray[np.uint32], cut
 
 
 def unpin_unmoved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
-                  run: int = ONE_BY_ONE, bound: bool = False) -> None:
+                  run: int = ONE_BY_ONE) -> None:
     """Give back the pins :func:`pin_if_usable` or :func:`take_unchanged` took on ``ids``
     (``run``: the latter's answer), except on blocks pinned one by one that are no longer at
-    ``epochs`` (their pin went with their content). ``bound``: as for
-    :func:`take_unchanged`."""
+    ``epochs`` (their pin went with their content)."""
     blocks = state._blocks
-    (run_bound if bound else _matched)(state, unpin_kernel, ids, epochs, state.epoch,
-                                       blocks.pins, blocks.chunk_pins, state.pin_shift, run)
+    unpin_kernel.run(ids, epochs, state.epoch, blocks.pins, blocks.chunk_pins, state.pin_shift,
+                     run)
 
 
 def given_back(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],

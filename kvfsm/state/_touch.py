@@ -31,12 +31,6 @@ NO_LIST: Final = -1
 NO_PINNING: Final = 0
 
 
-def chunk_bounds(first: int, count: int, shift: int) -> tuple[int, int]:
-    """The whole chunks (of ``1 << shift`` ids) inside the ids ``[first, first + count)``,
-    as ``[lo_chunk, hi_chunk)`` (empty when ``hi_chunk <= lo_chunk``)."""
-    return (first + (1 << shift) - 1) >> shift, (first + count) >> shift
-
-
 #: A group's record of one run of consecutive ids linked in order on one recency list
 #: (``linked_run``, int64): its first id, its length (0: no record) and its list. A touch that
 #: finds a batch of consecutive ids linked in order records them; a touch or a relink of any
@@ -549,85 +543,5 @@ def _touch_example() -> tuple[object, ...]:
             no_linked_run(), np.zeros(4, dtype=np.int64))
 
 
-def run_ids(rng: np.random.Generator, n_blocks: int) -> IdArray:
-    """Distinct ids, often one run of consecutive ids (a lease's usual blocks, spanning
-    whole pin chunks where it is long enough), or a few runs in any order (a commit that
-    made room), else a random set."""
-    draw = rng.random()
-    if draw < 0.45:
-        first = int(rng.integers(0, n_blocks))
-        return np.arange(first, int(rng.integers(first, n_blocks + 1)), dtype=np.intp)
-    if draw < 0.75:
-        cuts = np.sort(rng.choice(n_blocks + 1, size=min(n_blocks + 1, 5), replace=False))
-        runs = [np.arange(a, int(rng.integers(a, b + 1)), dtype=np.intp)
-                for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True)]
-        order = rng.permutation(len(runs))
-        return np.concatenate([runs[i] for i in order] or [np.zeros(0, dtype=np.intp)])
-    return rng.permutation(n_blocks)[: int(rng.integers(0, n_blocks + 1))].astype(np.intp)
-
-
-def _touch_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """:func:`touch_inputs`, half the time a lease's pinning touch."""
-    return touch_inputs(rng, int(rng.integers(1, 4)) if rng.random() < 0.5 else NO_PINNING)
-
-
-def touch_inputs(rng: np.random.Generator, limit: int) -> tuple[object, ...]:
-    """Sound lists, states consistent with them (state ``s`` maps to list ``s - 1``), and ids
-    with repeats, now and then one outside the blocks, or (a third of the time) a run of one
-    list in list order, from anywhere in it to anywhere after (the splice path). With a pin
-    ``limit`` above 0, a lease's pinning touch instead: distinct ids (often one run over
-    whole chunks), a few pins on them and their chunks, now and then one at the limit.
-    Half the time some consecutive ids are linked in order on one list and the record of a
-    linked run names some of them (a truthful record), and then the ids are often inside
-    it, or overlap it."""
-    from kvfsm.state._recency import random_lists, relink_loop
-
-    prev, next_, head, tail, member = random_lists(rng)
-    n = prev.size
-    linked_run = no_linked_run()
-    in_order: NDArray[np.intp] | None = None
-    if rng.random() < 0.5:
-        # Consecutive ids appended to one list's tail in order: linked so.
-        first = int(rng.integers(0, n))
-        in_order = np.arange(first, int(rng.integers(first + 1, n + 1)), dtype=np.intp)
-        listed = int(rng.integers(0, head.size))
-        relink_loop(prev, next_, head, tail, in_order, member[in_order],
-                    np.full(in_order.size, listed, dtype=np.int8), no_linked_run())
-        member[in_order] = listed
-        known = int(rng.integers(first, int(in_order[-1]) + 1))
-        linked_run[:] = (known, int(rng.integers(1, int(in_order[-1]) + 2 - known)), listed)
-    list_of_state = np.arange(-1, head.size, dtype=np.int8)
-    states = read_only((member + 1).astype(np.uint8))
-    shift = int(rng.integers(1, 3))
-    ids = rng.integers(0, n, int(rng.integers(0, 10))).astype(np.intp)
-    if limit > 0:
-        ids = run_ids(rng, n)
-    if in_order is not None and rng.random() < 0.5:
-        # Inside the record (no link read), or from inside it to past it.
-        start = int(rng.integers(linked_run[RUN_FIRST], linked_run[RUN_FIRST]
-                                 + linked_run[RUN_COUNT]))
-        end = int(rng.integers(start + 1, n + 1)) if rng.random() < 0.3 else \
-            int(rng.integers(start + 1, linked_run[RUN_FIRST] + linked_run[RUN_COUNT] + 1))
-        ids = np.arange(start, end, dtype=np.intp)
-    elif limit <= 0 and rng.random() < 1 / 3 and (member >= 0).any():
-        block = int(rng.choice(np.flatnonzero(member >= 0)))
-        run: list[int] = []
-        while block >= 0 and len(run) < int(rng.integers(1, 8)):
-            run.append(block)
-            block = int(next_[block])
-        ids = np.array(run, dtype=np.intp)
-    if ids.size and rng.random() < 0.2:
-        ids[int(rng.integers(0, ids.size))] = rng.choice([-1, n])
-    seen = np.full(ids.size, int(rng.integers(0, 3)), dtype=np.uint32)
-    if ids.size and rng.random() < 0.3:
-        seen[int(rng.integers(0, ids.size))] += np.uint32(1)
-    pins = rng.integers(0, max(limit, 1) + 1, n).astype(np.uint16)
-    chunk_pins = rng.integers(0, max(limit, 1) + 1, (n >> shift) + 1).astype(np.uint16)
-    last_use = rng.integers(0, 5, n).astype(np.uint32)
-    return (ids, states, list_of_state, last_use, int(rng.integers(5, 9)), prev, next_, head,
-            tail, seen, pins, chunk_pins, shift, limit, linked_run,
-            np.full(4, -7, dtype=np.int64))
-
-
 touch_kernel = kernel(example=_touch_example, twin=_touch_twin,
-                      inputs=_touch_inputs, calls=(_touch_known,))(_touch_loop)
+                      calls=(_touch_known,))(_touch_loop)
