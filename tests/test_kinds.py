@@ -127,3 +127,35 @@ def test_only_compressed_settles_by_compressing() -> None:
     assert settling == {GroupKind.COMPRESSED}
     assert RULES[GroupKind.COMPRESSED].settle_events == (Event.COMPRESS_BEGIN,
                                                          Event.COMPRESS_DONE)
+
+
+def test_a_sparse_index_row_holds_only_where_every_reference_does() -> None:
+    """The sparse-index rule: a row holds where each reference names an alive target at the
+    epoch it was indexed against, that target is the prompt's history block at its position
+    and is complete before the row; an unused slot holds only with epoch 0; a reference outside
+    the target group never holds."""
+    from kvfsm.kinds._sparse_index import NO_TARGET, references_hold
+
+    # History blocks of 64 tokens, index rows of 16: history block 0 is complete from row 3.
+    history = np.array([5, 6], dtype=np.int64)  # the prompt's history blocks by position
+    target_epoch = np.array([0, 0, 0, 0, 0, 2, 3], dtype=np.uint32)
+    target_position = np.array([-1, -1, -1, -1, -1, 0, 1], dtype=np.int32)
+    target_states = np.array([0, 0, 0, 0, 1, 1, 1], dtype=np.uint8)
+    hashed = np.array([False, True])
+    cases = {  # name: (targets, epochs, row, holds)
+        "current, complete": ([5, NO_TARGET], [2, 0], 3, True),
+        "target not complete yet": ([5, NO_TARGET], [2, 0], 2, False),
+        "stale epoch": ([5, NO_TARGET], [1, 0], 3, False),
+        "unused slot with an epoch": ([5, NO_TARGET], [2, 7], 3, False),
+        "another prompt's block": ([4, NO_TARGET], [0, 0], 3, False),
+        "dead target": ([0, NO_TARGET], [0, 0], 3, False),
+        "outside the group": ([99, NO_TARGET], [0, 0], 3, False),
+        "second block, later row": ([5, 6], [2, 3], 7, True),
+    }
+    for name, (targets, epochs, row, holds) in cases.items():
+        got = references_hold(np.array([targets], dtype=np.int32),
+                              np.array([epochs], dtype=np.uint32), np.array([row]),
+                              target_epoch=target_epoch, target_states=target_states,
+                              hashed=hashed, target_position=target_position,
+                              history_ids=history, target_size=64, own_size=16)
+        assert bool(got.fit[0]) is holds, name

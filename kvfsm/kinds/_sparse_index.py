@@ -1,15 +1,69 @@
 """Sparse routing index: every index block of the prefix, raw, with current references.
 
-Whether each block's references (target block, epoch) still hold is checked by the verdict's
-index check; the rule here is the full-attention one plus the reference width.
+An index block's row is usable only where each of its ``top_k`` references (target block,
+epoch) still holds: the target is alive (hashed), at the epoch it was indexed against, the
+history block of this prompt at its position, and complete before the index row (its query
+position) that points at it. An unused reference (:data:`NO_TARGET`, recorded with epoch 0)
+always holds; one outside the target group (corrupt metadata) never does.
+:func:`references_hold` states that rule over arrays: the reference the compiled group pass
+(``kvfsm/verify/_group_pass.py``) is tested against.
 """
 
 from __future__ import annotations
 
+from typing import Final, NamedTuple
+
 import numpy as np
+from numpy.typing import NDArray
 
 from kvfsm.kinds._rule import KindRule, Lengths, Needed
 from kvfsm.spec import GroupDecl, GroupKind
+
+#: A reference slot an index row does not use.
+NO_TARGET: Final = -1
+
+Bools = NDArray[np.bool_]
+
+
+class References(NamedTuple):
+    """What :func:`references_hold` found, per reference (``[rows, top_k]``) and per row."""
+
+    #: A real reference (not :data:`NO_TARGET`).
+    used: Bools
+    #: The target is the history block of this prompt at the target's position.
+    ours: Bools
+    #: The target's position in the prompt's history (0 where it has none).
+    at: NDArray[np.int64]
+    #: Per row: every reference holds.
+    fit: Bools
+
+
+def references_hold(targets: NDArray[np.int32], epochs: NDArray[np.uint32],
+                    rows: NDArray[np.int64], *, target_epoch: NDArray[np.uint32],
+                    target_states: NDArray[np.uint8], hashed: Bools,
+                    target_position: NDArray[np.int32],
+                    history_ids: NDArray[np.int64], target_size: int, own_size: int
+                    ) -> References:
+    """The rule, for the index rows at prompt rows ``rows`` with references ``targets`` /
+    ``epochs`` (``[rows, top_k]``) into a target group whose blocks have ``target_epoch``,
+    ``target_states`` (alive where ``hashed[state]``) and ``target_position``; it reads only
+    the targets named, never the whole group. ``history_ids`` are the prompt's
+    target blocks by position (-1 where missing), ``target_size`` / ``own_size`` the two
+    groups' block sizes in tokens."""
+    n_targets, n_history = target_epoch.size, history_ids.size
+    used = targets != NO_TARGET
+    in_range = (targets >= 0) & (targets < n_targets)
+    held = np.where(in_range, targets, 0)
+    at = target_position[held].astype(np.int64)
+    placed = in_range & (at >= 0) & (at < n_history)
+    at = np.where(placed, at, 0)
+    ours = placed & (history_ids[at] == held) if n_history else np.zeros_like(placed)
+    # The first index row whose query position comes after the target block's last token.
+    first_row = ((at + 1) * target_size + own_size - 1) // own_size - 1
+    good = ours & hashed[target_states[held]] & (target_epoch[held] == epochs) & \
+        (first_row <= rows[:, None])
+    bad = np.where(used, ~good, epochs != 0)
+    return References(used, ours, at, ~bad.any(axis=1))
 
 
 class SparseIndexRule(KindRule):

@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from kvfsm._errors import KvfsmError
 from kvfsm.fsm import INVALID, CompiledTable, EffectFn, GuardFn, Machine
 from kvfsm.kinds import rule_of
+from kvfsm.kinds._sparse_index import NO_TARGET as NO_TARGET  # the kind's, re-exported
 from kvfsm.memory import SlotPool
 from kvfsm.spec import Call, Event, GroupDecl, Layout, Row, Tier
 from kvfsm.spec._vocabulary import STORED_TIERS
@@ -32,8 +33,6 @@ from kvfsm.state._recency import NO_LIST, Clock, Recency
 from kvfsm.state._scratch import Scratch
 
 IdArray = NDArray[np.intp]
-#: ``refs_target`` value of an unused index entry.
-NO_TARGET: Final = -1
 #: ``check`` codes: what lookups learned of a block's bytes at its current epoch.
 UNCHECKED: Final = 0
 VERIFIED: Final = 1

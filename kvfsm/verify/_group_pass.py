@@ -39,6 +39,7 @@ from kvfsm._addressed import (
     views,
 )
 from kvfsm._jit import kernel, read_only
+from kvfsm.kinds._sparse_index import references_hold
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
     READ_AHEAD,
@@ -325,25 +326,16 @@ def _group_pass_twin(
     settled_ok[:] = True
     if has_index and n:
         history_ids, history_settled = _history_views(history, n_history, count, consts)
-        refs = refs_target[safe]
-        ref_epochs = refs_epoch[safe]
-        n_targets = target_epoch.size
-        used = refs != _NO_TARGET
-        in_range = (refs >= 0) & (refs < n_targets)
-        held = np.where(in_range, refs, 0)
-        at = target_position[held]
-        placed = in_range & (at >= 0) & (at < n_history)
-        at = np.where(placed, at, 0)
-        ours = placed & (history_ids[at] == held) if n_history else np.zeros_like(placed)
-        alive = hashed[target_states[held]]
-        first_row = ((at.astype(np.int64) + 1) * target_size + own_size - 1) // own_size - 1
-        rows = np.arange(n)[:, None]
-        good = ours & alive & (target_epoch[held] == ref_epochs) & (first_row <= rows)
-        bad = np.where(used, ~good, ref_epochs != 0)
-        fit[:] = ~bad.any(axis=1)
+        refs = references_hold(
+            refs_target[safe], refs_epoch[safe], np.arange(n, dtype=np.int64),
+            target_epoch=target_epoch, target_states=target_states, hashed=hashed,
+            target_position=target_position, history_ids=history_ids[:n_history],
+            target_size=int(target_size), own_size=int(own_size))
+        used, ours, at = refs.used, refs.ours, refs.at
+        fit[:] = refs.fit
         if not history_all_settled:
-            settled = ours & (history_settled[at] if n_history else np.zeros_like(placed))
-            settled_ok[:] = ~((used & ~settled) | (refs < _NO_TARGET)).any(axis=1)
+            settled = ours & (history_settled[at] if n_history else np.zeros_like(ours))
+            settled_ok[:] = ~((used & ~settled) | (refs_target[safe] < _NO_TARGET)).any(axis=1)
         fit &= found
         settled_ok[~found] = True
         sound &= fit
