@@ -136,6 +136,22 @@ class _Reject(Exception):
         self.message = message
 
 
+def _runs(record: Mapping[str, Any], what: str, last: str) -> list[tuple[list[Any], str]]:
+    """A record's ``runs``, each ``[group, first id, count, <last>]``, with where it sits (a
+    line with none, or a run of another shape, is malformed)."""
+    runs = _field(record, "runs", list, what)
+    if not runs:
+        raise _Reject("malformed", f"{what}: no runs")
+    out = []
+    for at, run in enumerate(runs):
+        where = f"{what} run {at}"
+        if not isinstance(run, list) or len(run) != 4 or not isinstance(run[0], str):
+            raise _Reject("malformed", f"{where}: {run!r} is not [group, first id, count, "
+                          f"{last}]")
+        out.append((run, where))
+    return out
+
+
 def _field(record: Mapping[str, Any], name: str, kind: type | tuple[type, ...],
            what: str) -> Any:
     if name not in record:
@@ -621,28 +637,14 @@ class _Replay:
     def lease_reads(self, record: Mapping[str, Any], what: str) -> None:
         """A lease's reads: per group, ``[group, first id, count, epoch]``, each checked as a
         read of its own (and counted as one)."""
-        runs = _field(record, "runs", list, what)
-        if not runs:
-            raise _Reject("malformed", f"{what}: no runs")
-        for at, run in enumerate(runs):
-            where = f"{what} run {at}"
-            if not isinstance(run, list) or len(run) != 4 or not isinstance(run[0], str):
-                raise _Reject("malformed", f"{where}: {run!r} is not [group, first id, count, "
-                              "epoch]")
+        for run, where in _runs(record, what, "epoch"):
             self.group(run[0], where).read_run(run, where)
             self.reads += 1
 
 
     def lease_pins(self, record: Mapping[str, Any], what: str) -> None:
         """A lease's pins: per group, ``[group, first id, count, delta]``."""
-        runs = _field(record, "runs", list, what)
-        if not runs:
-            raise _Reject("malformed", f"{what}: no runs")
-        for at, run in enumerate(runs):
-            where = f"{what} run {at}"
-            if not isinstance(run, list) or len(run) != 4 or not isinstance(run[0], str):
-                raise _Reject("malformed", f"{where}: {run!r} is not [group, first id, count, "
-                              "delta]")
+        for run, where in _runs(record, what, "delta"):
             self.group(run[0], where).pin_run(run, where)
             self.pins += 1
 
