@@ -243,13 +243,8 @@ class Engine:
             leases = self._leases
             if leases.next_expiry != NO_EXPIRY:  # reap's own first test, without its call
                 leases.reap()
-            if level.__class__ is Level and prompt.__class__ is Prompt and \
-                    prompt.checked_for is self._prompt_token and not kernel_layouts and \
-                    priority.__class__ is int and drop_last_block.__class__ is bool:
-                chosen = level  # as a scheduler passes them: what _lookup_args would return
-            else:
-                prompt, chosen, drop_last_block = self._lookup_args(
-                    prompt, level, priority, kernel_layouts, drop_last_block)
+            prompt, chosen, drop_last_block = self._lookup_args(
+                prompt, level, priority, kernel_layouts, drop_last_block)
             if not self.tiers:
                 return self._lookup(prompt, chosen, kernel_layouts, drop_last_block)
             self.restorer.poll()  # loads that finished since: their blocks are readable now

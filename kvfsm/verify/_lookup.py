@@ -12,7 +12,6 @@ import functools
 from collections.abc import Mapping
 from typing import Final
 
-import attrs
 import numpy as np
 from numpy.typing import NDArray
 
@@ -41,7 +40,6 @@ from kvfsm.verify._types import (
     KernelLayouts,
     LeaseSpans,
     Level,
-    Probe,
     Reason,
     RestoreStep,
     Shortfall,
@@ -173,14 +171,7 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
             checks.append(Checks(decl.name, *checked))
         found.append((decl.name, spans, evaluation._out, words, group.changes))
     every = tuple(made)
-    # Where every group holds at the same last candidates (each one's own, or none: the common
-    # case), those are the verdict's; else _common_lasts reads the rows.
-    lasts = made[0].largest
-    for e in made:
-        if e.largest != lasts:
-            lasts = _common_lasts(every)
-            break
-    hit_at, usable_at, after_at = lasts
+    hit_at, usable_at, after_at = _common_lasts(every)
     admitted = _admitted(core, every) if capped else True
     restorable_at = after_at if admitted is True else _largest(_and(every, AFTER) & admitted)
     reasons: list[Shortfall] = []
@@ -224,41 +215,8 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     # Usable at the last candidate with no plan past it: every group holds there, so its own
     # figures are the verdict's and it has no stop. Positional: the fields in declaration
     # order (cheaper than keywords on every lookup).
-    return _verdict(n_tokens, hit, usable, restorable, usable, level,
-                    held_to(layout.held_key, usable), tuple(reasons), (), tuple(checks), probe)
-
-
-_new_verdict = object.__new__
-
-
-def _verdict(prompt_tokens: int, hit_tokens: int, usable_tokens: int, restorable_tokens: int,
-             recompute_from: int, level: Level, groups: tuple[GroupVerdict, ...],
-             reasons: tuple[Shortfall, ...], plan: tuple[RestoreStep, ...],
-             checks: tuple[Checks, ...], probe: Probe) -> Verdict:
-    """``Verdict(...)`` of these fields, its ``__dict__`` written directly (as
-    :func:`~kvfsm.verify._explained.explained_later` does): attrs' frozen ``__init__`` first
-    fetches a setter it does not use, some 0.15 us of every lookup. The fields are checked
-    against the class's at import."""
-    made = _new_verdict(Verdict)
-    fields = made.__dict__
-    fields["prompt_tokens"] = prompt_tokens
-    fields["hit_tokens"] = hit_tokens
-    fields["usable_tokens"] = usable_tokens
-    fields["restorable_tokens"] = restorable_tokens
-    fields["recompute_from"] = recompute_from
-    fields["level"] = level
-    fields["groups"] = groups
-    fields["reasons"] = reasons
-    fields["plan"] = plan
-    fields["checks"] = checks
-    fields["probe"] = probe
-    return made
-
-
-if tuple(field.name for field in attrs.fields(Verdict)) != (
-        "prompt_tokens", "hit_tokens", "usable_tokens", "restorable_tokens", "recompute_from",
-        "level", "groups", "reasons", "plan", "checks", "probe"):
-    raise ImportError("Verdict's fields changed: _verdict writes the old ones")
+    return Verdict(n_tokens, hit, usable, restorable, usable, level,
+                   held_to(layout.held_key, usable), tuple(reasons), (), tuple(checks), probe)
 
 
 def _explain(every: tuple[GroupEval, ...], step: int, count: int, hit: int, final: int,
