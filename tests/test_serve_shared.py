@@ -21,15 +21,12 @@ since a Mooncake value lives in the segment of the client that put it.
 from __future__ import annotations
 
 import itertools
-import json
 import os
-import select
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,6 +38,7 @@ from kvfsm.spec import Tier
 from kvfsm.tiers import DiskTier, MooncakeMaster
 from kvfsm.tiers._servers import _die_with_parent
 from kvfsm.verify import Level
+from tests.line_worker import LineWorker
 from tests.serve_worker import DISK_BYTES, RESTORE_TIMEOUT_S, engine_for, mooncake_tier
 
 pytest.importorskip("transformers")
@@ -188,69 +186,26 @@ def test_a_restarted_engine_reuses_every_prefix_from_disk(models: dict[str, Any]
 # -- a second engine on the same Mooncake Store ---------------------------------------------------
 
 
-class Worker:
+class Worker(LineWorker):
     """Engine B: ``tests/serve_worker.py`` in a subprocess, ended by ``close()``."""
 
     def __init__(self, name: str, salt: str, disk: Path, address: str, prefix: str) -> None:
         disk.mkdir(parents=True, exist_ok=True)
-        self.log_path = disk.parent / f"worker-{name}.log"
-        self._log: IO[bytes] = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        self.process = subprocess.Popen(
+        super().__init__(
             [sys.executable, "-m", "tests.serve_worker", "--model", name, "--salt", salt,
              "--disk", str(disk), "--address", address, "--prefix", prefix],
-            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-            text=True, preexec_fn=_die_with_parent)
-        try:
-            ready = self._answer()
-            assert ready.get("ready") is True and ready.get("remote") is True, ready
-        except BaseException:
-            self.close()
-            raise
-
-    def _answer(self) -> dict[str, Any]:
-        stdout = self.process.stdout
-        assert stdout is not None
-        readable, _, _ = select.select([stdout], [], [], ANSWER_TIMEOUT_S)
-        line = stdout.readline() if readable else ""
-        if not line:
-            tail = self.log_path.read_text(errors="replace").splitlines()[-30:]
-            pytest.fail(f"engine B gave no answer (exit code {self.process.poll()}); its log "
-                        "ends with:\n" + "\n".join(tail))
-        answer: dict[str, Any] = json.loads(line)
-        return answer
+            disk.parent / f"worker-{name}.log", cwd=ROOT, env=env, timeout_s=ANSWER_TIMEOUT_S,
+            preexec_fn=_die_with_parent)
+        assert self.ready.get("ready") is True and self.ready.get("remote") is True, self.ready
 
     def serve(self, requests: Sequence[Request]) -> list[dict[str, Any]]:
-        stdin = self.process.stdin
-        assert stdin is not None
-        stdin.write(json.dumps({"op": "serve", "requests": [
-            [r.rid, list(r.tokens), r.max_new_tokens] for r in requests]}) + "\n")
-        stdin.flush()
-        answer = self._answer()
+        answer = self.ask(op="serve", requests=[
+            [r.rid, list(r.tokens), r.max_new_tokens] for r in requests])
         assert answer.get("invariants") == [], answer
         results: list[dict[str, Any]] = answer["results"]
         return results
-
-    def close(self) -> None:
-        process = self.process
-        try:
-            if process.poll() is None and process.stdin is not None:
-                try:
-                    process.stdin.write(json.dumps({"op": "exit"}) + "\n")
-                    process.stdin.close()
-                except OSError:
-                    pass
-                process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
-            self._log.close()
 
 
 @pytest.fixture(scope="module")

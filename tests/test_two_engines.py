@@ -15,16 +15,13 @@ is missing, except under ``CI=true``, where that fails).
 from __future__ import annotations
 
 import itertools
-import json
-import select
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import attrs
 import numpy as np
@@ -45,6 +42,7 @@ from kvfsm.tiers import (
 from kvfsm.tiers._servers import _die_with_parent
 from kvfsm.verify import Verdict
 from tests.engine_worker import GROUP, block_content, token_ids
+from tests.line_worker import LineWorker
 from tests.remote_servers import (
     Clock,
     start_mooncake_master,
@@ -129,49 +127,18 @@ def store(request: pytest.FixtureRequest) -> Store:
 # -- engine A, in its own process ------------------------------------------------------------------
 
 
-class Worker:
+class Worker(LineWorker):
     """``tests/engine_worker.py`` in a subprocess; always ended by ``close()`` (or the
     context manager), killed if it does not exit by itself."""
 
     def __init__(self, backend: str, address: str, workdir: Path) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
-        self.log_path = workdir / "worker.log"
-        self._log: IO[bytes] = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
-        self.process = subprocess.Popen(
+        super().__init__(
             [sys.executable, str(WORKER), "--backend", backend, "--address", address,
              "--disk", str(workdir / "disk"), "--segment-bytes", str(SEGMENT)],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-            text=True, preexec_fn=_die_with_parent)
-        try:
-            ready = self._answer()
-            assert ready.get("ready") is True, ready
-        except BaseException:
-            self.close()
-            raise
-
-    def _tail(self) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:])
-        except OSError:
-            return "(no log)"
-
-    def _answer(self) -> dict[str, Any]:
-        stdout = self.process.stdout
-        assert stdout is not None
-        readable, _, _ = select.select([stdout], [], [], ANSWER_TIMEOUT_S)
-        line = stdout.readline() if readable else ""
-        if not line:
-            pytest.fail(f"engine worker gave no answer (exit code {self.process.poll()}); "
-                        f"its log ends with:\n{self._tail()}")
-        answer: dict[str, Any] = json.loads(line)
-        return answer
-
-    def ask(self, **command: Any) -> dict[str, Any]:
-        stdin = self.process.stdin
-        assert stdin is not None
-        stdin.write(json.dumps(command) + "\n")
-        stdin.flush()
-        return self._answer()
+            workdir / "worker.log", cwd=ROOT, timeout_s=ANSWER_TIMEOUT_S,
+            preexec_fn=_die_with_parent)
+        assert self.ready.get("ready") is True, self.ready
 
     def spill(self, start: int, blocks: int = BLOCKS, seed: int = 1) -> dict[str, Any]:
         """A commits ``token_ids(start, blocks)`` and pushes it down to the remote tier."""
@@ -190,32 +157,6 @@ class Worker:
                 return done
             assert time.monotonic() < deadline, f"the store never took A's blocks: {done}"
             time.sleep(0.2)
-
-    def close(self) -> None:
-        process = self.process
-        try:
-            if process.poll() is None and process.stdin is not None:
-                try:
-                    process.stdin.write(json.dumps({"op": "exit"}) + "\n")
-                    process.stdin.close()
-                except OSError:
-                    pass
-                process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
-            self._log.close()
-
-    def __enter__(self) -> Worker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # -- engine B, here --------------------------------------------------------------------------------

@@ -54,23 +54,26 @@ import contextlib
 import gc
 import json
 import os
-import select
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
-import kvfsm
-from kvfsm import CoreConfig, Engine
-from kvfsm.spec import Tier
-from kvfsm.tiers import DiskTier, MooncakeMaster, MooncakeTier, StoredTier, TierError
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # this checkout's kvfsm and tests.line_worker
+
+import kvfsm  # noqa: E402
+from kvfsm import CoreConfig, Engine  # noqa: E402
+from kvfsm.spec import Tier  # noqa: E402
+from kvfsm.tiers import DiskTier, MooncakeMaster, MooncakeTier, StoredTier, TierError  # noqa: E402
+from tests.line_worker import LineWorker  # noqa: E402
 
 MODELS: Final = ("deepseek_v4", "qwen3_next", "gpt_oss")
 #: First-step logits of a reused prefix against recomputing (the serve tests' tolerance).
@@ -307,64 +310,24 @@ def worker_main(argv: Sequence[str]) -> int:
     return 0
 
 
-class Worker:
+class Worker(LineWorker):
     """The worker process, driven from here; ended by ``close()``."""
 
     def __init__(self, log_path: Path) -> None:
         root = Path(kvfsm.__file__).resolve().parents[1]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        self.log_path = log_path
-        self._log: IO[bytes] = open(log_path, "wb")  # noqa: SIM115 - closed in close()
-        self.process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker"], cwd=root, env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True)
-        try:
-            ready = self._answer()
-            if Path(ready["kvfsm"]).resolve() != Path(kvfsm.__file__).resolve().parent:
-                raise RuntimeError(f"the worker imported another kvfsm: {ready['kvfsm']}")
-        except BaseException:
+        super().__init__([sys.executable, str(Path(__file__).resolve()), "--worker"], log_path,
+                         cwd=root, env=env, timeout_s=ANSWER_TIMEOUT_S)
+        if Path(self.ready["kvfsm"]).resolve() != Path(kvfsm.__file__).resolve().parent:
             self.close()
-            raise
+            raise RuntimeError(f"the worker imported another kvfsm: {self.ready['kvfsm']}")
 
-    def _answer(self) -> dict[str, Any]:
-        stdout = self.process.stdout
-        assert stdout is not None
-        readable, _, _ = select.select([stdout], [], [], ANSWER_TIMEOUT_S)
-        line = stdout.readline() if readable else ""
-        if not line:
-            tail = self.log_path.read_text(errors="replace").splitlines()[-30:]
-            raise RuntimeError(f"the worker gave no answer (exit code {self.process.poll()}); "
-                               "its log ends with:\n" + "\n".join(tail))
-        answer: dict[str, Any] = json.loads(line)
+    def answer(self) -> dict[str, Any]:
+        answer = super().answer()
         if "error" in answer:
             raise RuntimeError(f"the worker: {answer['error']}")
         return answer
-
-    def ask(self, **command: Any) -> dict[str, Any]:
-        stdin = self.process.stdin
-        assert stdin is not None
-        stdin.write(json.dumps(command) + "\n")
-        stdin.flush()
-        return self._answer()
-
-    def close(self) -> None:
-        process = self.process
-        try:
-            if process.poll() is None and process.stdin is not None:
-                with contextlib.suppress(OSError):
-                    process.stdin.write(json.dumps({"op": "exit"}) + "\n")
-                    process.stdin.close()
-                process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
-            self._log.close()
 
 
 # -- engine A and the figures ----------------------------------------------------------------------
