@@ -653,15 +653,8 @@ class _Replay:
         """A lease's take: per group, ``[group, first id, count, epoch]``, a pin on each
         block, at that epoch; with ``read``, then a read of those blocks at those epochs. Kept
         open for the give-back naming ``seq``."""
-        runs = _field(record, "runs", list, what)
-        if not runs:
-            raise _Reject("malformed", f"{what}: no runs")
         taken = []
-        for at, run in enumerate(runs):
-            where = f"{what} run {at}"
-            if not isinstance(run, list) or len(run) != 4 or not isinstance(run[0], str):
-                raise _Reject("malformed", f"{where}: {run!r} is not [group, first id, count, "
-                              "epoch]")
+        for run, where in _runs(record, what, "epoch"):
             group = self.group(run[0], where)
             taken.append((group, group.take_run(run, where)))
             self.pins += 1
