@@ -434,59 +434,12 @@ def stored_pages(mirror: Any, tokens: Sequence[int], model: str = MODELS[0]) -> 
 
 
 def trusting_connector() -> type:
-    """A connector that claims every token whose full-attention blocks exist in the store and
-    loads whatever bytes are there, unchecked: what trusting existence admits."""
-    from kvfsm.integrations.vllm._connector import BlockLoad, KvfsmConnector
-    from kvfsm.serve._faults import _payload_of
+    """A connector that claims every token kvfsm's index holds blocks for and loads whatever
+    bytes are there, unchecked: what trusting existence admits (the real-forward tests' own,
+    :func:`tests.vllm_forward.trusting_connector`)."""
+    from tests.vllm_forward import trusting_connector as made
 
-    class TrustingConnector(KvfsmConnector):  # type: ignore[misc]
-        def get_num_new_matched_tokens(self, request: Any, num_computed: int
-                                       ) -> tuple[int, bool]:
-            mirror = self.kvfsm
-            verdict = mirror.engine.lookup(mirror.prompt_of(request), level=mirror.level)
-            end = verdict.groups[0].hit_tokens
-            if end <= num_computed:
-                return 0, False
-            self._trusted = {request.request_id: (num_computed, end)}
-            return end - num_computed, False
-
-        def update_state_after_alloc(self, request: Any, blocks: Any, count: int) -> None:
-            start, end = getattr(self, "_trusted", {}).get(request.request_id, (0, 0))
-            if count == 0 or end == 0:
-                return
-            ids = blocks.get_block_ids()
-            prompt = self.kvfsm.prompt_of(request)
-            for group in self.kvfsm.groups:
-                high, low = prompt.words(group.block_size)
-                found = self.kvfsm.engine.core.lookup_words(group.name, high, low)
-                size = group.block_size
-                wanted = [end // size - 1] if group.kind.value == "recurrent" else \
-                    range(start // size, end // size)
-                for index in wanted:
-                    if index < found.size and found[index] >= 0:
-                        self._loads.append(BlockLoad(request.request_id, group.index,
-                                                     group.name, int(found[index]),
-                                                     int(ids[group.index][index])))
-
-        def build_connector_meta(self, scheduler_output: Any) -> Any:
-            from kvfsm.integrations.vllm._connector import KvfsmConnectorMetadata
-
-            loads, self._loads = tuple(self._loads), []
-            return KvfsmConnectorMetadata(loads, self.kvfsm.take_saves())
-
-        def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-            import torch
-
-            for load in self._get_connector_metadata().loads:
-                data = _payload_of(self.kvfsm.engine, load.group, load.kvfsm_id)
-                if data is None:
-                    continue  # nothing there: the page keeps whatever it held
-                target = self._kv_caches[self.kvfsm.groups[load.group_index].layer_names[0]]
-                row = target[load.vllm_block]
-                n = min(row.numel(), data.size)
-                row[:n].copy_(torch.from_numpy(np.array(data[:n])))
-
-    return TrustingConnector
+    return made()
 
 
 def _apply(fault: str, engine: Any, prompt: Any) -> str:
