@@ -212,9 +212,8 @@ class Kernel:
     def entry(self, *args: Any) -> Callable[..., Any]:
         """The compiled version for exactly the types of ``args`` (compiled now if no version
         has them), called without numba's matching of argument types (some 35 ns an
-        argument): only for a call site whose arguments have those types by construction or
-        are checked to have them before each call (the lookup's first group pass,
-        ``GroupEval._pass``; the one-pass lease, ``LeaseArrays.take``). An argument of another
+        argument): only for a call site whose arguments are checked to have those types
+        before each call (the one-pass lease, ``LeaseArrays.take``). An argument of another
         dtype, layout or dimension would be read as the bound type, unchecked; every other
         call goes through :attr:`run`. The twin where numba fails to import."""
         dispatcher: Any = self._compiled_or_off()  # a numba Dispatcher

@@ -30,7 +30,6 @@ from kvfsm.verify._group_pass import (
     LARGEST_HIT,
     LARGEST_NOW,
     N_SCALARS,
-    N_SPAN_ROWS,
     NEEDS_CHECKSUMS,
     NOW,
     ONE_RUN_BLOCKS,
@@ -260,36 +259,20 @@ class GroupEval(PassOutput):
         # as the pass views them (numba matches each array argument's type on every call,
         # some 40 ns an array).
         fixed = statics.fixed
-        if fixed is not None and jit_settings.enabled and checked_ok is None:
-            # The first pass (most lookups' only one) calls the version compiled for the one
-            # type each argument has by construction, skipping numba's matching of fifteen
-            # types (~0.5 us): the prompt's words are checked where made
-            # (Prompt.words; GroupEval's constructor copies others to that type), ``fixed`` is
-            # these statics' own table, the history is _NO_HISTORY or another evaluation's
-            # ``_out``, made as ``out`` is here, the spans' rows are checked where made
-            # (Spans), no checks are given, and scalars are converted, not reinterpreted. A
-            # pass given checks computed here goes through numba's dispatcher (below).
-            entry = statics.entry
-            if entry is None:
-                entry = statics.entry = group_pass_fixed.entry(*_first_pass_types(fixed))
-            entry(high, low, fixed, history_out, n_history, _NO_CHECKED, spans.rows,
-                  spans.prefix_step, check_mode, False, self._has_index, all_settled,
-                  self._budget, self._capped, out)
+        use_checked_ok = checked_ok is not None
+        given = _NO_CHECKED if checked_ok is None else checked_ok
+        if fixed is not None and jit_settings.enabled:
+            # Every call through numba's dispatcher, which compiles a version for argument
+            # types it has not seen: none is read as another's.
+            group_pass_fixed.run(
+                high, low, fixed, history_out, n_history, given, spans.rows,
+                spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
+                self._budget, self._capped, out)
         else:
-            use_checked_ok = checked_ok is not None
-            given = _NO_CHECKED if checked_ok is None else checked_ok
-            if fixed is not None and jit_settings.enabled:
-                # Every call through numba's dispatcher, which compiles a version for argument
-                # types it has not seen: none is read as another's.
-                group_pass_fixed.run(
-                    high, low, fixed, history_out, n_history, given, spans.rows,
-                    spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
-                    self._budget, self._capped, out)
-            else:
-                group_pass.run(
-                    high, low, *statics.arrays, history_out, n_history, given, spans.rows,
-                    spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
-                    self._budget, self._capped, out)
+            group_pass.run(
+                high, low, *statics.arrays, history_out, n_history, given, spans.rows,
+                spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
+                self._budget, self._capped, out)
         scalars: list[int] = out[:N_SCALARS].tolist()
         total = scalars[RESTORES_TOTAL]
         if total and self._budget == BUDGET_UNKNOWN:
@@ -298,17 +281,6 @@ class GroupEval(PassOutput):
             if total > self._budget:
                 return self._pass(checked_ok, check_mode)  # again, filtered by the budget
         return scalars
-
-
-def _first_pass_types(fixed: NDArray[np.int64]) -> tuple[object, ...]:
-    """Arguments of the types a first pass over ``fixed`` is called with (see
-    :meth:`GroupEval._pass`): words as a prompt makes them, history and output as made here,
-    spans' rows as :class:`~kvfsm.verify._spans.Spans` makes them, no checks given."""
-    words = np.zeros(1, dtype=_WORD)
-    rows = np.zeros((N_SPAN_ROWS, 1), dtype=_INT64)
-    rows.setflags(write=False)
-    return (words, words.copy(), fixed, _NO_HISTORY, 0, _NO_CHECKED, rows, 0, CHECKS_RECORDED,
-            False, False, True, BUDGET_UNKNOWN, False, np.empty(1, _INT64))
 
 
 #: Makes an evaluation without its constructor's checks (a lookup fills it through

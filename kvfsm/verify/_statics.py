@@ -9,7 +9,6 @@ so a lookup hands the pass one address table instead of sixteen arrays.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -112,9 +111,6 @@ class Statics:
         #: sixteen): numba matches an ndarray subclass's type in Python, some 0.7 us a call,
         #: a plain array's in C.
         self.fixed = None if self.fixed_table is None else self.fixed_table.view(np.ndarray)
-        #: The compiled first pass over :attr:`fixed` for the argument types a lookup makes
-        #: (:meth:`~kvfsm.verify._group_eval.GroupEval._pass`; None until first needed).
-        self.entry: Callable[..., Any] | None = None
 
 
 #: A group's statics: by the ids of the reading layout and device profile (each entry holds
