@@ -29,7 +29,8 @@ from kvfsm.fsm import (
     compile_lifecycle,
     diagram,
 )
-from kvfsm.gates import GraphSignature, GroupSignature, Lease, SignatureError
+from kvfsm.gates import GraphSignature, GroupSignature, SignatureError
+from kvfsm.lookup import DeviceProfile, Lease, Level, Reason, Verdict
 from kvfsm.obs import EngineMetrics, EventLog
 from kvfsm.spec import (
     Event,
@@ -47,11 +48,11 @@ from kvfsm.state import (
     CoreConfig,
     InvariantViolation,
     PrefixHashes,
+    Prompt,
     StateCore,
     StateError,
     explore_core,
 )
-from kvfsm.verify import DeviceProfile, Level, Prompt, Reason, Verdict
 
 __version__ = "0.1.0"
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 import numpy as np
 
 from kvfsm._engine import Engine
+from kvfsm.lookup import Level
 from kvfsm.spec import Tier, shipped_models
-from kvfsm.state import CoreConfig
-from kvfsm.verify import Level, Prompt
+from kvfsm.state import CoreConfig, Prompt
 
 PROMPT_TOKENS = 1025
 

@@ -19,36 +19,35 @@ from kvfsm._errors import EngineClosed, KvfsmError, LeaseLost
 from kvfsm._jit import warm_up
 from kvfsm.fsm import INVALID
 from kvfsm.gates import (
-    DEFAULT_LEASE_TTL_S,
-    NO_EXPIRY,
     Action,
     AdmissionConfig,
     AdmissionGate,
     Decision,
     GraphRegistry,
     GraphSignature,
-    Lease,
-    LeaseBook,
-    check_ttl,
 )
-from kvfsm.obs import EngineMetrics, EventLog
-from kvfsm.restore import RestoreExecutor, RestoreTicket, StoreTimeouts
-from kvfsm.spec import Event, Lifecycle, ModelDecl, Tier, shipped_models
-from kvfsm.state import CoreConfig, StateCore
-from kvfsm.tiers import StoredTier
-from kvfsm.verify import (
+from kvfsm.lookup import (
+    DEFAULT_LEASE_TTL_S,
+    NO_EXPIRY,
     DeviceProfile,
     KernelLayouts,
+    Lease,
+    LeaseBook,
     Level,
-    Prompt,
     Reason,
     Shortfall,
     Verdict,
     as_level,
+    check_ttl,
     lookup,
 )
-from kvfsm.verify._lookup import check_kernel_layouts, lookup_checked
-from kvfsm.verify._lookup_layout import layout_of
+from kvfsm.lookup._lookup import check_kernel_layouts, lookup_checked
+from kvfsm.lookup._lookup_layout import layout_of
+from kvfsm.obs import EngineMetrics, EventLog
+from kvfsm.restore import RestoreExecutor, RestoreTicket, StoreTimeouts
+from kvfsm.spec import Event, Lifecycle, ModelDecl, Tier, shipped_models
+from kvfsm.state import CoreConfig, Prompt, StateCore
+from kvfsm.tiers import StoredTier
 
 _Args = ParamSpec("_Args")
 _Result = TypeVar("_Result")

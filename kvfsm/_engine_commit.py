@@ -12,8 +12,7 @@ from numpy.typing import ArrayLike, NDArray
 from kvfsm._engine_tiers import EngineTiers
 from kvfsm._errors import KvfsmError
 from kvfsm.spec import Event, Tier
-from kvfsm.state import FAILED, NO_TARGET, GroupState, StateCore, StateError
-from kvfsm.verify import Prompt
+from kvfsm.state import FAILED, NO_TARGET, GroupState, Prompt, StateCore, StateError
 
 #: Content for one group's blocks: ``(group, block indices) -> uint8 [k, payload_bytes]``.
 PayloadFn = Callable[[GroupState, NDArray[np.int64]], NDArray[np.uint8]]

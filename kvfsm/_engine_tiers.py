@@ -22,12 +22,12 @@ from numpy.typing import ArrayLike, NDArray
 
 from kvfsm._errors import KvfsmError
 from kvfsm.fsm import INVALID
+from kvfsm.lookup import Verdict
 from kvfsm.restore import RestoreExecutor, RestoreTicket, SpillJob
 from kvfsm.spec import Event, Tier
 from kvfsm.spec._vocabulary import STORED_TIERS
-from kvfsm.state import GroupState, StateCore
+from kvfsm.state import GroupState, Prompt, StateCore
 from kvfsm.tiers import BlockKey, StoredTier
-from kvfsm.verify import Prompt, Verdict
 
 IdArray = NDArray[np.intp]
 #: How often a wait for copies looks again at whether their tier still answers.

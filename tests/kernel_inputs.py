@@ -11,33 +11,7 @@ from numpy.typing import NDArray
 
 from kvfsm._jit import read_only
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
-from kvfsm.state._hashtable import (
-    EMPTY_SLOT,
-    SLOT_BLOCK,
-    SLOT_FINGERPRINT,
-    TOMBSTONE,
-    probe_twin,
-    slot_words,
-)
-from kvfsm.state._lease_pass import _outputs, _unpin_tables, lease_table
-from kvfsm.state._recency import random_lists, relink_loop
-from kvfsm.state._touch import (
-    ANSWER_COLUMNS,
-    FIXED_COLUMNS,
-    HI,
-    LO,
-    NO_PINNING,
-    ONE_BY_ONE,
-    ONE_RUN,
-    PINNED_AS,
-    RUN_COUNT,
-    RUN_FIRST,
-    RUNS,
-    TARGET,
-    no_linked_run,
-    run_chunks,
-)
-from kvfsm.verify._group_pass import (
+from kvfsm.lookup._group_pass import (
     _NO_TARGET,
     BUDGET_UNKNOWN,
     N_SCALARS,
@@ -47,6 +21,36 @@ from kvfsm.verify._group_pass import (
     out_offsets,
     out_views,
     pack_consts,
+)
+from kvfsm.lookup._lease_pass import (
+    ANSWER_COLUMNS,
+    FIXED_COLUMNS,
+    HI,
+    LO,
+    PINNED_AS,
+    TARGET,
+    _outputs,
+    _unpin_tables,
+    lease_table,
+)
+from kvfsm.state._hashtable import (
+    EMPTY_SLOT,
+    SLOT_BLOCK,
+    SLOT_FINGERPRINT,
+    TOMBSTONE,
+    probe_twin,
+    slot_words,
+)
+from kvfsm.state._recency import random_lists, relink_loop
+from kvfsm.state._touch import (
+    NO_PINNING,
+    ONE_BY_ONE,
+    ONE_RUN,
+    RUN_COUNT,
+    RUN_FIRST,
+    RUNS,
+    no_linked_run,
+    run_chunks,
 )
 
 Words = NDArray[np.uint64]
@@ -221,7 +225,7 @@ def take_snapshot_inputs(rng: np.random.Generator) -> tuple[object, ...]:
 
 
 def group_pass_fixed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """:func:`group_pass_inputs` as :func:`~kvfsm.verify._group_pass.group_pass_fixed` takes
+    """:func:`group_pass_inputs` as :func:`~kvfsm.lookup._group_pass.group_pass_fixed` takes
     them (the group's fixed arrays as one address table)."""
     return _fixed_args(group_pass_inputs(rng))
 

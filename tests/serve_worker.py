@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from kvfsm.lookup import Level
     from kvfsm.serve import declare, tiny_config, tiny_model
     from kvfsm.serve._loop import Request, serve
-    from kvfsm.verify import Level
 
     torch.set_num_threads(1)
     model = tiny_model(args.model, seed=0)

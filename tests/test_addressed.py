@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from kvfsm._addressed import ENTRY, AddressTable, address_table, array_at, register, unowned
 from kvfsm._jit import settings as jit
-from kvfsm.verify import Level, _statics
-from kvfsm.verify._group_pass import FIXED_KINDS, pack_fixed
-from tests.verify_models import DEEPSEEK, FOUR, GPT_OSS, PROMPTS, drive, engine
+from kvfsm.lookup import Level, _statics
+from kvfsm.lookup._group_pass import FIXED_KINDS, pack_fixed
+from tests.lookup_models import DEEPSEEK, FOUR, GPT_OSS, PROMPTS, drive, engine
 
 needs_numba = pytest.mark.skipif(not jit.available, reason="numba is not installed")
 
@@ -122,13 +122,13 @@ def test_a_lookup_through_address_tables_answers_as_one_through_the_arrays(
 
 def _core_lookup(eng: Any, prompt: Any, level: Level) -> Any:
     """The core's lookup (no checksums recorded, so both calls see the same core)."""
-    from kvfsm.verify import lookup
+    from kvfsm.lookup import lookup
     return lookup(eng.core, prompt, level=level)
 
 
 def _known_statics(eng: Any) -> list[dict[Any, Any]]:
     """The statics caches of the lookup's layout of ``eng``'s core."""
-    from kvfsm.verify._lookup_layout import layout_of
+    from kvfsm.lookup._lookup_layout import layout_of
     return [known_here for _, _, _, known_here in layout_of(eng.core).groups]
 
 

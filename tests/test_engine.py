@@ -14,6 +14,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kvfsm import Engine, ForeignPromptError, KvfsmError, StateCore, TokenError, VerifyPolicy
+from kvfsm.lookup import Level, Reason
 from kvfsm.spec import (
     Event,
     Form,
@@ -25,9 +26,8 @@ from kvfsm.spec import (
     shipped_lifecycles,
     shipped_models,
 )
-from kvfsm.state import NO_TARGET, CoreConfig, StateError
-from kvfsm.verify import Level, Prompt, Reason
-from tests.verify_models import (
+from kvfsm.state import NO_TARGET, CoreConfig, Prompt, StateError
+from tests.lookup_models import (
     DEEPSEEK,
     DENSE,
     FOUR,
@@ -655,7 +655,7 @@ def test_a_closed_engine_that_served_lookups_is_freed_once_dropped() -> None:
     import gc
     import weakref
 
-    from tests.verify_models import DENSE, engine, tokens
+    from tests.lookup_models import DENSE, engine, tokens
 
     def served() -> weakref.ref[object]:
         eng = engine(DENSE)

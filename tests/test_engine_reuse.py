@@ -19,11 +19,11 @@ import pytest
 from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, Engine, KvfsmError
+from kvfsm.lookup import Level
 from kvfsm.serve import corrupt_host_copy, flip_device_bytes, restore_in_flight
 from kvfsm.spec import Tier
-from kvfsm.state import GroupState
+from kvfsm.state import GroupState, Prompt
 from kvfsm.tiers import DiskTier
-from kvfsm.verify import Level, Prompt
 
 #: Generous waits: a test never depends on them passing quickly.
 WAIT = 30.0

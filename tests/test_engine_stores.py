@@ -21,12 +21,12 @@ import pytest
 from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, Engine
+from kvfsm.lookup import Reason
 from kvfsm.restore import StoreTimeouts
 from kvfsm.restore._health import TierHealth
 from kvfsm.spec import Tier
-from kvfsm.state import GroupState
+from kvfsm.state import GroupState, Prompt
 from kvfsm.tiers import BlockKey, DiskTier, LoadResult
-from kvfsm.verify import Prompt, Reason
 from tests.wrapped_tier import Wrapped
 
 GROUP = "attn"

@@ -28,8 +28,9 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, Engine, KvfsmError, shipped_models
+from kvfsm.lookup import Level
 from kvfsm.spec import Event, Layout, Tier
-from kvfsm.state import GroupState, StateError
+from kvfsm.state import GroupState, Prompt, StateError
 from kvfsm.tiers import (
     HEADER_BYTES,
     BlockKey,
@@ -44,7 +45,6 @@ from kvfsm.tiers import (
     model_digest,
 )
 from kvfsm.tiers import _disk as disk_module
-from kvfsm.verify import Level, Prompt
 from tests.wrapped_tier import Wrapped
 
 DENSE = shipped_models()["dense"]
@@ -949,7 +949,7 @@ def test_restoring_a_plan_with_disk_loads_makes_its_restorable_prefix_usable(
     loads on the engine's workers), makes exactly its ``restorable_tokens`` usable: never
     more, never less, never less than was usable before (nothing is corrupted here, so no
     copy may fail its check); the invariants hold."""
-    from tests.verify_models import DEEPSEEK, DENSE, GPT_OSS, PROMPTS, QWEN, drive
+    from tests.lookup_models import DEEPSEEK, DENSE, GPT_OSS, PROMPTS, QWEN, drive
 
     decl = {"dense": DENSE, "gpt_oss": GPT_OSS, "qwen": QWEN, "deepseek": DEEPSEEK}[name]
     store = DiskTier(tmp_path_factory.mktemp("plan") / "d", capacity_bytes=1 << 26)

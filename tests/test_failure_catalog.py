@@ -30,8 +30,9 @@ from kvfsm import (
     shipped_models,
 )
 from kvfsm.gates import GraphSignature
+from kvfsm.lookup import Reason, Verdict
 from kvfsm.spec import Event, Layout, Tier
-from kvfsm.state import GroupState
+from kvfsm.state import GroupState, Prompt
 from kvfsm.tiers import (
     BlockKey,
     DiskTier,
@@ -42,8 +43,7 @@ from kvfsm.tiers import (
     layout_hash,
     model_digest,
 )
-from kvfsm.verify import Prompt, Reason, Verdict
-from tests.verify_models import DEEPSEEK, DENSE, GPT_OSS, QWEN, block_id, engine, tokens
+from tests.lookup_models import DEEPSEEK, DENSE, GPT_OSS, QWEN, block_id, engine, tokens
 from tests.wrapped_tier import Wrapped
 
 #: Tokens per block of the test models' full-attention, window and index groups.

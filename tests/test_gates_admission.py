@@ -17,7 +17,7 @@ from kvfsm.gates import Action, AdmissionConfig, AdmissionGate
 from kvfsm.spec import Event, Tier
 from kvfsm.state import CoreConfig, RestoreBudget
 from kvfsm.tiers import DiskTier
-from tests.verify_models import DENSE, GPT_OSS, QWEN, TWO_SIZES, block_id, tokens
+from tests.lookup_models import DENSE, GPT_OSS, QWEN, TWO_SIZES, block_id, tokens
 
 PROMPT_TOKENS = 321
 

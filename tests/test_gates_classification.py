@@ -4,7 +4,7 @@ A block is only ever used as what its lifecycle state says it is. The compiled t
 (``kvfsm/fsm/_compiled.py``) gives each state a ``form`` (raw, compressed or none), a
 ``residency`` (the tier of the authoritative content), ``complete``/``partial`` content,
 ``in_flight``, ``restoring``/``loading`` (content coming in) and ``readable``; the restore paths
-(``kvfsm/verify/_paths.py``) are derived from it. Four properties, each checked three ways: on
+(``kvfsm/lookup/_paths.py``) are derived from it. Four properties, each checked three ways: on
 the tables of every shipped lifecycle, every state exhaustively; on verdicts of randomized cores
 (Hypothesis); and on a corrupted copy of a table or a hand-written wrong path, which the same
 checker must report (so no property holds vacuously).
@@ -46,20 +46,12 @@ from hypothesis import strategies as st
 
 from kvfsm import KvfsmError
 from kvfsm.fsm import FORM_CODE, FORM_COMPRESSED, FORM_RAW, INVALID, CompiledTable
+from kvfsm.lookup import Level, RestorePaths, Verdict, lookup, restore_paths
+from kvfsm.lookup._paths import READABLE_COMPRESSED, READABLE_RAW
 from kvfsm.spec import Content, Event, Form, GroupKind, Lifecycle, ModelDecl, Row, StateDef, Tier
 from kvfsm.spec._vocabulary import DISCOVER_EVENT
-from kvfsm.state import CoreConfig, StateCore, StateError
-from kvfsm.verify import (
-    Level,
-    Prompt,
-    RestorePaths,
-    Verdict,
-    lookup,
-    restore_paths,
-)
-from kvfsm.verify._paths import READABLE_COMPRESSED, READABLE_RAW
-from tests.strategies import shipped, shortest_paths, table_of
-from tests.verify_models import (
+from kvfsm.state import CoreConfig, Prompt, StateCore, StateError
+from tests.lookup_models import (
     DEEPSEEK,
     FOUR,
     GPT_OSS,
@@ -73,6 +65,7 @@ from tests.verify_models import (
     model,
     tokens,
 )
+from tests.strategies import shipped, shortest_paths, table_of
 
 LIFECYCLES = sorted(shipped())
 FORMS = (Form.RAW, Form.COMPRESSED)
@@ -553,7 +546,7 @@ def test_a_verdict_with_a_hand_written_plan_is_reported(monkeypatch: pytest.Monk
     def wrong(table: CompiledTable) -> RestorePaths:
         return _HandWritten(table, "host", Form.RAW, (Event.RESTORE_BEGIN,))
 
-    monkeypatch.setattr("kvfsm.verify._statics.restore_paths", wrong)
+    monkeypatch.setattr("kvfsm.lookup._statics.restore_paths", wrong)
     # A fresh engine: restore paths follow from the table alone, so an engine that looked up
     # before keeps the paths it derived then.
     eng, prompt = _spilled_dense()

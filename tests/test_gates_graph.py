@@ -11,9 +11,9 @@ import pytest
 
 from kvfsm import Engine, KvfsmError
 from kvfsm.gates import GraphSignature, GraphVerdict, SignatureError
+from kvfsm.lookup import Reason, Verdict
 from kvfsm.spec import Layout, Tier
-from kvfsm.verify import Reason, Verdict
-from tests.verify_models import DEEPSEEK, DENSE, block_id, engine, tokens
+from tests.lookup_models import DEEPSEEK, DENSE, block_id, engine, tokens
 
 TEXT = tokens(161)  # 10 complete blocks of 16 on the dense model; 160 tokens usable
 OTHER_LAYOUT = Layout(("token", "block", "dim"), alignment=256, padding=0)

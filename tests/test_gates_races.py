@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 from kvfsm import CoreConfig, Engine, KvfsmError, LeaseLost, Prompt, shipped_models
 from kvfsm.spec import Event, Tier
 from kvfsm.state import GroupState, StateError
-from tests.verify_models import tokens
+from tests.lookup_models import tokens
 
 #: Readers' iterations each (an env knob for longer runs).
 ITERATIONS = int(os.environ.get("KVFSM_RACE_ITERATIONS",

@@ -19,20 +19,20 @@ from hypothesis import strategies as st
 
 # Imported for their kernels: each registers itself in _KERNELS.
 import kvfsm
+import kvfsm.lookup._group_pass
+import kvfsm.lookup._lease_pass
+import kvfsm.lookup._lease_pins
+import kvfsm.lookup._snapshot
 import kvfsm.state._hashtable
-import kvfsm.state._lease_pass
-import kvfsm.state._lease_pins
 import kvfsm.state._touch
-import kvfsm.verify._group_pass
-import kvfsm.verify._snapshot
 from kvfsm._addressed import AddressTable
 from kvfsm._jit import _KERNELS, Kernel, warm_up
 from kvfsm._jit import settings as jit
+from kvfsm.lookup import Level
+from kvfsm.lookup._lease_pins import take_unchanged, unpin_unmoved
 from kvfsm.spec._shipped import shipped_specs_dir
-from kvfsm.state._lease_pins import take_unchanged, unpin_unmoved
-from kvfsm.verify import Level
 from tests import kernel_inputs
-from tests.verify_models import DEEPSEEK, FOUR, GPT_OSS, PROMPTS, drive, engine
+from tests.lookup_models import DEEPSEEK, FOUR, GPT_OSS, PROMPTS, drive, engine
 
 # The hash kernel's plain-Python runs wrap uint64 arithmetic on purpose (the hash is defined
 # modulo 2**64); NumPy warns about each wrap.
@@ -44,9 +44,9 @@ needs_numba = pytest.mark.skipif(not jit.available, reason="numba is not install
 #: Every kernel of the lookup path; each must give random inputs for the differential test.
 LOOKUP_KERNELS = {
     kvfsm.state._hashtable.probe_kernel,
-    kvfsm.verify._group_pass.group_pass,
-    kvfsm.verify._group_pass.group_pass_fixed,
-    kvfsm.verify._snapshot.take_snapshot,
+    kvfsm.lookup._group_pass.group_pass,
+    kvfsm.lookup._group_pass.group_pass_fixed,
+    kvfsm.lookup._snapshot.take_snapshot,
 }
 
 
@@ -259,15 +259,15 @@ def _arrays_of(args: tuple[Any, ...]) -> list[Any]:
 INPUTS: dict[Kernel, Callable[[np.random.Generator], tuple[object, ...]]] = {
     **{each: each.inputs for each in _KERNELS if each.inputs is not None},
     kvfsm.state._hashtable.probe_kernel: kernel_inputs.probe_inputs,
-    kvfsm.verify._group_pass.group_pass: kernel_inputs.group_pass_inputs,
-    kvfsm.verify._group_pass.group_pass_fixed: kernel_inputs.group_pass_fixed_inputs,
-    kvfsm.verify._snapshot.take_snapshot: kernel_inputs.take_snapshot_inputs,
+    kvfsm.lookup._group_pass.group_pass: kernel_inputs.group_pass_inputs,
+    kvfsm.lookup._group_pass.group_pass_fixed: kernel_inputs.group_pass_fixed_inputs,
+    kvfsm.lookup._snapshot.take_snapshot: kernel_inputs.take_snapshot_inputs,
     kvfsm.state._touch.touch_kernel: kernel_inputs.touch_kernel_inputs,
-    kvfsm.state._lease_pins.first_unusable_kernel: kernel_inputs.unusable_inputs,
-    kvfsm.state._lease_pins.first_moved_kernel: kernel_inputs.moved_inputs,
-    kvfsm.state._lease_pins.unpin_kernel: kernel_inputs.pins_inputs,
-    kvfsm.state._lease_pass.take_probed_kernel: kernel_inputs.take_probed_inputs,
-    kvfsm.state._lease_pass.unpin_probed_kernel: kernel_inputs.unpin_probed_inputs,
+    kvfsm.lookup._lease_pins.first_unusable_kernel: kernel_inputs.unusable_inputs,
+    kvfsm.lookup._lease_pins.first_moved_kernel: kernel_inputs.moved_inputs,
+    kvfsm.lookup._lease_pins.unpin_kernel: kernel_inputs.pins_inputs,
+    kvfsm.lookup._lease_pass.take_probed_kernel: kernel_inputs.take_probed_inputs,
+    kvfsm.lookup._lease_pass.unpin_probed_kernel: kernel_inputs.unpin_probed_inputs,
 }
 
 

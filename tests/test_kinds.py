@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvfsm.kinds import RULES, rule_of
+from kvfsm.lookup._spans import Spans, usable_at
 from kvfsm.spec import Event, GroupDecl, GroupKind, Layout
-from kvfsm.verify._spans import Spans, usable_at
 
 LAYOUT = Layout(("block", "token", "dim"), 256, 0)
 

@@ -6,11 +6,11 @@ import kvfsm
 import kvfsm.fsm
 import kvfsm.gates
 import kvfsm.kinds
+import kvfsm.lookup
 import kvfsm.memory
 import kvfsm.obs
 import kvfsm.spec
 import kvfsm.state
-import kvfsm.verify
 
 EXPECTED = {
     "BindingError",
@@ -53,7 +53,7 @@ def test_top_level_surface() -> None:
 
 
 def test_subpackages_export_what_they_list() -> None:
-    for module in (kvfsm.fsm, kvfsm.spec, kvfsm.state, kvfsm.memory, kvfsm.verify, kvfsm.kinds,
+    for module in (kvfsm.fsm, kvfsm.spec, kvfsm.state, kvfsm.memory, kvfsm.lookup, kvfsm.kinds,
                    kvfsm.gates, kvfsm.obs):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"

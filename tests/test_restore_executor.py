@@ -17,12 +17,12 @@ import xxhash
 from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, KvfsmError, StateCore, shipped_models
+from kvfsm.lookup import RestoreStep
 from kvfsm.restore import RestoreExecutor
 from kvfsm.restore._executor import CHUNK_BLOCKS
 from kvfsm.spec import Event, Tier
 from kvfsm.state import StateError
 from kvfsm.tiers import BlockKey, DiskTier, LoadResult, LoadStatus, StoredTier
-from kvfsm.verify import RestoreStep
 
 DENSE = shipped_models()["dense"]
 GROUP = "attn"

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from kvfsm import Engine, KvfsmError, shipped_models
+from kvfsm.lookup import Reason
 from kvfsm.serve import declare, tiny_config
 from kvfsm.serve._adapter import CacheAdapter, CacheAdapterError
 from kvfsm.spec import Event, Form
 from kvfsm.state import CoreConfig
-from kvfsm.verify import Reason
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from kvfsm import Engine
+from kvfsm.lookup import Level
 from kvfsm.serve import _faults as faults
 from kvfsm.serve import _stores as stores
 from kvfsm.serve import declare, tiny_model
@@ -33,7 +34,6 @@ from kvfsm.serve._demo import stored_tiers_of
 from kvfsm.serve._loop import Request, serve
 from kvfsm.spec import GroupKind, ModelDecl, Tier
 from kvfsm.state import CoreConfig
-from kvfsm.verify import Level
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -12,12 +12,12 @@ import pytest
 from numpy.typing import NDArray
 
 from kvfsm import Engine, KvfsmError
+from kvfsm.lookup import Level, Reason
 from kvfsm.serve import _faults as faults
 from kvfsm.serve import declare
 from kvfsm.serve._loop import Request, Result, intact_tokens, restore_plan, serve
 from kvfsm.spec import Event, Tier
 from kvfsm.state import CoreConfig, GroupState
-from kvfsm.verify import Level, Reason
 from tests.chat_prompts import chat_prompts
 
 pytest.importorskip("transformers")

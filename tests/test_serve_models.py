@@ -23,13 +23,13 @@ import pytest
 from numpy.typing import NDArray
 
 from kvfsm import Engine
+from kvfsm.lookup import Level, Reason
 from kvfsm.serve import _faults as faults
 from kvfsm.serve import declaration_toml, declare, tiny_config, tiny_model
 from kvfsm.serve._adapter import CacheAdapter, CacheAdapterError
 from kvfsm.serve._loop import Request, Result, restore_plan, serve
 from kvfsm.spec import Event, parse_model
 from kvfsm.state import CoreConfig, GroupState
-from kvfsm.verify import Level, Reason
 from tests.chat_prompts import chat_prompts
 
 pytest.importorskip("transformers")

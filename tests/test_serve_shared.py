@@ -32,12 +32,12 @@ import numpy as np
 import pytest
 
 from kvfsm import Engine
+from kvfsm.lookup import Level
 from kvfsm.serve import declare, tiny_config, tiny_model
 from kvfsm.serve._loop import Request, Result, serve
 from kvfsm.spec import Tier
 from kvfsm.tiers import DiskTier, MooncakeMaster
 from kvfsm.tiers._servers import _die_with_parent
-from kvfsm.verify import Level
 from tests.line_worker import LineWorker
 from tests.serve_worker import DISK_BYTES, RESTORE_TIMEOUT_S, engine_for, mooncake_tier
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from kvfsm import Engine, KvfsmError
+from kvfsm.lookup import Level
 from kvfsm.serve import _faults as faults
 from kvfsm.serve import _stores as stores
 from kvfsm.serve import declare
@@ -25,7 +26,6 @@ from kvfsm.serve._loop import Request, Result, hit_bytes, serve
 from kvfsm.spec import Tier
 from kvfsm.state import CoreConfig
 from kvfsm.tiers import DiskTier, LoadStatus
-from kvfsm.verify import Level
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

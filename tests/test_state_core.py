@@ -23,7 +23,7 @@ from kvfsm.state import (
     StateError,
     join_words,
 )
-from tests.verify_models import DEEPSEEK, DENSE, GPT_OSS
+from tests.lookup_models import DEEPSEEK, DENSE, GPT_OSS
 
 Snapshot = dict[str, dict[str, Any]]
 
@@ -680,7 +680,7 @@ def test_pins_never_wrap() -> None:
 
 
 def test_an_index_pin_that_would_wrap_its_target_changes_nothing() -> None:
-    from tests.verify_models import engine, tokens
+    from tests.lookup_models import engine, tokens
 
     eng = engine(DEEPSEEK)
     text = tokens(321)
@@ -709,7 +709,7 @@ def test_metadata_is_read_only_outside_the_core() -> None:
 def test_evicting_a_target_walks_only_its_own_references() -> None:
     """Finding the index rows that point at an evicted history block costs the references to
     it, not the index pool (it scanned every reference before)."""
-    from tests.verify_models import engine, tokens
+    from tests.lookup_models import engine, tokens
 
     eng = engine(DEEPSEEK, device=400, host=0)
     for seed in range(8):

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvfsm import KvfsmError
-from kvfsm.state import HASH_FUNCTIONS, PrefixHashes, hash_seed
+from kvfsm.state import HASH_FUNCTIONS, PrefixHashes, Prompt, hash_seed
 from kvfsm.state._request_keys import (
     content_keys_of,
     keyed_blocks,
@@ -19,7 +19,6 @@ from kvfsm.state._request_keys import (
     namespace_of,
     namespace_root,
 )
-from kvfsm.verify import Prompt
 
 SEED = hash_seed("m", 1)
 TOKENS = list(range(500, 500 + 8 * 16 + 3))

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvfsm.state._lease_pins import unpin_kernel
+from kvfsm.lookup._lease_pins import unpin_kernel
 from kvfsm.state._recency import Recency
 from kvfsm.state._touch import (
     NO_PINNING,

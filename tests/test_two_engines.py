@@ -29,6 +29,7 @@ import pytest
 import xxhash
 
 from kvfsm import CoreConfig, Engine
+from kvfsm.lookup import Verdict
 from kvfsm.restore import GroupOutcome
 from kvfsm.spec import Layout, ModelDecl, shipped_models
 from kvfsm.state import GroupState
@@ -40,7 +41,6 @@ from kvfsm.tiers import (
     StoredTier,
 )
 from kvfsm.tiers._servers import _die_with_parent
-from kvfsm.verify import Verdict
 from tests.engine_worker import GROUP, block_content, token_ids
 from tests.line_worker import LineWorker
 from tests.remote_servers import (

@@ -31,8 +31,7 @@ import numpy as np
 from kvfsm._jit import settings as jit
 from kvfsm._jit import warm_up
 from kvfsm._tokens import as_token_ids
-from kvfsm.state import hash_seed
-from kvfsm.verify import Prompt
+from kvfsm.state import Prompt, hash_seed
 
 #: Block sizes hashed together (the deepseek_v4_like model's), and vLLM's default block size.
 BLOCK_SIZES = (16, 64)

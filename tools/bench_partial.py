@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_bench import kvfsm_model, pool_blocks
 
 from kvfsm import CoreConfig, Engine
+from kvfsm.lookup import Level
 from kvfsm.obs import EngineMetrics
-from kvfsm.verify import Level
 
 #: Timed rounds per figure.
 ROUNDS = 7

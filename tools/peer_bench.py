@@ -62,9 +62,9 @@ from numpy.typing import NDArray
 
 from kvfsm import Engine
 from kvfsm._jit import settings as jit
+from kvfsm.lookup import Level, lookup
 from kvfsm.spec import ModelDecl, parse_model
 from kvfsm.state import CoreConfig
-from kvfsm.verify import Level, lookup
 
 #: Tokens per block (kvfsm, vLLM) and per page (SGLang).
 BLOCK_TOKENS = 16

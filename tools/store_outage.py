@@ -73,7 +73,7 @@ from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, Engine, shipped_models
 from kvfsm.spec import Tier
-from kvfsm.state import GroupState
+from kvfsm.state import GroupState, Prompt
 from kvfsm.tiers import (
     DiskTier,
     MooncakeMaster,
@@ -82,7 +82,6 @@ from kvfsm.tiers import (
     RedisTier,
     StoredTier,
 )
-from kvfsm.verify import Prompt
 from tools.blackhole import MODES, BlackHoleProcess
 
 #: The issue's targets: ratios to the normal phase, seconds after the store's return.

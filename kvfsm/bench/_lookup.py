@@ -16,10 +16,10 @@ from kvfsm._errors import KvfsmError
 from kvfsm._jit import settings as jit
 from kvfsm.bench._pools import bench_pool_sizes, check_pool_sizes
 from kvfsm.bench._timing import Progress, ProgressFn, median_seconds
+from kvfsm.lookup import Level, lookup
 from kvfsm.obs import EngineMetrics, EventLog
 from kvfsm.spec import ModelDecl, shipped_models
-from kvfsm.state import CoreConfig
-from kvfsm.verify import Level, Prompt, lookup
+from kvfsm.state import CoreConfig, Prompt
 
 #: Prompt lengths of the ``lengths`` table: the short prompts most requests have up to the
 #: longest contexts served.

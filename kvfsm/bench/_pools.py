@@ -25,9 +25,9 @@ from numpy.typing import NDArray
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
 from kvfsm.bench._timing import Progress, ProgressFn
+from kvfsm.lookup import Level, lookup
 from kvfsm.spec import Event, shipped_models
-from kvfsm.state import CoreConfig
-from kvfsm.verify import Level, Prompt, lookup
+from kvfsm.state import CoreConfig, Prompt
 
 #: The model the bench runs (every kind of the DeepSeek-style stack: history, window, index).
 MODEL = "deepseek_v4_like"

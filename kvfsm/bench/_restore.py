@@ -43,11 +43,11 @@ from numpy.typing import NDArray
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
 from kvfsm.bench._timing import Progress, ProgressFn
+from kvfsm.lookup import Verdict
 from kvfsm.restore import GroupOutcome, RestoreTicket
 from kvfsm.spec import Event, ModelDecl, Tier, parse_model
-from kvfsm.state import CoreConfig
+from kvfsm.state import CoreConfig, Prompt
 from kvfsm.tiers import HEADER_BYTES, DiskTier, LoadResult, StoredTier, TierError
-from kvfsm.verify import Prompt, Verdict
 
 #: The bench model's only group, and the tokens one block covers.
 GROUP = "attn"

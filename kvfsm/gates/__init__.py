@@ -1,4 +1,5 @@
-"""Gates between a verdict and the kernel's read: what must still hold when the bytes are used."""
+"""Gates between a verdict and the kernel's read: admission (reuse, wait or recompute) and the
+compiled graph's signature (the layouts the kernel was captured with)."""
 
 from kvfsm.gates._admission import Action, AdmissionConfig, AdmissionGate, Decision
 from kvfsm.gates._graph import (
@@ -9,12 +10,8 @@ from kvfsm.gates._graph import (
     SignatureError,
     check_graph,
 )
-from kvfsm.gates._lease import DEFAULT_LEASE_TTL_S, Lease
-from kvfsm.gates._lease_book import NO_EXPIRY, LeaseBook, check_ttl
 
 __all__ = [
-    "DEFAULT_LEASE_TTL_S",
-    "NO_EXPIRY",
     "Action",
     "AdmissionConfig",
     "AdmissionGate",
@@ -23,9 +20,6 @@ __all__ = [
     "GraphSignature",
     "GraphVerdict",
     "GroupSignature",
-    "Lease",
-    "LeaseBook",
     "SignatureError",
     "check_graph",
-    "check_ttl",
 ]

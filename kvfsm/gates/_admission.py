@@ -23,9 +23,9 @@ from collections.abc import Mapping
 import attrs
 
 from kvfsm._errors import KvfsmError
+from kvfsm.lookup import Verdict
 from kvfsm.spec import Event, Tier
 from kvfsm.state import StateCore
-from kvfsm.verify import Verdict
 
 
 def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:

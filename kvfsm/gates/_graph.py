@@ -23,12 +23,12 @@ from numpy.typing import NDArray
 from kvfsm._errors import KvfsmError
 from kvfsm._reasons import Reason
 from kvfsm.fsm import INVALID
+from kvfsm.lookup import RestoreStep, Shortfall, Verdict
+from kvfsm.lookup._why import MAX_LISTED
 from kvfsm.spec import Layout, Tier
 from kvfsm.spec._models import DTYPES
 from kvfsm.spec._vocabulary import STORED_TIERS
-from kvfsm.state import GroupState, StateCore
-from kvfsm.verify import Prompt, RestoreStep, Shortfall, Verdict
-from kvfsm.verify._why import MAX_LISTED
+from kvfsm.state import GroupState, Prompt, StateCore
 
 #: What every graph mismatch tells the caller to do instead of replaying.
 INSTEAD = "eager only, or re-plan"

@@ -6,7 +6,7 @@ history block of this prompt at its position, and complete before the index row 
 position) that points at it. An unused reference (:data:`NO_TARGET`, recorded with epoch 0)
 always holds; one outside the target group (corrupt metadata) never does.
 :func:`references_hold` states that rule over arrays: the reference the compiled group pass
-(``kvfsm/verify/_group_pass.py``) is tested against.
+(``kvfsm/lookup/_group_pass.py``) is tested against.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 from kvfsm._errors import KvfsmError
 from kvfsm._jit import kernel
 from kvfsm.fsm import CompiledTable
+from kvfsm.lookup._lease_pass import FIRST_EPOCH, FIRST_ID, HI, LO
 from kvfsm.obs._read_lines import (
     GIVE_BACK,
     GIVE_BACK_LINE,
@@ -61,7 +62,6 @@ from kvfsm.obs._read_lines import (
 from kvfsm.spec import Event
 from kvfsm.spec._vocabulary import POOLED_TIERS
 from kvfsm.state import GroupState, StateCore
-from kvfsm.state._touch import FIRST_EPOCH, FIRST_ID, HI, LO
 
 #: What the header's ``format`` says, and the version of the line layout below it.
 FORMAT: Final = "kvfsm-eventlog"

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvfsm.verify import Verdict
+    from kvfsm.lookup import Verdict
 
 
 class LookupTallies:
@@ -39,7 +39,7 @@ class LookupTallies:
         # prometheus-client is optional: imported where an EngineMetrics is made.
         from prometheus_client.core import CounterMetricFamily
 
-        from kvfsm.verify import Level, Reason
+        from kvfsm.lookup import Level, Reason
 
         self._family = CounterMetricFamily
         self.namespace = namespace

@@ -23,7 +23,7 @@ from kvfsm.spec import Event, GroupKind, Tier
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from kvfsm.verify import Verdict
+    from kvfsm.lookup import Verdict
 
 #: Upper bounds (seconds) of the restore latency histogram: a host copy takes well under a
 #: millisecond, a remote fetch of a long prefix seconds.

@@ -34,12 +34,12 @@ from numpy.typing import NDArray
 from kvfsm import _args
 from kvfsm._errors import KvfsmError
 from kvfsm.fsm import INVALID
+from kvfsm.lookup import RestoreStep
 from kvfsm.restore._health import StoreTimeouts, TierHealth
 from kvfsm.restore._keys import KeyFields, KeyMaker
 from kvfsm.spec import Event, Tier
 from kvfsm.state import StateCore
 from kvfsm.tiers import BlockKey, LoadResult, LoadStatus, StoredTier
-from kvfsm.verify import RestoreStep
 
 IdArray = NDArray[np.intp]
 _T = TypeVar("_T")

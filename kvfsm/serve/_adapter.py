@@ -90,10 +90,10 @@ from numpy.typing import ArrayLike, NDArray
 from kvfsm import _args
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
+from kvfsm.lookup import Level, Verdict
 from kvfsm.serve._declare import layer_types as declared_layer_types
 from kvfsm.spec import Form, GroupDecl, GroupKind
-from kvfsm.state import GroupState
-from kvfsm.verify import Level, Prompt, Verdict
+from kvfsm.state import GroupState, Prompt
 
 if TYPE_CHECKING:
     from transformers import DynamicCache

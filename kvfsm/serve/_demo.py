@@ -36,6 +36,7 @@ import attrs
 from kvfsm import _args
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
+from kvfsm.lookup import Level
 from kvfsm.obs import EngineMetrics, EventLog, ReplayResult, replay
 from kvfsm.serve._adapter import CacheAdapter, CacheAdapterError
 from kvfsm.serve._declare import declare
@@ -58,7 +59,6 @@ from kvfsm.serve._workload import (
 from kvfsm.spec import ModelDecl, Tier, shipped_lifecycles
 from kvfsm.state import CoreConfig
 from kvfsm.tiers import StoredTier
-from kvfsm.verify import Level
 
 #: The order the demo serves models in (when ``kvfsm.serve`` serves them).
 DEMO_ORDER: Final = ("deepseek_v4", "qwen3_next", "gpt_oss")

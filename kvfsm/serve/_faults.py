@@ -73,9 +73,8 @@ from numpy.typing import ArrayLike, NDArray
 from kvfsm._engine import Engine
 from kvfsm.serve._stores import delete_value, observed, read_value, value_name, write_value
 from kvfsm.spec import Event, GroupKind, Tier
-from kvfsm.state import GroupState
+from kvfsm.state import GroupState, Prompt
 from kvfsm.tiers import HEADER_BYTES, BlockKey, encode_header
-from kvfsm.verify import Prompt
 
 #: How late a ``slow_remote`` load answers, seconds (the serving loop waits 0.5 s).
 SLOW_REMOTE_S = 1.0

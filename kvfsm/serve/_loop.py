@@ -7,7 +7,7 @@ requests:
 * ``"nocache"``: nothing. Every prompt is prefilled from its first token; the reference.
 * ``"naive"``: what a hit-only engine reuses. It takes the verdict's ``hit_tokens`` (every
   group's blocks present in the prefix hash map, by the kind's rule: every block for full
-  attention, the window's blocks for a sliding window; from ``kvfsm.verify.lookup``, which
+  attention, the window's blocks for a sliding window; from ``kvfsm.lookup.lookup``, which
   writes no state, so this engine never learns of a failed checksum) and rebuilds the cache from
   the bytes those blocks hold **whatever their state** (:func:`hit_bytes`): the device slot's
   bytes when the block holds one (resident, spilling, or a restore in flight whose copy may not
@@ -53,13 +53,13 @@ from numpy.typing import NDArray
 
 from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
+from kvfsm.lookup import Level, Verdict, lookup
 from kvfsm.restore import GroupOutcome
 from kvfsm.serve._adapter import CacheAdapter
 from kvfsm.serve._stores import observed, read_value, value_name
 from kvfsm.spec import Event, Tier
-from kvfsm.state import GroupState, StateCore, StateError
+from kvfsm.state import GroupState, Prompt, StateCore, StateError
 from kvfsm.tiers import HEADER_BYTES, BlockKey, LoadStatus, verify
-from kvfsm.verify import Level, Prompt, Verdict, lookup
 
 if TYPE_CHECKING:
     from transformers import DynamicCache

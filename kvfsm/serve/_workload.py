@@ -34,10 +34,10 @@ import attrs
 import numpy as np
 
 from kvfsm._engine import Engine
+from kvfsm.lookup import Level, lookup
 from kvfsm.serve import _faults as faults
 from kvfsm.serve._loop import Request
 from kvfsm.spec import GroupKind, ModelDecl, Tier
-from kvfsm.verify import Level, lookup
 
 #: An injector applied to a request's blocks: ``(engine, tokens, group, index) -> what it did``.
 Injector = Callable[[Engine, Sequence[int], str, int], str]

@@ -1,4 +1,5 @@
-"""The logical line: per-group metadata arrays, prefix identity, and the core that owns them."""
+"""The logical line: per-group metadata arrays, prefix identity (a prompt's block hashes), and
+the core that owns them."""
 
 from kvfsm.state._budget import RestoreBudget
 from kvfsm.state._core import BlockInfo, CoreConfig, InvariantViolation, StateCore
@@ -20,6 +21,7 @@ from kvfsm.state._hashing import (
     split_digest,
 )
 from kvfsm.state._invariants import CORE_INVARIANTS, CoreInvariant, core_problems
+from kvfsm.state._prompt import Prompt
 
 __all__ = [
     "CORE_INVARIANTS",
@@ -37,6 +39,7 @@ __all__ = [
     "GroupState",
     "InvariantViolation",
     "PrefixHashes",
+    "Prompt",
     "RestoreBudget",
     "StateCore",
     "StateError",

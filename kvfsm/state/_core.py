@@ -46,7 +46,6 @@ from kvfsm.state._group import (
 from kvfsm.state._hashing import XXH3_128, check_hash_function, hash_seed, join_words
 from kvfsm.state._recency import Clock
 from kvfsm.state._scratch import Scratch
-from kvfsm.state._touch import FIRST_EPOCH, FIRST_ID, HI, LO
 
 #: The low 64-bit word of a 128-bit key.
 _WORD = (1 << 64) - 1
@@ -63,11 +62,9 @@ LeasedRead = tuple[str, IdArray, NDArray[np.uint32], bool]
 LeasedRun = tuple[str, int, int, int]
 
 
-def answer_runs(names: tuple[str, ...], answers: NDArray[np.int64]) -> list[LeasedRun]:
-    """The runs a lease's one-pass take answer rows spell, one per group holding blocks:
-    ``(names[g], first id, count, epoch)`` (see :meth:`StateCore.record_lease_runs`)."""
-    return [(names[g], row[FIRST_ID], row[HI] - row[LO], row[FIRST_EPOCH])
-            for g, row in enumerate(answers.tolist()) if row[HI] > row[LO]]
+#: How a lease's answer rows spell its runs (the lease's own decoder,
+#: :func:`kvfsm.lookup._lease_pass.answer_runs`: the core does not read their layout).
+AnswerRuns = Callable[[tuple[str, ...], NDArray[np.int64]], list[LeasedRun]]
 
 
 #: Pins that ``count`` consecutive ids from ``first`` each gained (``delta`` > 0) or gave back
@@ -532,12 +529,12 @@ class StateCore:
             self.tell_pin_runs_to(runs, self._pin_observers)
 
     def tell_lease_pins(self, names: tuple[str, ...], answers: NDArray[np.int64], count: int,
-                        delta: int) -> None:
+                        delta: int, answer_runs: AnswerRuns) -> None:
         """:meth:`tell_pin_runs` of a lease holding one run of consecutive ids in each of
         ``count`` groups, given as the answer rows of its one-pass take (as
         :meth:`record_lease_runs`): an observer with ``pinned_answer_runs(names, answers,
         count, delta)`` is handed them as they are (the lease never changes the array), any
-        other is told them as runs."""
+        other is told them as runs (decoded by ``answer_runs``)."""
         runs: list[PinRun] | None = None
         for _, _, _, by_answers in self._pin_observers:
             if by_answers is not None:
@@ -601,14 +598,14 @@ class StateCore:
                               np.full(count, epoch, dtype=np.uint32))
 
     def record_lease_runs(self, names: tuple[str, ...], answers: NDArray[np.int64],
-                          count: int) -> None:
+                          count: int, answer_runs: AnswerRuns) -> None:
         """:meth:`record_leased_reads` of a lease whose every group holding blocks holds one
         run of consecutive ids at one epoch, given as the answer rows of its one-pass take
-        (``answers[g]``, columns of :mod:`kvfsm.state._touch`: prompt blocks ``[LO, HI)``,
-        the first id ``FIRST_ID`` and the epoch ``FIRST_EPOCH``; group ``g`` is
+        (``answers[g]``, laid out by :mod:`kvfsm.lookup._lease_pass`; group ``g`` is
         ``names[g]``; ``count`` rows hold blocks). An observer with a
         ``read_answer_runs(names, answers, count)`` method is handed them as they are (the
-        array never changes: the lease keeps it); any other is told them as runs."""
+        array never changes: the lease keeps it); any other is told them as runs, as
+        ``answer_runs`` decodes them."""
         runs: list[LeasedRun] | None = None
         for observer, read_runs, read_answer_runs in self._read_observers:
             if read_answer_runs is not None:

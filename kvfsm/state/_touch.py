@@ -8,20 +8,17 @@ on the blocks. One pass per group reads the ids once for both: whether they are 
 consecutive ids (pinned by whole chunks, spliced to the list's tail whole) and whether they lie
 in the group. The recency lists themselves are :mod:`kvfsm.state._recency`'s.
 
-The loops that give a lease's pins back (:func:`unpin_loop`) and that take and give back a
-lease over every group in one call (:func:`take_probed_loop`, :func:`unpin_probed_loop`, whose
-kernels :mod:`kvfsm.state._lease_pass` registers) live here too: they call the touch's loop,
-and numba's disk cache recompiles a kernel only when its own file changes.
+The loop that gives a lease's pins back (:func:`unpin_loop`) lives here too; the lease's
+one-pass take over every group (:mod:`kvfsm.lookup._lease_pass`) calls both loops.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._addressed import unowned, vector_at, views
 from kvfsm._jit import kernel, read_only
 
 IdArray = NDArray[np.intp]
@@ -320,166 +317,6 @@ def unpin_loop(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uin
             if epoch[block] == recorded[k] and pins[block] > 0:
                 pins[block] -= 1
         i = j
-
-
-# -- one pass over every group of a lease made from a lookup's probe -----------------------
-
-#: Columns of a probed lease's answer row per group (``answers[g]``): the first four are the
-#: pinning touch's ``out`` (an id outside the group, the first at the pin limit, how the pins
-#: were taken, a read of one run at one epoch); then the first id and epoch read, and the
-#: prompt blocks ``[lo, hi)`` the group holds.
-OUTSIDE: Final = 0
-FULL: Final = 1
-PINNED_AS: Final = 2
-ONE_READ: Final = 3
-FIRST_ID: Final = 4
-FIRST_EPOCH: Final = 5
-LO: Final = 6
-HI: Final = 7
-ANSWER_COLUMNS: Final = 8
-#: Columns of a probed lease's fixed facts per group (``fixed[g]``).
-SHIFT: Final = 0
-TARGET: Final = 1
-BLOCK: Final = 2
-TARGET_BLOCK: Final = 3
-FIXED_COLUMNS: Final = 4
-#: ``result[0]`` of :func:`take_probed_loop`: every group pinned and touched.
-TAKEN: Final = -1
-#: ``result[0]``: an index group's targets are not all among the blocks the lease would
-#: hold of its target group; nothing was pinned or touched.
-TARGETS_OUTSIDE: Final = -2
-
-
-def one_run_blocks(ids: NDArray[np.int64], epochs: NDArray[np.uint32]) -> int:
-    """What a take may trust of a lookup's blocks (ids, -1 where missing, and their epochs):
-    the blocks before the first missing one where they are one run of consecutive ids at
-    the first's epoch, else 0 (NumPy; the lookup's compiled pass counts the same)."""
-    found = ids >= 0
-    chain = ids.size if found.all() else int(np.argmin(found))
-    if chain == 0:
-        return 0
-    run = (ids[:chain] == ids[0] + np.arange(chain)) & (epochs[:chain] == epochs[0])
-    return chain if run.all() else 0
-
-
-def _probed_ids(out: NDArray[np.int64], at_ids: int, at_epochs: int, lo: int, hi: int
-                ) -> tuple[NDArray[np.int64], NDArray[np.uint32]]:
-    """The ids and epochs a lookup's group pass wrote to ``out`` for prompt blocks
-    ``[lo, hi)`` (ids from word ``at_ids``, epochs two a word from ``at_epochs``)."""
-    return out[at_ids + lo:at_ids + hi], out[at_epochs:].view(np.uint32)[lo:hi]
-
-
-#: Per group, the arrays a lease's one-pass take and give-back read and write, in this order
-#: in their address table (:data:`LEASE_KINDS` says each one's dtype): the blocks' states,
-#: the recency list of each state, the blocks' use stamps, the lists' links, heads and tails,
-#: the blocks' and chunks' pins, the blocks' epochs, and the record of a run linked in order.
-STATES, LIST_OF_STATE, LAST_USE, PREV, NEXT, HEAD, TAIL, PINS, CHUNK_PINS, EPOCH, \
-    LINKED_RUN = range(11)
-LEASE_KINDS: Final[tuple[tuple[type[np.generic], int], ...]] = (
-    (np.uint8, 1), (np.int8, 1), (np.uint32, 1), (np.int32, 1), (np.int32, 1), (np.int32, 1),
-    (np.int32, 1), (np.uint16, 1), (np.uint16, 1), (np.uint32, 1), (np.int64, 1))
-N_LEASE_ARRAYS: Final = len(LEASE_KINDS)
-
-
-def leased_arrays(arrays: NDArray[np.int64], g: int) -> tuple[NDArray[Any], ...]:
-    """Group ``g``'s arrays of a lease's address table, STATES ... LINKED_RUN (plain-Python
-    views, for the twins)."""
-    return views(arrays, LEASE_KINDS, g * N_LEASE_ARRAYS)
-
-
-def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
-                     offsets: NDArray[np.int64], at: int, fixed: NDArray[np.int64],
-                     arrays: NDArray[np.int64], tick: int, max_pins: int,
-                     answers: NDArray[np.int64], result: NDArray[np.int64]) -> None:
-    """A lease's pinning touch (:func:`_touch_known`) of every group at once, on the blocks a
-    lookup found usable at its candidate ``at`` (no group changed since: only the pin limit
-    is left to check), so a lease costs one compiled call, not one per group.
-
-    Group ``g``'s blocks are prompt blocks ``[bounds[g, 0, at], bounds[g, 1, at])``, their
-    ids and epochs in the lookup's pass output ``outs[g]`` from words ``offsets[g, 0]`` and
-    ``offsets[g, 1]``; word ``offsets[g, 2]`` of it (-1: none) counts the prompt blocks from
-    the first that the lookup found one run of consecutive ids at one epoch, so a span
-    inside them is pinned and touched without reading its ids and epochs (every group's
-    bounds and offsets in one array each: fewer arguments to unbox on every lease).
-    ``fixed[g]`` is what the group's declaration fixes (columns ``SHIFT`` ...
-    ``TARGET_BLOCK``): its pin chunk shift, the position of the group its blocks point into
-    (-1: none), and the two groups' block sizes. ``arrays`` addresses
-    every group's states, lists, stamps, links, pins and run records (:data:`LEASE_KINDS`
-    per group, an address table: one argument instead of ten per group).
-
-    First, no changes: an index group's usable rows point only at history blocks ending
-    before them, which the lease must hold as blocks of the target group (from its block 0
-    past them); where it would not, ``result[0] = TARGETS_OUTSIDE`` and nothing changes.
-    Then each group with blocks, in order, touched at the next tick from ``tick`` (counted
-    in ``result[1]``) with its answer row ``answers[g]`` (columns ``OUTSIDE`` ...
-    ``HI``); the first refused (an id outside the group, a block at ``max_pins``) stops
-    there with ``result[0] = g``: the groups before it stay pinned and touched, it and those
-    after are unchanged. Else ``result[0] = TAKEN``. ``result[2]`` counts the touched
-    groups whose blocks are one run at one epoch (``ONE_READ``: when it is ``result[1]``,
-    the lease's read is reported from the answer rows alone)."""
-    # Unowned views (the caller holds the arrays): no reference counting on each view.
-    bounds, offsets, fixed, arrays, answers, result = unowned(bounds), unowned(offsets), \
-        unowned(fixed), unowned(arrays), unowned(answers), unowned(result)
-    groups = len(outs)
-    result[0], result[1], result[2] = TAKEN, 0, 0
-    for g in range(groups):
-        target = fixed[g, TARGET]
-        lo, hi = bounds[g, 0, at], bounds[g, 1, at]
-        if target >= 0 and hi > lo:
-            reach = hi * fixed[g, BLOCK] // fixed[g, TARGET_BLOCK]
-            if bounds[target, 0, at] != 0 or bounds[target, 1, at] < reach:
-                result[0] = TARGETS_OUTSIDE
-                return
-    touched = 0
-    for g in range(groups):
-        answer = answers[g]
-        lo, hi = bounds[g, 0, at], bounds[g, 1, at]
-        answer[OUTSIDE], answer[FULL], answer[PINNED_AS], answer[ONE_READ] = -1, -1, 0, 0
-        answer[FIRST_ID], answer[FIRST_EPOCH], answer[LO], answer[HI] = -1, 0, lo, hi
-        if hi <= lo:
-            continue
-        out = unowned(outs[g])
-        ids, seen = _probed_ids(out, offsets[g, 0], offsets[g, 1], lo, hi)
-        run_at = offsets[g, 2]
-        one_run = run_at >= 0 and hi <= out[run_at]
-        base = g * N_LEASE_ARRAYS
-        _touch_known(ids, vector_at(arrays, base + STATES, np.uint8),
-                     vector_at(arrays, base + LIST_OF_STATE, np.int8),
-                     vector_at(arrays, base + LAST_USE, np.uint32), tick + touched,
-                     vector_at(arrays, base + PREV, np.int32),
-                     vector_at(arrays, base + NEXT, np.int32),
-                     vector_at(arrays, base + HEAD, np.int32),
-                     vector_at(arrays, base + TAIL, np.int32), seen,
-                     vector_at(arrays, base + PINS, np.uint16),
-                     vector_at(arrays, base + CHUNK_PINS, np.uint16), fixed[g, SHIFT], max_pins,
-                     vector_at(arrays, base + LINKED_RUN, np.int64), answer, one_run)
-        if answer[OUTSIDE] >= 0 or answer[FULL] >= 0:
-            result[0], result[1] = g, touched
-            return
-        answer[FIRST_ID], answer[FIRST_EPOCH] = ids[0], seen[0]
-        touched += 1
-        result[2] += answer[ONE_READ]
-    result[1] = touched
-
-
-def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
-                      fixed: NDArray[np.int64], arrays: NDArray[np.int64],
-                      answers: NDArray[np.int64], groups: int) -> None:
-    """Give back what :func:`take_probed_loop` pinned in its first ``groups`` groups (its
-    answer rows say where and how), as :func:`unpin_loop` per group (``arrays``: the take's
-    address table)."""
-    # Unowned views (the caller holds the arrays): no reference counting on each view.
-    offsets, fixed, arrays, answers = unowned(offsets), unowned(fixed), unowned(arrays), \
-        unowned(answers)
-    for g in range(groups):
-        lo, hi = answers[g, LO], answers[g, HI]
-        if hi > lo:
-            ids, seen = _probed_ids(unowned(outs[g]), offsets[g, 0], offsets[g, 1], lo, hi)
-            base = g * N_LEASE_ARRAYS
-            unpin_loop(ids, seen, vector_at(arrays, base + EPOCH, np.uint32),
-                       vector_at(arrays, base + PINS, np.uint16),
-                       vector_at(arrays, base + CHUNK_PINS, np.uint16), fixed[g, SHIFT],
-                       answers[g, PINNED_AS])
 
 
 def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],

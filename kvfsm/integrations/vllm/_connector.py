@@ -53,7 +53,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore[
 )
 
 from kvfsm._errors import KvfsmError
-from kvfsm.gates import Lease
 from kvfsm.integrations.vllm._mirror import Mirror, PendingSave, mirror_for
 from kvfsm.integrations.vllm._pages import GroupPages, state_tensors
 from kvfsm.integrations.vllm._settings import (
@@ -61,8 +60,9 @@ from kvfsm.integrations.vllm._settings import (
     model_identity,
     settings_of,
 )
+from kvfsm.lookup import Lease, Verdict
 from kvfsm.spec import GroupKind
-from kvfsm.verify import Prompt, Verdict
+from kvfsm.state import Prompt
 
 LOG = logging.getLogger(__name__)
 #: vLLM's null block id (a block index of a group where nothing is kept).

@@ -50,11 +50,11 @@ from kvfsm._engine import Engine
 from kvfsm._errors import KvfsmError
 from kvfsm.integrations.vllm._model import UnsupportedSpecError, declare
 from kvfsm.integrations.vllm._settings import MirrorSettings, MirrorSettingsError, remote_tier
+from kvfsm.lookup import Level, Verdict, as_level
 from kvfsm.obs import EngineMetrics
 from kvfsm.spec import Event, Tier
-from kvfsm.state import CoreConfig, GroupState
+from kvfsm.state import CoreConfig, GroupState, Prompt
 from kvfsm.tiers import DiskTier, StoredTier
-from kvfsm.verify import Level, Prompt, Verdict, as_level
 
 LOG = logging.getLogger(__name__)
 

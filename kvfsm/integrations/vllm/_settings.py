@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 
 from kvfsm._errors import KvfsmError
+from kvfsm.lookup import as_level
 from kvfsm.tiers import MooncakeTier, RedisTier, StoredTier
-from kvfsm.verify import as_level
 
 
 class MirrorSettingsError(KvfsmError):

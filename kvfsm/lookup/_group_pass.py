@@ -1,0 +1,798 @@
+"""One group's part of a lookup in one pass: block facts, checks, the index's references,
+"usable at L" now and after the plan, and the restores the plan asks for.
+
+:func:`group_pass` is a compiled kernel (:mod:`kvfsm._jit`) over plain arrays: the prompt's
+hash words in this group and the group's hash table (it probes for the block ids itself: one
+call per group, not two), the group's metadata, its index references and the prompt's history
+(for a sparse index), the kind's needed spans per candidate length, and the admission budget.
+It writes every per-block and per-length array the verdict reads, plus a few scalars, into
+one output array (:func:`out_offsets`: one allocation per call). Its NumPy twin computes the
+same arrays with array operations and is the reference: a differential test runs both on
+random inputs. One call per group replaces the thirty-odd NumPy calls per group a lookup used
+to make, which dominated short prompts; its arguments are few because numba unboxes each one
+on every call (about 80 ns an array): what never changes for a group is packed once
+(:func:`pack_consts`), what changes per lookup comes as scalars.
+
+The layers (see ``docs/verdict.md``): a block is *sound* when found by hash, recorded at this
+position, whole, under the layout the kernel reads, and (an index) every reference current and
+of this prompt's history; *usable now* in a form when sound, readable in that form, and its
+checks (alignment, checksums) pass; *usable after the plan* when a content-preserving path of
+the table reaches the form (and, for an index, its targets already sit settled, since moving a
+target bumps its epoch). Lengths are usable when every block of the kind's spans is usable in
+its form there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final, cast
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm._addressed import (
+    AddressTable,
+    address_table,
+    matrix_at,
+    unowned,
+    vector_at,
+    views,
+)
+from kvfsm._jit import kernel, read_only
+from kvfsm.kinds._sparse_index import references_hold
+from kvfsm.lookup._block_facts import (
+    CODE_SHIFT,
+    FOUND,
+    LAYOUT,
+    PLACED,
+    READ_COMPRESSED,
+    READ_RAW,
+    READABLE,
+    SOUND,
+    TO_COMPRESSED,
+    TO_RAW,
+    WHOLE,
+)
+from kvfsm.lookup._lease_pass import one_run_blocks
+from kvfsm.state._hashtable import (
+    EMPTY_SLOT,
+    READ_AHEAD,
+    probe_keys,
+    probe_twin,
+)
+
+Bools = NDArray[np.bool_]
+IdArray = NDArray[np.intp]
+Words = NDArray[np.uint64]
+Lengths = NDArray[np.int64]
+
+#: ``check_mode``: data checksums are not looked at (``checksums=False``).
+CHECKS_IGNORED: Final = 0
+#: ``check_mode``: a reduced level trusts earlier passes; a readable block that failed a check
+#: is bad, and one never checked at its epoch needs a checksum first (scalar NEEDS_CHECKSUMS:
+#: the caller computes them and calls again with ``checked_ok``).
+CHECKS_RECORDED: Final = 1
+
+#: Recorded check states (as :mod:`kvfsm.state` keeps them).
+_UNCHECKED: Final = 0
+_FAILED: Final = 2
+#: An unused index reference.
+_NO_TARGET: Final = -1
+
+# Indices of the ``longs`` output: these scalars, then ``asked`` (one per candidate length).
+#: Blocks from the prompt's start that the hash chain finds, before the first miss.
+CHAIN_BLOCKS: Final = 0
+#: 1 when a readable block was never checked at its epoch (CHECKS_RECORDED mode only).
+NEEDS_CHECKSUMS: Final = 1
+#: 1 when the plan changes what is usable somewhere (``after`` differs from ``now`` inputs).
+PLAN_CHANGES: Final = 2
+#: 1 when ``asked`` holds the restores the plan asks for per length (the caller keeps it);
+#: 0: ``asked`` is not written (one int64 a candidate length: at long prompts a sizeable
+#: share of what a lookup writes).
+ASKED_KEPT: Final = 3
+#: Last candidate index where ``hit`` / ``now`` / ``after`` is True (0 when none).
+LARGEST_HIT: Final = 4
+LARGEST_NOW: Final = 5
+LARGEST_AFTER: Final = 6
+#: 1 when every block of the prompt is usable now in the form ``P_SETTLED_FORM`` names.
+ALL_SETTLED: Final = 7
+#: Restores the plan asks for over the whole prompt (0 where it changes nothing).
+RESTORES_TOTAL: Final = 8
+#: CHAIN_BLOCKS where the chain's blocks are one run of consecutive ids, every one at the
+#: first's epoch, else 0: a lease over blocks among them pins and reads one run at one epoch
+#: without reading their ids and epochs again (checked here while they are in cache).
+ONE_RUN_BLOCKS: Final = 9
+N_SCALARS: Final = 10
+
+#: ``budget`` not looked up: the pass filters nothing by it (keeping the restores asked only
+#: where the budget has caps); the caller compares RESTORES_TOTAL with its budget and passes
+#: the budget where the total exceeds it (so a lookup whose plan changes nothing, or fits,
+#: never asks the group for it).
+BUDGET_UNKNOWN: Final = -1
+
+# Indices of the ``consts`` input: what never changes for a group (integers; flags 0 or 1),
+# then the small per-layout and per-state tables, each found at the offset its entry names.
+#: The sub-block mask of a whole block.
+P_FULL_SUB_MASK: Final = 0
+#: The device pool's construction guarantees alignment (restored blocks land aligned).
+P_ALIGNED: Final = 1
+#: Block sizes of the index's target group and of this group (an index only).
+P_TARGET_SIZE: Final = 2
+P_OWN_SIZE: Final = 3
+#: The form this group's kind settles in: 1 compressed, 0 raw (for ALL_SETTLED).
+P_SETTLED_FORM: Final = 4
+#: Offsets of the tables: per layout id, the reading kernel accepts it; per state, its
+#: restore-path code, whether a raw / compressed restore begins from it; per state of the
+#: index's target group, whether its blocks are hashed (alive).
+P_LAYOUT_OK_AT: Final = 5
+P_CODE_AT: Final = 6
+P_RESTORES_RAW_AT: Final = 7
+P_RESTORES_CMP_AT: Final = 8
+P_HASHED_AT: Final = 9
+#: The flag row (NOW_RAW or NOW_CMP) of the index's target group that says "settled".
+P_HISTORY_SETTLED_ROW: Final = 10
+N_PARAMS: Final = 11
+
+# Rows of ``spans``: each candidate length's needed blocks ``[lo, cut)`` compressed and
+# ``[cut, hi)`` raw, and 1 where the kind can serve the length with every needed block inside.
+SPAN_LO, SPAN_CUT, SPAN_HI, SPAN_BASE = range(4)
+N_SPAN_ROWS: Final = 4
+
+# Rows of the flags: first the per-block rows (one column per prompt block), then the
+# per-length rows (one column per candidate length), each row as long as the longer of the two.
+NOW_RAW, NOW_CMP, AFTER_RAW, AFTER_CMP, FIT, SETTLED_OK = range(6)
+N_PER_BLOCK: Final = 6
+HIT, NOW, AFTER = range(3)
+N_PER_LENGTH: Final = 3
+N_FLAGS: Final = N_PER_BLOCK + N_PER_LENGTH
+
+
+def pack_consts(full_sub_mask: int, aligned: bool, target_size: int, own_size: int,
+                settled_compressed: bool, layout_ok: Bools, code: NDArray[np.uint8],
+                restores: Bools, hashed: Bools, target_settled_compressed: bool = False
+                ) -> NDArray[np.int64]:
+    """The pass's ``consts``: the parameters, then the tables (``restores``: per form, raw
+    then compressed, per state), as one read-only int64 array (one argument, not six).
+    ``target_settled_compressed``: the index's target group settles compressed."""
+    tables = (layout_ok, code, restores[0], restores[1], hashed)
+    offsets = N_PARAMS + np.cumsum([0] + [table.size for table in tables[:-1]])
+    consts = np.concatenate([
+        np.array([full_sub_mask, aligned, target_size, own_size, settled_compressed],
+                 dtype=np.int64), offsets.astype(np.int64),
+        np.array([NOW_CMP if target_settled_compressed else NOW_RAW], dtype=np.int64),
+        *(table.astype(np.int64) for table in tables)])
+    consts.setflags(write=False)
+    return consts
+
+
+def _consts_tables(consts: NDArray[np.int64]) -> tuple[NDArray[np.int64], ...]:
+    """The tables of ``consts``: layout_ok, code, restores raw, restores compressed, hashed."""
+    bounds = [*consts[P_LAYOUT_OK_AT : P_HASHED_AT + 1].tolist(), consts.size]
+    return tuple(consts[bounds[k] : bounds[k + 1]] for k in range(len(bounds) - 1))
+
+
+def out_offsets(n: int, count: int) -> tuple[int, int, int, int]:
+    """Where the parts of the pass's one output ``out`` (int64) lie for ``n`` blocks and
+    ``count`` candidate lengths, in words: the scalars (at 0), the restores asked per length
+    (at N_SCALARS; written only where ASKED_KEPT), then the block ids, the epochs (uint32,
+    two a word), the bytes (a fact byte per block, then the N_FLAGS rows of ``max(n,
+    count)`` bools, then the snapshot: :func:`snapshot_at`), and the total size."""
+    ids_at = N_SCALARS + count
+    epochs_at = ids_at + n
+    bytes_at = epochs_at + (n + 1) // 2
+    return ids_at, epochs_at, bytes_at, \
+        bytes_at + (snapshot_at(n, count) + SNAPSHOT_ROWS * n + 7) // 8
+
+
+#: Per block, after the flag rows, what explaining a verdict later reads of the core as it
+#: was at the lookup: the block's lifecycle state (0 where missing), and whether its recorded
+#: check had failed. Not written by the pass (a full hit, most lookups, never reads them): a
+#: lookup with something to explain copies them in (:mod:`kvfsm.lookup._snapshot`).
+SNAPSHOT_STATE, SNAPSHOT_FAILED = range(2)
+SNAPSHOT_ROWS: Final = 2
+
+
+def snapshot_at(n: int, count: int) -> int:
+    """Where the snapshot rows (``n`` bytes each, SNAPSHOT_*) start in the output's bytes."""
+    return n + N_FLAGS * max(n, count)
+
+
+def out_views(out: NDArray[np.int64], n: int, count: int
+              ) -> tuple[NDArray[np.int64], NDArray[np.int64], IdArray, NDArray[np.uint32],
+                         NDArray[np.uint8], Bools]:
+    """The parts of ``out`` (see :func:`out_offsets`) as views: scalars, asked, ids, epochs,
+    facts, and the flags as ``[N_FLAGS, max(n, count)]``."""
+    ids_at, epochs_at, bytes_at, _ = out_offsets(n, count)
+    raw = out[bytes_at:].view(np.uint8)
+    width = max(n, count)
+    return (out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at].view(np.intp),
+            out[epochs_at:bytes_at].view(np.uint32)[:n], raw[:n],
+            raw[n : n + N_FLAGS * width].view(np.bool_).reshape(N_FLAGS, width))
+
+
+def snapshot_rows(out: NDArray[np.int64], n: int, count: int) -> NDArray[np.uint8]:
+    """The snapshot rows of ``out`` (SNAPSHOT_*, ``n`` bytes each) as one
+    ``[SNAPSHOT_ROWS, n]`` view."""
+    _, _, bytes_at, _ = out_offsets(n, count)
+    at = snapshot_at(n, count)
+    rows: NDArray[np.uint8] = out[bytes_at:].view(np.uint8)[at : at + SNAPSHOT_ROWS * n]
+    return rows.reshape(SNAPSHOT_ROWS, n)
+
+
+def _history_views(history: NDArray[np.int64], n_history: int, count: int,
+                   consts: NDArray[np.int64]) -> tuple[IdArray, Bools]:
+    """The index's target group's block ids and settled row, from its pass output."""
+    _, _, ids, _, _, flags = out_views(history, n_history, count)
+    return ids, flags[consts[P_HISTORY_SETTLED_ROW], :n_history]
+
+
+def _group_pass_example() -> tuple[object, ...]:
+    """Arguments of exactly the call site's types: the prompt's words and the hash table's
+    arrays are writable; metadata, tables and references are read-only views of the core's
+    arrays; consts and spans are cached read-only; the history and ``checked_ok`` are fresh
+    arrays (views of another group's output or stand-ins); the output is a fresh array."""
+    one_u8, one_i32 = read_only(np.zeros(1, dtype=np.uint8)), read_only(np.zeros(1, np.int32))
+    one_u32 = read_only(np.zeros(1, np.uint32))
+    words = np.zeros(1, dtype=np.uint64)
+    consts = pack_consts(1, True, 1, 1, False, np.ones(1, np.bool_), np.zeros(1, np.uint8),
+                         np.zeros((2, 1), np.bool_), np.ones(1, np.bool_))
+    return (
+        words, words.copy(), np.full(8, EMPTY_SLOT, dtype=np.uint64), words.copy(),
+        words.copy(), read_only(np.zeros(1, np.bool_)), one_u8, one_u32, one_i32,
+        read_only(np.zeros(1, np.uint16)), one_u8,
+        one_u8, read_only(np.full((1, 1), -1, dtype=np.int32)),
+        read_only(np.zeros((1, 1), np.uint32)), one_u32, one_u8, one_i32, consts,
+        np.zeros(out_offsets(0, 1)[3], np.int64), 0, np.ones(1, dtype=np.bool_),
+        read_only(np.zeros((N_SPAN_ROWS, 1), np.int64)), 0,
+        CHECKS_RECORDED, False, False, True, 0, False,
+        # Zeros, not empty: the padding after the last row is never written, and two runs
+        # of the example are compared whole.
+        np.zeros(out_offsets(1, 1)[3], np.int64))
+
+
+def prefix_counts(bad: Bools) -> NDArray[np.int64]:
+    """``P[m]`` = number of set entries among the first ``m``."""
+    out = np.zeros(bad.size + 1, dtype=np.int64)
+    np.cumsum(bad, out=out[1:])
+    return out
+
+
+def usable_over(lo: Lengths, cut: Lengths, hi: Lengths, base: Bools, ok_raw: Bools,
+                ok_cmp: Bools) -> Bools:
+    """Per length: ``base`` and every block ok in its form over ``[lo, cut)`` / ``[cut, hi)``."""
+    raw_bad, cmp_bad = prefix_counts(~ok_raw), prefix_counts(~ok_cmp)
+    usable: Bools = base & (raw_bad[hi] == raw_bad[cut]) & (cmp_bad[cut] == cmp_bad[lo])
+    return usable
+
+
+def _last(vector: Bools) -> int:
+    hits = np.flatnonzero(vector)
+    return int(hits[-1]) if hits.size else 0
+
+
+def _group_pass_twin(
+    high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
+    mapped: Bools, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
+    position: NDArray[np.int32],
+    sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8], check: NDArray[np.uint8],
+    refs_target: NDArray[np.int32], refs_epoch: NDArray[np.uint32],
+    target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
+    target_position: NDArray[np.int32], consts: NDArray[np.int64],
+    history: NDArray[np.int64], n_history: int, checked_ok: Bools, spans: NDArray[np.int64],
+    prefix_step: int, check_mode: int,
+    use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
+    capped: bool, out: NDArray[np.int64],
+) -> None:
+    """:func:`group_pass` as array operations (the reference)."""
+    n, count = high.size, spans.shape[1]
+    scalars, asked, ids, epochs, facts, flags = out_views(out, n, count)
+    probe_twin(slots, block_high, block_low, high, low, ids, True)
+    per_block, per_length = flags[:N_PER_BLOCK, :n], flags[N_PER_BLOCK:, :count]
+    full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
+    target_size, own_size = consts[P_TARGET_SIZE], consts[P_OWN_SIZE]
+    layout_ok, code, restores_raw, restores_cmp, hashed = _consts_tables(consts)
+    layout_ok, restores_raw, restores_cmp = (table != 0 for table in (
+        layout_ok, restores_raw, restores_cmp))
+    hashed = hashed != 0
+    lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE] != 0
+    now_raw, now_cmp, after_raw = per_block[NOW_RAW], per_block[NOW_CMP], per_block[AFTER_RAW]
+    after_cmp, fit, settled_ok = per_block[AFTER_CMP], per_block[FIT], per_block[SETTLED_OK]
+    hit, now, after = per_length[HIT], per_length[NOW], per_length[AFTER]
+    found = ids >= 0
+    safe = np.where(found, ids, 0)
+    facts[:] = code[states[safe]].astype(np.uint8) << CODE_SHIFT
+    facts |= FOUND
+    facts[position[safe] == np.arange(n)] |= PLACED
+    facts[sub_blocks[safe] == full_sub_mask] |= WHOLE
+    facts[layout_ok[layout_id[safe]]] |= LAYOUT
+    facts[~found] = 0
+    epochs[:] = np.where(found, epoch[safe], 0)
+    readable = (facts & READABLE) != 0
+    sound = (facts & SOUND) == SOUND
+    scalars[:] = 0
+    scalars[CHAIN_BLOCKS] = int(np.argmin(found)) if not found.all() else n
+    scalars[ONE_RUN_BLOCKS] = one_run_blocks(ids, epochs)
+    # Layers 1 and 4: the caller's combined checks, or the recorded checks.
+    if use_checked_ok:
+        ok = checked_ok.copy()
+    elif check_mode == CHECKS_RECORDED:
+        recorded = check[safe]
+        ok = ~(readable & (recorded == _FAILED))
+        scalars[NEEDS_CHECKSUMS] = int(bool((readable & (recorded == _UNCHECKED)).any()))
+    else:
+        ok = np.ones(n, dtype=np.bool_)
+    # The index's references: current, of this prompt's history, complete before the row ends.
+    fit[:] = True
+    settled_ok[:] = True
+    if has_index and n:
+        history_ids, history_settled = _history_views(history, n_history, count, consts)
+        refs = references_hold(
+            refs_target[safe], refs_epoch[safe], np.arange(n, dtype=np.int64),
+            target_epoch=target_epoch, target_states=target_states, hashed=hashed,
+            target_position=target_position, history_ids=history_ids[:n_history],
+            target_size=int(target_size), own_size=int(own_size))
+        used, ours, at = refs.used, refs.ours, refs.at
+        fit[:] = refs.fit
+        if not history_all_settled:
+            settled = ours & (history_settled[at] if n_history else np.zeros_like(ours))
+            settled_ok[:] = ~((used & ~settled) | (refs_target[safe] < _NO_TARGET)).any(axis=1)
+        fit &= found
+        settled_ok[~found] = True
+        sound &= fit
+    good_now = sound & ok
+    now_raw[:] = good_now & ((facts & READ_RAW) != 0)
+    now_cmp[:] = good_now & ((facts & READ_COMPRESSED) != 0)
+    movable = sound & ~(readable & ~ok) if restore_aligned else np.zeros(n, dtype=np.bool_)
+    after_raw[:] = (now_raw | (movable & ((facts & TO_RAW) != 0))) & settled_ok
+    after_cmp[:] = (now_cmp | (movable & ((facts & TO_COMPRESSED) != 0))) & settled_ok
+    hit[:] = usable_over(lo, cut, hi, base, found, found)
+    now[:] = usable_over(lo, cut, hi, base, now_raw, now_cmp)
+    if np.array_equal(after_raw, now_raw) and np.array_equal(after_cmp, now_cmp):
+        after[:] = now
+    else:
+        scalars[PLAN_CHANGES] = 1
+        state = states[safe]
+        raw_restores = ~now_raw & after_raw & restores_raw[state]
+        cmp_restores = ~now_cmp & after_cmp & restores_cmp[state]
+        total = int(raw_restores.sum()) + int(cmp_restores.sum())
+        after[:] = usable_over(lo, cut, hi, base, after_raw, after_cmp)
+        scalars[RESTORES_TOTAL] = total
+        known = budget != BUDGET_UNKNOWN
+        if total and (capped or (known and total > budget)):
+            raw_count, cmp_count = prefix_counts(raw_restores), prefix_counts(cmp_restores)
+            asked[:] = raw_count[hi] - raw_count[cut] + cmp_count[cut] - cmp_count[lo]
+            scalars[ASKED_KEPT] = 1
+            if known:
+                after &= asked <= budget
+    scalars[LARGEST_HIT], scalars[LARGEST_NOW] = _last(hit), _last(now)
+    scalars[LARGEST_AFTER] = _last(after)
+    settled = now_cmp if consts[P_SETTLED_FORM] else now_raw
+    scalars[ALL_SETTLED] = int(bool(settled.all()))
+
+
+def _plan_pass(ids: NDArray[np.int64], states: NDArray[np.uint8], consts: NDArray[np.int64],
+               spans: NDArray[np.int64], now_raw: Bools, now_cmp: Bools, after_raw: Bools,
+               after_cmp: Bools, after: Bools, asked: NDArray[np.int64],
+               scalars: NDArray[np.int64], budget: int, capped: bool) -> None:
+    """Where a pass found that the plan changes some block (makes it usable, or, moving an
+    index's targets, unusable): the per-length ``after`` row over the per-block rows after
+    it, the restores it begins and, where kept, those asked per length (rare: a second pass
+    over what the first wrote, in a function of its own so the first's loop stays small)."""
+    n, count = ids.size, spans.shape[1]
+    lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
+    restores_raw_at, restores_cmp_at = consts[P_RESTORES_RAW_AT], consts[P_RESTORES_CMP_AT]
+    raw_after_bad = np.zeros(n + 1, dtype=np.int32)
+    cmp_after_bad = np.zeros(n + 1, dtype=np.int32)
+    raw_asked = np.zeros(n + 1, dtype=np.int32)
+    cmp_asked = np.zeros(n + 1, dtype=np.int32)
+    for i in range(n):
+        block = ids[i]
+        to_raw, to_cmp = after_raw[i], after_cmp[i]
+        raw_after_bad[i + 1] = raw_after_bad[i] + (not to_raw)
+        cmp_after_bad[i + 1] = cmp_after_bad[i] + (not to_cmp)
+        restoring_raw = to_raw and not now_raw[i] and block >= 0 and \
+            consts[restores_raw_at + states[block]] != 0
+        restoring_cmp = to_cmp and not now_cmp[i] and block >= 0 and \
+            consts[restores_cmp_at + states[block]] != 0
+        raw_asked[i + 1] = raw_asked[i] + restoring_raw
+        cmp_asked[i + 1] = cmp_asked[i] + restoring_cmp
+    total = raw_asked[n] + cmp_asked[n]
+    scalars[RESTORES_TOTAL] = total
+    known = budget != BUDGET_UNKNOWN
+    keep_asked = total > 0 and (capped or (known and total > budget))
+    scalars[ASKED_KEPT] = keep_asked
+    for k in range(count):
+        start, middle, end = lo[k], cut[k], hi[k]
+        after[k] = base[k] != 0 and raw_after_bad[end] == raw_after_bad[middle] and \
+            cmp_after_bad[middle] == cmp_after_bad[start]
+        if keep_asked:
+            asked[k] = raw_asked[end] - raw_asked[middle] + cmp_asked[middle] - \
+                cmp_asked[start]
+            if known and asked[k] > budget:
+                after[k] = False
+    scalars[LARGEST_AFTER] = 0
+    for k in range(count):
+        if after[k]:
+            scalars[LARGEST_AFTER] = k
+
+
+def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
+    """The group pass's loop (:func:`group_pass`), one source compiled two ways: the general
+    one, and (``plain``, a constant numba compiles in) one for a group without an index with
+    no checks given, a lookup's first pass of most groups: its loop has none of the index's
+    per-row work nor the branch on given checks (some 20 % of a long prompt's pass)."""
+
+    def group_pass(
+        high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
+        mapped: Bools, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
+        position: NDArray[np.int32],
+        sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8], check: NDArray[np.uint8],
+        refs_target: NDArray[np.int32], refs_epoch: NDArray[np.uint32],
+        target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
+        target_position: NDArray[np.int32], consts: NDArray[np.int64],
+        history: NDArray[np.int64], n_history: int, checked_ok: Bools, spans: NDArray[np.int64],
+        prefix_step: int, check_mode: int,
+        use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
+        capped: bool, out: NDArray[np.int64],
+    ) -> None:
+        """Everything one group contributes to a verdict, in one pass over the prompt's blocks
+        and one over the candidate lengths (see the module docstring; ``settled_ok[i]``: every
+        target of index row ``i`` already sits settled in this prompt's history).
+
+        The prompt's block ids come from probing the group's hash table (``slots``,
+        ``block_high``, ``block_low``; the table's own probe,
+        :func:`~kvfsm.state._hashtable.probe_keys`, in the same call) with the prompt's words
+        ``high``, ``low``, or, for a key whose block is the one after the previous key's, from
+        that block's ``mapped`` flag and words alone. The
+        group's fixed parameters and small tables come packed in ``consts``
+        (:func:`pack_consts`), the kind's spans per candidate length in ``spans`` (rows SPAN_*).
+        What changes between lookups comes as scalars: ``check_mode`` (CHECKS_*);
+        ``use_checked_ok``, ``checked_ok`` holds the caller's alignment and checksum answers
+        (else the mode decides); ``has_index``, the group is a sparse index with the prompt's
+        history (its target group's pass output ``history``, of ``n_history`` blocks) evaluated
+        before it; ``history_all_settled``, every history block of the prompt is settled (no
+        plan step will move an index target); ``budget`` and ``capped``, the restores the
+        admission gate lets begin now (or BUDGET_UNKNOWN) and whether the core-wide budget has
+        caps. ``prefix_step`` above 0 says the spans are a raw prefix's (``lo`` and ``cut`` 0,
+        ``hi`` ``k * prefix_step`` at length ``k``, every length served): the pass computes them
+        instead of reading them (the twin reads them). Everything it writes goes to ``out``,
+        laid out as :func:`out_offsets` says (one allocation a call)."""
+        if plain:  # constants: what they switch on is compiled away
+            has_index = use_checked_ok = False
+        # The caller holds every argument for the whole call: views of these own no reference
+        # (no atomic add and subtract for each of the dozen views of ``out`` below).
+        high, low, spans, history, out = unowned(high), unowned(low), unowned(spans), \
+            unowned(history), unowned(out)
+        n, count = high.size, spans.shape[1]
+        # The parts of ``out`` (out_offsets; the same arithmetic, inline for the compiler).
+        width = max(n, count)
+        ids_at = N_SCALARS + count
+        epochs_at = ids_at + n
+        bytes_at = epochs_at + (n + 1) // 2
+        scalars, asked, ids = out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at]
+        epochs = out[epochs_at:bytes_at].view(np.uint32)
+        raw_bytes = out[bytes_at:].view(np.uint8)
+        facts = raw_bytes[:n]
+        rows = raw_bytes[n : n + N_FLAGS * width].view(np.bool_)
+        # Whole rows (as long as the longer of n and count): the loops read the first n or count.
+        now_raw, now_cmp = rows[NOW_RAW * width : (NOW_RAW + 1) * width], \
+            rows[NOW_CMP * width : (NOW_CMP + 1) * width]
+        after_raw, after_cmp = rows[AFTER_RAW * width : (AFTER_RAW + 1) * width], \
+            rows[AFTER_CMP * width : (AFTER_CMP + 1) * width]
+        fit, settled_ok = rows[FIT * width : (FIT + 1) * width], \
+            rows[SETTLED_OK * width : (SETTLED_OK + 1) * width]
+        hit = rows[(N_PER_BLOCK + HIT) * width : (N_PER_BLOCK + HIT + 1) * width]
+        now = rows[(N_PER_BLOCK + NOW) * width : (N_PER_BLOCK + NOW + 1) * width]
+        after = rows[(N_PER_BLOCK + AFTER) * width : (N_PER_BLOCK + AFTER + 1) * width]
+        full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
+        target_size, own_size = consts[P_TARGET_SIZE], consts[P_OWN_SIZE]
+        layout_ok_at, code_at, hashed_at = consts[P_LAYOUT_OK_AT], consts[P_CODE_AT], \
+            consts[P_HASHED_AT]
+        lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
+        # The probe. A prompt's blocks are usually allocated in one batch, in order: where the
+        # block after the last one found is mapped (``mapped``) under the next key's words, the
+        # table maps that key to it (keys are mapped once, a block under its own words), with no
+        # read of the table. Elsewhere the table's own probe (probe_keys): one key after a found
+        # one (its run of blocks ended there), else up to READ_AHEAD keys with their home slots
+        # read first, until one is found.
+        n_blocks = block_high.size
+        # One scratch allocation (each costs the call about 0.1 us) in 8-byte words: per
+        # position of the prompt's history the first index row allowed to point at it (int64),
+        # the read-ahead home slots (uint64), three prefix counts per block (int32) and per
+        # history position the epoch of its block (uint32).
+        n_scratch_history = n_history if has_index else 0
+        n_home = min(READ_AHEAD, n)
+        counts_at = n_scratch_history + n_home
+        epochs_scratch_at = counts_at + (3 * (n + 1) + 1) // 2
+        scratch = np.empty(epochs_scratch_at + (n_scratch_history + 1) // 2, dtype=np.int64)
+        home_words = scratch[n_scratch_history:counts_at].view(np.uint64)
+        previous = -1
+        i = 0
+        while i < n:
+            if previous >= 0:
+                following = previous + 1
+                if following < n_blocks and mapped[following] and \
+                        block_low[following] == low[i] and block_high[following] == high[i]:
+                    ids[i] = following
+                    previous = following
+                    i += 1
+                    continue
+            # One key right after a found one, else up to READ_AHEAD, until one is found.
+            i = probe_keys(slots, block_high, block_low, high, low, ids, i,
+                           min(i + (1 if previous >= 0 or i == 0 else READ_AHEAD), n), home_words,
+                           True, True)
+            previous = ids[i - 1]
+        # The index's target group (its pass output ``history``, over the same lengths): its
+        # block ids and its settled row.
+        n_targets = target_epoch.size
+        if not has_index:
+            n_history = 0
+        history_width = max(n_history, count)
+        history_ids = history[N_SCALARS + count : N_SCALARS + count + n_history]
+        history_bytes = history[N_SCALARS + count + n_history + (n_history + 1) // 2 :].view(
+            np.uint8)
+        history_row = n_history + consts[P_HISTORY_SETTLED_ROW] * history_width
+        history_settled = history_bytes[history_row : history_row + n_history].view(np.bool_)
+        for i in range(N_SCALARS):
+            scalars[i] = 0
+        scalars[CHAIN_BLOCKS] = n
+        changes = False
+        # Prefix counts (int32: a prompt has far fewer blocks): bad raw / compressed / missing,
+        # in the scratch (each entry past the first is written before it is read); a raw
+        # prefix's spans need only where the first missing and first bad raw blocks are.
+        counts = scratch[counts_at:epochs_scratch_at].view(np.int32)
+        raw_bad, cmp_bad, missing = counts[: n + 1], counts[n + 1 : 2 * n + 2], \
+            counts[2 * n + 2 : 3 * n + 3]
+        raw_bad[0] = cmp_bad[0] = missing[0] = 0
+        # Per position of the prompt's history (small: the prompt's blocks): the epoch of the
+        # block there (0 where none), and the first index row allowed to point at it (the first
+        # whose block ends at or after it; never when it is dead), so a reference costs two small
+        # lookups.
+        epoch_at = scratch[epochs_scratch_at:].view(np.uint32)[:n_scratch_history]
+        epoch_at[:] = 0
+        first_row_at = scratch[:n_scratch_history]
+        if has_index:
+            for at in range(n_history):
+                held = history_ids[at]
+                if held < 0 or not consts[hashed_at + target_states[held]]:
+                    first_row_at[at] = n  # no row of this prompt
+                else:
+                    epoch_at[at] = target_epoch[held]
+                    first_row_at[at] = ((at + 1) * target_size + own_size - 1) // own_size - 1
+        # The block of the previous row when it was found and every reference of it passed (an
+        # index's neighbouring rows often hold the same references; -1: none).
+        fit_block = -1
+        raw_count = cmp_count = missing_count = 0
+        # Blocks before the first bad raw one (before the first missing one: chain_blocks).
+        first_raw_bad = 0
+        chain_blocks, needs_checksums = n, False
+        for i in range(n):
+            block = ids[i]
+            row_fit, row_settled = True, True
+            if block < 0:
+                block_facts = 0
+                epochs[i] = 0
+                if chain_blocks == n:
+                    chain_blocks = i
+                row_fit = not has_index
+            else:
+                state = states[block]
+                epochs[i] = epoch[block]
+                block_facts = FOUND | (consts[code_at + state] << CODE_SHIFT)
+                if position[block] == i:
+                    block_facts |= PLACED
+                if sub_blocks[block] == full_sub_mask:
+                    block_facts |= WHOLE
+                if consts[layout_ok_at + layout_id[block]]:
+                    block_facts |= LAYOUT
+                same = has_index and fit_block >= 0
+                if same and block != fit_block:
+                    for j in range(refs_target.shape[1]):
+                        if refs_target[block, j] != refs_target[fit_block, j] or \
+                                refs_epoch[block, j] != refs_epoch[fit_block, j]:
+                            same = False
+                            break
+                if same:
+                    # The previous row's references, which all passed: their targets' checks are
+                    # the same, and a target allowed from a row is allowed from every later one.
+                    row_settled = settled_ok[i - 1]
+                elif has_index:
+                    for j in range(refs_target.shape[1]):
+                        target = refs_target[block, j]
+                        ref_epoch = refs_epoch[block, j]
+                        if target == _NO_TARGET:
+                            if ref_epoch != 0:
+                                row_fit = False
+                            continue
+                        if target < 0 or target >= n_targets:
+                            row_fit = False
+                            row_settled = history_all_settled
+                            break
+                        at = target_position[target]
+                        ours = 0 <= at < n_history and history_ids[at] == target
+                        if not ours:
+                            row_fit = False
+                            row_settled = history_all_settled
+                            break
+                        if not history_all_settled and not history_settled[at]:
+                            row_settled = False
+                        if row_fit:
+                            row_fit = epoch_at[at] == ref_epoch and first_row_at[at] <= i
+                        if not row_fit and (history_all_settled or not row_settled):
+                            break
+            facts[i] = block_facts
+            readable = (block_facts & READABLE) != 0
+            sound = (block_facts & SOUND) == SOUND and row_fit
+            if use_checked_ok:
+                ok = checked_ok[i]
+            elif check_mode == CHECKS_RECORDED and readable:
+                ok = check[block] != _FAILED
+                if check[block] == _UNCHECKED:
+                    needs_checksums = True
+            else:
+                ok = True
+            good = sound and ok
+            is_raw = good and (block_facts & READ_RAW) != 0
+            is_cmp = good and (block_facts & READ_COMPRESSED) != 0
+            movable = restore_aligned and sound and not (readable and not ok)
+            to_raw = (is_raw or (movable and (block_facts & TO_RAW) != 0)) and row_settled
+            to_cmp = (is_cmp or (movable and (block_facts & TO_COMPRESSED) != 0)) and row_settled
+            if to_raw != is_raw or to_cmp != is_cmp:
+                changes = True
+            now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
+            fit[i], settled_ok[i] = row_fit, row_settled
+            fit_block = block if row_fit and block >= 0 else -1
+            # Running counts kept in locals: the arrays are stored to, never read back here.
+            raw_count += not is_raw
+            cmp_count += not is_cmp
+            missing_count += block < 0
+            first_raw_bad += raw_count == 0
+            if not prefix_step:
+                raw_bad[i + 1] = raw_count
+                cmp_bad[i + 1] = cmp_count
+                missing[i + 1] = missing_count
+        scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
+        # The blocks the chain found, where they are one run at one epoch (ONE_RUN_BLOCKS; a
+        # branch-free loop over what was just written, which vectorizes).
+        differ = 0
+        if chain_blocks > 0:
+            run_first, run_epoch = ids[0], epochs[0]
+            for i in range(chain_blocks):
+                differ |= (ids[i] - (run_first + i)) | (epochs[i] ^ run_epoch)
+        scalars[ONE_RUN_BLOCKS] = chain_blocks if differ == 0 else 0
+        # Every block usable now in the form the kind settles in: none counted bad in it.
+        scalars[ALL_SETTLED] = (cmp_count if consts[P_SETTLED_FORM] != 0 else raw_count) == 0
+        largest_hit = largest_now = 0
+        if prefix_step and count:
+            # A raw prefix's spans (length k: blocks [0, k * prefix_step), every length served):
+            # a length is hit (usable) up to the first missing (bad) block, so each row is true
+            # up to a point and false after it, and is filled so.
+            largest_hit = min(count - 1, chain_blocks // prefix_step)
+            largest_now = min(count - 1, first_raw_bad // prefix_step)
+            hit[:largest_hit + 1] = True
+            hit[largest_hit + 1:count] = False
+            now[:largest_now + 1] = True
+            now[largest_now + 1:count] = False
+            after[:largest_now + 1] = True
+            after[largest_now + 1:count] = False
+        else:
+            for k in range(count):
+                start, middle, end = lo[k], cut[k], hi[k]
+                served = base[k] != 0
+                hit_here = served and missing[end] == missing[start]
+                now_here = served and raw_bad[end] == raw_bad[middle] and \
+                    cmp_bad[middle] == cmp_bad[start]
+                hit[k] = hit_here
+                now[k] = now_here
+                after[k] = now_here
+                if hit_here:
+                    largest_hit = k
+                if now_here:
+                    largest_now = k
+        scalars[LARGEST_HIT], scalars[LARGEST_NOW] = largest_hit, largest_now
+        scalars[LARGEST_AFTER] = largest_now
+        scalars[PLAN_CHANGES] = changes
+        if changes:
+            _plan_pass(ids, states, consts, spans, now_raw, now_cmp, after_raw, after_cmp, after,
+                       asked, scalars, budget, capped)
+
+    return group_pass
+
+
+#: The pass's loop: the general one, and the plain one (no index, no checks given).
+_PASS_GENERAL: Final = _group_pass_loop_for(False)
+_PASS_PLAIN: Final = _group_pass_loop_for(True)
+
+group_pass = kernel(example=_group_pass_example, twin=_group_pass_twin,
+                    calls=(_plan_pass, probe_keys))(_PASS_GENERAL)
+
+
+# -- the same pass with the group's fixed arrays by address ------------------------------------
+
+#: The dtype and dimensions of each of the group's fixed arrays, in the pass's order (its
+#: arguments ``slots`` to ``consts``): how :func:`group_pass_fixed` views them.
+FIXED_KINDS: Final = (
+    (np.uint64, 1), (np.uint64, 1), (np.uint64, 1), (np.bool_, 1), (np.uint8, 1),
+    (np.uint32, 1), (np.int32, 1), (np.uint16, 1), (np.uint8, 1), (np.uint8, 1),
+    (np.int32, 2), (np.uint32, 2), (np.uint32, 1), (np.uint8, 1), (np.int32, 1),
+    (np.int64, 1))
+N_FIXED: Final = len(FIXED_KINDS)
+
+
+def pack_fixed(arrays: tuple[NDArray[Any], ...]) -> AddressTable | None:
+    """The group's fixed arrays (``slots`` to ``consts``) as one address table for
+    :func:`group_pass_fixed`; None where one is not laid out as FIXED_KINDS says."""
+    return address_table(arrays, FIXED_KINDS)
+
+
+def _fixed_args(args: tuple[object, ...]) -> tuple[object, ...]:
+    """:func:`group_pass` arguments as :func:`group_pass_fixed` takes them (the table holds
+    the arrays it addresses)."""
+    fixed = pack_fixed(cast(tuple[NDArray[Any], ...],
+                            tuple(np.ascontiguousarray(a) for a in args[2 : 2 + N_FIXED])))
+    assert fixed is not None, "the group pass's inputs are laid out as FIXED_KINDS says"
+    return (*args[:2], fixed, *args[2 + N_FIXED :])
+
+
+def _group_pass_fixed_twin(
+    high: Words, low: Words, fixed: NDArray[np.int64], history: NDArray[np.int64],
+    n_history: int, checked_ok: Bools, spans: NDArray[np.int64], prefix_step: int,
+    check_mode: int,
+    use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
+    capped: bool, out: NDArray[np.int64],
+) -> None:
+    """:func:`group_pass_fixed` in NumPy: the twin of the pass over the addressed arrays."""
+    twin: Any = _group_pass_twin  # the sixteen arrays come as one tuple, typed loosely
+    twin(high, low, *views(fixed, FIXED_KINDS), history, n_history, checked_ok, spans,
+         prefix_step, check_mode,
+         use_checked_ok, has_index, history_all_settled, budget, capped, out)
+
+
+
+
+def _group_pass_fixed_example() -> tuple[object, ...]:
+    """:func:`group_pass_fixed`'s arguments of exactly the call site's types."""
+    return _fixed_args(_group_pass_example())
+
+
+@kernel(example=_group_pass_fixed_example, twin=_group_pass_fixed_twin,
+        calls=(_plan_pass, probe_keys, _PASS_GENERAL, _PASS_PLAIN))
+def group_pass_fixed(
+    high: Words, low: Words, fixed: NDArray[np.int64], history: NDArray[np.int64],
+    n_history: int, checked_ok: Bools, spans: NDArray[np.int64], prefix_step: int,
+    check_mode: int,
+    use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
+    capped: bool, out: NDArray[np.int64],
+) -> None:
+    """:func:`group_pass` with the group's sixteen fixed arrays (``slots`` to ``consts``)
+    given as one address table (:func:`pack_fixed`): numba unboxes one array instead of
+    sixteen on every call (some 0.7 us a lookup's group)."""
+    # Unowned views (the caller holds the arrays): passed down without reference counting.
+    high, low, fixed, history, checked_ok, spans, out = unowned(high), unowned(low), \
+        unowned(fixed), unowned(history), unowned(checked_ok), unowned(spans), unowned(out)
+    slots, block_high, block_low = vector_at(fixed, 0, np.uint64), \
+        vector_at(fixed, 1, np.uint64), vector_at(fixed, 2, np.uint64)
+    mapped, states, epoch = vector_at(fixed, 3, np.bool_), vector_at(fixed, 4, np.uint8), \
+        vector_at(fixed, 5, np.uint32)
+    position, sub_blocks, layout_id = vector_at(fixed, 6, np.int32), \
+        vector_at(fixed, 7, np.uint16), vector_at(fixed, 8, np.uint8)
+    check, refs_target, refs_epoch = vector_at(fixed, 9, np.uint8), \
+        matrix_at(fixed, 10, np.int32), matrix_at(fixed, 11, np.uint32)
+    target_epoch, target_states, target_position = vector_at(fixed, 12, np.uint32), \
+        vector_at(fixed, 13, np.uint8), vector_at(fixed, 14, np.int32)
+    consts = vector_at(fixed, 15, np.int64)
+    # A group without an index, with no checks given (most passes), runs the plain loop.
+    if has_index or use_checked_ok:
+        _PASS_GENERAL(
+            high, low, slots, block_high, block_low, mapped, states, epoch, position,
+            sub_blocks, layout_id, check, refs_target, refs_epoch, target_epoch,
+            target_states, target_position, consts, history, n_history, checked_ok, spans,
+            prefix_step, check_mode, use_checked_ok, has_index, history_all_settled, budget,
+            capped, out)
+    else:
+        _PASS_PLAIN(
+            high, low, slots, block_high, block_low, mapped, states, epoch, position,
+            sub_blocks, layout_id, check, refs_target, refs_epoch, target_epoch,
+            target_states, target_position, consts, history, n_history, checked_ok, spans,
+            prefix_step, check_mode, use_checked_ok, has_index, history_all_settled, budget,
+            capped, out)

@@ -1,0 +1,451 @@
+"""A lease made from a lookup's probe in one compiled call over every group, and given back in
+one more.
+
+A lease taken right after its lookup, on the lookup's own prompt, with no group changed since,
+has nothing left to check but the pin limit: every block is as the lookup saw it. Per group that
+was one kernel call to pin and touch and one to give back, each unboxing some fifteen arrays,
+plus the Python around it; for a model of three groups that fixed cost was most of a lease.
+Here the groups' arrays are gathered once per core into one address table
+(:class:`LeaseArrays`; :mod:`kvfsm._addressed`: one argument instead of nine arrays a group),
+and one pass (:func:`take_probed_kernel`) pins and touches every group's blocks, read
+straight from the lookup's pass outputs, where :func:`unpin_probed_kernel` gives them back.
+The per-group passes (:mod:`kvfsm.lookup._lease_pins`) still serve every other lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm._addressed import AddressTable, address_table, unowned, vector_at, views
+from kvfsm._jit import kernel, read_only, settings
+from kvfsm.lookup._lease_pins import _unpin_twin
+from kvfsm.state._core import LeasedRun
+from kvfsm.state._group import MAX_PINS, GroupState
+from kvfsm.state._touch import (
+    _touch_known,
+    _touch_twin,
+    no_linked_run,
+    unpin_loop,
+)
+
+# -- one pass over every group of a lease made from a lookup's probe -----------------------
+
+#: Columns of a probed lease's answer row per group (``answers[g]``): the first four are the
+#: pinning touch's ``out`` (an id outside the group, the first at the pin limit, how the pins
+#: were taken, a read of one run at one epoch); then the first id and epoch read, and the
+#: prompt blocks ``[lo, hi)`` the group holds.
+OUTSIDE: Final = 0
+FULL: Final = 1
+PINNED_AS: Final = 2
+ONE_READ: Final = 3
+FIRST_ID: Final = 4
+FIRST_EPOCH: Final = 5
+LO: Final = 6
+HI: Final = 7
+ANSWER_COLUMNS: Final = 8
+#: Columns of a probed lease's fixed facts per group (``fixed[g]``).
+SHIFT: Final = 0
+TARGET: Final = 1
+BLOCK: Final = 2
+TARGET_BLOCK: Final = 3
+FIXED_COLUMNS: Final = 4
+#: ``result[0]`` of :func:`take_probed_loop`: every group pinned and touched.
+TAKEN: Final = -1
+#: ``result[0]``: an index group's targets are not all among the blocks the lease would
+#: hold of its target group; nothing was pinned or touched.
+TARGETS_OUTSIDE: Final = -2
+
+
+def answer_runs(names: tuple[str, ...], answers: NDArray[np.int64]) -> list[LeasedRun]:
+    """The runs a one-pass take's answer rows spell, one per group holding blocks:
+    ``(names[g], first id, count, epoch)`` (what the core tells observers without the
+    answer-rows methods)."""
+    return [(names[g], row[FIRST_ID], row[HI] - row[LO], row[FIRST_EPOCH])
+            for g, row in enumerate(answers.tolist()) if row[HI] > row[LO]]
+
+
+def one_run_blocks(ids: NDArray[np.int64], epochs: NDArray[np.uint32]) -> int:
+    """What a take may trust of a lookup's blocks (ids, -1 where missing, and their epochs):
+    the blocks before the first missing one where they are one run of consecutive ids at
+    the first's epoch, else 0 (NumPy; the lookup's compiled pass counts the same)."""
+    found = ids >= 0
+    chain = ids.size if found.all() else int(np.argmin(found))
+    if chain == 0:
+        return 0
+    run = (ids[:chain] == ids[0] + np.arange(chain)) & (epochs[:chain] == epochs[0])
+    return chain if run.all() else 0
+
+
+def _probed_ids(out: NDArray[np.int64], at_ids: int, at_epochs: int, lo: int, hi: int
+                ) -> tuple[NDArray[np.int64], NDArray[np.uint32]]:
+    """The ids and epochs a lookup's group pass wrote to ``out`` for prompt blocks
+    ``[lo, hi)`` (ids from word ``at_ids``, epochs two a word from ``at_epochs``)."""
+    return out[at_ids + lo:at_ids + hi], out[at_epochs:].view(np.uint32)[lo:hi]
+
+
+#: Per group, the arrays a lease's one-pass take and give-back read and write, in this order
+#: in their address table (:data:`LEASE_KINDS` says each one's dtype): the blocks' states,
+#: the recency list of each state, the blocks' use stamps, the lists' links, heads and tails,
+#: the blocks' and chunks' pins, the blocks' epochs, and the record of a run linked in order.
+STATES, LIST_OF_STATE, LAST_USE, PREV, NEXT, HEAD, TAIL, PINS, CHUNK_PINS, EPOCH, \
+    LINKED_RUN = range(11)
+LEASE_KINDS: Final[tuple[tuple[type[np.generic], int], ...]] = (
+    (np.uint8, 1), (np.int8, 1), (np.uint32, 1), (np.int32, 1), (np.int32, 1), (np.int32, 1),
+    (np.int32, 1), (np.uint16, 1), (np.uint16, 1), (np.uint32, 1), (np.int64, 1))
+N_LEASE_ARRAYS: Final = len(LEASE_KINDS)
+
+
+def leased_arrays(arrays: NDArray[np.int64], g: int) -> tuple[NDArray[Any], ...]:
+    """Group ``g``'s arrays of a lease's address table, STATES ... LINKED_RUN (plain-Python
+    views, for the twins)."""
+    return views(arrays, LEASE_KINDS, g * N_LEASE_ARRAYS)
+
+
+def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
+                     offsets: NDArray[np.int64], at: int, fixed: NDArray[np.int64],
+                     arrays: NDArray[np.int64], tick: int, max_pins: int,
+                     answers: NDArray[np.int64], result: NDArray[np.int64]) -> None:
+    """A lease's pinning touch (:func:`_touch_known`) of every group at once, on the blocks a
+    lookup found usable at its candidate ``at`` (no group changed since: only the pin limit
+    is left to check), so a lease costs one compiled call, not one per group.
+
+    Group ``g``'s blocks are prompt blocks ``[bounds[g, 0, at], bounds[g, 1, at])``, their
+    ids and epochs in the lookup's pass output ``outs[g]`` from words ``offsets[g, 0]`` and
+    ``offsets[g, 1]``; word ``offsets[g, 2]`` of it (-1: none) counts the prompt blocks from
+    the first that the lookup found one run of consecutive ids at one epoch, so a span
+    inside them is pinned and touched without reading its ids and epochs (every group's
+    bounds and offsets in one array each: fewer arguments to unbox on every lease).
+    ``fixed[g]`` is what the group's declaration fixes (columns ``SHIFT`` ...
+    ``TARGET_BLOCK``): its pin chunk shift, the position of the group its blocks point into
+    (-1: none), and the two groups' block sizes. ``arrays`` addresses
+    every group's states, lists, stamps, links, pins and run records (:data:`LEASE_KINDS`
+    per group, an address table: one argument instead of ten per group).
+
+    First, no changes: an index group's usable rows point only at history blocks ending
+    before them, which the lease must hold as blocks of the target group (from its block 0
+    past them); where it would not, ``result[0] = TARGETS_OUTSIDE`` and nothing changes.
+    Then each group with blocks, in order, touched at the next tick from ``tick`` (counted
+    in ``result[1]``) with its answer row ``answers[g]`` (columns ``OUTSIDE`` ...
+    ``HI``); the first refused (an id outside the group, a block at ``max_pins``) stops
+    there with ``result[0] = g``: the groups before it stay pinned and touched, it and those
+    after are unchanged. Else ``result[0] = TAKEN``. ``result[2]`` counts the touched
+    groups whose blocks are one run at one epoch (``ONE_READ``: when it is ``result[1]``,
+    the lease's read is reported from the answer rows alone)."""
+    # Unowned views (the caller holds the arrays): no reference counting on each view.
+    bounds, offsets, fixed, arrays, answers, result = unowned(bounds), unowned(offsets), \
+        unowned(fixed), unowned(arrays), unowned(answers), unowned(result)
+    groups = len(outs)
+    result[0], result[1], result[2] = TAKEN, 0, 0
+    for g in range(groups):
+        target = fixed[g, TARGET]
+        lo, hi = bounds[g, 0, at], bounds[g, 1, at]
+        if target >= 0 and hi > lo:
+            reach = hi * fixed[g, BLOCK] // fixed[g, TARGET_BLOCK]
+            if bounds[target, 0, at] != 0 or bounds[target, 1, at] < reach:
+                result[0] = TARGETS_OUTSIDE
+                return
+    touched = 0
+    for g in range(groups):
+        answer = answers[g]
+        lo, hi = bounds[g, 0, at], bounds[g, 1, at]
+        answer[OUTSIDE], answer[FULL], answer[PINNED_AS], answer[ONE_READ] = -1, -1, 0, 0
+        answer[FIRST_ID], answer[FIRST_EPOCH], answer[LO], answer[HI] = -1, 0, lo, hi
+        if hi <= lo:
+            continue
+        out = unowned(outs[g])
+        ids, seen = _probed_ids(out, offsets[g, 0], offsets[g, 1], lo, hi)
+        run_at = offsets[g, 2]
+        one_run = run_at >= 0 and hi <= out[run_at]
+        base = g * N_LEASE_ARRAYS
+        _touch_known(ids, vector_at(arrays, base + STATES, np.uint8),
+                     vector_at(arrays, base + LIST_OF_STATE, np.int8),
+                     vector_at(arrays, base + LAST_USE, np.uint32), tick + touched,
+                     vector_at(arrays, base + PREV, np.int32),
+                     vector_at(arrays, base + NEXT, np.int32),
+                     vector_at(arrays, base + HEAD, np.int32),
+                     vector_at(arrays, base + TAIL, np.int32), seen,
+                     vector_at(arrays, base + PINS, np.uint16),
+                     vector_at(arrays, base + CHUNK_PINS, np.uint16), fixed[g, SHIFT], max_pins,
+                     vector_at(arrays, base + LINKED_RUN, np.int64), answer, one_run)
+        if answer[OUTSIDE] >= 0 or answer[FULL] >= 0:
+            result[0], result[1] = g, touched
+            return
+        answer[FIRST_ID], answer[FIRST_EPOCH] = ids[0], seen[0]
+        touched += 1
+        result[2] += answer[ONE_READ]
+    result[1] = touched
+
+
+def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
+                      fixed: NDArray[np.int64], arrays: NDArray[np.int64],
+                      answers: NDArray[np.int64], groups: int) -> None:
+    """Give back what :func:`take_probed_loop` pinned in its first ``groups`` groups (its
+    answer rows say where and how), as :func:`unpin_loop` per group (``arrays``: the take's
+    address table)."""
+    # Unowned views (the caller holds the arrays): no reference counting on each view.
+    offsets, fixed, arrays, answers = unowned(offsets), unowned(fixed), unowned(arrays), \
+        unowned(answers)
+    for g in range(groups):
+        lo, hi = answers[g, LO], answers[g, HI]
+        if hi > lo:
+            ids, seen = _probed_ids(unowned(outs[g]), offsets[g, 0], offsets[g, 1], lo, hi)
+            base = g * N_LEASE_ARRAYS
+            unpin_loop(ids, seen, vector_at(arrays, base + EPOCH, np.uint32),
+                       vector_at(arrays, base + PINS, np.uint16),
+                       vector_at(arrays, base + CHUNK_PINS, np.uint16), fixed[g, SHIFT],
+                       answers[g, PINNED_AS])
+
+
+def _take_twin(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
+               offsets: NDArray[np.int64], at: int, fixed: NDArray[np.int64],
+               arrays: NDArray[np.int64], tick: int, max_pins: int, answers: NDArray[np.int64],
+               result: NDArray[np.int64]) -> None:
+    """:func:`take_probed_loop` with each group's touch as :func:`_touch_twin`."""
+    spans = bounds[:, :, at].reshape(-1, 2)
+    result[:3] = (TAKEN, 0, 0)
+    for g, (lo, hi) in enumerate(spans.tolist()):
+        target = int(fixed[g, TARGET])
+        if target >= 0 and hi > lo:
+            reach = hi * int(fixed[g, BLOCK]) // int(fixed[g, TARGET_BLOCK])
+            if spans[target, 0] != 0 or spans[target, 1] < reach:
+                result[0] = TARGETS_OUTSIDE
+                return
+    touched = 0
+    for g, (lo, hi) in enumerate(spans.tolist()):
+        answers[g] = (-1, -1, 0, 0, -1, 0, lo, hi)
+        if hi <= lo:
+            continue
+        ids, seen = _probed_ids(outs[g], int(offsets[g][0]), int(offsets[g][1]), lo, hi)
+        views = leased_arrays(arrays, g)
+        _touch_twin(ids, views[STATES], views[LIST_OF_STATE], views[LAST_USE], tick + touched,
+                    views[PREV], views[NEXT], views[HEAD], views[TAIL], seen, views[PINS],
+                    views[CHUNK_PINS], int(fixed[g, SHIFT]), max_pins, views[LINKED_RUN],
+                    answers[g])
+        if answers[g, OUTSIDE] >= 0 or answers[g, FULL] >= 0:
+            result[:2] = (g, touched)
+            return
+        answers[g, FIRST_ID], answers[g, FIRST_EPOCH] = ids[0], seen[0]
+        touched += 1
+        result[2] += answers[g, ONE_READ]
+    result[1] = touched
+
+
+def _unpin_probed_twin(outs: tuple[NDArray[np.int64], ...],
+                       offsets: NDArray[np.int64], fixed: NDArray[np.int64],
+                       arrays: NDArray[np.int64], answers: NDArray[np.int64],
+                       groups: int) -> None:
+    """:func:`unpin_probed_loop` with each group's unpin as its NumPy twin."""
+    for g in range(groups):
+        lo, hi = int(answers[g, LO]), int(answers[g, HI])
+        if hi > lo:
+            ids, seen = _probed_ids(outs[g], int(offsets[g][0]), int(offsets[g][1]), lo, hi)
+            views = leased_arrays(arrays, g)
+            _unpin_twin(ids, seen, views[EPOCH], views[PINS], views[CHUNK_PINS],
+                        int(fixed[g, SHIFT]), int(answers[g, PINNED_AS]))
+
+
+def lease_table(groups: Sequence[Sequence[NDArray[Any]]], *, convert: bool = False
+                ) -> AddressTable:
+    """One address table of every group's arrays, :data:`LEASE_KINDS` per group in that
+    order. The passes write through it into the arrays themselves, so an array of another
+    dtype or layout is refused (a TypeError naming it), never copied: ``convert`` (for
+    made-up inputs only) converts such arrays to their kinds first."""
+    every = []
+    for g, arrays in enumerate(groups):
+        for which, (array, (dtype, _)) in enumerate(zip(arrays, LEASE_KINDS, strict=True)):
+            if convert:
+                array = np.ascontiguousarray(array, dtype=dtype)
+            elif array.dtype != np.dtype(dtype) or not array.flags.c_contiguous:
+                raise TypeError(f"group {g}'s lease array {which} must be C-contiguous "
+                                f"{np.dtype(dtype)}, got {array.dtype}")
+            every.append(array)
+    table = address_table(every, LEASE_KINDS * len(groups))
+    assert table is not None, "arrays of their kinds make a table"
+    return table
+
+
+def _outputs(groups: Sequence[tuple[Any, Any]], at: int,
+             rng: np.random.Generator | None
+             ) -> tuple[tuple[NDArray[np.int64], ...], NDArray[np.int64], NDArray[np.int64]]:
+    """Pass outputs holding each group's ``(ids, epochs)`` at candidate ``at`` as a lookup
+    lays them out (scalars, then ids, then epochs two a word), with every group's bounds
+    (``[lo, hi)`` per candidate) and offsets as a lookup's call gathers them: the blocks
+    start at a prompt block ``lo`` (0, or random with ``rng``). Word 0 counts the blocks
+    that are one run at one epoch, as a lookup counts them (with ``rng``
+    the offsets point at it only now and then: -1 says nothing is known)."""
+    outs = []
+    bounds = np.zeros((len(groups), 2, at + 1), dtype=np.int64)
+    offsets = np.zeros((len(groups), 3), dtype=np.int64)
+    for g, (ids, epochs) in enumerate(groups):
+        lo = 0 if rng is None else int(rng.integers(0, 3))
+        n = lo + ids.size + (0 if rng is None else int(rng.integers(0, 2)))
+        at_ids = 2 + (0 if rng is None else int(rng.integers(0, 3)))
+        at_epochs = at_ids + n
+        out = np.zeros(at_epochs + (n + 1) // 2 + 1, dtype=np.int64)
+        out[at_ids + lo:at_ids + lo + ids.size] = ids
+        out[at_epochs:].view(np.uint32)[lo:lo + ids.size] = epochs
+        out[0] = one_run_blocks(out[at_ids:at_epochs], out[at_epochs:].view(np.uint32)[:n])
+        bounds[g, 0, at], bounds[g, 1, at] = lo, lo + ids.size
+        offsets[g] = (at_ids, at_epochs, 0 if rng is None or rng.random() < 0.7 else -1)
+        outs.append(out)
+    return tuple(outs), read_only(bounds), read_only(offsets)
+
+
+def _take_example() -> tuple[object, ...]:
+    outs, bounds, offsets = _outputs([(np.zeros(1, dtype=np.intp),
+                                       np.zeros(1, dtype=np.uint32))], 0, None)
+    nodes = np.full(1, -1, dtype=np.int32)
+    fixed = np.array([[6, -1, 16, 16]], dtype=np.int64)
+    arrays = lease_table([(read_only(np.zeros(1, dtype=np.uint8)),
+                           read_only(np.full(1, -1, dtype=np.int8)),
+                           np.zeros(1, dtype=np.uint32), nodes, nodes.copy(), nodes.copy(),
+                           nodes.copy(), np.zeros(1, dtype=np.uint16),
+                           np.zeros(1, dtype=np.uint16), read_only(np.zeros(1, np.uint32)),
+                           no_linked_run())])
+    return (outs, bounds, offsets, 0, fixed, arrays, 1, MAX_PINS,
+            np.zeros((1, ANSWER_COLUMNS), dtype=np.int64), np.zeros(3, dtype=np.int64))
+
+
+take_probed_kernel = kernel(example=_take_example, twin=_take_twin,
+                            calls=(_probed_ids, _touch_known))(take_probed_loop)
+
+
+def _unpin_tables(groups: Sequence[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]
+                  ) -> AddressTable:
+    """A lease's address table holding each group's ``(epoch, pins, chunk_pins)`` (what a
+    give-back reads and writes), stand-ins for the rest."""
+    def stand_in(dtype: type[np.generic]) -> NDArray[Any]:
+        return np.zeros(1, dtype=dtype)
+
+    return lease_table([(stand_in(np.uint8), stand_in(np.int8), stand_in(np.uint32),
+                         stand_in(np.int32), stand_in(np.int32), stand_in(np.int32),
+                         stand_in(np.int32), pins, chunk_pins, epoch, no_linked_run())
+                        for epoch, pins, chunk_pins in groups], convert=True)
+
+
+def _unpin_example() -> tuple[object, ...]:
+    outs, _, offsets = _outputs([(np.zeros(1, dtype=np.intp),
+                                  np.zeros(1, dtype=np.uint32))], 0, None)
+    answers = np.zeros((1, ANSWER_COLUMNS), dtype=np.int64)
+    answers[0, HI] = 1
+    arrays = _unpin_tables([(read_only(np.zeros(1, dtype=np.uint32)),
+                             np.ones(1, dtype=np.uint16), np.zeros(1, dtype=np.uint16))])
+    return (outs, offsets, np.array([[6, -1, 16, 16]], dtype=np.int64), arrays, answers, 1)
+
+
+unpin_probed_kernel = kernel(example=_unpin_example, twin=_unpin_probed_twin,
+                             calls=(_probed_ids, unpin_loop))(unpin_probed_loop)
+
+
+#: The dtype of every array a one-pass call hands its entry point (:class:`LeaseArrays`).
+_INT64: Final = np.dtype(np.int64)
+
+
+def _int64_c(arrays: Sequence[NDArray[Any]], ndim: int) -> bool:
+    """Every one of ``arrays`` is a plain NumPy array of int64, ``ndim`` dimensions, C-contiguous
+    and aligned: what a one-pass entry point reads it as (a few hundred ns for a lease's
+    arrays, where numba's matching of all its arguments costs microseconds right after a
+    long lookup)."""
+    for array in arrays:
+        if array.__class__ is not np.ndarray:
+            return False
+        flags = array.flags
+        if array.dtype is not _INT64 or array.ndim != ndim or not flags.c_contiguous or \
+                not flags.aligned:
+            return False
+    return True
+
+
+class LeaseArrays:
+    """A core's groups' arrays that a lease pass reads and writes, as one address table in one
+    order of the groups (a lookup's), gathered once: the arrays are each group's own for its
+    life (made with the group, never replaced), and the table holds them."""
+
+    def __init__(self, groups: Sequence[GroupState], names: tuple[str, ...] | None = None
+                 ) -> None:
+        if not groups:
+            raise ValueError("a lease's arrays need at least one group")
+        self.groups = tuple(groups)
+        #: The groups' names (``names`` itself where given: a lookup's probe names them in
+        #: one tuple, compared by identity).
+        self.names = tuple(state.name for state in self.groups) if names is None else names
+        if self.names != tuple(state.name for state in self.groups):
+            raise ValueError(f"names {self.names} are not the groups' "
+                             f"{[state.name for state in self.groups]}")
+        #: The core's use counter and count of changes to any group (shared by its groups).
+        self.clock = self.groups[0].clock
+        self.change_count = self.groups[0].change_count
+        positions = {state.name: at for at, state in enumerate(self.groups)}
+        self.fixed = np.zeros((len(self.groups), FIXED_COLUMNS), dtype=np.int64)
+        for at, state in enumerate(self.groups):
+            target = state.target
+            self.fixed[at] = (state.pin_shift, -1 if target is None else positions[target.name],
+                              state.decl.block_size,
+                              state.decl.block_size if target is None
+                              else target.decl.block_size)
+        #: Every group's states, lists, stamps, links, pins, epochs and run record
+        #: (LEASE_KINDS per group) as one address table: the passes take it as one argument.
+        self.table = lease_table([
+            (state.states, state.recency.list_of_state, state._blocks.last_use,
+             state.recency.prev, state.recency.next, state.recency.head, state.recency.tail,
+             state._blocks.pins, state._blocks.chunk_pins, state.epoch,
+             state.recency.linked_run)
+            for state in self.groups])
+        #: The answer of the last take (used under the owner's lock).
+        self.result = np.zeros(3, dtype=np.int64)
+        #: Groups, the length of the lookup outputs' tuple the entry points are bound to.
+        self.count = len(self.groups)
+        #: The one-pass passes' entry points, bound on their first checked calls (see
+        #: :meth:`take`).
+        self._take_entry: Callable[..., None] | None = None
+        self._unpin_entry: Callable[..., None] | None = None
+
+    def take(self, outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
+             offsets: NDArray[np.int64], at: int, tick: int,
+             answers: NDArray[np.int64]) -> tuple[int, int, int]:
+        """:func:`take_probed_loop` over these groups; ``(result[0], result[1], result[2])``.
+
+        Where kernels run compiled, through an entry point bound on the first call that skips
+        numba's matching of the ten arguments' types (some 2 µs right after a long lookup,
+        each lease's take): safe because every argument has the bound types by the time it
+        is called. ``fixed``, ``table`` and ``result`` are this object's own, made with their
+        dtypes in ``__init__`` (``table`` checked there by :func:`lease_table`); the lookup's
+        ``outs``, ``bounds``, ``offsets`` and the caller's ``answers`` are checked on every
+        call to be C-contiguous int64 of their dimensions (:func:`_int64_c`), else the call
+        goes through numba's dispatcher, which matches them; the rest are ints."""
+        entry = self._take_entry
+        if settings.enabled and len(outs) == self.count and _int64_c(outs, 1) and \
+                _int64_c((bounds,), 3) and _int64_c((offsets, answers), 2):
+            if entry is None:
+                entry = self._take_entry = take_probed_kernel.entry(*(
+                    outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
+                    self.result))
+        else:
+            entry = take_probed_kernel.run
+        entry(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
+              self.result)
+        stop, touched, one_reads = self.result.tolist()
+        return stop, touched, one_reads
+
+    def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
+              answers: NDArray[np.int64], groups: int) -> None:
+        """:func:`unpin_probed_loop` over the first ``groups`` of these groups (through a bound
+        entry point where its arguments are checked as :meth:`take` checks them)."""
+        entry = self._unpin_entry
+        if settings.enabled and len(outs) == self.count and _int64_c(outs, 1) and \
+                _int64_c((offsets, answers), 2):
+            if entry is None:
+                entry = self._unpin_entry = unpin_probed_kernel.entry(*(
+                    outs, offsets, self.fixed, self.table, answers, groups))
+        else:
+            entry = unpin_probed_kernel.run
+        entry(outs, offsets, self.fixed, self.table, answers, groups)
+
+
+__all__ = ["ANSWER_COLUMNS", "FIRST_EPOCH", "FIRST_ID", "FULL", "HI", "LO", "ONE_READ",
+           "OUTSIDE", "PINNED_AS", "TAKEN", "TARGETS_OUTSIDE", "LeaseArrays",
+           "take_probed_kernel", "unpin_probed_kernel"]

@@ -1,0 +1,157 @@
+"""The usual lease: taken on a lookup's own verdict and prompt with no group changed since, in
+one compiled call over every group.
+
+Nothing moved since the lookup (each group's ``changes`` is as the lookup saw it), so every
+block is still as the lookup found it and only the pin limit is left to check. The blocks are
+read straight from the lookup's pass outputs (:class:`~kvfsm.lookup.Probe` ``passes``), and
+one pass pins and touches them all (:class:`~kvfsm.lookup._lease_pass.LeaseArrays`); the lease
+keeps those outputs and the pass's answer rows, and makes per-group views only when asked
+(its blocks, a validate after some group changed, a read that is not one run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple, NoReturn
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm._errors import KvfsmError
+from kvfsm.lookup._lease_pass import (
+    FIRST_EPOCH,
+    FIRST_ID,
+    FULL,
+    HI,
+    LO,
+    ONE_READ,
+    OUTSIDE,
+    PINNED_AS,
+    LeaseArrays,
+    _probed_ids,
+    answer_runs,
+)
+from kvfsm.lookup._lease_pins import given_back
+from kvfsm.state import MAX_PINS, StateCore, StateError
+from kvfsm.state._core import LeasedRead, LeasedRun, PinRun
+
+#: A lookup's pass per group: ``(name, spans, out, words, changes)`` (``Probe.passes``).
+Passes = Sequence[tuple[str, Any, NDArray[np.int64], Any, int]]
+
+
+class ProbedHold(NamedTuple):
+    """What a lease taken in one pass (``LeaseBook._take_probed``) holds: the groups'
+    arrays, the lookup's pass per group (its outputs hold the ids and epochs), the outputs
+    and where in them the ids and epochs start, the answer row per group (columns of
+    :mod:`~kvfsm.lookup._lease_pass`: prompt blocks ``[LO, HI)``, how they were pinned,
+    whether they are one run at one epoch, the first id and epoch), the core's count of
+    changes to any group at the take, the groups holding blocks, and whether each of those
+    holds one run at one epoch (its read is then told from the answer rows alone)."""
+
+    arrays: LeaseArrays
+    passes: Passes
+    outs: tuple[NDArray[np.int64], ...]
+    offsets: NDArray[np.int64]
+    answers: NDArray[np.int64]
+    changes: int
+    holding: int
+    one_runs: bool
+
+    def unchanged(self) -> bool:
+        """No group has changed since the take (so none of its blocks moved): O(1)."""
+        return self.arrays.change_count.total == self.changes
+
+    def blocks(self, g: int, row: list[int]) -> tuple[NDArray[np.intp], NDArray[np.uint32]]:
+        """The ids and epochs group ``g`` holds (its answer ``row``): views of the lookup's
+        output."""
+        ids, epochs = _probed_ids(self.outs[g], int(self.offsets[g][0]),
+                                  int(self.offsets[g][1]), row[LO], row[HI])
+        return ids.view(np.intp), epochs
+
+    def views(self) -> list[tuple[int, NDArray[np.intp], NDArray[np.uint32], int, bool]]:
+        """Per group: its first prompt block, the ids and epochs held (views of the lookup's
+        output), how they were pinned, and whether they are one run at one epoch."""
+        made = []
+        for g, row in enumerate(self.answers.tolist()):
+            ids, epochs = self.blocks(g, row)
+            made.append((row[LO], ids, epochs, row[PINNED_AS], bool(row[ONE_READ])))
+        return made
+
+    def report_read(self, core: StateCore) -> None:
+        """Tell ``core``'s observers the read a validated lease is about to do: from the
+        answer rows alone where every group holds one run at one epoch (the usual lease),
+        else as :meth:`reads`."""
+        if self.one_runs:
+            core.record_lease_runs(self.arrays.names, self.answers, self.holding,
+                                   answer_runs)
+        else:
+            core.record_leased_reads(*self.reads())
+
+    def reads(self) -> tuple[list[LeasedRead], list[LeasedRun]]:
+        """The read a validated lease reports: each group's blocks as a run where they are one
+        (no array looked at), else as arrays."""
+        reads: list[LeasedRead] = []
+        runs: list[LeasedRun] = []
+        names = self.arrays.names
+        for g, row in enumerate(self.answers.tolist()):
+            count = row[HI] - row[LO]
+            if count <= 0:
+                continue
+            if row[ONE_READ]:
+                runs.append((names[g], row[FIRST_ID], count, row[FIRST_EPOCH]))
+                continue
+            ids, epochs = self.blocks(g, row)
+            reads.append((names[g], ids, epochs, False))
+        return reads, runs
+
+    def tell_pins(self, core: StateCore, delta: int) -> None:
+        """Tell ``core``'s pin observers of the pins this lease took (``delta`` 1, after the
+        take) or gave back (-1, after :meth:`unpin`): a run per group holding one run at one
+        epoch (the usual lease: from the answer rows, no array looked at), else its ids. A
+        give-back after the group changed tells only the pins given back
+        (:func:`~kvfsm.lookup._lease_pins.given_back`)."""
+        names, groups = self.arrays.names, self.arrays.groups
+        # Nothing changed since the take (no group's ``changes`` moved): every pin taken is
+        # given back.
+        whole = delta > 0 or self.unchanged()
+        if whole and self.one_runs:  # the usual lease: its answer rows as they are
+            core.tell_lease_pins(names, self.answers, self.holding, delta, answer_runs)
+            return
+        runs: list[PinRun] = []
+        for g, row in enumerate(self.answers.tolist()):
+            count = row[HI] - row[LO]
+            if count <= 0:
+                continue
+            state = groups[g]
+            if whole or state.changes == self.passes[g][4]:
+                if row[ONE_READ]:
+                    runs.append((names[g], row[FIRST_ID], count, delta))
+                    continue
+                ids, _ = self.blocks(g, row)
+            else:
+                ids, epochs = self.blocks(g, row)
+                ids = given_back(state, ids, epochs, row[PINNED_AS])
+            core.tell_pins(names[g], ids.copy(), delta)
+        core.tell_pin_runs(runs)
+
+    def unpin(self, groups: int | None = None) -> None:
+        """Give back the pins of every group (or of the first ``groups``)."""
+        self.arrays.unpin(self.outs, self.offsets, self.answers,
+                          len(self.outs) if groups is None else groups)
+
+
+def refuse_probed(hold: ProbedHold, stop: int) -> NoReturn:
+    """Raise why group ``stop`` refused a one-pass take (:attr:`LeaseArrays.take` answered
+    ``stop`` for it), after giving back the pins of the groups before it: a KvfsmError (an id
+    outside its group) or a StateError (a block already at ``MAX_PINS``)."""
+    hold.unpin(stop)
+    state, row = hold.arrays.groups[stop], hold.answers[stop].tolist()
+    ids, _ = hold.blocks(stop, row)
+    if row[OUTSIDE] >= 0:
+        raise KvfsmError(f"{state.name}: block ids must lie in [0, {state.n_blocks}), got "
+                         f"{int(ids[row[OUTSIDE]])}")
+    raise StateError(f"{state.name}: more than {MAX_PINS} pins on one block (block "
+                     f"{int(ids[row[FULL]])}); nothing was pinned")
+
+
+__all__ = ["ProbedHold", "refuse_probed"]

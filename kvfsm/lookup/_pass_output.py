@@ -1,0 +1,382 @@
+"""One group pass's output read back: its per-block and per-length parts, the blocks failing at a
+length, why each fails, and the snapshot of the core those reasons read.
+
+:class:`~kvfsm.lookup._group_eval.GroupEval` runs the pass (:mod:`kvfsm.lookup._group_pass`)
+and is a :class:`PassOutput`; what is here only reads what the pass wrote (views made when
+first read: a lookup reads few of them) and, for a verdict explained later, the snapshot taken
+before the lookup returned (:meth:`PassOutput.freeze`), never the core's state now.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, cast
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvfsm._reasons import Reason
+from kvfsm.fsm import FORM_COMPRESSED as COMPRESSED
+from kvfsm.fsm import FORM_RAW as RAW
+from kvfsm.fsm import CompiledTable
+from kvfsm.kinds import KindRule
+from kvfsm.lookup._block_facts import FOUND, LAYOUT, PLACED, READABLE, WHOLE
+from kvfsm.lookup._group_pass import (
+    AFTER,
+    AFTER_CMP,
+    AFTER_RAW,
+    FIT,
+    HIT,
+    N_PER_BLOCK,
+    NOW,
+    NOW_CMP,
+    NOW_RAW,
+    SNAPSHOT_FAILED,
+    SNAPSHOT_STATE,
+    snapshot_rows,
+)
+from kvfsm.lookup._index_check import IndexCheck
+from kvfsm.lookup._paths import RestorePaths
+from kvfsm.lookup._snapshot import take_snapshot
+from kvfsm.lookup._spans import Spans
+from kvfsm.lookup._statics import Statics
+from kvfsm.lookup._why import Codes, reason_codes
+from kvfsm.spec import GroupDecl, Tier
+from kvfsm.state import GroupState
+
+Bools = NDArray[np.bool_]
+
+
+class Frozen(NamedTuple):
+    """What explaining a group's verdict reads of the core, as it was when the verdict was
+    made (:meth:`PassOutput.freeze`): the group's table, each prompt block's lifecycle state
+    (0 where missing), whether its recorded data check failed (None: not read), and for a
+    sparse index whether each row that fails its reference check has a stale or dead
+    reference (None: the group has no index). A later change to the core cannot alter an
+    explanation made from it."""
+
+    table: CompiledTable
+    states: NDArray[np.uint8]
+    failed_checks: Bools | None
+    stale: Bools | None
+
+
+class PassOutput:
+    """One group's pass output and what reading it back needs (set by
+    :class:`~kvfsm.lookup._group_eval.GroupEval`, which runs the pass): views of its parts,
+    the failing blocks at a length, their reasons, and the snapshot explanations read."""
+
+    #: Everything the last pass wrote (:func:`~kvfsm.lookup._group_pass.out_offsets`).
+    _out: NDArray[np.int64]
+    #: Its byte part (facts, then the flag rows) as a view, made on first read (None until).
+    _raw: NDArray[np.uint8] | None
+    #: The prompt's blocks in this group, and the candidate lengths (tokens).
+    n: int
+    lengths: NDArray[np.int64]
+    #: The kind's spans over them, the declaration, and the group and statics evaluated
+    #: (after :meth:`detach`, a record of what explaining reads of both).
+    spans: Spans
+    decl: GroupDecl
+    group: GroupState
+    _statics: Statics
+    #: The index's target group's evaluation (None: not an index, or detached).
+    _history: PassOutput | None
+    _has_index: bool
+    #: The pass read the recorded data checks (not the caller's answers).
+    _recorded_checks: bool
+    # Absent unless this lookup computed them (class defaults: most lookups never do).
+    #: Layer 4 per block, where the pools do not guarantee alignment.
+    align_ok: Bools | None = None
+    #: Layer 1 per block, where this lookup computed data checksums.
+    checksum_ok: Bools | None = None
+    #: What the kind needs at each length a verdict asked about (:meth:`_need`; None until).
+    _needs: dict[int, tuple[int, int, int, bool]] | None = None
+    #: What the snapshot adds to the pass's output: the group's table, an index's stale rows,
+    #: and whether the recorded checks were copied (:meth:`freeze`; None until).
+    _snapshot: tuple[CompiledTable, Bools | None, bool] | None = None
+    #: The snapshot as explanations read it (:meth:`frozen`; None until).
+    _frozen: Frozen | None = None
+
+    @property
+    def rule(self) -> KindRule:
+        """The rule of the group's kind."""
+        return self.group.rule
+
+    @property
+    def paths(self) -> RestorePaths:
+        """The restore paths of the group's table (as this lookup used them)."""
+        return self._statics.paths
+
+    # -- the pass's output, as views made when read (out_offsets' layout) -------------------
+
+    def _bytes(self) -> NDArray[np.uint8]:
+        """The byte part of the output: a fact byte per block, then the flag rows."""
+        raw = self._raw
+        if raw is None:
+            raw = self._raw = self._out[self.spans.out_at[2]:].view(np.uint8)
+        return raw
+
+    def _flag_row(self, row: int, length: int) -> Bools:
+        """Flag row ``row`` (of N_FLAGS), its first ``length`` entries."""
+        n = self.n
+        start = n + row * max(n, self.lengths.size)
+        flags: Bools = self._bytes()[start : start + length].view(np.bool_)
+        return flags
+
+    @property
+    def ids(self) -> NDArray[np.intp]:
+        """Per block: its id in the group, -1 where its hash is not in the map."""
+        ids_at, epochs_at, _, _ = self.spans.out_at
+        return self._out[ids_at:epochs_at].view(np.intp)
+
+    @property
+    def epochs(self) -> NDArray[np.uint32]:
+        """Each block's epoch as this lookup saw it (0 where missing)."""
+        _, epochs_at, bytes_at, _ = self.spans.out_at
+        epochs: NDArray[np.uint32] = self._out[epochs_at:bytes_at].view(np.uint32)[: self.n]
+        return epochs
+
+    @property
+    def facts(self) -> NDArray[np.uint8]:
+        """Per block: its fact bits (:mod:`kvfsm.lookup._block_facts`)."""
+        return self._bytes()[: self.n]
+
+    @property
+    def now_raw(self) -> Bools:
+        """Per block: usable now, read raw."""
+        return self._flag_row(NOW_RAW, self.n)
+
+    @property
+    def now_cmp(self) -> Bools:
+        """Per block: usable now, read compressed."""
+        return self._flag_row(NOW_CMP, self.n)
+
+    @property
+    def after_raw(self) -> Bools:
+        """Per block: usable raw after the plan."""
+        return self._flag_row(AFTER_RAW, self.n)
+
+    @property
+    def after_cmp(self) -> Bools:
+        """Per block: usable compressed after the plan."""
+        return self._flag_row(AFTER_CMP, self.n)
+
+    @property
+    def hit(self) -> Bools:
+        """Per candidate length: every block the kind needs there is found by hash."""
+        return self.row(HIT)
+
+    @property
+    def now(self) -> Bools:
+        """Per candidate length: usable now."""
+        return self.row(NOW)
+
+    @property
+    def after(self) -> Bools:
+        """Per candidate length: usable after the plan."""
+        return self.row(AFTER)
+
+    def row(self, row: int) -> Bools:
+        """Per-length row ``row`` (HIT, NOW, AFTER)."""
+        return self._flag_row(N_PER_BLOCK + row, self.lengths.size)
+
+    def holds(self, row: int, at: int) -> bool:
+        """Per-length row ``row`` (HIT, NOW, AFTER) at candidate index ``at``."""
+        n = self.n
+        return bool(self._bytes()[n + (N_PER_BLOCK + row) * max(n, self.lengths.size) + at])
+
+    @property
+    def found(self) -> Bools:
+        """Per block: its hash is in the map."""
+        found: Bools = self.facts != 0
+        return found
+
+    @property
+    def index(self) -> IndexCheck | None:
+        """The index's reference checks (sparse-index groups; None otherwise), for reasons."""
+        if not self._has_index or self._history is None:
+            return None
+        safe = np.where(self.ids >= 0, self.ids, 0)
+        return IndexCheck(self.group, safe, self._flag_row(FIT, self.n))
+
+    # -- reasons ---------------------------------------------------------------------------
+
+    def _need(self, length: int) -> tuple[int, int, int, bool]:
+        """Blocks ``[lo, hi)`` needed at ``length`` (not clipped to the prompt's), those before
+        ``cut`` compressed, and whether the kind can serve ``length`` at all: read off the
+        spans at a candidate length, else asked of the kind's rule (kept per length: a
+        verdict asks of the same few lengths several times)."""
+        needs = self._needs
+        if needs is None:
+            needs = self._needs = {}
+        known = needs.get(length)
+        if known is not None:
+            return known
+        lengths = self.lengths
+        at = int(lengths.searchsorted(length))
+        if at < lengths.size and lengths[at] == length:
+            lo, cut, hi = self.spans.needed[:, at].tolist()
+            servable = self.spans.servable
+            known = lo, cut, hi, servable is None or bool(servable[at])
+        else:
+            need = self.rule.needed(self.decl, np.array([length], dtype=np.int64))
+            known = int(need.lo[0]), int(need.cut[0]), int(need.hi[0]), \
+                need.servable is None or bool(need.servable[0])
+        needs[length] = known
+        return known
+
+    def servable(self, length: int) -> bool:
+        """The kind can serve ``length`` at all (whatever its blocks)."""
+        return self._need(length)[3]
+
+    def _forms(self, length: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """The blocks needed at ``length`` by form, in order: ``(start, end, flag row)`` for
+        the compressed ones, then the raw ones."""
+        lo, cut, hi, _ = self._need(length)
+        cut = min(max(cut, lo), hi)
+        return (lo, cut, NOW_CMP), (cut, hi, NOW_RAW)
+
+    def failing(self, length: int) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+        """The needed blocks at ``length`` that are not usable now, in order, and their needed
+        form: slices of the usable-now rows (a block from the prompt's last on is missing)."""
+        n = self.n
+        parts = []
+        forms = self._forms(length)
+        for start, end, row in forms:
+            inside_end = min(end, n)
+            if start < inside_end:
+                usable = self._flag_row(row, inside_end)[start:]
+                parts.append(start + np.flatnonzero(~usable))
+            if max(start, n) < end:
+                parts.append(np.arange(max(start, n), end))
+        if not parts:
+            index = np.zeros(0, dtype=np.int64)
+        else:
+            index = (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(
+                np.int64, copy=False)
+        return index, index < forms[0][1]  # before the compressed blocks' end
+
+    def first_failing(self, length: int) -> tuple[int, bool] | None:
+        """The first of :meth:`failing` (its index and needed form), found without listing
+        the others; None where every needed block is usable now."""
+        n = self.n
+        for start, end, row in self._forms(length):
+            inside_end = min(end, n)
+            if start < inside_end:
+                usable = self._flag_row(row, inside_end)
+                first = start + int(usable[start:].argmin())  # the first False
+                if not usable[first]:
+                    return first, row == NOW_CMP
+            if max(start, n) < end:
+                return max(start, n), row == NOW_CMP
+        return None
+
+    def freeze(self) -> None:
+        """Take the snapshot every explanation of this evaluation reads (:meth:`frozen`):
+        what :meth:`reason` and :meth:`reason_codes` read of the core. A lookup takes it
+        before it returns, so a verdict's reasons and plan, made when first read, say what
+        was so at the lookup: the blocks' states and recorded checks copied into the pass
+        output's snapshot rows (one compiled call), the group's table and, for a sparse
+        index with rows whose references failed, whether each is stale."""
+        if self._snapshot is not None:
+            return
+        group = self.group
+        record_failed = self.checksum_ok is None and self._recorded_checks
+        take_snapshot(self._out, self.n, self.lengths.size, group.states, group.check,
+                      record_failed)
+        stale = None
+        if self._has_index and self._history is not None:
+            stale = np.zeros(self.n, dtype=np.bool_)
+            ids = self.ids
+            rows = np.flatnonzero(~self._flag_row(FIT, self.n))
+            rows = rows[ids[rows] >= 0]  # found rows whose references failed
+            if rows.size:
+                index_check = self.index
+                assert index_check is not None
+                stale[rows] = index_check.stale_rows(rows)
+        self._snapshot = (group.table, stale, record_failed)
+
+    def frozen(self) -> Frozen:
+        """The snapshot (:meth:`freeze`, taken on the first call where the lookup did not)."""
+        frozen = self._frozen
+        if frozen is not None:
+            return frozen
+        self.freeze()
+        assert self._snapshot is not None
+        table, stale, record_failed = self._snapshot
+        rows = snapshot_rows(self._out, self.n, self.lengths.size)
+        failed = rows[SNAPSHOT_FAILED].view(np.bool_) if record_failed else None
+        frozen = self._frozen = Frozen(table, rows[SNAPSHOT_STATE], failed, stale)
+        return frozen
+
+    def detach(self) -> None:
+        """Let go of the group's live state and of its statics' arrays and pool, after
+        :meth:`freeze` has read what explaining needs of them: an evaluation a verdict keeps
+        to explain itself later holds the pass's output and the snapshot, not the core."""
+        self.freeze()
+        kept = self._statics.kept
+        # Read afterwards only through the names the group and the statics share with it.
+        self.group = cast(GroupState, kept)
+        self._statics = cast(Statics, kept)
+        self._history = None
+
+    def _missing(self) -> Reason:
+        """Why a needed block not in the hash map fails: the kind's reason (a window block
+        missing is ``WINDOW_MISMATCH``) where the group holds some block of the prompt, else
+        ``NOT_CACHED`` (a prompt the group never cached is no window mismatch)."""
+        missing = self.rule.missing
+        if missing is Reason.NOT_CACHED or missing is None:
+            return Reason.NOT_CACHED
+        held = self.n > 0 and bool((self.facts[:self.n] & FOUND).any())
+        return missing if held else Reason.NOT_CACHED
+
+    def reason_codes(self, index: NDArray[np.int64], compressed: Bools) -> Codes:
+        """Why each block ``index[i]`` is not usable now in its needed form, as codes
+        (:data:`~kvfsm.lookup._why.BY_CODE`; 0 where it is): :meth:`reason` of many blocks
+        at once, for listing them."""
+        frozen = self.frozen()
+        return reason_codes(
+            index, compressed, n=self.n, facts=self.facts, states=frozen.states,
+            table=frozen.table, paths=self.paths, missing=self._missing(),
+            fit=self._flag_row(FIT, self.n) if frozen.stale is not None else None,
+            stale=frozen.stale, align_ok=self.align_ok, checksum_ok=self.checksum_ok,
+            failed_checks=frozen.failed_checks)
+
+    def reason(self, index: int, compressed: bool) -> Reason | None:
+        """Why block ``index`` is not usable now in the needed form (None when it is): the
+        first check it fails, in the order the layers apply. One block, read as the rule
+        states it (a verdict's per-group stop); :meth:`reason_codes` answers the same for
+        many blocks in array operations, and a test holds the two to each other."""
+        if index >= self.n:
+            return self._missing()
+        facts = int(self.facts[index])
+        if not facts & FOUND:
+            return self._missing()
+        if not facts & PLACED:
+            return Reason.POSITION_CONFLICT
+        if not facts & WHOLE:
+            return Reason.SUB_BLOCKS_MISSING
+        frozen = self.frozen()
+        if frozen.stale is not None and not self._flag_row(FIT, self.n)[index]:
+            return Reason.INDEX_STALE if frozen.stale[index] else Reason.GROUP_GAP
+        table = frozen.table
+        state = int(frozen.states[index])
+        in_flight = bool(table.in_flight[state])
+        if not facts & READABLE:
+            if in_flight:
+                return Reason.RESTORE_IN_FLIGHT
+            resident_elsewhere = int(table.residency[state]) > int(Tier.DEVICE)
+            return Reason.NOT_RESIDENT if resident_elsewhere else Reason.NOT_CACHED
+        form = int(self.paths.form[state])
+        if compressed and form != COMPRESSED:
+            return Reason.MID_COMPRESSION if in_flight else Reason.COMPRESSED_INCOMPLETE
+        if not compressed and form != RAW:
+            return Reason.TAIL_MISSING
+        if not facts & LAYOUT:
+            return Reason.LAYOUT_MISMATCH
+        if self.align_ok is not None and not self.align_ok[index]:
+            return Reason.MISALIGNED
+        if self.checksum_ok is not None and not self.checksum_ok[index]:
+            return Reason.CHECKSUM_MISMATCH
+        if frozen.failed_checks is not None and frozen.failed_checks[index]:
+            return Reason.CHECKSUM_MISMATCH  # seen failing by an earlier lookup
+        return None
