@@ -5,8 +5,9 @@ epoch) still holds: the target is alive (hashed), at the epoch it was indexed ag
 history block of this prompt at its position, and complete before the index row (its query
 position) that points at it. An unused reference (:data:`NO_TARGET`, recorded with epoch 0)
 always holds; one outside the target group (corrupt metadata) never does.
-:func:`references_hold` states that rule over arrays: the reference the compiled group pass
-(``kvfsm/lookup/_group_pass.py``) is tested against.
+:func:`references_hold` states that rule over arrays (the reference); :func:`history_positions`
+and :func:`row_references` state it row by row, as the lookup's compiled group pass
+(``kvfsm/lookup/_group_pass.py``) runs it (compiled into it: plain loops over plain arrays).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Final, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm._jit import inlined
 from kvfsm.kinds._rule import KindRule, Lengths, Needed
 from kvfsm.spec import GroupDecl, GroupKind
 
@@ -64,6 +66,59 @@ def references_hold(targets: NDArray[np.int32], epochs: NDArray[np.uint32],
         (first_row <= rows[:, None])
     bad = np.where(used, ~good, epochs != 0)
     return References(used, ours, at, ~bad.any(axis=1))
+
+
+@inlined
+def history_positions(history_ids: NDArray[np.int64], target_states: NDArray[np.uint8],
+                      target_epoch: NDArray[np.uint32], hashed: NDArray[np.int64],
+                      target_size: int, own_size: int, rows: int,
+                      epoch_at: NDArray[np.uint32], first_row_at: NDArray[np.int64]) -> None:
+    """Per position of the prompt's history (``history_ids``, -1 where missing): the epoch of
+    the block there into ``epoch_at`` (left 0 where none is alive: ``hashed[state]`` 0), and
+    into ``first_row_at`` the first index row allowed to point at it (the first whose query
+    position comes after the block's last token; ``rows``, past every row, where none is
+    alive), so that each reference then costs two small reads."""
+    for at in range(history_ids.size):
+        held = history_ids[at]
+        if held < 0 or not hashed[target_states[held]]:
+            first_row_at[at] = rows
+        else:
+            epoch_at[at] = target_epoch[held]
+            first_row_at[at] = ((at + 1) * target_size + own_size - 1) // own_size - 1
+
+
+@inlined
+def row_references(block: int, row: int, targets: NDArray[np.int32],
+                   epochs: NDArray[np.uint32], target_position: NDArray[np.int32],
+                   history_ids: NDArray[np.int64], history_settled: Bools,
+                   all_settled: bool, epoch_at: NDArray[np.uint32],
+                   first_row_at: NDArray[np.int64]) -> tuple[bool, bool]:
+    """Index block ``block`` at prompt row ``row``: whether every one of its references
+    (``targets[block]``, ``epochs[block]``) holds by the rule above, with the history's
+    positions as :func:`history_positions` wrote them; and whether every target it names
+    already sits settled (``all_settled``, or its position's ``history_settled``), so that
+    no restore will move it (a reference to a target of no position: as ``all_settled``).
+    Stops at the first reference that answers both."""
+    fit, settled = True, True
+    n_targets, n_history = target_position.size, history_ids.size
+    for j in range(targets.shape[1]):
+        target, epoch = targets[block, j], epochs[block, j]
+        if target == NO_TARGET:
+            if epoch != 0:
+                fit = False
+            continue
+        if target < 0 or target >= n_targets:
+            return False, all_settled
+        at = target_position[target]
+        if not (0 <= at < n_history and history_ids[at] == target):
+            return False, all_settled
+        if not all_settled and not history_settled[at]:
+            settled = False
+        if fit:
+            fit = epoch_at[at] == epoch and first_row_at[at] <= row
+        if not fit and (all_settled or not settled):
+            break
+    return fit, settled
 
 
 class SparseIndexRule(KindRule):

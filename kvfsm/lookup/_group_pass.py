@@ -38,8 +38,8 @@ from kvfsm._addressed import (
     vector_at,
     views,
 )
-from kvfsm._jit import kernel, read_only
-from kvfsm.kinds._sparse_index import references_hold
+from kvfsm._jit import inlined, kernel, read_only
+from kvfsm.kinds._sparse_index import history_positions, references_hold, row_references
 from kvfsm.lookup._block_facts import (
     CODE_SHIFT,
     FOUND,
@@ -417,10 +417,8 @@ def _plan_pass(ids: NDArray[np.int64], states: NDArray[np.uint8], consts: NDArra
 
 
 def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
-    """The group pass's loop (:func:`group_pass`), one source compiled two ways: the general
-    one, and (``plain``, a constant numba compiles in) one for a group without an index with
-    no checks given, a lookup's first pass of most groups: its loop has none of the index's
-    per-row work nor the branch on given checks (some 20 % of a long prompt's pass)."""
+    """The group pass (:func:`group_pass`), one source compiled two ways: the general one, and
+    (``plain``) one without the index's per-row work nor given checks (most groups' pass)."""
 
     def group_pass(
         high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
@@ -436,136 +434,46 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
         capped: bool, out: NDArray[np.int64],
     ) -> None:
         """Everything one group contributes to a verdict, in one pass over the prompt's blocks
-        and one over the candidate lengths (see the module docstring; ``settled_ok[i]``: every
-        target of index row ``i`` already sits settled in this prompt's history).
-
-        The prompt's block ids come from probing the group's hash table (``slots``,
-        ``block_high``, ``block_low``; the table's own probe,
-        :func:`~kvfsm.state._hashtable.probe_keys`, in the same call) with the prompt's words
-        ``high``, ``low``, or, for a key whose block is the one after the previous key's, from
-        that block's ``mapped`` flag and words alone. The
-        group's fixed parameters and small tables come packed in ``consts``
-        (:func:`pack_consts`), the kind's spans per candidate length in ``spans`` (rows SPAN_*).
-        What changes between lookups comes as scalars: ``check_mode`` (CHECKS_*);
-        ``use_checked_ok``, ``checked_ok`` holds the caller's alignment and checksum answers
-        (else the mode decides); ``has_index``, the group is a sparse index with the prompt's
-        history (its target group's pass output ``history``, of ``n_history`` blocks) evaluated
-        before it; ``history_all_settled``, every history block of the prompt is settled (no
-        plan step will move an index target); ``budget`` and ``capped``, the restores the
-        admission gate lets begin now (or BUDGET_UNKNOWN) and whether the core-wide budget has
-        caps. ``prefix_step`` above 0 says the spans are a raw prefix's (``lo`` and ``cut`` 0,
-        ``hi`` ``k * prefix_step`` at length ``k``, every length served): the pass computes them
-        instead of reading them (the twin reads them). Everything it writes goes to ``out``,
-        laid out as :func:`out_offsets` says (one allocation a call)."""
+        and one over the candidate lengths (see the module docstring), into ``out`` (laid out
+        as :func:`out_offsets` says: one allocation a call). The block ids come from probing
+        the group's hash table (``slots``, ``block_high``, ``block_low``) with the prompt's
+        words ``high``, ``low`` (:func:`_probe_prompt`). Fixed per group: ``consts``
+        (:func:`pack_consts`), the kind's ``spans`` (rows SPAN_*; ``prefix_step`` above 0: a
+        raw prefix's, computed, not read). Per lookup: ``check_mode`` (CHECKS_*), or the
+        caller's answers in ``checked_ok`` (``use_checked_ok``); ``has_index``: a sparse index,
+        its target group's pass output in ``history`` (``n_history`` blocks;
+        ``history_all_settled``: no plan step will move a target); ``budget`` and ``capped``:
+        the restores the admission gate lets begin now (or BUDGET_UNKNOWN), and whether the
+        core-wide budget has caps."""
         if plain:  # constants: what they switch on is compiled away
             has_index = use_checked_ok = False
-        # The caller holds every argument for the whole call: views of these own no reference
-        # (no atomic add and subtract for each of the dozen views of ``out`` below).
+        n_history = n_history if has_index else 0
+        # Held by the caller for the whole call: views of these need no reference counting.
         high, low, spans, history, out = unowned(high), unowned(low), unowned(spans), \
             unowned(history), unowned(out)
         n, count = high.size, spans.shape[1]
-        # The parts of ``out`` (out_offsets; the same arithmetic, inline for the compiler).
-        width = max(n, count)
-        ids_at = N_SCALARS + count
-        epochs_at = ids_at + n
-        bytes_at = epochs_at + (n + 1) // 2
-        scalars, asked, ids = out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at]
-        epochs = out[epochs_at:bytes_at].view(np.uint32)
-        raw_bytes = out[bytes_at:].view(np.uint8)
-        facts = raw_bytes[:n]
-        rows = raw_bytes[n : n + N_FLAGS * width].view(np.bool_)
-        # Whole rows (as long as the longer of n and count): the loops read the first n or count.
-        now_raw, now_cmp = rows[NOW_RAW * width : (NOW_RAW + 1) * width], \
-            rows[NOW_CMP * width : (NOW_CMP + 1) * width]
-        after_raw, after_cmp = rows[AFTER_RAW * width : (AFTER_RAW + 1) * width], \
-            rows[AFTER_CMP * width : (AFTER_CMP + 1) * width]
-        fit, settled_ok = rows[FIT * width : (FIT + 1) * width], \
-            rows[SETTLED_OK * width : (SETTLED_OK + 1) * width]
-        hit = rows[(N_PER_BLOCK + HIT) * width : (N_PER_BLOCK + HIT + 1) * width]
-        now = rows[(N_PER_BLOCK + NOW) * width : (N_PER_BLOCK + NOW + 1) * width]
-        after = rows[(N_PER_BLOCK + AFTER) * width : (N_PER_BLOCK + AFTER + 1) * width]
+        scalars, asked, ids, epochs, facts, rows, width = _out_parts(out, n, count)
+        now_raw, now_cmp = _row(rows, NOW_RAW, width), _row(rows, NOW_CMP, width)
+        after_raw, after_cmp = _row(rows, AFTER_RAW, width), _row(rows, AFTER_CMP, width)
+        fit, settled_ok = _row(rows, FIT, width), _row(rows, SETTLED_OK, width)
         full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
-        target_size, own_size = consts[P_TARGET_SIZE], consts[P_OWN_SIZE]
-        layout_ok_at, code_at, hashed_at = consts[P_LAYOUT_OK_AT], consts[P_CODE_AT], \
-            consts[P_HASHED_AT]
-        lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
-        # The probe. A prompt's blocks are usually allocated in one batch, in order: where the
-        # block after the last one found is mapped (``mapped``) under the next key's words, the
-        # table maps that key to it (keys are mapped once, a block under its own words), with no
-        # read of the table. Elsewhere the table's own probe (probe_keys): one key after a found
-        # one (its run of blocks ended there), else up to READ_AHEAD keys with their home slots
-        # read first, until one is found.
-        n_blocks = block_high.size
-        # One scratch allocation (each costs the call about 0.1 us) in 8-byte words: per
-        # position of the prompt's history the first index row allowed to point at it (int64),
-        # the read-ahead home slots (uint64), three prefix counts per block (int32) and per
-        # history position the epoch of its block (uint32).
-        n_scratch_history = n_history if has_index else 0
-        n_home = min(READ_AHEAD, n)
-        counts_at = n_scratch_history + n_home
-        epochs_scratch_at = counts_at + (3 * (n + 1) + 1) // 2
-        scratch = np.empty(epochs_scratch_at + (n_scratch_history + 1) // 2, dtype=np.int64)
-        home_words = scratch[n_scratch_history:counts_at].view(np.uint64)
-        previous = -1
-        i = 0
-        while i < n:
-            if previous >= 0:
-                following = previous + 1
-                if following < n_blocks and mapped[following] and \
-                        block_low[following] == low[i] and block_high[following] == high[i]:
-                    ids[i] = following
-                    previous = following
-                    i += 1
-                    continue
-            # One key right after a found one, else up to READ_AHEAD, until one is found.
-            i = probe_keys(slots, block_high, block_low, high, low, ids, i,
-                           min(i + (1 if previous >= 0 or i == 0 else READ_AHEAD), n), home_words,
-                           True, True)
-            previous = ids[i - 1]
-        # The index's target group (its pass output ``history``, over the same lengths): its
-        # block ids and its settled row.
-        n_targets = target_epoch.size
-        if not has_index:
-            n_history = 0
-        history_width = max(n_history, count)
-        history_ids = history[N_SCALARS + count : N_SCALARS + count + n_history]
-        history_bytes = history[N_SCALARS + count + n_history + (n_history + 1) // 2 :].view(
-            np.uint8)
-        history_row = n_history + consts[P_HISTORY_SETTLED_ROW] * history_width
-        history_settled = history_bytes[history_row : history_row + n_history].view(np.bool_)
+        code_at, layout_ok_at = consts[P_CODE_AT], consts[P_LAYOUT_OK_AT]
+        home_words, raw_bad, cmp_bad, missing, epoch_at, first_row_at = _scratch(n, n_history)
+        _probe_prompt(high, low, slots, block_high, block_low, mapped, ids, home_words)
+        # The index's target group's ids and settled row (its pass output ``history``), and per
+        # history position its block's epoch and the first row allowed to point at it.
+        history_ids, history_settled = _history_parts(history, n_history, count, consts)
+        if has_index:
+            history_positions(history_ids, target_states, target_epoch,
+                              consts[consts[P_HASHED_AT]:], consts[P_TARGET_SIZE],
+                              consts[P_OWN_SIZE], n, epoch_at, first_row_at)
         for i in range(N_SCALARS):
             scalars[i] = 0
-        scalars[CHAIN_BLOCKS] = n
-        changes = False
-        # Prefix counts (int32: a prompt has far fewer blocks): bad raw / compressed / missing,
-        # in the scratch (each entry past the first is written before it is read); a raw
-        # prefix's spans need only where the first missing and first bad raw blocks are.
-        counts = scratch[counts_at:epochs_scratch_at].view(np.int32)
-        raw_bad, cmp_bad, missing = counts[: n + 1], counts[n + 1 : 2 * n + 2], \
-            counts[2 * n + 2 : 3 * n + 3]
-        raw_bad[0] = cmp_bad[0] = missing[0] = 0
-        # Per position of the prompt's history (small: the prompt's blocks): the epoch of the
-        # block there (0 where none), and the first index row allowed to point at it (the first
-        # whose block ends at or after it; never when it is dead), so a reference costs two small
-        # lookups.
-        epoch_at = scratch[epochs_scratch_at:].view(np.uint32)[:n_scratch_history]
-        epoch_at[:] = 0
-        first_row_at = scratch[:n_scratch_history]
-        if has_index:
-            for at in range(n_history):
-                held = history_ids[at]
-                if held < 0 or not consts[hashed_at + target_states[held]]:
-                    first_row_at[at] = n  # no row of this prompt
-                else:
-                    epoch_at[at] = target_epoch[held]
-                    first_row_at[at] = ((at + 1) * target_size + own_size - 1) // own_size - 1
-        # The block of the previous row when it was found and every reference of it passed (an
-        # index's neighbouring rows often hold the same references; -1: none).
-        fit_block = -1
-        raw_count = cmp_count = missing_count = 0
-        # Blocks before the first bad raw one (before the first missing one: chain_blocks).
-        first_raw_bad = 0
-        chain_blocks, needs_checksums = n, False
+        changes = needs_checksums = False
+        # The previous row's block where found with every reference passing (-1: none);
+        # running counts; blocks before the first bad raw one and the first missing one.
+        fit_block = raw_count = cmp_count = missing_count = first_raw_bad = 0
+        fit_block, chain_blocks = -1, n
         for i in range(n):
             block = ids[i]
             row_fit, row_settled = True, True
@@ -576,67 +484,28 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
                     chain_blocks = i
                 row_fit = not has_index
             else:
-                state = states[block]
                 epochs[i] = epoch[block]
-                block_facts = FOUND | (consts[code_at + state] << CODE_SHIFT)
-                if position[block] == i:
-                    block_facts |= PLACED
-                if sub_blocks[block] == full_sub_mask:
-                    block_facts |= WHOLE
-                if consts[layout_ok_at + layout_id[block]]:
-                    block_facts |= LAYOUT
-                same = has_index and fit_block >= 0
-                if same and block != fit_block:
-                    for j in range(refs_target.shape[1]):
-                        if refs_target[block, j] != refs_target[fit_block, j] or \
-                                refs_epoch[block, j] != refs_epoch[fit_block, j]:
-                            same = False
-                            break
-                if same:
+                block_facts = _facts_of(block, i, states, position, sub_blocks, layout_id,
+                                        consts, code_at, layout_ok_at, full_sub_mask)
+                if has_index and fit_block >= 0 and \
+                        _same_references(block, fit_block, refs_target, refs_epoch):
                     # The previous row's references, which all passed: their targets' checks are
                     # the same, and a target allowed from a row is allowed from every later one.
                     row_settled = settled_ok[i - 1]
                 elif has_index:
-                    for j in range(refs_target.shape[1]):
-                        target = refs_target[block, j]
-                        ref_epoch = refs_epoch[block, j]
-                        if target == _NO_TARGET:
-                            if ref_epoch != 0:
-                                row_fit = False
-                            continue
-                        if target < 0 or target >= n_targets:
-                            row_fit = False
-                            row_settled = history_all_settled
-                            break
-                        at = target_position[target]
-                        ours = 0 <= at < n_history and history_ids[at] == target
-                        if not ours:
-                            row_fit = False
-                            row_settled = history_all_settled
-                            break
-                        if not history_all_settled and not history_settled[at]:
-                            row_settled = False
-                        if row_fit:
-                            row_fit = epoch_at[at] == ref_epoch and first_row_at[at] <= i
-                        if not row_fit and (history_all_settled or not row_settled):
-                            break
+                    row_fit, row_settled = row_references(
+                        block, i, refs_target, refs_epoch, target_position, history_ids,
+                        history_settled, history_all_settled, epoch_at, first_row_at)
             facts[i] = block_facts
-            readable = (block_facts & READABLE) != 0
             sound = (block_facts & SOUND) == SOUND and row_fit
+            ok = True
             if use_checked_ok:
                 ok = checked_ok[i]
-            elif check_mode == CHECKS_RECORDED and readable:
+            elif check_mode == CHECKS_RECORDED and (block_facts & READABLE) != 0:
                 ok = check[block] != _FAILED
-                if check[block] == _UNCHECKED:
-                    needs_checksums = True
-            else:
-                ok = True
-            good = sound and ok
-            is_raw = good and (block_facts & READ_RAW) != 0
-            is_cmp = good and (block_facts & READ_COMPRESSED) != 0
-            movable = restore_aligned and sound and not (readable and not ok)
-            to_raw = (is_raw or (movable and (block_facts & TO_RAW) != 0)) and row_settled
-            to_cmp = (is_cmp or (movable and (block_facts & TO_COMPRESSED) != 0)) and row_settled
+                needs_checksums |= check[block] == _UNCHECKED
+            is_raw, is_cmp, to_raw, to_cmp = _forms(block_facts, sound, ok, row_settled,
+                                                    restore_aligned)
             if to_raw != is_raw or to_cmp != is_cmp:
                 changes = True
             now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
@@ -652,43 +521,13 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
                 cmp_bad[i + 1] = cmp_count
                 missing[i + 1] = missing_count
         scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
-        # The blocks the chain found, where they are one run at one epoch (ONE_RUN_BLOCKS; a
-        # branch-free loop over what was just written, which vectorizes).
-        differ = 0
-        if chain_blocks > 0:
-            run_first, run_epoch = ids[0], epochs[0]
-            for i in range(chain_blocks):
-                differ |= (ids[i] - (run_first + i)) | (epochs[i] ^ run_epoch)
-        scalars[ONE_RUN_BLOCKS] = chain_blocks if differ == 0 else 0
+        scalars[ONE_RUN_BLOCKS] = _one_run(ids, epochs, chain_blocks)
         # Every block usable now in the form the kind settles in: none counted bad in it.
         scalars[ALL_SETTLED] = (cmp_count if consts[P_SETTLED_FORM] != 0 else raw_count) == 0
-        largest_hit = largest_now = 0
-        if prefix_step and count:
-            # A raw prefix's spans (length k: blocks [0, k * prefix_step), every length served):
-            # a length is hit (usable) up to the first missing (bad) block, so each row is true
-            # up to a point and false after it, and is filled so.
-            largest_hit = min(count - 1, chain_blocks // prefix_step)
-            largest_now = min(count - 1, first_raw_bad // prefix_step)
-            hit[:largest_hit + 1] = True
-            hit[largest_hit + 1:count] = False
-            now[:largest_now + 1] = True
-            now[largest_now + 1:count] = False
-            after[:largest_now + 1] = True
-            after[largest_now + 1:count] = False
-        else:
-            for k in range(count):
-                start, middle, end = lo[k], cut[k], hi[k]
-                served = base[k] != 0
-                hit_here = served and missing[end] == missing[start]
-                now_here = served and raw_bad[end] == raw_bad[middle] and \
-                    cmp_bad[middle] == cmp_bad[start]
-                hit[k] = hit_here
-                now[k] = now_here
-                after[k] = now_here
-                if hit_here:
-                    largest_hit = k
-                if now_here:
-                    largest_now = k
+        hit, now, after = _row(rows, N_PER_BLOCK + HIT, width), \
+            _row(rows, N_PER_BLOCK + NOW, width), _row(rows, N_PER_BLOCK + AFTER, width)
+        largest_hit, largest_now = _length_rows(spans, prefix_step, chain_blocks, first_raw_bad,
+                                                missing, raw_bad, cmp_bad, hit, now, after)
         scalars[LARGEST_HIT], scalars[LARGEST_NOW] = largest_hit, largest_now
         scalars[LARGEST_AFTER] = largest_now
         scalars[PLAN_CHANGES] = changes
@@ -699,12 +538,197 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
     return group_pass
 
 
+@inlined
+def _out_parts(out: NDArray[np.int64], n: int, count: int
+               ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
+                          NDArray[np.uint32], NDArray[np.uint8], Bools, int]:
+    """The parts of the pass's output (:func:`out_offsets`) as the compiled pass writes them:
+    scalars, asked, ids, epochs, facts, the flag rows as one vector (:func:`_row` picks one),
+    and their width."""
+    ids_at, epochs_at, bytes_at, _ = out_offsets(n, count)
+    width = max(n, count)
+    raw_bytes = out[bytes_at:].view(np.uint8)
+    return (out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at],
+            out[epochs_at:bytes_at].view(np.uint32), raw_bytes[:n],
+            raw_bytes[n : n + N_FLAGS * width].view(np.bool_), width)
+
+
+@inlined
+def _row(rows: Bools, row: int, width: int) -> Bools:
+    """Flag row ``row`` of the flag rows ``rows`` (each ``width`` long)."""
+    return rows[row * width : (row + 1) * width]
+
+
+@inlined
+def _history_parts(history: NDArray[np.int64], n_history: int, count: int,
+                   consts: NDArray[np.int64]) -> tuple[NDArray[np.int64], Bools]:
+    """The index's target group's block ids and settled row, from its pass output (as
+    :func:`_history_views`, for the compiled pass)."""
+    _, _, ids, _, _, rows, width = _out_parts(history, n_history, count)
+    return ids, _row(rows, consts[P_HISTORY_SETTLED_ROW], width)[:n_history]
+
+
+@inlined
+def _scratch(n: int, n_history: int) -> tuple[Words, NDArray[np.int32], NDArray[np.int32],
+                                              NDArray[np.int32], NDArray[np.uint32],
+                                              NDArray[np.int64]]:
+    """The pass's scratch, one allocation (each costs a call about 0.1 us): the probe's
+    read-ahead home slots; prefix counts of bad raw, bad compressed and missing blocks (int32:
+    a prompt has far fewer blocks; each entry past the first is written before it is read);
+    per position of the prompt's history (``n_history``) its block's epoch (zeroed) and the
+    first index row allowed to point at it."""
+    counts_at = n_history + min(READ_AHEAD, n)
+    epochs_at = counts_at + (3 * (n + 1) + 1) // 2
+    scratch = np.empty(epochs_at + (n_history + 1) // 2, dtype=np.int64)
+    counts = scratch[counts_at:epochs_at].view(np.int32)
+    raw_bad, cmp_bad, missing = counts[: n + 1], counts[n + 1 : 2 * n + 2], \
+        counts[2 * n + 2 : 3 * n + 3]
+    raw_bad[0] = cmp_bad[0] = missing[0] = 0
+    epoch_at = scratch[epochs_at:].view(np.uint32)[:n_history]
+    epoch_at[:] = 0
+    return scratch[n_history:counts_at].view(np.uint64), raw_bad, cmp_bad, missing, epoch_at, \
+        scratch[:n_history]
+
+
+@inlined
+def _probe_prompt(high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
+                  mapped: Bools, ids: NDArray[np.int64], home_words: Words) -> None:
+    """The prompt's block ids (-1: not found) into ``ids``. A prompt's blocks are usually
+    allocated in one batch, in order: where the block after the last one found is mapped
+    (``mapped``) under the next key's words, the table maps that key to it (keys are mapped
+    once, a block under its own words), with no read of the table. Elsewhere the table's own
+    probe (:func:`~kvfsm.state._hashtable.probe_keys`): one key after a found one (its run of
+    blocks ended there), else up to READ_AHEAD keys with their home slots read first
+    (``home_words``), until one is found."""
+    n, n_blocks = high.size, block_high.size
+    previous = -1
+    i = 0
+    while i < n:
+        if previous >= 0:
+            following = previous + 1
+            if following < n_blocks and mapped[following] and \
+                    block_low[following] == low[i] and block_high[following] == high[i]:
+                ids[i] = following
+                previous = following
+                i += 1
+                continue
+        i = probe_keys(slots, block_high, block_low, high, low, ids, i,
+                       min(i + (1 if previous >= 0 or i == 0 else READ_AHEAD), n), home_words,
+                       True, True)
+        previous = ids[i - 1]
+
+
+@inlined
+def _facts_of(block: int, i: int, states: NDArray[np.uint8], position: NDArray[np.int32],
+              sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8],
+              consts: NDArray[np.int64], code_at: int, layout_ok_at: int, full_sub_mask: int
+              ) -> int:
+    """The fact byte of ``block``, found at prompt block ``i``: FOUND, its state's restore
+    code, and PLACED, WHOLE and LAYOUT where they hold (:mod:`kvfsm.lookup._block_facts`;
+    ``code_at``, ``layout_ok_at``, ``full_sub_mask``: read of ``consts`` once a pass)."""
+    facts = FOUND | (consts[code_at + states[block]] << CODE_SHIFT)
+    if position[block] == i:
+        facts |= PLACED
+    if sub_blocks[block] == full_sub_mask:
+        facts |= WHOLE
+    if consts[layout_ok_at + layout_id[block]]:
+        facts |= LAYOUT
+    return int(facts)
+
+
+@inlined
+def _forms(facts: int, sound: bool, ok: bool, settled: bool, restore_aligned: bool
+           ) -> tuple[bool, bool, bool, bool]:
+    """Whether a block with fact byte ``facts`` is usable now raw and compressed, and after
+    the plan (``sound``: found, placed, whole, under the kernel's layout, its references
+    holding; ``ok``: its checks pass; ``settled``: no restore will move an index target it
+    names; ``restore_aligned``: restored blocks land aligned)."""
+    good = sound and ok
+    is_raw = good and (facts & READ_RAW) != 0
+    is_cmp = good and (facts & READ_COMPRESSED) != 0
+    movable = restore_aligned and sound and not ((facts & READABLE) != 0 and not ok)
+    to_raw = (is_raw or (movable and (facts & TO_RAW) != 0)) and settled
+    to_cmp = (is_cmp or (movable and (facts & TO_COMPRESSED) != 0)) and settled
+    return is_raw, is_cmp, to_raw, to_cmp
+
+
+@inlined
+def _same_references(block: int, previous: int, refs_target: NDArray[np.int32],
+                     refs_epoch: NDArray[np.uint32]) -> bool:
+    """Index block ``block`` holds the references block ``previous`` holds."""
+    if block == previous:
+        return True
+    for j in range(refs_target.shape[1]):
+        if refs_target[block, j] != refs_target[previous, j] or \
+                refs_epoch[block, j] != refs_epoch[previous, j]:
+            return False
+    return True
+
+
+@inlined
+def _one_run(ids: NDArray[np.int64], epochs: NDArray[np.uint32], chain_blocks: int) -> int:
+    """``chain_blocks`` where the chain's blocks are one run of consecutive ids at one epoch,
+    else 0 (ONE_RUN_BLOCKS; a branch-free loop over what the pass just wrote: it vectorizes)."""
+    if chain_blocks <= 0:
+        return chain_blocks
+    differ = 0
+    run_first, run_epoch = ids[0], epochs[0]
+    for i in range(chain_blocks):
+        differ |= (ids[i] - (run_first + i)) | (epochs[i] ^ run_epoch)
+    return chain_blocks if differ == 0 else 0
+
+
+@inlined
+def _length_rows(spans: NDArray[np.int64], prefix_step: int, chain_blocks: int,
+                 first_raw_bad: int, missing: NDArray[np.int32], raw_bad: NDArray[np.int32],
+                 cmp_bad: NDArray[np.int32], hit: Bools, now: Bools, after: Bools
+                 ) -> tuple[int, int]:
+    """Per candidate length: hit, usable now and (until a plan says otherwise) after; the
+    largest hit and usable ones. A raw prefix's spans (``prefix_step`` above 0: length k
+    needs blocks ``[0, k * prefix_step)``, every length served) are true up to a point and
+    false after it, and are filled so; any other kind's from the prefix counts."""
+    count = spans.shape[1]
+    largest_hit = largest_now = 0
+    if prefix_step and count:
+        largest_hit = min(count - 1, chain_blocks // prefix_step)
+        largest_now = min(count - 1, first_raw_bad // prefix_step)
+        hit[:largest_hit + 1] = True
+        hit[largest_hit + 1:count] = False
+        now[:largest_now + 1] = True
+        now[largest_now + 1:count] = False
+        after[:largest_now + 1] = True
+        after[largest_now + 1:count] = False
+        return largest_hit, largest_now
+    lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
+    for k in range(count):
+        start, middle, end = lo[k], cut[k], hi[k]
+        served = base[k] != 0
+        hit_here = served and missing[end] == missing[start]
+        now_here = served and raw_bad[end] == raw_bad[middle] and \
+            cmp_bad[middle] == cmp_bad[start]
+        hit[k] = hit_here
+        now[k] = now_here
+        after[k] = now_here
+        if hit_here:
+            largest_hit = k
+        if now_here:
+            largest_now = k
+    return largest_hit, largest_now
+
+
+#: The plain functions the compiled pass calls (compiled into it).
+_PASS_CALLS: Final = (_plan_pass, probe_keys, out_offsets, snapshot_at, _out_parts, _row,
+                      _history_parts, _scratch, _probe_prompt, _facts_of, _forms, _same_references,
+                      _one_run, _length_rows,
+                      history_positions, row_references)
+
+
 #: The pass's loop: the general one, and the plain one (no index, no checks given).
 _PASS_GENERAL: Final = _group_pass_loop_for(False)
 _PASS_PLAIN: Final = _group_pass_loop_for(True)
 
 group_pass = kernel(example=_group_pass_example, twin=_group_pass_twin,
-                    calls=(_plan_pass, probe_keys))(_PASS_GENERAL)
+                    calls=_PASS_CALLS)(_PASS_GENERAL)
 
 
 # -- the same pass with the group's fixed arrays by address ------------------------------------
@@ -756,7 +780,7 @@ def _group_pass_fixed_example() -> tuple[object, ...]:
 
 
 @kernel(example=_group_pass_fixed_example, twin=_group_pass_fixed_twin,
-        calls=(_plan_pass, probe_keys, _PASS_GENERAL, _PASS_PLAIN))
+        calls=(*_PASS_CALLS, _PASS_GENERAL, _PASS_PLAIN))
 def group_pass_fixed(
     high: Words, low: Words, fixed: NDArray[np.int64], history: NDArray[np.int64],
     n_history: int, checked_ok: Bools, spans: NDArray[np.int64], prefix_step: int,
