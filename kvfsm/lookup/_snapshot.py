@@ -19,12 +19,12 @@ from numpy.typing import NDArray
 
 from kvfsm._jit import kernel, read_only
 from kvfsm.lookup._group_pass import (
-    N_FLAGS,
     N_SCALARS,
     SNAPSHOT_FAILED,
     SNAPSHOT_STATE,
     out_offsets,
     out_views,
+    snapshot_at,
     snapshot_rows,
 )
 from kvfsm.state import FAILED
@@ -54,16 +54,15 @@ def _take_snapshot_example() -> tuple[object, ...]:
             read_only(np.zeros(1, dtype=np.uint8)), True)
 
 
-@kernel(example=_take_snapshot_example, twin=_take_snapshot_twin)
+@kernel(example=_take_snapshot_example, twin=_take_snapshot_twin,
+        calls=(out_offsets, snapshot_at))
 def take_snapshot(out: NDArray[np.int64], n: int, count: int, states: NDArray[np.uint8],
                   check: NDArray[np.uint8], record_failed: bool) -> None:
     """Into the snapshot rows of a group pass's output ``out`` (``n`` blocks, ``count``
     candidate lengths), per prompt block: its lifecycle state in ``states`` (0 where missing),
     and, with ``record_failed``, whether its recorded check in ``check`` is FAILED (else 0)."""
-    # out_offsets and snapshot_at, inline for the compiler.
-    ids_at = N_SCALARS + count
-    bytes_at = ids_at + n + (n + 1) // 2
-    at = n + N_FLAGS * max(n, count)
+    ids_at, _, bytes_at, _ = out_offsets(n, count)
+    at = snapshot_at(n, count)
     raw = out[bytes_at:].view(np.uint8)
     kept_states = raw[at : at + n]
     kept_failed = raw[at + n : at + 2 * n]
