@@ -11,17 +11,8 @@ from numpy.typing import NDArray
 
 from kvfsm._jit import read_only
 from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
-from kvfsm.lookup._group_pass import (
-    _NO_TARGET,
-    BUDGET_UNKNOWN,
-    N_SCALARS,
-    NOW_CMP,
-    NOW_RAW,
-    _fixed_args,
-    out_offsets,
-    out_views,
-    pack_consts,
-)
+from kvfsm.lookup._buffers import N_SCALARS, NOW_CMP, NOW_RAW, out_offsets, out_views, pack_consts
+from kvfsm.lookup._group_pass import _NO_TARGET, BUDGET_UNKNOWN, _fixed_args
 from kvfsm.lookup._lease_pass import (
     ANSWER_COLUMNS,
     FIXED_COLUMNS,

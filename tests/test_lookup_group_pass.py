@@ -21,17 +21,16 @@ from kvfsm.lookup._block_facts import (
     TO_RAW,
     WHOLE,
 )
-from kvfsm.lookup._group_eval import GroupEval
-from kvfsm.lookup._group_pass import (
-    CHECKS_IGNORED,
+from kvfsm.lookup._buffers import (
     FIT,
     ONE_RUN_BLOCKS,
     SETTLED_OK,
-    group_pass,
     out_offsets,
     out_views,
     pack_consts,
 )
+from kvfsm.lookup._group_eval import GroupEval
+from kvfsm.lookup._group_pass import CHECKS_IGNORED, group_pass
 from kvfsm.lookup._paths import restore_paths
 from kvfsm.lookup._spans import _prefix_step
 from kvfsm.spec import Event, Layout

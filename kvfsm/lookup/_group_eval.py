@@ -14,14 +14,11 @@ from numpy.typing import NDArray
 
 from kvfsm._jit import settings as jit_settings
 from kvfsm.lookup._block_facts import READABLE
-from kvfsm.lookup._group_pass import (
+from kvfsm.lookup._buffers import (
     AFTER,
     ALL_SETTLED,
     ASKED_KEPT,
-    BUDGET_UNKNOWN,
     CHAIN_BLOCKS,
-    CHECKS_IGNORED,
-    CHECKS_RECORDED,
     HIT,
     LARGEST_AFTER,
     LARGEST_HIT,
@@ -29,9 +26,12 @@ from kvfsm.lookup._group_pass import (
     N_SCALARS,
     NEEDS_CHECKSUMS,
     NOW,
-    ONE_RUN_BLOCKS,
-    PLAN_CHANGES,
     RESTORES_TOTAL,
+)
+from kvfsm.lookup._group_pass import (
+    BUDGET_UNKNOWN,
+    CHECKS_IGNORED,
+    CHECKS_RECORDED,
     group_pass,
     group_pass_fixed,
 )
@@ -51,9 +51,6 @@ _NO_HISTORY = np.zeros(N_SCALARS + 1, dtype=np.int64)
 _NO_CHECKED = np.ones(0, dtype=np.bool_)
 #: The pass's scalars in the order :class:`GroupEval` unpacks them (all at once: cheaper than
 #: indexing each on every lookup).
-_SCALAR_ORDER = (CHAIN_BLOCKS, NEEDS_CHECKSUMS, PLAN_CHANGES, ASKED_KEPT, LARGEST_HIT,
-                 LARGEST_NOW, LARGEST_AFTER, ALL_SETTLED, RESTORES_TOTAL, ONE_RUN_BLOCKS)
-assert tuple(range(N_SCALARS)) == _SCALAR_ORDER, "GroupEval unpacks the scalars in this order"
 #: The levels the evaluation compares against (a module global reads faster than an enum's
 #: member on every lookup).
 _FULL, _FAST = Level.FULL, Level.FAST
@@ -173,14 +170,14 @@ class GroupEval(PassOutput):
         if (checksums and level is _FULL) or scalars[NEEDS_CHECKSUMS] or \
                 not (statics.aligned or (level is _FAST and statics.restore_aligned)):
             scalars = self._checked_pass(level, profile, checksums)
-        # The scalars in their order (_SCALAR_ORDER), unpacked at once; the chain's reach and
-        # the settled flag are read from the output when asked (few lookups ask).
-        _, _, _, asked_kept, largest_hit, largest_now, largest_after, _, _, _ = scalars
-        if asked_kept:
-            self.restores_asked = self._out[N_SCALARS : N_SCALARS + lengths.size]
+        # The chain's reach and the settled flag are read from the output when asked (few
+        # lookups ask).
+        if scalars[ASKED_KEPT]:
+            self.restores_asked = self._out[N_SCALARS : spans.out_at[0]]
         #: Last candidate index where the hit / usable now / usable after the plan holds, by
         #: per-length row (HIT, NOW, AFTER).
-        self.largest: tuple[int, int, int] = (largest_hit, largest_now, largest_after)
+        self.largest: tuple[int, int, int] = (scalars[LARGEST_HIT], scalars[LARGEST_NOW],
+                                              scalars[LARGEST_AFTER])
 
     def _checked_pass(self, level: Level, profile: DeviceProfile, checksums: bool) -> list[int]:
         """Device checks computed here over the readable blocks' slots (alignment the pools

@@ -53,6 +53,53 @@ from kvfsm.lookup._block_facts import (
     TO_RAW,
     WHOLE,
 )
+from kvfsm.lookup._buffers import (
+    AFTER,
+    AFTER_CMP,
+    AFTER_RAW,
+    ALL_SETTLED,
+    ASKED_KEPT,
+    CHAIN_BLOCKS,
+    FIT,
+    HIT,
+    LARGEST_AFTER,
+    LARGEST_HIT,
+    LARGEST_NOW,
+    N_PER_BLOCK,
+    N_SCALARS,
+    N_SPAN_ROWS,
+    NEEDS_CHECKSUMS,
+    NOW,
+    NOW_CMP,
+    NOW_RAW,
+    ONE_RUN_BLOCKS,
+    P_ALIGNED,
+    P_CODE_AT,
+    P_FULL_SUB_MASK,
+    P_HASHED_AT,
+    P_LAYOUT_OK_AT,
+    P_OWN_SIZE,
+    P_RESTORES_CMP_AT,
+    P_RESTORES_RAW_AT,
+    P_SETTLED_FORM,
+    P_TARGET_SIZE,
+    PLAN_CHANGES,
+    RESTORES_TOTAL,
+    SETTLED_OK,
+    SPAN_BASE,
+    SPAN_CUT,
+    SPAN_HI,
+    SPAN_LO,
+    consts_tables,
+    flag_row,
+    history_parts,
+    history_views,
+    out_offsets,
+    out_parts,
+    out_views,
+    pack_consts,
+    snapshot_at,
+)
 from kvfsm.lookup._lease_pass import one_run_blocks
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
@@ -79,30 +126,6 @@ _FAILED: Final = 2
 #: An unused index reference.
 _NO_TARGET: Final = -1
 
-# Indices of the ``longs`` output: these scalars, then ``asked`` (one per candidate length).
-#: Blocks from the prompt's start that the hash chain finds, before the first miss.
-CHAIN_BLOCKS: Final = 0
-#: 1 when a readable block was never checked at its epoch (CHECKS_RECORDED mode only).
-NEEDS_CHECKSUMS: Final = 1
-#: 1 when the plan changes what is usable somewhere (``after`` differs from ``now`` inputs).
-PLAN_CHANGES: Final = 2
-#: 1 when ``asked`` holds the restores the plan asks for per length (the caller keeps it);
-#: 0: ``asked`` is not written (one int64 a candidate length: at long prompts a sizeable
-#: share of what a lookup writes).
-ASKED_KEPT: Final = 3
-#: Last candidate index where ``hit`` / ``now`` / ``after`` is True (0 when none).
-LARGEST_HIT: Final = 4
-LARGEST_NOW: Final = 5
-LARGEST_AFTER: Final = 6
-#: 1 when every block of the prompt is usable now in the form ``P_SETTLED_FORM`` names.
-ALL_SETTLED: Final = 7
-#: Restores the plan asks for over the whole prompt (0 where it changes nothing).
-RESTORES_TOTAL: Final = 8
-#: CHAIN_BLOCKS where the chain's blocks are one run of consecutive ids, every one at the
-#: first's epoch, else 0: a lease over blocks among them pins and reads one run at one epoch
-#: without reading their ids and epochs again (checked here while they are in cache).
-ONE_RUN_BLOCKS: Final = 9
-N_SCALARS: Final = 10
 
 #: ``budget`` not looked up: the pass filters nothing by it (keeping the restores asked only
 #: where the budget has caps); the caller compares RESTORES_TOTAL with its budget and passes
@@ -110,120 +133,6 @@ N_SCALARS: Final = 10
 #: never asks the group for it).
 BUDGET_UNKNOWN: Final = -1
 
-# Indices of the ``consts`` input: what never changes for a group (integers; flags 0 or 1),
-# then the small per-layout and per-state tables, each found at the offset its entry names.
-#: The sub-block mask of a whole block.
-P_FULL_SUB_MASK: Final = 0
-#: The device pool's construction guarantees alignment (restored blocks land aligned).
-P_ALIGNED: Final = 1
-#: Block sizes of the index's target group and of this group (an index only).
-P_TARGET_SIZE: Final = 2
-P_OWN_SIZE: Final = 3
-#: The form this group's kind settles in: 1 compressed, 0 raw (for ALL_SETTLED).
-P_SETTLED_FORM: Final = 4
-#: Offsets of the tables: per layout id, the reading kernel accepts it; per state, its
-#: restore-path code, whether a raw / compressed restore begins from it; per state of the
-#: index's target group, whether its blocks are hashed (alive).
-P_LAYOUT_OK_AT: Final = 5
-P_CODE_AT: Final = 6
-P_RESTORES_RAW_AT: Final = 7
-P_RESTORES_CMP_AT: Final = 8
-P_HASHED_AT: Final = 9
-#: The flag row (NOW_RAW or NOW_CMP) of the index's target group that says "settled".
-P_HISTORY_SETTLED_ROW: Final = 10
-N_PARAMS: Final = 11
-
-# Rows of ``spans``: each candidate length's needed blocks ``[lo, cut)`` compressed and
-# ``[cut, hi)`` raw, and 1 where the kind can serve the length with every needed block inside.
-SPAN_LO, SPAN_CUT, SPAN_HI, SPAN_BASE = range(4)
-N_SPAN_ROWS: Final = 4
-
-# Rows of the flags: first the per-block rows (one column per prompt block), then the
-# per-length rows (one column per candidate length), each row as long as the longer of the two.
-NOW_RAW, NOW_CMP, AFTER_RAW, AFTER_CMP, FIT, SETTLED_OK = range(6)
-N_PER_BLOCK: Final = 6
-HIT, NOW, AFTER = range(3)
-N_PER_LENGTH: Final = 3
-N_FLAGS: Final = N_PER_BLOCK + N_PER_LENGTH
-
-
-def pack_consts(full_sub_mask: int, aligned: bool, target_size: int, own_size: int,
-                settled_compressed: bool, layout_ok: Bools, code: NDArray[np.uint8],
-                restores: Bools, hashed: Bools, target_settled_compressed: bool = False
-                ) -> NDArray[np.int64]:
-    """The pass's ``consts``: the parameters, then the tables (``restores``: per form, raw
-    then compressed, per state), as one read-only int64 array (one argument, not six).
-    ``target_settled_compressed``: the index's target group settles compressed."""
-    tables = (layout_ok, code, restores[0], restores[1], hashed)
-    offsets = N_PARAMS + np.cumsum([0] + [table.size for table in tables[:-1]])
-    consts = np.concatenate([
-        np.array([full_sub_mask, aligned, target_size, own_size, settled_compressed],
-                 dtype=np.int64), offsets.astype(np.int64),
-        np.array([NOW_CMP if target_settled_compressed else NOW_RAW], dtype=np.int64),
-        *(table.astype(np.int64) for table in tables)])
-    consts.setflags(write=False)
-    return consts
-
-
-def _consts_tables(consts: NDArray[np.int64]) -> tuple[NDArray[np.int64], ...]:
-    """The tables of ``consts``: layout_ok, code, restores raw, restores compressed, hashed."""
-    bounds = [*consts[P_LAYOUT_OK_AT : P_HASHED_AT + 1].tolist(), consts.size]
-    return tuple(consts[bounds[k] : bounds[k + 1]] for k in range(len(bounds) - 1))
-
-
-def out_offsets(n: int, count: int) -> tuple[int, int, int, int]:
-    """Where the parts of the pass's one output ``out`` (int64) lie for ``n`` blocks and
-    ``count`` candidate lengths, in words: the scalars (at 0), the restores asked per length
-    (at N_SCALARS; written only where ASKED_KEPT), then the block ids, the epochs (uint32,
-    two a word), the bytes (a fact byte per block, then the N_FLAGS rows of ``max(n,
-    count)`` bools, then the snapshot: :func:`snapshot_at`), and the total size."""
-    ids_at = N_SCALARS + count
-    epochs_at = ids_at + n
-    bytes_at = epochs_at + (n + 1) // 2
-    return ids_at, epochs_at, bytes_at, \
-        bytes_at + (snapshot_at(n, count) + SNAPSHOT_ROWS * n + 7) // 8
-
-
-#: Per block, after the flag rows, what explaining a verdict later reads of the core as it
-#: was at the lookup: the block's lifecycle state (0 where missing), and whether its recorded
-#: check had failed. Not written by the pass (a full hit, most lookups, never reads them): a
-#: lookup with something to explain copies them in (:mod:`kvfsm.lookup._snapshot`).
-SNAPSHOT_STATE, SNAPSHOT_FAILED = range(2)
-SNAPSHOT_ROWS: Final = 2
-
-
-def snapshot_at(n: int, count: int) -> int:
-    """Where the snapshot rows (``n`` bytes each, SNAPSHOT_*) start in the output's bytes."""
-    return n + N_FLAGS * max(n, count)
-
-
-def out_views(out: NDArray[np.int64], n: int, count: int
-              ) -> tuple[NDArray[np.int64], NDArray[np.int64], IdArray, NDArray[np.uint32],
-                         NDArray[np.uint8], Bools]:
-    """The parts of ``out`` (see :func:`out_offsets`) as views: scalars, asked, ids, epochs,
-    facts, and the flags as ``[N_FLAGS, max(n, count)]``."""
-    ids_at, epochs_at, bytes_at, _ = out_offsets(n, count)
-    raw = out[bytes_at:].view(np.uint8)
-    width = max(n, count)
-    return (out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at].view(np.intp),
-            out[epochs_at:bytes_at].view(np.uint32)[:n], raw[:n],
-            raw[n : n + N_FLAGS * width].view(np.bool_).reshape(N_FLAGS, width))
-
-
-def snapshot_rows(out: NDArray[np.int64], n: int, count: int) -> NDArray[np.uint8]:
-    """The snapshot rows of ``out`` (SNAPSHOT_*, ``n`` bytes each) as one
-    ``[SNAPSHOT_ROWS, n]`` view."""
-    _, _, bytes_at, _ = out_offsets(n, count)
-    at = snapshot_at(n, count)
-    rows: NDArray[np.uint8] = out[bytes_at:].view(np.uint8)[at : at + SNAPSHOT_ROWS * n]
-    return rows.reshape(SNAPSHOT_ROWS, n)
-
-
-def _history_views(history: NDArray[np.int64], n_history: int, count: int,
-                   consts: NDArray[np.int64]) -> tuple[IdArray, Bools]:
-    """The index's target group's block ids and settled row, from its pass output."""
-    _, _, ids, _, _, flags = out_views(history, n_history, count)
-    return ids, flags[consts[P_HISTORY_SETTLED_ROW], :n_history]
 
 
 def _group_pass_example() -> tuple[object, ...]:
@@ -290,7 +199,7 @@ def _group_pass_twin(
     per_block, per_length = flags[:N_PER_BLOCK, :n], flags[N_PER_BLOCK:, :count]
     full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
     target_size, own_size = consts[P_TARGET_SIZE], consts[P_OWN_SIZE]
-    layout_ok, code, restores_raw, restores_cmp, hashed = _consts_tables(consts)
+    layout_ok, code, restores_raw, restores_cmp, hashed = consts_tables(consts)
     layout_ok, restores_raw, restores_cmp = (table != 0 for table in (
         layout_ok, restores_raw, restores_cmp))
     hashed = hashed != 0
@@ -325,7 +234,7 @@ def _group_pass_twin(
     fit[:] = True
     settled_ok[:] = True
     if has_index and n:
-        history_ids, history_settled = _history_views(history, n_history, count, consts)
+        history_ids, history_settled = history_views(history, n_history, count, consts)
         refs = references_hold(
             refs_target[safe], refs_epoch[safe], np.arange(n, dtype=np.int64),
             target_epoch=target_epoch, target_states=target_states, hashed=hashed,
@@ -452,17 +361,17 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
         high, low, spans, history, out = unowned(high), unowned(low), unowned(spans), \
             unowned(history), unowned(out)
         n, count = high.size, spans.shape[1]
-        scalars, asked, ids, epochs, facts, rows, width = _out_parts(out, n, count)
-        now_raw, now_cmp = _row(rows, NOW_RAW, width), _row(rows, NOW_CMP, width)
-        after_raw, after_cmp = _row(rows, AFTER_RAW, width), _row(rows, AFTER_CMP, width)
-        fit, settled_ok = _row(rows, FIT, width), _row(rows, SETTLED_OK, width)
+        scalars, asked, ids, epochs, facts, rows, width = out_parts(out, n, count)
+        now_raw, now_cmp = flag_row(rows, NOW_RAW, width), flag_row(rows, NOW_CMP, width)
+        after_raw, after_cmp = flag_row(rows, AFTER_RAW, width), flag_row(rows, AFTER_CMP, width)
+        fit, settled_ok = flag_row(rows, FIT, width), flag_row(rows, SETTLED_OK, width)
         full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
         code_at, layout_ok_at = consts[P_CODE_AT], consts[P_LAYOUT_OK_AT]
         home_words, raw_bad, cmp_bad, missing, epoch_at, first_row_at = _scratch(n, n_history)
         _probe_prompt(high, low, slots, block_high, block_low, mapped, ids, home_words)
         # The index's target group's ids and settled row (its pass output ``history``), and per
         # history position its block's epoch and the first row allowed to point at it.
-        history_ids, history_settled = _history_parts(history, n_history, count, consts)
+        history_ids, history_settled = history_parts(history, n_history, count, consts)
         if has_index:
             history_positions(history_ids, target_states, target_epoch,
                               consts[consts[P_HASHED_AT]:], consts[P_TARGET_SIZE],
@@ -524,8 +433,8 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
         scalars[ONE_RUN_BLOCKS] = _one_run(ids, epochs, chain_blocks)
         # Every block usable now in the form the kind settles in: none counted bad in it.
         scalars[ALL_SETTLED] = (cmp_count if consts[P_SETTLED_FORM] != 0 else raw_count) == 0
-        hit, now, after = _row(rows, N_PER_BLOCK + HIT, width), \
-            _row(rows, N_PER_BLOCK + NOW, width), _row(rows, N_PER_BLOCK + AFTER, width)
+        hit, now, after = flag_row(rows, N_PER_BLOCK + HIT, width), \
+            flag_row(rows, N_PER_BLOCK + NOW, width), flag_row(rows, N_PER_BLOCK + AFTER, width)
         largest_hit, largest_now = _length_rows(spans, prefix_step, chain_blocks, first_raw_bad,
                                                 missing, raw_bad, cmp_bad, hit, now, after)
         scalars[LARGEST_HIT], scalars[LARGEST_NOW] = largest_hit, largest_now
@@ -538,34 +447,6 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
     return group_pass
 
 
-@inlined
-def _out_parts(out: NDArray[np.int64], n: int, count: int
-               ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
-                          NDArray[np.uint32], NDArray[np.uint8], Bools, int]:
-    """The parts of the pass's output (:func:`out_offsets`) as the compiled pass writes them:
-    scalars, asked, ids, epochs, facts, the flag rows as one vector (:func:`_row` picks one),
-    and their width."""
-    ids_at, epochs_at, bytes_at, _ = out_offsets(n, count)
-    width = max(n, count)
-    raw_bytes = out[bytes_at:].view(np.uint8)
-    return (out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at],
-            out[epochs_at:bytes_at].view(np.uint32), raw_bytes[:n],
-            raw_bytes[n : n + N_FLAGS * width].view(np.bool_), width)
-
-
-@inlined
-def _row(rows: Bools, row: int, width: int) -> Bools:
-    """Flag row ``row`` of the flag rows ``rows`` (each ``width`` long)."""
-    return rows[row * width : (row + 1) * width]
-
-
-@inlined
-def _history_parts(history: NDArray[np.int64], n_history: int, count: int,
-                   consts: NDArray[np.int64]) -> tuple[NDArray[np.int64], Bools]:
-    """The index's target group's block ids and settled row, from its pass output (as
-    :func:`_history_views`, for the compiled pass)."""
-    _, _, ids, _, _, rows, width = _out_parts(history, n_history, count)
-    return ids, _row(rows, consts[P_HISTORY_SETTLED_ROW], width)[:n_history]
 
 
 @inlined
@@ -717,8 +598,8 @@ def _length_rows(spans: NDArray[np.int64], prefix_step: int, chain_blocks: int,
 
 
 #: The plain functions the compiled pass calls (compiled into it).
-_PASS_CALLS: Final = (_plan_pass, probe_keys, out_offsets, snapshot_at, _out_parts, _row,
-                      _history_parts, _scratch, _probe_prompt, _facts_of, _forms, _same_references,
+_PASS_CALLS: Final = (_plan_pass, probe_keys, out_offsets, snapshot_at, out_parts, flag_row,
+                      history_parts, _scratch, _probe_prompt, _facts_of, _forms, _same_references,
                       _one_run, _length_rows,
                       history_positions, row_references)
 

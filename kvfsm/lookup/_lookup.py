@@ -16,9 +16,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError
+from kvfsm.lookup._buffers import AFTER, HIT, NOW
 from kvfsm.lookup._explained import Explanation, explained_later
 from kvfsm.lookup._group_eval import GroupEval, _new_eval
-from kvfsm.lookup._group_pass import AFTER, HIT, NOW
 from kvfsm.lookup._lookup_layout import (
     MAX_CACHED,
     Found,

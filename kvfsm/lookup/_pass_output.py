@@ -20,7 +20,7 @@ from kvfsm.fsm import FORM_RAW as RAW
 from kvfsm.fsm import CompiledTable
 from kvfsm.kinds import KindRule
 from kvfsm.lookup._block_facts import FOUND, LAYOUT, PLACED, READABLE, WHOLE
-from kvfsm.lookup._group_pass import (
+from kvfsm.lookup._buffers import (
     AFTER,
     AFTER_CMP,
     AFTER_RAW,
@@ -32,6 +32,7 @@ from kvfsm.lookup._group_pass import (
     NOW_RAW,
     SNAPSHOT_FAILED,
     SNAPSHOT_STATE,
+    flag_start,
     snapshot_rows,
 )
 from kvfsm.lookup._index_check import IndexCheck
@@ -117,8 +118,7 @@ class PassOutput:
 
     def _flag_row(self, row: int, length: int) -> Bools:
         """Flag row ``row`` (of N_FLAGS), its first ``length`` entries."""
-        n = self.n
-        start = n + row * max(n, self.lengths.size)
+        start = flag_start(self.n, self.lengths.size, row)
         flags: Bools = self._bytes()[start : start + length].view(np.bool_)
         return flags
 
@@ -181,8 +181,7 @@ class PassOutput:
 
     def holds(self, row: int, at: int) -> bool:
         """Per-length row ``row`` (HIT, NOW, AFTER) at candidate index ``at``."""
-        n = self.n
-        return bool(self._bytes()[n + (N_PER_BLOCK + row) * max(n, self.lengths.size) + at])
+        return bool(self._bytes()[flag_start(self.n, self.lengths.size, N_PER_BLOCK + row) + at])
 
     @property
     def found(self) -> Bools:

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._jit import kernel, read_only
-from kvfsm.lookup._group_pass import (
+from kvfsm.lookup._buffers import (
     N_SCALARS,
     SNAPSHOT_FAILED,
     SNAPSHOT_STATE,

@@ -7,7 +7,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm.kinds import Needed
-from kvfsm.lookup._group_pass import ONE_RUN_BLOCKS, out_offsets, usable_over
+from kvfsm.lookup._buffers import ONE_RUN_BLOCKS, out_offsets
+from kvfsm.lookup._group_pass import usable_over
 from kvfsm.state import GroupState
 
 Bools = NDArray[np.bool_]

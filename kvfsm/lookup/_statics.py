@@ -16,7 +16,8 @@ from numpy.typing import NDArray
 
 from kvfsm.fsm import CompiledTable
 from kvfsm.kinds import KindRule
-from kvfsm.lookup._group_pass import pack_consts, pack_fixed
+from kvfsm.lookup._buffers import pack_consts
+from kvfsm.lookup._group_pass import pack_fixed
 from kvfsm.lookup._paths import RestorePaths, restore_paths
 from kvfsm.lookup._types import DeviceProfile
 from kvfsm.memory import SlotPool
