@@ -635,9 +635,11 @@ class Engine:
         """Pin the blocks ``verdict`` (a lookup of ``prompt``) called usable, exactly those
         the kernel reads at ``usable_tokens``, and record their epochs, for ``ttl_s`` seconds
         at most: call ``lease.validate()`` right before the read, and release the lease
-        (``with engine.lease(...) as lease:``) after it. Raises :class:`~kvfsm.LeaseLost`,
-        pinning nothing, where a block changed since the lookup (look up again); to make
-        lookup and lease one step against other threads, hold :attr:`lock` across both."""
+        (``with engine.lease(...) as lease:``) after it. A verdict whose lookup is not fresh
+        (the core changed since, another prompt, another engine's) is looked up again first,
+        capped at its tokens: :class:`~kvfsm.LeaseLost`, pinning nothing, where that finds
+        fewer usable (look up again); to make lookup and lease one step against other
+        threads, hold :attr:`lock` across both."""
         if self._closed:
             self._open()
         if not isinstance(verdict, Verdict):

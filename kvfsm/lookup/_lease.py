@@ -11,8 +11,7 @@ make sure nothing could. Per group a lease holds a few arrays, never per-block o
 Leases expire (``ttl_s``, monotonic clock): a reader that died cannot hold blocks forever. The
 :class:`LeaseBook` that hands them out (one per engine) releases expired leases' pins whenever
 its owner calls :meth:`LeaseBook.reap` (the engine does at the start of every call), and
-counts the open ones so none leak. Pins move through the core's ``pin`` / ``unpin``; every
-lease operation takes the owner's lock.
+counts the open ones so none leak. Every lease operation takes the owner's lock.
 """
 
 from __future__ import annotations
