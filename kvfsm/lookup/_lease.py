@@ -159,7 +159,23 @@ class Lease:
             if self._released:
                 return
             self._released = True
-            self._hold.give_back(book.core)
+            core, hold = book.core, self._hold
+            hold.unpin()
+            if hold.targets:
+                hold.unpin_targets(core)
+            if not core.pins_observed:
+                return
+            if hold.one_runs and hold.arrays.change_count.total == hold.changes:
+                # tell_pins's usual case (nothing changed since the take), frames fewer
+                tellers = core.lease_pin_tellers
+                if tellers is None:
+                    core.tell_lease_pins(hold.arrays.names, hold.answers, hold.holding, -1,
+                                         answer_runs)
+                else:
+                    for tell in tellers:
+                        tell(hold.arrays.names, hold.answers, hold.holding, -1)
+            else:
+                hold.tell_pins(core, -1)
 
     def mark_expired(self) -> None:
         self._expired_on_release = True

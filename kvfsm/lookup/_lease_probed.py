@@ -147,25 +147,12 @@ class ProbedHold(NamedTuple):
         self.arrays.unpin(self.outs, self.offsets, self.answers,
                           len(self.outs) if groups is None else groups)
 
-    def give_back(self, core: StateCore) -> None:
-        """Give back every pin (telling ``core``'s pin observers), but on blocks whose epoch
-        moved: their pin went with their content."""
-        self.unpin()
-        if core.pins_observed:
-            if self.one_runs and self.unchanged():
-                # tell_pins's usual case (nothing changed since the take), frames fewer
-                tellers = core.lease_pin_tellers
-                if tellers is None:
-                    core.tell_lease_pins(self.arrays.names, self.answers, self.holding, -1,
-                                         answer_runs)
-                else:
-                    for tell in tellers:
-                        tell(self.arrays.names, self.answers, self.holding, -1)
-            else:
-                self.tell_pins(core, -1)
+    def unpin_targets(self, core: StateCore) -> None:
+        """Give back the pins of the targets (through the core's ``unpin``, which tells its
+        observers), but on blocks whose epoch moved (their pin went with their content) or
+        whose pins someone released behind the lease's back."""
         for name, ids, epochs in self.targets:
             state = core.group(name)
-            # Pins someone released behind the lease's back are not given back again.
             kept = ids[(state.epoch[ids] == epochs) & (state.block_pins[ids] > 0)]
             if kept.size:
                 core.unpin(name, kept)
