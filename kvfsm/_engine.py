@@ -151,7 +151,7 @@ class Engine:
         # method may call another); leases validate and release under it too.
         self._lock = threading.RLock()
         # Leases expire on ``lease_clock`` (monotonic seconds; a test may move its own).
-        self._leases = LeaseBook(self.core, self._lock, clock=lease_clock)
+        self._leases = LeaseBook(self.core, self._lock, self._lease_lookup, clock=lease_clock)
         self.tiers = check_tiers(self.core, tiers or {})
         #: Runs restore plans and spills into the stored tiers (host restores need no tier).
         self.restorer = RestoreExecutor(self.core, self.tiers, workers=workers,
@@ -319,21 +319,33 @@ class Engine:
         return prompt, chosen, drop_last_block
 
     def _lookup(self, prompt: Prompt, level: Level, kernel_layouts: KernelLayouts | None,
-                drop_last_block: bool, observe: bool = True) -> Verdict:
+                drop_last_block: bool, observe: bool = True,
+                max_tokens: int | None = None) -> Verdict:
         """The verdict of checked arguments (under the lock), its checksums recorded (and
         reported to the metrics where ``observe``: a caller's lookup, not the engine's own)."""
         # Every argument checked (the prompt by _own): the lookup's own checks and keywords
         # skipped, as on every lookup a scheduler makes.
         verdict = lookup_checked(self.core, self._layout, prompt, level,
-                                 kernel_layouts, self.profile, drop_last_block, True)
-        for checks in verdict.checks:
-            self.core.record_checks(checks.group, checks.block_ids, checks.passed)
+                                 kernel_layouts, self.profile, drop_last_block, True,
+                                 max_tokens)
+        if verdict.checks:
+            for checks in verdict.checks:
+                self.core.record_checks(checks.group, checks.block_ids, checks.passed)
+            # A failure recorded counts as a change, but only of blocks this lookup saw fail
+            # (none it called usable): its probe is as fresh as before.
+            if verdict.probe is not None:
+                verdict.probe.changes = self.core.change_count.total
         # Gate 4: checked against the active graph's signature (a GraphVerdict), if any.
         if self._graph_active:
             verdict = self._graphs.apply(prompt, verdict)
         if observe and self.metrics is not None:
             self.metrics.observe_lookup(verdict)
         return verdict
+
+    def _lease_lookup(self, prompt: Prompt, level: Level, max_tokens: int) -> Verdict:
+        """The lookup a lease of a stale verdict makes (:class:`LeaseBook`): ``prompt`` at
+        ``level``, no candidate past ``max_tokens``."""
+        return self._lookup(prompt, level, None, False, False, max_tokens)
 
     def _reload_failed(self, verdict: Verdict) -> bool:
         """Give back the device slot of each unpinned block ``verdict`` saw failing its
@@ -623,9 +635,11 @@ class Engine:
         """Pin the blocks ``verdict`` (a lookup of ``prompt``) called usable, exactly those
         the kernel reads at ``usable_tokens``, and record their epochs, for ``ttl_s`` seconds
         at most: call ``lease.validate()`` right before the read, and release the lease
-        (``with engine.lease(...) as lease:``) after it. Raises :class:`~kvfsm.LeaseLost`,
-        pinning nothing, where a block changed since the lookup (look up again); to make
-        lookup and lease one step against other threads, hold :attr:`lock` across both."""
+        (``with engine.lease(...) as lease:``) after it. A verdict whose lookup is not fresh
+        (the core changed since, another prompt, another engine's) is looked up again first,
+        capped at its tokens: :class:`~kvfsm.LeaseLost`, pinning nothing, where that finds
+        fewer usable (look up again); to make lookup and lease one step against other
+        threads, hold :attr:`lock` across both."""
         if self._closed:
             self._open()
         if not isinstance(verdict, Verdict):

@@ -97,7 +97,8 @@ class LeaseLost(KvfsmError):
         self.old_epoch = old_epoch
         self.new_epoch = new_epoch
         self.state = state
-        where = "" if group is None else f"{group} block {block}: "
+        where = "" if group is None else f"{group}: " if block is None else \
+            f"{group} block {block}: "
         epochs = "" if old_epoch is None else f" (epoch {old_epoch} -> {new_epoch})"
         now = "" if state is None else f" (now {state})"
         super().__init__(f"lease lost: {where}{why}{epochs}{now}")

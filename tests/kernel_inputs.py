@@ -10,7 +10,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._jit import read_only
-from kvfsm.fsm import FORM_COMPRESSED, FORM_RAW
 from kvfsm.lookup._buffers import N_SCALARS, NOW_CMP, NOW_RAW, out_offsets, out_views, pack_consts
 from kvfsm.lookup._group_pass import _NO_TARGET, BUDGET_UNKNOWN, _fixed_args
 from kvfsm.lookup._lease_pass import (
@@ -307,28 +306,6 @@ def touch_inputs(rng: np.random.Generator, limit: int) -> tuple[object, ...]:
 
 
 
-def unusable_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """Blocks mostly as seen (epochs, readable states of the right form, unchecked or
-    verified, few pins), now and then one moved, unreadable, of the other form, failed or
-    pinned to the limit."""
-    n_blocks, n_states = int(rng.integers(1, 12)), int(rng.integers(1, 5))
-    n = int(rng.integers(0, n_blocks + 1))
-    ids = rng.permutation(n_blocks)[:n].astype(np.intp)
-    epoch = rng.integers(0, 3, n_blocks).astype(np.uint32)
-    seen = epoch[ids].copy()
-    seen[rng.random(n) < 0.1] += 1
-    limit = int(rng.integers(1, 4))
-    return (ids, seen, int(rng.integers(0, n + 1)),
-            read_only(rng.integers(0, n_states, n_blocks).astype(np.uint8)), read_only(epoch),
-            read_only(np.where(rng.random(n_blocks) < 0.9, 0, rng.integers(0, 3, n_blocks))
-                      .astype(np.uint8)),
-            read_only(rng.random(n_states) < 0.85),
-            read_only(rng.choice([FORM_RAW, FORM_COMPRESSED], n_states).astype(np.int8)),
-            rng.integers(0, limit + 1, n_blocks).astype(np.uint16), limit,
-            np.empty(2, dtype=np.int64))
-
-
-
 def moved_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     """Blocks mostly at the epochs recorded, readable and unchecked or verified, some moved,
     unreadable or seen failing a checksum."""
@@ -388,7 +365,7 @@ def take_probed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
                            each[10], each[11], np.zeros(each[3].size, dtype=np.uint32),
                            each[14]) for each in made], convert=True)
     return (outs, bounds, offsets, at, fixed, arrays, int(rng.integers(5, 9)), limit,
-            np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64), np.full(3, -7, np.int64))
+            np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64), np.full(4, -7, np.int64))
 
 
 

@@ -29,7 +29,6 @@ from kvfsm._addressed import AddressTable
 from kvfsm._jit import _KERNELS, Kernel, warm_up
 from kvfsm._jit import settings as jit
 from kvfsm.lookup import Level
-from kvfsm.lookup._lease_pins import take_unchanged, unpin_unmoved
 from kvfsm.spec._shipped import shipped_specs_dir
 from tests import kernel_inputs
 from tests.lookup_models import DEEPSEEK, FOUR, GPT_OSS, PROMPTS, drive, engine
@@ -263,9 +262,7 @@ INPUTS: dict[Kernel, Callable[[np.random.Generator], tuple[object, ...]]] = {
     kvfsm.lookup._group_pass.group_pass_fixed: kernel_inputs.group_pass_fixed_inputs,
     kvfsm.lookup._snapshot.take_snapshot: kernel_inputs.take_snapshot_inputs,
     kvfsm.state._touch.touch_kernel: kernel_inputs.touch_kernel_inputs,
-    kvfsm.lookup._lease_pins.first_unusable_kernel: kernel_inputs.unusable_inputs,
     kvfsm.lookup._lease_pins.first_moved_kernel: kernel_inputs.moved_inputs,
-    kvfsm.lookup._lease_pins.unpin_kernel: kernel_inputs.pins_inputs,
     kvfsm.lookup._lease_pass.take_probed_kernel: kernel_inputs.take_probed_inputs,
     kvfsm.lookup._lease_pass.unpin_probed_kernel: kernel_inputs.unpin_probed_inputs,
 }
@@ -315,45 +312,6 @@ def test_python_and_compiled_kernels_agree_on_their_examples() -> None:
         for a, b in zip(_arrays_of(slow), _arrays_of(fast), strict=True):
             if isinstance(a, np.ndarray):
                 assert np.array_equal(a, b), each.__name__
-
-
-#: Prompt blocks the type-matching test pins (a few, enough for a run over whole chunks).
-BLOCKS_TAKEN = 4
-
-
-@needs_numba
-@pytest.mark.parametrize("change", ["dtype", "layout", "read-only"])
-def test_a_lease_pass_reads_arrays_made_another_way_as_they_are(change: str) -> None:
-    """Every compiled call of the lease path goes through numba's dispatcher, which matches
-    each call's argument types: ids made another way than a lookup makes them (another dtype,
-    a strided view, read-only) pin and give back exactly what the lookup's own ids do, never
-    read as another type (what an entry point bound to the first call's types did)."""
-    eng = engine(DEEPSEEK, device=48, host=8)
-    prompt = eng.prompt(PROMPTS[0][:200])
-    eng.commit(prompt)
-    state = next(each for each in eng.core.groups.values() if each.target is None)
-    high, low = prompt.words(state.decl.block_size)
-    ids = state.hash_map.lookup(high[:BLOCKS_TAKEN], low[:BLOCKS_TAKEN]).astype(np.intp)
-    assert (ids >= 0).all()
-    epochs = state.epoch[ids].copy()
-    answer = np.empty(4, dtype=np.int64)
-    # The usual types first, as a server's takes: the version a bound entry point would keep.
-    _, run, _ = take_unchanged(state, ids, epochs, answer)
-    expected = state.block_pins.copy(), state.chunk_pins.copy()
-    unpin_unmoved(state, ids, epochs, run)
-    if change == "dtype":
-        other = ids.astype(np.int32)
-    elif change == "layout":
-        other = np.repeat(ids, 2)[::2]
-    else:
-        other = ids.copy()
-        other.flags.writeable = False
-    first, run, _ = take_unchanged(state, other, epochs, answer)
-    assert first < 0
-    assert np.array_equal(state.block_pins, expected[0])
-    assert np.array_equal(state.chunk_pins, expected[1])
-    unpin_unmoved(state, other, epochs, run)
-    assert not state.block_pins.any() and not state.chunk_pins.any()
 
 
 @needs_numba

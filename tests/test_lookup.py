@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
+import attrs
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -43,3 +45,43 @@ def test_a_verdict_with_nothing_to_explain_gives_every_group_its_own_figures(
                     group.stop) == (last, last, last, None), group
         else:
             assert group.usable_tokens >= verdict.usable_tokens, group
+
+
+@pytest.mark.parametrize("decl", [DENSE, GPT_OSS, DEEPSEEK, QWEN], ids=lambda decl: decl.name)
+def test_max_tokens_caps_the_candidate_lengths(decl: ModelDecl) -> None:
+    """``max_tokens`` stops the candidate lengths there: the verdict is usable, hit and
+    restorable to at most the cap, its probe holds the blocks of its usable tokens, a cap at
+    or past what is usable changes nothing of that, and a capped lookup leaves the next
+    uncapped one of the same prompt as it was (the lookup's per-length cache untouched)."""
+    eng = engine(decl, device=64, host=8)
+    prompt = eng.prompt(PROMPTS[0][:321])
+    eng.commit(prompt)
+    whole = lookup(eng.core, prompt)
+    assert whole.usable_tokens > 0
+    for cap in (0, 1, whole.usable_tokens // 2, whole.usable_tokens - 1, whole.usable_tokens,
+                whole.usable_tokens + 1, 10_000):
+        capped = lookup(eng.core, prompt, max_tokens=cap)
+        assert max(capped.usable_tokens, capped.hit_tokens, capped.restorable_tokens) <= cap
+        assert capped.probe is not None and capped.probe.tokens == capped.usable_tokens
+        if cap >= whole.usable_tokens:
+            assert capped.usable_tokens == whole.usable_tokens
+        assert attrs.evolve(lookup(eng.core, prompt), probe=None) == \
+            attrs.evolve(whole, probe=None)
+    with pytest.raises(KvfsmError, match="max_tokens"):
+        lookup(eng.core, prompt, max_tokens=-1)
+    with pytest.raises(KvfsmError, match="max_tokens"):
+        lookup(eng.core, prompt, max_tokens=1.5)  # type: ignore[arg-type]
+
+
+def test_max_tokens_stops_a_lookup_where_a_longer_prefix_would_be_usable() -> None:
+    """A dense prompt usable to 320 tokens, capped at 100: the candidates are multiples of
+    16 up to 96, so the verdict is usable to 96, with the blocks its probe holds exactly
+    those six."""
+    eng = engine(DENSE, device=64, host=8)
+    prompt = eng.prompt(PROMPTS[0][:321])
+    eng.commit(prompt)
+    assert lookup(eng.core, prompt).usable_tokens == 320
+    capped = lookup(eng.core, prompt, max_tokens=100)
+    assert (capped.usable_tokens, capped.hit_tokens) == (96, 96)
+    assert capped.probe is not None
+    assert [group.hi - group.lo for group in capped.probe.groups] == [6]

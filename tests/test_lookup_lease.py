@@ -105,19 +105,18 @@ def test_compressed_history_index_and_targets_are_leased() -> None:
     assert _pins(eng) == {"history": 0, "swa": 0, "index": 0}
 
 
-def test_a_verdict_without_its_probe_leases_through_the_index() -> None:
-    """A verdict made by hand (no probe) is leased by probing the prompt again; an index's
-    targets are then pinned through it, once per reference, and all given back."""
+def test_a_verdict_without_its_probe_is_looked_up_again_and_leased_as_usual() -> None:
+    """A verdict made by hand (no probe) is leased by looking the prompt up again: the index's
+    targets are held as history blocks, each pinned once, and all given back."""
     eng = _engine("deepseek_v4_like")
     prompt = eng.prompt(TEXT)
     eng.commit(prompt)
     verdict = attrs.evolve(eng.lookup(prompt), probe=None)
     lease = eng.lease(verdict, prompt)
+    assert lease.tokens == verdict.usable_tokens == 320
     history = _ids(eng, "history", range(5))
-    targets = eng.core.group("index").refs_target[lease.blocks("index")]
     expected = np.zeros(eng.core.group("history").n_blocks, dtype=np.int64)
     expected[history] += 1
-    np.add.at(expected, targets[targets >= 0], 1)  # one per reference of a pinned index
     assert eng.core.group("history").pins.tolist() == expected.tolist()
     lease.validate()
     lease.release()
@@ -262,22 +261,28 @@ def test_a_probe_made_by_hand_is_leased_with_its_arrays_types_matched() -> None:
 
 
 def test_a_block_that_moved_since_the_lookup_refuses_the_lease() -> None:
-    """Evicted and written again between the lookup and the lease (same hash, new epoch):
-    the probe's epochs tell, the lease is refused and pins nothing."""
+    """Evicted between the lookup and the lease: the prompt looked up again is usable to
+    fewer tokens, so the lease is refused, naming the group and block, and pins nothing.
+    Written again (same hash, new epoch), the prefix is usable as the verdict said: the
+    stale verdict is leased, holding the blocks as they are now."""
     eng = _engine("dense")
     prompt = eng.prompt(TEXT)
     eng.commit(prompt)
     verdict = eng.lookup(prompt)
     block = block_id(eng, "attn", TEXT, 3)
     eng.core.fire("attn", [block], Event.EVICT)
-    with pytest.raises(LeaseLost, match="no longer cached") as lost:
+    with pytest.raises(LeaseLost, match="not_cached at prompt block 3; look up again") as lost:
         eng.lease(verdict, prompt)
-    assert (lost.value.group, lost.value.block) == ("attn", block)
+    assert lost.value.group == "attn" and "only 48" in str(lost.value)
     assert _pins(eng) == {"attn": 0}
-    eng.commit(prompt)  # the prefix written again: new epochs, the old verdict still refused
-    with pytest.raises(LeaseLost):
-        eng.lease(verdict, prompt)
-    eng.lease(eng.lookup(prompt), prompt).release()
+    eng.commit(prompt)  # the prefix written again: new epochs, usable as the verdict said
+    with eng.lease(verdict, prompt) as lease:
+        assert lease.tokens == 320
+        assert lease.blocks("attn").tolist() == _ids(eng, "attn", range(20))
+        assert lease.epochs("attn").tolist() == \
+            eng.core.group("attn").epoch[lease.blocks("attn")].tolist()
+        lease.validate()
+    assert _pins(eng) == {"attn": 0}
 
 
 def test_changes_elsewhere_in_the_group_do_not_refuse_the_lease() -> None:
@@ -336,7 +341,7 @@ def test_a_lease_on_the_lookups_own_prompt_grown_since_holds_the_blocks_it_saw()
     assert held["history"] == _ids(eng, "history", range(5))
     assert _pins(eng) == {"history": 0, "swa": 0, "index": 0}
     other = eng.prompt(tokens(321, seed=9))
-    with pytest.raises(LeaseLost, match="no longer cached"):
+    with pytest.raises(LeaseLost, match="no longer usable, only 0: not_cached"):
         eng.lease(verdict, other)
     assert _pins(eng) == {"history": 0, "swa": 0, "index": 0}
 
@@ -372,18 +377,25 @@ def test_an_engine_refuses_a_lease_clock_it_cannot_call() -> None:
 
 def test_index_targets_outside_the_window_are_held_and_checked() -> None:
     """An index pointing into a sliding window: its targets before the window are not read
-    as window blocks, but the index reads them, so they are pinned through it, and their
+    as window blocks, but the index reads them, so they are pinned too (once each), and their
     epochs are checked; bypassing those pins and evicting one leaves the pinned index
-    readable, and only the target's recorded epoch tells."""
+    readable, and only the target's recorded epoch tells. The release gives back every pin
+    the lease still holds (the moved target's went with its content)."""
     eng = engine(model("t_swa_index", SWA, group("index", "sparse_index", "sparse_index", 16,
                                                  'target_group = "swa"\ntop_k = 4')))
     prompt = eng.prompt(TEXT)
     eng.commit(prompt)
     lease = eng.lease(eng.lookup(prompt), prompt)
-    swa = eng.core.group("swa")
-    assert lease.blocks("swa").tolist() == _ids(eng, "swa", range(16, 20))  # the window
+    swa, index = eng.core.group("swa"), eng.core.group("index")
+    window = _ids(eng, "swa", range(16, 20))
+    assert lease.blocks("swa").tolist() == window  # the window
+    targets = index.refs_target[lease.blocks("index")]
+    expected = np.zeros(swa.n_blocks, dtype=np.int64)
+    expected[np.unique(targets[targets >= 0])] = 1  # each target once
+    expected[window] = 1
+    assert swa.pins.tolist() == expected.tolist()
     outside = block_id(eng, "swa", TEXT, 5)
-    assert swa.pins[outside] > 0
+    assert swa.pins[outside] == 1
     with pytest.raises(GuardRejected, match="no_pins"):
         eng.core.fire("swa", [outside], Event.EVICT)
     swa.add_pins(np.full(int(swa.pins[outside]), outside, dtype=np.intp), -1)  # bypassed
@@ -393,9 +405,7 @@ def test_index_targets_outside_the_window_are_held_and_checked() -> None:
         lease.validate()
     assert (lost.value.group, lost.value.block) == ("swa", outside)
     lease.release()  # gives back every pin it still can, never raises
-    index = eng.core.group("index")
-    stuck = np.flatnonzero((index.refs_target == outside).any(axis=1))
-    assert np.flatnonzero(index.pins).tolist() == stuck.tolist()
+    assert _pins(eng) == {"swa": 0, "index": 0}
     assert eng.leases_open == 0
 
 
@@ -516,8 +526,8 @@ def _stale(change: Callable[[Engine], None]) -> tuple[Engine, pytest.ExceptionIn
     eng.commit(prompt)
     verdict = eng.lookup(prompt)
     change(eng)
-    # Every group's recency too: a refused lease marks nothing used (the changed groups are
-    # checked before any unchanged one is pinned and marked used).
+    # Every group's recency too: a refused lease marks nothing used (the prompt is looked up
+    # again before anything is pinned or marked used).
     before = {name: (group.last_use.copy(), group.recency.next.copy())
               for name, group in eng.core.groups.items()}
     now = eng.core.group("history").clock.now
@@ -535,7 +545,7 @@ def _stale(change: Callable[[Engine], None]) -> tuple[Engine, pytest.ExceptionIn
 def test_a_verdict_whose_block_was_evicted_leases_nothing() -> None:
     _, lost = _stale(lambda eng: eng.core.fire("swa", [block_id(eng, "swa", TEXT, 19)],
                                                Event.EVICT))
-    assert lost.value.group == "swa" and "no longer cached" in str(lost.value)
+    assert lost.value.group == "swa" and "at prompt block 19" in str(lost.value)
 
 
 def test_a_verdict_whose_block_was_spilled_leases_nothing() -> None:
@@ -571,7 +581,7 @@ def test_a_verdict_whose_block_then_failed_its_checksum_leases_nothing() -> None
         eng.core.record_checks("swa", [block_id(eng, "swa", TEXT, 19)], [False])
 
     _, lost = _stale(fail)
-    assert lost.value.group == "swa" and "checksum" in str(lost.value)
+    assert lost.value.group == "swa" and "checksum_mismatch" in str(lost.value)
 
 
 def test_a_failed_pin_rolls_back_the_groups_pinned_before_it() -> None:
@@ -605,6 +615,46 @@ def test_a_verdict_of_another_prompt_is_refused() -> None:
     with pytest.raises(KvfsmError, match="not this prompt"):
         eng.lease(verdict, TEXT[:100])
     assert _pins(eng) == {"attn": 0} and eng.leases_open == 0
+
+
+def test_a_stale_verdict_is_leased_to_exactly_its_tokens() -> None:
+    """A verdict whose probe is stale (the core changed since) is leased after looking the
+    prompt up again capped at the verdict's tokens: a lease covers exactly
+    ``verdict.usable_tokens``, never the more that is usable now (the longer prefix
+    committed since, or the last block a speculative-decoding lookup dropped)."""
+    eng = _engine("dense")
+    prompt = eng.prompt(TEXT)
+    eng.commit(eng.prompt(TEXT[:161]))
+    short = eng.lookup(prompt)
+    dropped = eng.lookup(prompt, drop_last_block=True)
+    assert (short.usable_tokens, dropped.usable_tokens) == (160, 144)
+    eng.commit(prompt)  # the whole prompt cached since: usable to 320 now
+    assert eng.lookup(prompt).usable_tokens == 320
+    for verdict, blocks in ((short, 10), (dropped, 9)):
+        with eng.lease(verdict, prompt) as lease:
+            assert lease.tokens == verdict.usable_tokens
+            assert lease.blocks("attn").tolist() == _ids(eng, "attn", range(blocks))
+            lease.validate()
+        assert _pins(eng) == {"attn": 0}
+
+
+def test_a_stale_verdict_whose_tokens_are_no_longer_usable_pins_and_touches_nothing() -> None:
+    """The prompt looked up again is usable to fewer tokens than the verdict: LeaseLost, told
+    to the refusal observer, with nothing pinned or marked used."""
+    eng = _engine("gpt_oss_like")
+    prompt = eng.prompt(TEXT)
+    eng.commit(prompt)
+    verdict = eng.lookup(prompt)
+    eng.core.fire("full", [block_id(eng, "full", TEXT, 7)], Event.EVICT)
+    refused: list[LeaseLost] = []
+    eng._leases.on_refusal = refused.append
+    used = {name: state.last_use.copy() for name, state in eng.core.groups.items()}
+    with pytest.raises(LeaseLost, match="only 112: not_cached at prompt block 7") as lost:
+        eng.lease(verdict, prompt)
+    assert refused == [lost.value] and lost.value.group == "full"
+    assert _pins(eng) == {"full": 0, "swa": 0} and eng.leases_open == 0
+    assert all(np.array_equal(state.last_use, used[name])
+               for name, state in eng.core.groups.items())
 
 
 # -- release and expiry --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""A lease on its lookup's own verdict, taken and given back in one compiled pass over every
-group (kvfsm.lookup._lease_pass, through kvfsm.lookup._lease_probed)."""
+"""A lease taken and given back in one compiled pass over every group (kvfsm.lookup._lease_pass,
+through kvfsm.lookup._lease_probed): on its lookup's own verdict, or on a new lookup of the
+prompt where the verdict's probe cannot serve."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvfsm import CoreConfig, Engine, EventLog, Lease, shipped_models
-from kvfsm.lookup import _lease as lease_module
-from kvfsm.lookup import _lease_book as book_module
 from kvfsm.lookup._lease_pass import (
     ANSWER_COLUMNS,
     EPOCH,
@@ -60,11 +59,11 @@ def _bookkeeping(eng: Engine) -> dict[str, Any]:
     return seen
 
 
-def _one_pass_and_group_by_group(name: str, logs: tuple[EventLog, EventLog] | None = None
+def _on_the_probe_and_looked_up_again(name: str, logs: tuple[EventLog, EventLog] | None = None
                                  ) -> tuple[Engine, Lease, Engine, Lease]:
     """Two engines in the same state, each leasing the same verdict: one on the lookup's own
-    prompt (one pass), one on an equal prompt made again (the lookup's outputs are not that
-    prompt's, so the lease goes group by group)."""
+    prompt (its probe), one on an equal prompt made again (the lookup's outputs are not that
+    prompt's, so the prompt is looked up again)."""
     made = []
     for at in range(2):
         eng = _engine(name, event_log=None if logs is None else logs[at])
@@ -72,18 +71,21 @@ def _one_pass_and_group_by_group(name: str, logs: tuple[EventLog, EventLog] | No
         eng.commit(prompt)
         made.append((eng, prompt, eng.lookup(prompt)))
     (one, prompt, verdict), (other, _, other_verdict) = made
+    looked: list[int] = []
+    look_up = other._leases.look_up
+    other._leases.look_up = lambda *args: looked.append(1) or look_up(*args)  # type: ignore
     fast, slow = one.lease(verdict, prompt), other.lease(other_verdict, other.prompt(TEXT))
-    assert fast._probed is not None and slow._probed is None  # the two paths compared
+    assert looked == [1]  # the two paths compared
     return one, fast, other, slow
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_one_pass_writes_what_the_group_by_group_passes_write(name: str) -> None:
-    """Every shipped model: a lease taken in one pass pins the same blocks and chunks, stamps
-    the same uses, links the same recency lists and takes the same clock ticks as a lease
-    taken group by group; it holds the same blocks at the same epochs, validates, and gives
-    back exactly what it took."""
-    one, fast, other, slow = _one_pass_and_group_by_group(name)
+def test_a_lease_after_a_new_lookup_writes_what_the_probes_lease_writes(name: str) -> None:
+    """Every shipped model: a lease on the lookup's probe pins the same blocks and chunks,
+    stamps the same uses, links the same recency lists and takes the same clock ticks as a
+    lease taken after a new lookup; it holds the same blocks at the same epochs, validates,
+    and gives back exactly what it took."""
+    one, fast, other, slow = _on_the_probe_and_looked_up_again(name)
     assert _bookkeeping(one) == _bookkeeping(other)
     same_holdings_then_released(fast, slow)
     assert _bookkeeping(one) == _bookkeeping(other)
@@ -91,21 +93,18 @@ def test_one_pass_writes_what_the_group_by_group_passes_write(name: str) -> None
                for state in one.core.groups.values())
 
 
-def test_a_lease_on_its_lookups_own_verdict_does_not_go_group_by_group(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The usual lease (the lookup's prompt, nothing changed since) makes no per-group pin
-    pass: with those passes broken it is still taken, validated and given back."""
+def test_a_lease_on_its_lookups_own_verdict_does_not_look_up_again() -> None:
+    """The usual lease (the lookup's prompt, nothing changed since) makes no second lookup:
+    with the book's lookup broken it is still taken, validated and given back."""
     eng = _engine("deepseek_v4_like")
     prompt = eng.prompt(TEXT)
     eng.commit(prompt)
     verdict = eng.lookup(prompt)
 
-    def broken(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a per-group pass ran")
+    def broken(*args: object) -> None:
+        raise AssertionError("looked up again")
 
-    for module, each in ((book_module, "take_unchanged"), (book_module, "pin_if_usable"),
-                         (book_module, "unpin_unmoved"), (lease_module, "unpin_unmoved")):
-        monkeypatch.setattr(module, each, broken)
+    eng._leases.look_up = broken  # type: ignore[assignment]
     with eng.lease(verdict, prompt) as lease:
         lease.validate()
         assert lease.blocks("index").size == 20
@@ -115,8 +114,8 @@ def test_a_lease_on_its_lookups_own_verdict_does_not_go_group_by_group(
 
 def test_a_refusal_in_one_pass_pins_nothing_and_names_the_block() -> None:
     """A block already at the pin limit in the last group refuses the one-pass take: a
-    StateError naming it, no pin left in any group, no lease open, and then the per-group
-    path refuses alike."""
+    StateError naming it, no pin left in any group, no lease open, and a lease after a
+    new lookup refuses alike."""
     eng = _engine("deepseek_v4_like")
     prompt = eng.prompt(TEXT)
     eng.commit(prompt)
@@ -146,13 +145,13 @@ def test_a_group_changed_after_the_take_is_checked_block_by_block() -> None:
         assert lease.valid
 
 
-def test_one_pass_logs_the_reads_the_group_by_group_lease_logs(tmp_path: Path) -> None:
-    """The event log of a one-pass lease reads the same runs as a group-by-group one's (on
-    its lease line: its take, read and give-back at once, nothing logged between), and
-    replays clean."""
+def test_a_lease_after_a_new_lookup_logs_the_reads_the_probes_lease_logs(tmp_path: Path) -> None:
+    """The event log of a lease on its lookup's probe reads the same runs as one taken after
+    a new lookup (on its lease line: its take, read and give-back at once, nothing logged
+    between), and replays clean."""
     logs = [tmp_path / "one.jsonl", tmp_path / "other.jsonl"]
     opened = (EventLog(logs[0]), EventLog(logs[1]))
-    _, fast, _, slow = _one_pass_and_group_by_group("deepseek_v4_like", opened)
+    _, fast, _, slow = _on_the_probe_and_looked_up_again("deepseek_v4_like", opened)
     fast.validate()
     slow.validate()
     fast.release()
@@ -208,12 +207,12 @@ def _leased(eng: Engine, verdict: Any, prompt: Any
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.data(), decl=st.sampled_from([DEEPSEEK, FOUR, GPT_OSS]))
-def test_in_any_reachable_state_one_pass_pins_what_the_group_by_group_passes_pin(
+def test_in_any_reachable_state_a_lease_after_a_new_lookup_pins_what_the_probes_pins(
         data: st.DataObject, decl: Any) -> None:
     """For any state the drive reaches (corrupted copies, flipped bytes, scrambled index
-    references included), a lease on a lookup's own verdict either refuses as the per-group
-    path refuses for the same lookup, or holds exactly the blocks it holds, at the same pins
-    and chunk pins; each gives back exactly what it took."""
+    references included), a lease on a lookup's own verdict either refuses as a lease after
+    a new lookup refuses for the same verdict, or holds exactly the blocks it holds, at the
+    same pins and chunk pins; each gives back exactly what it took."""
     eng = engine(decl, device=24, host=6)
     drive(eng, data, data.draw(st.integers(1, 12), label="steps"))
     text = data.draw(st.sampled_from(PROMPTS), label="lookup prompt")
@@ -222,7 +221,7 @@ def test_in_any_reachable_state_one_pass_pins_what_the_group_by_group_passes_pin
     prompt = eng.prompt(text[:cut])
     outcome, held, lease = _leased(eng, eng.lookup(prompt), prompt)
     # The same verdict again (nothing moved since: the take above only touched), leased with
-    # an equal prompt made anew: group by group.
+    # an equal prompt made anew: looked up again.
     again = eng.lookup(prompt)
     if lease is not None:
         lease.release()
@@ -230,7 +229,6 @@ def test_in_any_reachable_state_one_pass_pins_what_the_group_by_group_passes_pin
     other, other_held, other_lease = _leased(eng, again, eng.prompt(text[:cut]))
     assert (outcome, held) == (other, other_held)
     if lease is not None and other_lease is not None:
-        assert other_lease._probed is None
         for name in lease.groups:
             assert lease.blocks(name).tolist() == other_lease.blocks(name).tolist()
             assert lease.epochs(name).tolist() == other_lease.epochs(name).tolist()

@@ -653,3 +653,35 @@ def test_a_lease_tells_answer_row_observers_itself_only_where_all_take_them(
         assert eng.core.lease_pin_tellers == (log.pinned_answer_runs,)
     assert eng.core.lease_pin_tellers is None  # the log closed: no pin observer is left
     eng.close()
+
+
+def test_an_index_leased_with_targets_outside_its_window_is_logged_pin_for_pin(
+        tmp_path: Path) -> None:
+    """An index pointing before its target's sliding window: the lease pins those targets
+    through the core beside its one-pass take; the log holds the core's pins while it is
+    held, after a validate that found a target moved, and after the release, and replays."""
+    from tests import lookup_models as made
+
+    decl = made.model("t_swa_index", made.SWA, made.group(
+        "index", "sparse_index", "sparse_index", 16, 'target_group = "swa"\ntop_k = 4'))
+    log = EventLog(tmp_path / "log.jsonl")
+    eng = Engine(decl, CoreConfig(device_blocks=64, backend="numpy"), event_log=log)
+    text = made.tokens(321)
+    prompt = eng.prompt(text)
+    eng.commit(prompt)
+    lease = eng.lease(eng.lookup(prompt), prompt)
+    swa = eng.core.group("swa")
+    outside = made.block_id(eng, "swa", text, 5)
+    assert swa.pins[outside] == 1 and outside not in lease.blocks("swa").tolist()
+    assert_log_holds_core_pins(log, eng)
+    lease.validate()
+    eng.core.unpin("swa", [outside])  # bypassed: the lease's pin released behind its back
+    eng.core.fire("swa", [outside], Event.EVICT)
+    with pytest.raises(LeaseLost):
+        lease.validate()
+    assert_log_holds_core_pins(log, eng)
+    lease.release()
+    assert not swa.pins.any() and not eng.core.group("index").pins.any()
+    assert_log_holds_core_pins(log, eng)
+    log.close()
+    assert replay(tmp_path / "log.jsonl").accepted

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvfsm.lookup._lease_pins import unpin_kernel
+from kvfsm.lookup._lease_pins import _unpin_twin
 from kvfsm.state._recency import Recency
 from kvfsm.state._touch import (
     NO_PINNING,
@@ -18,6 +18,7 @@ from kvfsm.state._touch import (
     RUNS,
     run_chunks,
     touch_kernel,
+    unpin_loop,
 )
 from tests.kernel_inputs import chunk_bounds
 
@@ -159,9 +160,11 @@ def test_several_runs_are_each_pinned_by_their_whole_chunks_and_given_back_exact
     batch = np.array(ids, dtype=np.intp)
     epoch = np.zeros(N_BLOCKS, dtype=np.uint32)
     epoch.flags.writeable = False
-    unpin_kernel(batch, np.zeros(batch.size, dtype=np.uint32), epoch, pins, chunk_pins, SHIFT,
-                 int(out[2]))
-    assert not pins.any() and not chunk_pins.any()
+    for unpin in (unpin_loop, _unpin_twin):  # the one-pass give-back's loop, and its twin
+        given, given_chunks = pins.copy(), chunk_pins.copy()
+        unpin(batch, np.zeros(batch.size, dtype=np.uint32), epoch, given, given_chunks, SHIFT,
+              int(out[2]))
+        assert not given.any() and not given_chunks.any()
 
 
 @FIXTURE_OK

@@ -11,24 +11,19 @@ make sure nothing could. Per group a lease holds a few arrays, never per-block o
 Leases expire (``ttl_s``, monotonic clock): a reader that died cannot hold blocks forever. The
 :class:`LeaseBook` that hands them out (one per engine) releases expired leases' pins whenever
 its owner calls :meth:`LeaseBook.reap` (the engine does at the start of every call), and
-counts the open ones so none leak. Pins move through the core's ``pin`` / ``unpin``; every
-lease operation takes the owner's lock.
+counts the open ones so none leak. Every lease operation takes the owner's lock.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError, LeaseLost
 from kvfsm.lookup._lease_pass import HI, LO, answer_runs
-from kvfsm.lookup._lease_pins import first_moved, given_back, unpin_unmoved
 from kvfsm.lookup._lease_probed import ProbedHold
-from kvfsm.state import GroupState, StateCore, StateError
-from kvfsm.state._core import PinRun
 
 if TYPE_CHECKING:
     from kvfsm.lookup._lease_book import LeaseBook
@@ -38,44 +33,6 @@ IdArray = NDArray[np.intp]
 #: Seconds a lease holds its pins unless released first: far longer than one kernel launch
 #: reads, short enough that a reader that died stops holding blocks soon.
 DEFAULT_LEASE_TTL_S: Final = 10.0
-
-
-class _Held(NamedTuple):
-    """What one lease holds in one group: the blocks it pinned itself and every block whose
-    epoch it checks (those, plus index targets pinned through their index). A named tuple:
-    a lease makes one per group on every take, and an attrs value costs several times more
-    to make."""
-
-    state: GroupState
-    #: Blocks pinned directly, in prompt order; the first is the prompt's block ``first``.
-    pinned: IdArray
-    first: int
-    #: Blocks checked: ``pinned`` first, then targets of index blocks pointing here.
-    ids: IdArray
-    epochs: NDArray[np.uint32]
-    #: Pinned as blocks alone (an index's targets are pinned as blocks of their own group in
-    #: the same lease), taken from a lookup's probe; else through :meth:`StateCore.pin`.
-    alone: bool = False
-    #: The group's ``changes`` once the lease held its pins: while it is unchanged no block
-    #: of the group moved, so each of ``ids`` is still at its epoch and state.
-    changes: int = -1
-    #: How ``pinned`` was pinned (:func:`~kvfsm.lookup._lease_pins.take_unchanged`): one by
-    #: one (0), or where one run of consecutive ids (1) or each of several runs (2) spans
-    #: whole chunks, by those chunks but for its ends; given back the same way.
-    run: int = 0
-    #: ``ids`` are consecutive and all at one epoch (the event log writes the read as runs
-    #: without scanning them).
-    one_run: bool = False
-    #: Touched (used now) in the pass that pinned them.
-    touched: bool = False
-
-    @property
-    def group(self) -> str:
-        return self.state.name
-
-    @property
-    def indices(self) -> NDArray[np.int64]:
-        return np.arange(self.first, self.first + self.pinned.size, dtype=np.int64)
 
 
 class Lease:
@@ -92,23 +49,19 @@ class Lease:
 
     # Slots: a server takes a lease per request, and a slotted object is made and read with
     # fewer memory touches (right after a long lookup, each of them a cache miss).
-    __slots__ = ("_book", "_expired_on_release", "_holding", "_probed", "_released",
-                 "expires_at", "reading", "tokens")
+    __slots__ = ("_book", "_expired_on_release", "_hold", "_released", "_views", "expires_at",
+                 "reading", "tokens")
 
-    def __init__(self, book: LeaseBook, tokens: int, held: tuple[_Held, ...] | ProbedHold,
+    def __init__(self, book: LeaseBook, tokens: int, hold: ProbedHold,
                  expires_at: float) -> None:
         self._book = book
         #: The prefix length the lease covers (the verdict's ``usable_tokens``).
         self.tokens = tokens
         #: When the lease expires, on the book's monotonic clock.
         self.expires_at = expires_at
-        #: Taken in one pass from a lookup's outputs (per-group views made when asked).
-        self._probed: ProbedHold | None = None
-        self._holding: tuple[_Held, ...] | None = None
-        if held.__class__ is ProbedHold:
-            self._probed = held
-        else:
-            self._holding = held  # type: ignore[assignment]
+        self._hold = hold
+        #: Per group: its first prompt block, ids and epochs held (made when first asked).
+        self._views: dict[str, tuple[int, IdArray, NDArray[np.uint32]]] | None = None
         self._released = False
         self._expired_on_release = False
         #: A validate passed: a read is in progress (the pins outlive the ttl until the
@@ -116,41 +69,30 @@ class Lease:
         self.reading = False
 
     @property
-    def _held(self) -> tuple[_Held, ...]:
-        """Per group, what the lease holds (made from a one-pass take on first need)."""
-        if self._holding is None:
-            probed = self._probed
-            assert probed is not None
-            # Positional, in field order, as the per-group take makes them.
-            self._holding = tuple(
-                _Held(state, ids, first, ids, epochs, True, each[4], run, one_run, True)
-                for state, each, (first, ids, epochs, run, one_run)
-                in zip(probed.arrays.groups, probed.passes, probed.views(), strict=True))
-        return self._holding
-
-    @property
     def groups(self) -> tuple[str, ...]:
-        return tuple(held.group for held in self._held)
+        return self._hold.arrays.names
 
     def blocks(self, group: str) -> IdArray:
         """The block ids of ``group`` the lease pinned (what the kernel reads), prompt order."""
-        return self._held_of(group).pinned.copy()
+        return self._view(group)[1].copy()
 
     def indices(self, group: str) -> NDArray[np.int64]:
         """The prompt block indices of :meth:`blocks` of ``group`` (block ``i`` covers tokens
         ``[i * block_size, (i + 1) * block_size)``)."""
-        return self._held_of(group).indices.copy()
+        first, ids, _ = self._view(group)
+        return np.arange(first, first + ids.size, dtype=np.int64)
 
     def epochs(self, group: str) -> NDArray[np.uint32]:
         """The epochs recorded for :meth:`blocks` of ``group``."""
-        held = self._held_of(group)
-        return held.epochs[: held.pinned.size].copy()
+        return self._view(group)[2].copy()
 
-    def _held_of(self, group: str) -> _Held:
-        for held in self._held:
-            if held.group == group:
-                return held
-        raise KvfsmError(f"no group {group!r} in this lease; groups: {list(self.groups)}")
+    def _view(self, group: str) -> tuple[int, IdArray, NDArray[np.uint32]]:
+        if self._views is None:
+            self._views = {name: view[:3] for name, view
+                           in zip(self.groups, self._hold.views(), strict=True)}
+        if group not in self._views:
+            raise KvfsmError(f"no group {group!r} in this lease; groups: {list(self.groups)}")
+        return self._views[group]
 
     @property
     def released(self) -> bool:
@@ -188,13 +130,11 @@ class Lease:
                     if self._expired_on_release else "the lease was released")
                 book.refused(lost)
                 raise lost
-            probed = self._probed
-            # Taken in one pass with no group changed since (the usual lease): no block it
-            # holds moved, nothing to look at.
-            if probed is None or probed.arrays.change_count.total != probed.changes:
+            hold = self._hold
+            # Nothing changed since the take (the usual lease): no block it holds moved.
+            if hold.arrays.change_count.total != hold.changes:
                 try:
-                    for held in self._held:
-                        _check(held.state, held)
+                    hold.check()
                 except LeaseLost as lost:
                     book.refused(lost)
                     raise
@@ -203,14 +143,11 @@ class Lease:
             core = book.core
             if not core.reads_observed:
                 return
-            if probed is None:
-                core.record_leased_reads([(held.state.name, held.ids, held.epochs,
-                                           held.one_run) for held in self._held])
-            elif probed.one_runs:  # report_read's usual case, one call fewer
-                core.record_lease_runs(probed.arrays.names, probed.answers, probed.holding,
+            if hold.one_runs and not hold.targets:  # report_read's usual case, a call fewer
+                core.record_lease_runs(hold.arrays.names, hold.answers, hold.holding,
                                        answer_runs)
             else:
-                probed.report_read(core)
+                hold.report_read(core)
 
     def release(self) -> None:
         """Give back the lease's pins (idempotent; safe from any thread). A block pinned by
@@ -222,52 +159,23 @@ class Lease:
             if self._released:
                 return
             self._released = True
-            core = book.core
-            probed = self._probed
-            if probed is not None:
-                probed.unpin()
-                if not core.pins_observed:
-                    return
-                if probed.one_runs and probed.arrays.change_count.total == probed.changes:
-                    # tell_pins's usual case (nothing changed since the take), frames fewer
-                    tellers = core.lease_pin_tellers
-                    if tellers is None:
-                        core.tell_lease_pins(probed.arrays.names, probed.answers,
-                                             probed.holding, -1, answer_runs)
-                    else:
-                        for tell in tellers:
-                            tell(probed.arrays.names, probed.answers, probed.holding, -1)
-                else:
-                    probed.tell_pins(core, -1)
+            core, hold = book.core, self._hold
+            hold.unpin()
+            if hold.targets:
+                hold.unpin_targets(core)
+            if not core.pins_observed:
                 return
-            self._unpin_held(core)
-
-    def _unpin_held(self, core: StateCore) -> None:
-        """:meth:`release` of a lease held group by group."""
-        runs: list[PinRun] = []
-        for held in self._held:
-            state = held.state
-            count = held.pinned.size
-            if held.alone:
-                unpin_unmoved(state, held.pinned, held.epochs[:count], held.run)
-                if core.pins_observed and count:
-                    given = given_back(state, held.pinned, held.epochs[:count], held.run)
-                    if held.one_run and given.size == count:  # as its take told it: a run
-                        runs.append((held.group, int(given[0]), count, -1))
-                    else:
-                        core.tell_pins(held.group, given.copy(), -1)
-                continue
-            still = state.epoch[held.pinned] == held.epochs[:count]
-            try:
-                core.unpin(held.group, held.pinned[still])
-            except StateError:
-                # Someone released pins behind the lease's back (an unbalanced unpin of an
-                # index's target): give back what can be, block by block (a rare path).
-                for block in held.pinned[still].tolist():
-                    with contextlib.suppress(StateError):
-                        core.unpin(held.group, [block])
-        if runs:
-            core.tell_pin_runs(runs)
+            if hold.one_runs and hold.arrays.change_count.total == hold.changes:
+                # tell_pins's usual case (nothing changed since the take), frames fewer
+                tellers = core.lease_pin_tellers
+                if tellers is None:
+                    core.tell_lease_pins(hold.arrays.names, hold.answers, hold.holding, -1,
+                                         answer_runs)
+                else:
+                    for tell in tellers:
+                        tell(hold.arrays.names, hold.answers, hold.holding, -1)
+            else:
+                hold.tell_pins(core, -1)
 
     def mark_expired(self) -> None:
         self._expired_on_release = True
@@ -279,34 +187,7 @@ class Lease:
         self.release()
 
     def __repr__(self) -> str:
-        if self._probed is not None:
-            answers = self._probed.answers
-            blocks = int((answers[:, HI] - answers[:, LO]).sum())
-        else:
-            blocks = sum(held.pinned.size for held in self._held)
+        answers = self._hold.answers
+        blocks = int((answers[:, HI] - answers[:, LO]).sum())
         status = "released" if self._released else "open"
         return f"Lease({self.tokens} tokens, {blocks} blocks pinned, {status})"
-
-
-def _check(state: GroupState, held: _Held) -> None:
-    """LeaseLost naming the first block of ``held`` whose epoch moved, that is no longer
-    readable, or that a lookup has since seen failing its checksum (its bytes are not what
-    was written: the read must not happen). (Its form needs no check of its own: every row
-    that changes a readable block's form bumps its epoch.) Where no block of the group has
-    changed and no failure was recorded in it since the lease was taken, none of them did:
-    O(1)."""
-    if state.changes == held.changes:
-        return
-    first = first_moved(state, held.ids, held.epochs)
-    if first < 0:
-        return
-    block = int(held.ids[first])
-    epoch, code = int(state.epoch[block]), int(state.states[block])
-    if epoch != int(held.epochs[first]):
-        why = "its content moved"
-    elif not state.table.readable[code]:
-        why = "it is no longer readable"
-    else:
-        why = "a lookup saw it fail its checksum"
-    raise LeaseLost(why, group=state.name, block=block, old_epoch=int(held.epochs[first]),
-                    new_epoch=epoch, state=state.table.state_name(code))

@@ -9,7 +9,7 @@ Here the groups' arrays are gathered once per core into one address table
 (:class:`LeaseArrays`; :mod:`kvfsm._addressed`: one argument instead of nine arrays a group),
 and one pass (:func:`take_probed_kernel`) pins and touches every group's blocks, read
 straight from the lookup's pass outputs, where :func:`unpin_probed_kernel` gives them back.
-The per-group passes (:mod:`kvfsm.lookup._lease_pins`) still serve every other lease.
+It is the only way a lease is taken and given back.
 """
 
 from __future__ import annotations
@@ -55,9 +55,6 @@ TARGET_BLOCK: Final = 3
 FIXED_COLUMNS: Final = 4
 #: ``result[0]`` of :func:`take_probed_loop`: every group pinned and touched.
 TAKEN: Final = -1
-#: ``result[0]``: an index group's targets are not all among the blocks the lease would
-#: hold of its target group; nothing was pinned or touched.
-TARGETS_OUTSIDE: Final = -2
 
 
 def answer_runs(names: tuple[str, ...], answers: NDArray[np.int64]) -> list[LeasedRun]:
@@ -125,29 +122,29 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
     every group's states, lists, stamps, links, pins and run records (:data:`LEASE_KINDS`
     per group, an address table: one argument instead of ten per group).
 
-    First, no changes: an index group's usable rows point only at history blocks ending
-    before them, which the lease must hold as blocks of the target group (from its block 0
-    past them); where it would not, ``result[0] = TARGETS_OUTSIDE`` and nothing changes.
-    Then each group with blocks, in order, touched at the next tick from ``tick`` (counted
-    in ``result[1]``) with its answer row ``answers[g]`` (columns ``OUTSIDE`` ...
-    ``HI``); the first refused (an id outside the group, a block at ``max_pins``) stops
-    there with ``result[0] = g``: the groups before it stay pinned and touched, it and those
-    after are unchanged. Else ``result[0] = TAKEN``. ``result[2]`` counts the touched
-    groups whose blocks are one run at one epoch (``ONE_READ``: when it is ``result[1]``,
-    the lease's read is reported from the answer rows alone)."""
+    ``result[3]`` is 1 where an index group's rows may point at target blocks outside what
+    the lease holds of the target group (its usable rows point only at history blocks ending
+    before them: held where the target's span starts at block 0 and reaches past them), for
+    the caller to pin those too; else 0. Each group with blocks, in order, is touched at the
+    next tick from ``tick`` (counted in ``result[1]``) with its answer row ``answers[g]``
+    (columns ``OUTSIDE`` ... ``HI``); the first refused (an id outside the group, a block
+    at ``max_pins``) stops there with ``result[0] = g``: the groups before it stay pinned
+    and touched, it and those after are unchanged. Else ``result[0] = TAKEN``.
+    ``result[2]`` counts the touched groups whose blocks are one run at one epoch
+    (``ONE_READ``: when it is ``result[1]``, the lease's read is reported from the answer
+    rows alone)."""
     # Unowned views (the caller holds the arrays): no reference counting on each view.
     bounds, offsets, fixed, arrays, answers, result = unowned(bounds), unowned(offsets), \
         unowned(fixed), unowned(arrays), unowned(answers), unowned(result)
     groups = len(outs)
-    result[0], result[1], result[2] = TAKEN, 0, 0
+    result[0], result[1], result[2], result[3] = TAKEN, 0, 0, 0
     for g in range(groups):
         target = fixed[g, TARGET]
         lo, hi = bounds[g, 0, at], bounds[g, 1, at]
         if target >= 0 and hi > lo:
             reach = hi * fixed[g, BLOCK] // fixed[g, TARGET_BLOCK]
             if bounds[target, 0, at] != 0 or bounds[target, 1, at] < reach:
-                result[0] = TARGETS_OUTSIDE
-                return
+                result[3] = 1
     touched = 0
     for g in range(groups):
         answer = answers[g]
@@ -206,14 +203,13 @@ def _take_twin(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
                result: NDArray[np.int64]) -> None:
     """:func:`take_probed_loop` with each group's touch as :func:`_touch_twin`."""
     spans = bounds[:, :, at].reshape(-1, 2)
-    result[:3] = (TAKEN, 0, 0)
+    result[:4] = (TAKEN, 0, 0, 0)
     for g, (lo, hi) in enumerate(spans.tolist()):
         target = int(fixed[g, TARGET])
         if target >= 0 and hi > lo:
             reach = hi * int(fixed[g, BLOCK]) // int(fixed[g, TARGET_BLOCK])
             if spans[target, 0] != 0 or spans[target, 1] < reach:
-                result[0] = TARGETS_OUTSIDE
-                return
+                result[3] = 1
     touched = 0
     for g, (lo, hi) in enumerate(spans.tolist()):
         answers[g] = (-1, -1, 0, 0, -1, 0, lo, hi)
@@ -307,7 +303,7 @@ def _take_example() -> tuple[object, ...]:
                            np.zeros(1, dtype=np.uint16), read_only(np.zeros(1, np.uint32)),
                            no_linked_run())])
     return (outs, bounds, offsets, 0, fixed, arrays, 1, MAX_PINS,
-            np.zeros((1, ANSWER_COLUMNS), dtype=np.int64), np.zeros(3, dtype=np.int64))
+            np.zeros((1, ANSWER_COLUMNS), dtype=np.int64), np.zeros(4, dtype=np.int64))
 
 
 take_probed_kernel = kernel(example=_take_example, twin=_take_twin,
@@ -396,7 +392,7 @@ class LeaseArrays:
              state.recency.linked_run)
             for state in self.groups])
         #: The answer of the last take (used under the owner's lock).
-        self.result = np.zeros(3, dtype=np.int64)
+        self.result = np.zeros(4, dtype=np.int64)
         #: Groups, the length of the lookup outputs' tuple the entry points are bound to.
         self.count = len(self.groups)
         #: The one-pass passes' entry points, bound on their first checked calls (see
@@ -406,8 +402,8 @@ class LeaseArrays:
 
     def take(self, outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
              offsets: NDArray[np.int64], at: int, tick: int,
-             answers: NDArray[np.int64]) -> tuple[int, int, int]:
-        """:func:`take_probed_loop` over these groups; ``(result[0], result[1], result[2])``.
+             answers: NDArray[np.int64]) -> list[int]:
+        """:func:`take_probed_loop` over these groups; its ``result`` as a list.
 
         Where kernels run compiled, through an entry point bound on the first call that skips
         numba's matching of the ten arguments' types (some 2 µs right after a long lookup,
@@ -428,8 +424,8 @@ class LeaseArrays:
             entry = take_probed_kernel.run
         entry(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
               self.result)
-        stop, touched, one_reads = self.result.tolist()
-        return stop, touched, one_reads
+        result: list[int] = self.result.tolist()
+        return result
 
     def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
               answers: NDArray[np.int64], groups: int) -> None:
@@ -447,5 +443,5 @@ class LeaseArrays:
 
 
 __all__ = ["ANSWER_COLUMNS", "FIRST_EPOCH", "FIRST_ID", "FULL", "HI", "LO", "ONE_READ",
-           "OUTSIDE", "PINNED_AS", "TAKEN", "TARGETS_OUTSIDE", "LeaseArrays",
+           "OUTSIDE", "PINNED_AS", "TAKEN", "LeaseArrays",
            "take_probed_kernel", "unpin_probed_kernel"]

@@ -1,4 +1,4 @@
-"""The usual lease: taken on a lookup's own verdict and prompt with no group changed since, in
+"""What a lease holds: taken on a lookup's verdict and prompt with no group changed since, in
 one compiled call over every group.
 
 Nothing moved since the lookup (each group's ``changes`` is as the lookup saw it), so every
@@ -6,7 +6,9 @@ block is still as the lookup found it and only the pin limit is left to check. T
 read straight from the lookup's pass outputs (:class:`~kvfsm.lookup.Probe` ``passes``), and
 one pass pins and touches them all (:class:`~kvfsm.lookup._lease_pass.LeaseArrays`); the lease
 keeps those outputs and the pass's answer rows, and makes per-group views only when asked
-(its blocks, a validate after some group changed, a read that is not one run).
+(its blocks, a validate after some group changed, a read that is not one run). An index's
+targets outside what the lease holds of their group are pinned through the core's ``pin``
+and kept beside (``targets``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, NamedTuple, NoReturn
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._errors import KvfsmError
+from kvfsm._errors import KvfsmError, LeaseLost
 from kvfsm.lookup._lease_pass import (
     FIRST_EPOCH,
     FIRST_ID,
@@ -31,12 +33,15 @@ from kvfsm.lookup._lease_pass import (
     _probed_ids,
     answer_runs,
 )
-from kvfsm.lookup._lease_pins import given_back
+from kvfsm.lookup._lease_pins import first_moved, given_back
 from kvfsm.state import MAX_PINS, StateCore, StateError
 from kvfsm.state._core import LeasedRead, LeasedRun, PinRun
 
+IdArray = NDArray[np.intp]
 #: A lookup's pass per group: ``(name, spans, out, words, changes)`` (``Probe.passes``).
 Passes = Sequence[tuple[str, Any, NDArray[np.int64], Any, int]]
+#: Blocks pinned through the core's ``pin`` as an index's targets: ``(group, ids, epochs)``.
+Targets = tuple[tuple[str, IdArray, NDArray[np.uint32]], ...]
 
 
 class ProbedHold(NamedTuple):
@@ -46,7 +51,8 @@ class ProbedHold(NamedTuple):
     :mod:`~kvfsm.lookup._lease_pass`: prompt blocks ``[LO, HI)``, how they were pinned,
     whether they are one run at one epoch, the first id and epoch), the core's count of
     changes to any group at the take, the groups holding blocks, and whether each of those
-    holds one run at one epoch (its read is then told from the answer rows alone)."""
+    holds one run at one epoch (its read is then told from the answer rows alone), and the
+    index targets pinned beside them."""
 
     arrays: LeaseArrays
     passes: Passes
@@ -56,6 +62,7 @@ class ProbedHold(NamedTuple):
     changes: int
     holding: int
     one_runs: bool
+    targets: Targets
 
     def unchanged(self) -> bool:
         """No group has changed since the take (so none of its blocks moved): O(1)."""
@@ -81,7 +88,7 @@ class ProbedHold(NamedTuple):
         """Tell ``core``'s observers the read a validated lease is about to do: from the
         answer rows alone where every group holds one run at one epoch (the usual lease),
         else as :meth:`reads`."""
-        if self.one_runs:
+        if self.one_runs and not self.targets:
             core.record_lease_runs(self.arrays.names, self.answers, self.holding,
                                    answer_runs)
         else:
@@ -102,6 +109,7 @@ class ProbedHold(NamedTuple):
                 continue
             ids, epochs = self.blocks(g, row)
             reads.append((names[g], ids, epochs, False))
+        reads += [(name, ids, epochs, False) for name, ids, epochs in self.targets]
         return reads, runs
 
     def tell_pins(self, core: StateCore, delta: int) -> None:
@@ -135,9 +143,44 @@ class ProbedHold(NamedTuple):
         core.tell_pin_runs(runs)
 
     def unpin(self, groups: int | None = None) -> None:
-        """Give back the pins of every group (or of the first ``groups``)."""
+        """Give back the pins of every group (or of the first ``groups``), not the targets'."""
         self.arrays.unpin(self.outs, self.offsets, self.answers,
                           len(self.outs) if groups is None else groups)
+
+    def unpin_targets(self, core: StateCore) -> None:
+        """Give back the pins of the targets (through the core's ``unpin``, which tells its
+        observers), but on blocks whose epoch moved (their pin went with their content) or
+        whose pins someone released behind the lease's back."""
+        for name, ids, epochs in self.targets:
+            state = core.group(name)
+            kept = ids[(state.epoch[ids] == epochs) & (state.block_pins[ids] > 0)]
+            if kept.size:
+                core.unpin(name, kept)
+
+    def check(self) -> None:
+        """LeaseLost naming the first block held that moved off its epoch, is no longer
+        readable, or that a lookup has since seen failing its checksum (its bytes are not
+        what was written: the read must not happen). (Its form needs no check of its own:
+        every row that changes a readable block's form bumps its epoch.) Only the groups that
+        changed since the take are looked at (and the targets)."""
+        names, groups = self.arrays.names, self.arrays.groups
+        held = [(groups[g], ids, epochs) for g, (_, ids, epochs, _, _) in enumerate(self.views())
+                if groups[g].changes != self.passes[g][4]]
+        held += [(groups[names.index(name)], ids, epochs) for name, ids, epochs in self.targets]
+        for state, ids, epochs in held:
+            first = first_moved(state, ids, epochs)
+            if first < 0:
+                continue
+            block = int(ids[first])
+            epoch, code = int(state.epoch[block]), int(state.states[block])
+            if epoch != int(epochs[first]):
+                why = "its content moved"
+            elif not state.table.readable[code]:
+                why = "it is no longer readable"
+            else:
+                why = "a lookup saw it fail its checksum"
+            raise LeaseLost(why, group=state.name, block=block, old_epoch=int(epochs[first]),
+                            new_epoch=epoch, state=state.table.state_name(code))
 
 
 def refuse_probed(hold: ProbedHold, stop: int) -> NoReturn:
@@ -154,4 +197,4 @@ def refuse_probed(hold: ProbedHold, stop: int) -> NoReturn:
                      f"{int(ids[row[FULL]])}); nothing was pinned")
 
 
-__all__ = ["ProbedHold", "refuse_probed"]
+__all__ = ["ProbedHold", "Targets", "refuse_probed"]

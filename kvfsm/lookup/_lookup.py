@@ -111,38 +111,48 @@ def lookup(
     profile: DeviceProfile | None = None,
     drop_last_block: bool = False,
     checksums: bool = True,
+    max_tokens: int | None = None,
 ) -> Verdict:
     """How much of ``prompt`` the core can serve now, after restores, and why not more.
 
     A lookup writes no state: the checksums it computed are in ``Verdict.checks`` for the
     caller to record (:meth:`StateCore.record_checks`; :class:`~kvfsm.Engine` does).
     ``checksums=False`` leaves out the data checksums of layer 1 (for measuring the metadata
-    path alone); every other check still runs.
+    path alone); every other check still runs. ``max_tokens`` caps the candidate lengths
+    (none past it is looked at: the verdict's lengths are at most ``max_tokens``).
     """
     if level.__class__ is not Level:
         level = as_level(level)
+    if max_tokens is not None and (max_tokens.__class__ is not int or max_tokens < 0):
+        raise KvfsmError(f"max_tokens must be an int >= 0 or None, got {max_tokens!r}")
     if kernel_layouts:
         check_kernel_layouts(core, kernel_layouts)
     layout = layout_of(core)
     prompt.check_made_for(core.seed, layout.block_sizes, "engine")
     return lookup_checked(core, layout, prompt, level, kernel_layouts,
                           _DEFAULT_PROFILE if profile is None else profile, drop_last_block,
-                          checksums)
+                          checksums, max_tokens)
 
 
 def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level: Level,
                    kernel_layouts: KernelLayouts | None, profile: DeviceProfile,
-                   drop_last_block: bool, checksums: bool) -> Verdict:
+                   drop_last_block: bool, checksums: bool, max_tokens: int | None = None
+                   ) -> Verdict:
     """:func:`lookup` of arguments already checked: ``level`` a Level, ``kernel_layouts``
-    naming the core's groups, ``prompt`` made for the core (:meth:`Prompt.check_made_for`)
-    and ``layout`` the core's :func:`layout_of`. Positional: what an owner that checked them
-    itself calls on every lookup (:class:`~kvfsm.Engine` does)."""
+    naming the core's groups, ``prompt`` made for the core (:meth:`Prompt.check_made_for`),
+    ``layout`` the core's :func:`layout_of` and ``max_tokens`` None or an int >= 0.
+    Positional: what an owner that checked them itself calls on every lookup
+    (:class:`~kvfsm.Engine` does)."""
     n_tokens = prompt.n_tokens
     last = n_tokens - 1 if n_tokens > 1 else 0  # the last prompt token is always computed
+    keep = True  # the candidates of the prompt's length (cached by it)
+    if max_tokens is not None and max_tokens < last:
+        last, keep = max_tokens, False  # the candidates stop at the cap
     step = layout.step
     count = last // step + 1
-    known = layout.by_length.get(n_tokens)
-    lengths, rows, cached_spans = layout.spans_at(n_tokens, count) if known is None else known
+    known = layout.by_length.get(n_tokens) if keep else None
+    lengths, rows, cached_spans = layout.spans_at(n_tokens, count, keep) if known is None \
+        else known
     lease_spans: LeaseSpans | None = cached_spans
     capped = core.restore_budget.capped
     made: list[GroupEval] = []

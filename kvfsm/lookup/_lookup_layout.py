@@ -90,23 +90,25 @@ class LookupLayout:
         #: here first, a call fewer).
         self.by_length: dict[int, tuple[NDArray[np.int64], tuple[Row, ...], LeaseSpans]] = {}
 
-    def spans_at(self, n_tokens: int, count: int
+    def spans_at(self, n_tokens: int, count: int, keep: bool = True
                  ) -> tuple[NDArray[np.int64], tuple[Row, ...], LeaseSpans]:
         """The ``count`` candidate lengths of a prompt of ``n_tokens``; per group in lookup
         order its row of :attr:`groups` with its spans over them added, for the blocks such a
         prompt has; and every group's bounds and output offsets (:func:`lease_spans_of`: what a
-        lease's one-pass take reads). Cached."""
-        known = self.by_length.get(n_tokens)
+        lease's one-pass take reads of the spans). Cached by ``n_tokens`` where ``keep`` (the
+        count a prompt of that length has; a capped lookup's fewer are not kept)."""
+        known = self.by_length.get(n_tokens) if keep else None
         if known is None:
-            if len(self.by_length) >= MAX_CACHED:
-                self.by_length.clear()
             lengths = candidates(count, self.step)
             rows = tuple(
                 (group, decl, target_at, known_here,
                  spans_for(group, n_tokens // decl.block_size, lengths, self.step))
                 for group, decl, target_at, known_here in self.groups)
-            known = self.by_length[n_tokens] = (lengths, rows, lease_spans_of(
-                self.names, [row[4] for row in rows]))
+            known = (lengths, rows, lease_spans_of(self.names, [row[4] for row in rows]))
+            if keep:
+                if len(self.by_length) >= MAX_CACHED:
+                    self.by_length.clear()
+                self.by_length[n_tokens] = known
         return known
 
 

@@ -145,8 +145,8 @@ class Probe:
     grows, so its blocks the lookup saw are still its blocks); ``groups`` are made on first
     use from the lookup's arrays (most verdicts are never leased). ``exact``: the groups'
     ids and epochs are views of a lookup's own output (int64 ids, uint32 epochs,
-    contiguous, writable), so a lease may hand them to compiled code bound to those types;
-    a probe made by hand is not (its lease's kernels then match every argument's type).
+    contiguous, writable); a probe made by hand is not, and its lease looks the prompt up
+    again.
     ``passes``: per group in the lookup's order, ``(name, spans, out, words, changes)``, the
     group pass's output over its spans and the group's change count then, with ``at`` the
     candidate index of ``tokens`` (a lookup's probe: a lease on it reads the blocks straight
@@ -206,7 +206,7 @@ class Verdict:
     #: :meth:`StateCore.record_checks`).
     checks: tuple[Checks, ...] = attrs.field(default=(), repr=False, eq=False)
     #: The usable blocks as the lookup found them (for :meth:`Engine.lease`; None on a
-    #: verdict made by hand, whose lease probes and checks the blocks itself).
+    #: verdict made by hand, whose lease looks the prompt up again).
     probe: Probe | None = attrs.field(default=None, repr=False, eq=False)
 
     def group(self, name: str) -> GroupVerdict:
