@@ -10,19 +10,22 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._jit import read_only
-from kvfsm.lookup._buffers import N_SCALARS, NOW_CMP, NOW_RAW, out_offsets, out_views, pack_consts
-from kvfsm.lookup._group_pass import _NO_TARGET, BUDGET_UNKNOWN, _fixed_args
-from kvfsm.lookup._lease_pass import (
+from kvfsm.lookup._buffers import (
     ANSWER_COLUMNS,
     FIXED_COLUMNS,
     HI,
     LO,
+    N_SCALARS,
+    NOW_CMP,
+    NOW_RAW,
     PINNED_AS,
     TARGET,
-    _outputs,
-    _unpin_tables,
-    lease_table,
+    out_offsets,
+    out_views,
+    pack_consts,
 )
+from kvfsm.lookup._group_pass import _NO_TARGET, BUDGET_UNKNOWN, _fixed_args
+from kvfsm.lookup._lease_pass import _outputs, _unpin_tables, lease_table
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
     SLOT_BLOCK,

@@ -14,16 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvfsm import CoreConfig, Engine, EventLog, Lease, shipped_models
-from kvfsm.lookup._lease_pass import (
-    ANSWER_COLUMNS,
-    EPOCH,
-    LEASE_KINDS,
-    LINKED_RUN,
-    PINS,
-    PREV,
-    LeaseArrays,
-    lease_table,
-)
+from kvfsm.lookup._buffers import ANSWER_COLUMNS, EPOCH, LEASE_KINDS, LINKED_RUN, PINS, PREV
+from kvfsm.lookup._lease_pass import LeaseArrays, lease_table
 from kvfsm.obs import replay
 from kvfsm.state import MAX_PINS, StateError
 from tests.lookup_models import (

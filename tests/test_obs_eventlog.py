@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 
 from kvfsm import CoreConfig, Engine, EventLog, GuardRejected, KvfsmError, shipped_models
 from kvfsm.lookup import Verdict
-from kvfsm.lookup._lease_pass import FIRST_EPOCH, FIRST_ID, HI, LO
+from kvfsm.lookup._buffers import FIRST_EPOCH, FIRST_ID, HI, LO
 from kvfsm.obs import FLUSH_EVERY, replay, table_digest
 from kvfsm.obs._eventlog import _one_run_line, _put_runs, _read_line
 from kvfsm.obs._read_lines import run_read_line

@@ -1,20 +1,26 @@
-"""The one owner of the lookup's buffer layouts: where a group pass's single output array
-(int64 words) holds its scalars, the restores asked per length, the block ids, their epochs,
-a fact byte per block, the flag rows and the snapshot; what a group's packed ``consts`` holds;
-and the rows of the kind's spans. Every reader, compiled or not, finds a part through the
-names and functions here (:func:`out_offsets`, :func:`out_views`, ...), never by its own
-arithmetic, so a change of layout is made here alone. Compiled callers list these functions
-in their ``calls``, which also stamps their cache with this file.
+"""The one owner of the lookup's and the lease's buffer layouts.
+
+A group pass writes one output array (int64 words): its scalars, the restores asked per
+length, the block ids, their epochs, a fact byte per block, the flag rows and the snapshot; a
+group's fixed parameters come packed in ``consts``; the kind's spans come as rows. A lease's
+one-pass take reads the ids and epochs of every group's output (:func:`probed_ids`), the
+groups' arrays through one address table (:data:`LEASE_KINDS`), and writes an answer row per
+group (columns ``OUTSIDE`` ... ``HI``) that the event log reads back. Every reader, compiled or
+not, finds a part through the names and functions here, never by its own arithmetic, so a
+change of layout is made here alone. Compiled callers list these functions in their ``calls``,
+which also stamps their disk cache with this file.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm._addressed import views
 from kvfsm._jit import inlined
+from kvfsm.state._core import LeasedRun
 
 Bools = NDArray[np.bool_]
 IdArray = NDArray[np.intp]
@@ -194,3 +200,73 @@ def history_parts(history: NDArray[np.int64], n_history: int, count: int,
     :func:`history_views`, for the compiled pass)."""
     _, _, ids, _, _, rows, width = out_parts(history, n_history, count)
     return ids, flag_row(rows, consts[P_HISTORY_SETTLED_ROW], width)[:n_history]
+
+
+# -- the lease exchange: what a one-pass take reads of a lookup's outputs and writes back ----
+
+#: Columns of a probed lease's answer row per group (``answers[g]``): the first four are the
+#: pinning touch's ``out`` (an id outside the group, the first at the pin limit, how the pins
+#: were taken, a read of one run at one epoch); then the first id and epoch read, and the
+#: prompt blocks ``[lo, hi)`` the group holds.
+OUTSIDE: Final = 0
+FULL: Final = 1
+PINNED_AS: Final = 2
+ONE_READ: Final = 3
+FIRST_ID: Final = 4
+FIRST_EPOCH: Final = 5
+LO: Final = 6
+HI: Final = 7
+ANSWER_COLUMNS: Final = 8
+#: Columns of a probed lease's fixed facts per group (``fixed[g]``).
+SHIFT: Final = 0
+TARGET: Final = 1
+BLOCK: Final = 2
+TARGET_BLOCK: Final = 3
+FIXED_COLUMNS: Final = 4
+#: ``result[0]`` of :func:`take_probed_loop`: every group pinned and touched.
+TAKEN: Final = -1
+
+
+def answer_runs(names: tuple[str, ...], answers: NDArray[np.int64]) -> list[LeasedRun]:
+    """The runs a one-pass take's answer rows spell, one per group holding blocks:
+    ``(names[g], first id, count, epoch)`` (what the core tells observers without the
+    answer-rows methods)."""
+    return [(names[g], row[FIRST_ID], row[HI] - row[LO], row[FIRST_EPOCH])
+            for g, row in enumerate(answers.tolist()) if row[HI] > row[LO]]
+
+
+def one_run_blocks(ids: NDArray[np.int64], epochs: NDArray[np.uint32]) -> int:
+    """What a take may trust of a lookup's blocks (ids, -1 where missing, and their epochs):
+    the blocks before the first missing one where they are one run of consecutive ids at
+    the first's epoch, else 0 (NumPy; the lookup's compiled pass counts the same)."""
+    found = ids >= 0
+    chain = ids.size if found.all() else int(np.argmin(found))
+    if chain == 0:
+        return 0
+    run = (ids[:chain] == ids[0] + np.arange(chain)) & (epochs[:chain] == epochs[0])
+    return chain if run.all() else 0
+
+
+def probed_ids(out: NDArray[np.int64], at_ids: int, at_epochs: int, lo: int, hi: int
+                ) -> tuple[NDArray[np.int64], NDArray[np.uint32]]:
+    """The ids and epochs a lookup's group pass wrote to ``out`` for prompt blocks
+    ``[lo, hi)`` (ids from word ``at_ids``, epochs two a word from ``at_epochs``)."""
+    return out[at_ids + lo:at_ids + hi], out[at_epochs:].view(np.uint32)[lo:hi]
+
+
+#: Per group, the arrays a lease's one-pass take and give-back read and write, in this order
+#: in their address table (:data:`LEASE_KINDS` says each one's dtype): the blocks' states,
+#: the recency list of each state, the blocks' use stamps, the lists' links, heads and tails,
+#: the blocks' and chunks' pins, the blocks' epochs, and the record of a run linked in order.
+STATES, LIST_OF_STATE, LAST_USE, PREV, NEXT, HEAD, TAIL, PINS, CHUNK_PINS, EPOCH, \
+    LINKED_RUN = range(11)
+LEASE_KINDS: Final[tuple[tuple[type[np.generic], int], ...]] = (
+    (np.uint8, 1), (np.int8, 1), (np.uint32, 1), (np.int32, 1), (np.int32, 1), (np.int32, 1),
+    (np.int32, 1), (np.uint16, 1), (np.uint16, 1), (np.uint32, 1), (np.int64, 1))
+N_LEASE_ARRAYS: Final = len(LEASE_KINDS)
+
+
+def leased_arrays(arrays: NDArray[np.int64], g: int) -> tuple[NDArray[Any], ...]:
+    """Group ``g``'s arrays of a lease's address table, STATES ... LINKED_RUN (plain-Python
+    views, for the twins)."""
+    return views(arrays, LEASE_KINDS, g * N_LEASE_ARRAYS)

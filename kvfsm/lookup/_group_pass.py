@@ -94,13 +94,13 @@ from kvfsm.lookup._buffers import (
     flag_row,
     history_parts,
     history_views,
+    one_run_blocks,
     out_offsets,
     out_parts,
     out_views,
     pack_consts,
     snapshot_at,
 )
-from kvfsm.lookup._lease_pass import one_run_blocks
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
     READ_AHEAD,

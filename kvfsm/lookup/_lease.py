@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError, LeaseLost
-from kvfsm.lookup._lease_pass import HI, LO, answer_runs
+from kvfsm.lookup._buffers import HI, LO, answer_runs
 from kvfsm.lookup._lease_probed import ProbedHold
 
 if TYPE_CHECKING:

@@ -16,8 +16,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError, LeaseLost
+from kvfsm.lookup._buffers import ANSWER_COLUMNS, TAKEN, answer_runs
 from kvfsm.lookup._lease import DEFAULT_LEASE_TTL_S, Lease
-from kvfsm.lookup._lease_pass import ANSWER_COLUMNS, TAKEN, LeaseArrays, answer_runs
+from kvfsm.lookup._lease_pass import LeaseArrays
 from kvfsm.lookup._lease_probed import IdArray, ProbedHold, Targets, refuse_probed
 from kvfsm.lookup._types import Level, Probe, Verdict
 from kvfsm.state import Prompt, StateCore

@@ -20,10 +20,42 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._addressed import AddressTable, address_table, unowned, vector_at, views
+from kvfsm._addressed import AddressTable, address_table, unowned, vector_at
 from kvfsm._jit import kernel, read_only, settings
+from kvfsm.lookup._buffers import (
+    ANSWER_COLUMNS,
+    BLOCK,
+    CHUNK_PINS,
+    EPOCH,
+    FIRST_EPOCH,
+    FIRST_ID,
+    FIXED_COLUMNS,
+    FULL,
+    HEAD,
+    HI,
+    LAST_USE,
+    LEASE_KINDS,
+    LINKED_RUN,
+    LIST_OF_STATE,
+    LO,
+    N_LEASE_ARRAYS,
+    NEXT,
+    ONE_READ,
+    OUTSIDE,
+    PINNED_AS,
+    PINS,
+    PREV,
+    SHIFT,
+    STATES,
+    TAIL,
+    TAKEN,
+    TARGET,
+    TARGET_BLOCK,
+    leased_arrays,
+    one_run_blocks,
+    probed_ids,
+)
 from kvfsm.lookup._lease_pins import _unpin_twin
-from kvfsm.state._core import LeasedRun
 from kvfsm.state._group import MAX_PINS, GroupState
 from kvfsm.state._touch import (
     _touch_known,
@@ -31,75 +63,6 @@ from kvfsm.state._touch import (
     no_linked_run,
     unpin_loop,
 )
-
-# -- one pass over every group of a lease made from a lookup's probe -----------------------
-
-#: Columns of a probed lease's answer row per group (``answers[g]``): the first four are the
-#: pinning touch's ``out`` (an id outside the group, the first at the pin limit, how the pins
-#: were taken, a read of one run at one epoch); then the first id and epoch read, and the
-#: prompt blocks ``[lo, hi)`` the group holds.
-OUTSIDE: Final = 0
-FULL: Final = 1
-PINNED_AS: Final = 2
-ONE_READ: Final = 3
-FIRST_ID: Final = 4
-FIRST_EPOCH: Final = 5
-LO: Final = 6
-HI: Final = 7
-ANSWER_COLUMNS: Final = 8
-#: Columns of a probed lease's fixed facts per group (``fixed[g]``).
-SHIFT: Final = 0
-TARGET: Final = 1
-BLOCK: Final = 2
-TARGET_BLOCK: Final = 3
-FIXED_COLUMNS: Final = 4
-#: ``result[0]`` of :func:`take_probed_loop`: every group pinned and touched.
-TAKEN: Final = -1
-
-
-def answer_runs(names: tuple[str, ...], answers: NDArray[np.int64]) -> list[LeasedRun]:
-    """The runs a one-pass take's answer rows spell, one per group holding blocks:
-    ``(names[g], first id, count, epoch)`` (what the core tells observers without the
-    answer-rows methods)."""
-    return [(names[g], row[FIRST_ID], row[HI] - row[LO], row[FIRST_EPOCH])
-            for g, row in enumerate(answers.tolist()) if row[HI] > row[LO]]
-
-
-def one_run_blocks(ids: NDArray[np.int64], epochs: NDArray[np.uint32]) -> int:
-    """What a take may trust of a lookup's blocks (ids, -1 where missing, and their epochs):
-    the blocks before the first missing one where they are one run of consecutive ids at
-    the first's epoch, else 0 (NumPy; the lookup's compiled pass counts the same)."""
-    found = ids >= 0
-    chain = ids.size if found.all() else int(np.argmin(found))
-    if chain == 0:
-        return 0
-    run = (ids[:chain] == ids[0] + np.arange(chain)) & (epochs[:chain] == epochs[0])
-    return chain if run.all() else 0
-
-
-def _probed_ids(out: NDArray[np.int64], at_ids: int, at_epochs: int, lo: int, hi: int
-                ) -> tuple[NDArray[np.int64], NDArray[np.uint32]]:
-    """The ids and epochs a lookup's group pass wrote to ``out`` for prompt blocks
-    ``[lo, hi)`` (ids from word ``at_ids``, epochs two a word from ``at_epochs``)."""
-    return out[at_ids + lo:at_ids + hi], out[at_epochs:].view(np.uint32)[lo:hi]
-
-
-#: Per group, the arrays a lease's one-pass take and give-back read and write, in this order
-#: in their address table (:data:`LEASE_KINDS` says each one's dtype): the blocks' states,
-#: the recency list of each state, the blocks' use stamps, the lists' links, heads and tails,
-#: the blocks' and chunks' pins, the blocks' epochs, and the record of a run linked in order.
-STATES, LIST_OF_STATE, LAST_USE, PREV, NEXT, HEAD, TAIL, PINS, CHUNK_PINS, EPOCH, \
-    LINKED_RUN = range(11)
-LEASE_KINDS: Final[tuple[tuple[type[np.generic], int], ...]] = (
-    (np.uint8, 1), (np.int8, 1), (np.uint32, 1), (np.int32, 1), (np.int32, 1), (np.int32, 1),
-    (np.int32, 1), (np.uint16, 1), (np.uint16, 1), (np.uint32, 1), (np.int64, 1))
-N_LEASE_ARRAYS: Final = len(LEASE_KINDS)
-
-
-def leased_arrays(arrays: NDArray[np.int64], g: int) -> tuple[NDArray[Any], ...]:
-    """Group ``g``'s arrays of a lease's address table, STATES ... LINKED_RUN (plain-Python
-    views, for the twins)."""
-    return views(arrays, LEASE_KINDS, g * N_LEASE_ARRAYS)
 
 
 def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
@@ -154,7 +117,7 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
         if hi <= lo:
             continue
         out = unowned(outs[g])
-        ids, seen = _probed_ids(out, offsets[g, 0], offsets[g, 1], lo, hi)
+        ids, seen = probed_ids(out, offsets[g, 0], offsets[g, 1], lo, hi)
         run_at = offsets[g, 2]
         one_run = run_at >= 0 and hi <= out[run_at]
         base = g * N_LEASE_ARRAYS
@@ -189,7 +152,7 @@ def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.i
     for g in range(groups):
         lo, hi = answers[g, LO], answers[g, HI]
         if hi > lo:
-            ids, seen = _probed_ids(unowned(outs[g]), offsets[g, 0], offsets[g, 1], lo, hi)
+            ids, seen = probed_ids(unowned(outs[g]), offsets[g, 0], offsets[g, 1], lo, hi)
             base = g * N_LEASE_ARRAYS
             unpin_loop(ids, seen, vector_at(arrays, base + EPOCH, np.uint32),
                        vector_at(arrays, base + PINS, np.uint16),
@@ -215,7 +178,7 @@ def _take_twin(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
         answers[g] = (-1, -1, 0, 0, -1, 0, lo, hi)
         if hi <= lo:
             continue
-        ids, seen = _probed_ids(outs[g], int(offsets[g][0]), int(offsets[g][1]), lo, hi)
+        ids, seen = probed_ids(outs[g], int(offsets[g][0]), int(offsets[g][1]), lo, hi)
         views = leased_arrays(arrays, g)
         _touch_twin(ids, views[STATES], views[LIST_OF_STATE], views[LAST_USE], tick + touched,
                     views[PREV], views[NEXT], views[HEAD], views[TAIL], seen, views[PINS],
@@ -238,7 +201,7 @@ def _unpin_probed_twin(outs: tuple[NDArray[np.int64], ...],
     for g in range(groups):
         lo, hi = int(answers[g, LO]), int(answers[g, HI])
         if hi > lo:
-            ids, seen = _probed_ids(outs[g], int(offsets[g][0]), int(offsets[g][1]), lo, hi)
+            ids, seen = probed_ids(outs[g], int(offsets[g][0]), int(offsets[g][1]), lo, hi)
             views = leased_arrays(arrays, g)
             _unpin_twin(ids, seen, views[EPOCH], views[PINS], views[CHUNK_PINS],
                         int(fixed[g, SHIFT]), int(answers[g, PINNED_AS]))
@@ -307,7 +270,7 @@ def _take_example() -> tuple[object, ...]:
 
 
 take_probed_kernel = kernel(example=_take_example, twin=_take_twin,
-                            calls=(_probed_ids, _touch_known))(take_probed_loop)
+                            calls=(probed_ids, _touch_known))(take_probed_loop)
 
 
 def _unpin_tables(groups: Sequence[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]
@@ -334,7 +297,7 @@ def _unpin_example() -> tuple[object, ...]:
 
 
 unpin_probed_kernel = kernel(example=_unpin_example, twin=_unpin_probed_twin,
-                             calls=(_probed_ids, unpin_loop))(unpin_probed_loop)
+                             calls=(probed_ids, unpin_loop))(unpin_probed_loop)
 
 
 #: The dtype of every array a one-pass call hands its entry point (:class:`LeaseArrays`).
@@ -442,6 +405,4 @@ class LeaseArrays:
         entry(outs, offsets, self.fixed, self.table, answers, groups)
 
 
-__all__ = ["ANSWER_COLUMNS", "FIRST_EPOCH", "FIRST_ID", "FULL", "HI", "LO", "ONE_READ",
-           "OUTSIDE", "PINNED_AS", "TAKEN", "LeaseArrays",
-           "take_probed_kernel", "unpin_probed_kernel"]
+__all__ = ["LeaseArrays", "lease_table", "take_probed_kernel", "unpin_probed_kernel"]

@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError, LeaseLost
-from kvfsm.lookup._lease_pass import (
+from kvfsm.lookup._buffers import (
     FIRST_EPOCH,
     FIRST_ID,
     FULL,
@@ -29,10 +29,10 @@ from kvfsm.lookup._lease_pass import (
     ONE_READ,
     OUTSIDE,
     PINNED_AS,
-    LeaseArrays,
-    _probed_ids,
     answer_runs,
+    probed_ids,
 )
+from kvfsm.lookup._lease_pass import LeaseArrays
 from kvfsm.lookup._lease_pins import first_moved, given_back
 from kvfsm.state import MAX_PINS, StateCore, StateError
 from kvfsm.state._core import LeasedRead, LeasedRun, PinRun
@@ -48,7 +48,7 @@ class ProbedHold(NamedTuple):
     """What a lease taken in one pass (``LeaseBook._take_probed``) holds: the groups'
     arrays, the lookup's pass per group (its outputs hold the ids and epochs), the outputs
     and where in them the ids and epochs start, the answer row per group (columns of
-    :mod:`~kvfsm.lookup._lease_pass`: prompt blocks ``[LO, HI)``, how they were pinned,
+    :mod:`~kvfsm.lookup._buffers`: prompt blocks ``[LO, HI)``, how they were pinned,
     whether they are one run at one epoch, the first id and epoch), the core's count of
     changes to any group at the take, the groups holding blocks, and whether each of those
     holds one run at one epoch (its read is then told from the answer rows alone), and the
@@ -71,7 +71,7 @@ class ProbedHold(NamedTuple):
     def blocks(self, g: int, row: list[int]) -> tuple[NDArray[np.intp], NDArray[np.uint32]]:
         """The ids and epochs group ``g`` holds (its answer ``row``): views of the lookup's
         output."""
-        ids, epochs = _probed_ids(self.outs[g], int(self.offsets[g][0]),
+        ids, epochs = probed_ids(self.outs[g], int(self.offsets[g][0]),
                                   int(self.offsets[g][1]), row[LO], row[HI])
         return ids.view(np.intp), epochs
 

@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 from kvfsm._errors import KvfsmError
 from kvfsm._jit import kernel
 from kvfsm.fsm import CompiledTable
-from kvfsm.lookup._lease_pass import FIRST_EPOCH, FIRST_ID, HI, LO
+from kvfsm.lookup._buffers import FIRST_EPOCH, FIRST_ID, HI, LO
 from kvfsm.obs._read_lines import (
     GIVE_BACK,
     GIVE_BACK_LINE,

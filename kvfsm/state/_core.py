@@ -63,7 +63,7 @@ LeasedRun = tuple[str, int, int, int]
 
 
 #: How a lease's answer rows spell its runs (the lease's own decoder,
-#: :func:`kvfsm.lookup._lease_pass.answer_runs`: the core does not read their layout).
+#: :func:`kvfsm.lookup._buffers.answer_runs`: the core does not read their layout).
 AnswerRuns = Callable[[tuple[str, ...], NDArray[np.int64]], list[LeasedRun]]
 
 
