@@ -20,6 +20,7 @@ from kvfsm.lookup._buffers import ANSWER_COLUMNS, TAKEN, answer_runs
 from kvfsm.lookup._lease import DEFAULT_LEASE_TTL_S, Lease
 from kvfsm.lookup._lease_pass import LeaseArrays
 from kvfsm.lookup._lease_probed import IdArray, ProbedHold, Targets, refuse_probed
+from kvfsm.lookup._lookup_layout import LookupProbe
 from kvfsm.lookup._types import Level, Probe, Verdict
 from kvfsm.state import Prompt, StateCore
 
@@ -132,13 +133,15 @@ class LeaseBook:
         outs = tuple([each[2] for each in passes])
         answers = np.empty((len(outs), ANSWER_COLUMNS), dtype=np.int64)
         clock = arrays.clock
-        stop, touched, one_runs, outside = arrays.take(outs, spans.bounds, spans.offsets,
-                                                       probe.at, clock.now + 1, answers)
+        # A lookup's own probe: its outputs and spans are C-contiguous int64, as allocated.
+        (stop, touched, one_runs, outside), bound = arrays.take(
+            outs, spans.bounds, spans.offsets, probe.at, clock.now + 1, answers,
+            probe.__class__ is LookupProbe)
         clock.now += touched  # the ticks the pass took (Clock.advance, one call less)
         # Built as a tuple: a named tuple's own constructor is one more Python call.
         hold: ProbedHold = tuple.__new__(ProbedHold, (
             arrays, passes, outs, spans.offsets, answers, probe.changes, touched,
-            one_runs == touched, ()))
+            one_runs == touched, (), bound))
         if stop != TAKEN:
             refuse_probed(hold, stop)
         core = self.core

@@ -364,21 +364,23 @@ class LeaseArrays:
         self._unpin_entry: Callable[..., None] | None = None
 
     def take(self, outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
-             offsets: NDArray[np.int64], at: int, tick: int,
-             answers: NDArray[np.int64]) -> list[int]:
-        """:func:`take_probed_loop` over these groups; its ``result`` as a list.
+             offsets: NDArray[np.int64], at: int, tick: int, answers: NDArray[np.int64],
+             made_here: bool = False) -> tuple[list[int], bool]:
+        """:func:`take_probed_loop` over these groups: its ``result`` as a list, and whether
+        the arrays were read through the bound entry point (hand that to :meth:`unpin`).
 
         Where kernels run compiled, through an entry point bound on the first call that skips
         numba's matching of the ten arguments' types (some 2 µs right after a long lookup,
-        each lease's take): safe because every argument has the bound types by the time it
-        is called. ``fixed``, ``table`` and ``result`` are this object's own, made with their
-        dtypes in ``__init__`` (``table`` checked there by :func:`lease_table`); the lookup's
-        ``outs``, ``bounds``, ``offsets`` and the caller's ``answers`` are checked on every
-        call to be C-contiguous int64 of their dimensions (:func:`_int64_c`), else the call
-        goes through numba's dispatcher, which matches them; the rest are ints."""
+        each lease's take). ``fixed``, ``table`` and ``result`` are this object's own, made
+        with their dtypes in ``__init__``; the lookup's ``outs``, ``bounds``, ``offsets`` and
+        ``answers`` must be C-contiguous int64 of their dimensions: ``made_here`` says the
+        caller made them so (a lookup's own probe: its pass outputs and spans are allocated
+        so by the lookup), else each is checked (:func:`_int64_c`), and any that is not
+        goes through numba's dispatcher, which matches them."""
         entry = self._take_entry
-        if settings.enabled and len(outs) == self.count and _int64_c(outs, 1) and \
-                _int64_c((bounds,), 3) and _int64_c((offsets, answers), 2):
+        bound = settings.enabled and len(outs) == self.count and (made_here or (
+            _int64_c(outs, 1) and _int64_c((bounds,), 3) and _int64_c((offsets, answers), 2)))
+        if bound:
             if entry is None:
                 entry = self._take_entry = take_probed_kernel.entry(*(
                     outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
@@ -388,15 +390,15 @@ class LeaseArrays:
         entry(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
               self.result)
         result: list[int] = self.result.tolist()
-        return result
+        return result, bound
 
     def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
-              answers: NDArray[np.int64], groups: int) -> None:
-        """:func:`unpin_probed_loop` over the first ``groups`` of these groups (through a bound
-        entry point where its arguments are checked as :meth:`take` checks them)."""
+              answers: NDArray[np.int64], groups: int, bound: bool) -> None:
+        """:func:`unpin_probed_loop` over the first ``groups`` of these groups, through the
+        bound entry point where the take's arrays were read through it (``bound``: what
+        :meth:`take` answered for them)."""
         entry = self._unpin_entry
-        if settings.enabled and len(outs) == self.count and _int64_c(outs, 1) and \
-                _int64_c((offsets, answers), 2):
+        if bound:
             if entry is None:
                 entry = self._unpin_entry = unpin_probed_kernel.entry(*(
                     outs, offsets, self.fixed, self.table, answers, groups))

@@ -63,6 +63,8 @@ class ProbedHold(NamedTuple):
     holding: int
     one_runs: bool
     targets: Targets
+    #: The take read the arrays through the bound entry point (:meth:`LeaseArrays.take`).
+    bound: bool
 
     def unchanged(self) -> bool:
         """No group has changed since the take (so none of its blocks moved): O(1)."""
@@ -145,7 +147,7 @@ class ProbedHold(NamedTuple):
     def unpin(self, groups: int | None = None) -> None:
         """Give back the pins of every group (or of the first ``groups``), not the targets'."""
         self.arrays.unpin(self.outs, self.offsets, self.answers,
-                          len(self.outs) if groups is None else groups)
+                          len(self.outs) if groups is None else groups, self.bound)
 
     def unpin_targets(self, core: StateCore) -> None:
         """Give back the pins of the targets (through the core's ``unpin``, which tells its

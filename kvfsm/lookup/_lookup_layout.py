@@ -137,7 +137,7 @@ def layout_of(core: StateCore) -> LookupLayout:
 Found = tuple[str, Spans, NDArray[np.int64], tuple[NDArray[np.uint64], NDArray[np.uint64]], int]
 
 
-class _LookupProbe(Probe):
+class LookupProbe(Probe):
     """A lookup's :class:`Probe`: its per-group views are made from its pass outputs
     (``passes``) at its candidate ``at`` when a lease first asks for them (most leases read
     the outputs directly; many verdicts are never leased). Made by :func:`make_probe` without
@@ -177,7 +177,7 @@ def make_probe(layout: LookupLayout, prompt: Prompt, found: list[Found], at: int
     """Per group, the blocks needed at candidate ``at`` (``tokens`` long), as found: until a
     lease asks, the verdict keeps only each group's pass output, with its ids and epochs,
     its hash words and needed spans, not the lookup's other arrays."""
-    probe = _new_probe(_LookupProbe)
+    probe = _new_probe(LookupProbe)
     probe.core, probe.tokens, probe.prompt, probe.exact = layout.core, tokens, prompt, True
     probe.passes, probe.at, probe.spans = found, at, lease_spans
     # The core's change count now: a lease finding it unchanged needs no second look.
