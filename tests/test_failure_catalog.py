@@ -536,7 +536,7 @@ def test_a_block_being_written_is_never_usable_readable_or_leased() -> None:
     eng.core.fire("attn", rewritten, Event.FREE)
     _begin_writing(eng, "attn", TEXT, range(BAD, BLOCKS))
     assert eng.lookup(TEXT).usable_tokens == BAD * BLOCK
-    with pytest.raises(LeaseLost, match="no longer cached"):
+    with pytest.raises(LeaseLost, match=f"only {BAD * BLOCK}: not_cached at prompt block {BAD}"):
         eng.lease(before, TEXT)
     with eng.lease(eng.lookup(TEXT), TEXT) as lease:
         assert lease.tokens == BAD * BLOCK
