@@ -1,10 +1,5 @@
-"""One byte of facts per block of a prompt: the bits the group pass writes.
-
-The per-block checks that need only the block's own metadata (found by hash, recorded at this
-position, every sub-block written, written under the layout the kernel reads) and what its
-lifecycle state allows (readable raw or compressed now, reachable in either form by a restore
-path) are packed into the bits below; :func:`~kvfsm.lookup._group_pass.group_pass` writes
-them, and reasons read them back.
+"""One byte of facts per block of a prompt: its own metadata checks and what its state allows,
+as :func:`~kvfsm.lookup._group_pass.group_pass` writes them and reasons read them back.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""The one owner of the lookup's and the lease's buffer layouts.
+"""The one owner of the lookup's and the lease's buffer layouts: the group pass's output and
+``consts``, the span rows, and the lease's address table and answer rows.
 
-A group pass writes one output array (int64 words): its scalars, the restores asked per
-length, the block ids, their epochs, a fact byte per block, the flag rows and the snapshot; a
-group's fixed parameters come packed in ``consts``; the kind's spans come as rows. A lease's
-one-pass take reads the ids and epochs of every group's output (:func:`probed_ids`), the
-groups' arrays through one address table (:data:`LEASE_KINDS`), and writes an answer row per
-group (columns ``OUTSIDE`` ... ``HI``) that the event log reads back. Every reader, compiled or
-not, finds a part through the names and functions here, never by its own arithmetic, so a
-change of layout is made here alone. Compiled callers list these functions in their ``calls``,
-which also stamps their disk cache with this file.
+Every reader, compiled or not, finds a part through the names and functions here, never by
+its own arithmetic, so a layout changes here alone. Compiled callers list these functions in
+their ``calls``, which also stamps their disk cache with this file.
 """
 
 from __future__ import annotations
@@ -25,16 +20,14 @@ from kvfsm.state._core import LeasedRun
 Bools = NDArray[np.bool_]
 IdArray = NDArray[np.intp]
 
-# Indices of the ``longs`` output: these scalars, then ``asked`` (one per candidate length).
+# Indices of the output's scalars; ``asked`` (one per candidate length) follows them.
 #: Blocks from the prompt's start that the hash chain finds, before the first miss.
 CHAIN_BLOCKS: Final = 0
 #: 1 when a readable block was never checked at its epoch (CHECKS_RECORDED mode only).
 NEEDS_CHECKSUMS: Final = 1
-#: 1 when the plan changes what is usable somewhere (``after`` differs from ``now`` inputs).
+#: 1 when the plan changes what is usable somewhere.
 PLAN_CHANGES: Final = 2
-#: 1 when ``asked`` holds the restores the plan asks for per length (the caller keeps it);
-#: 0: ``asked`` is not written (one int64 a candidate length: at long prompts a sizeable
-#: share of what a lookup writes).
+#: 1 when ``asked`` is written (the caller keeps it), else 0.
 ASKED_KEPT: Final = 3
 #: Last candidate index where ``hit`` / ``now`` / ``after`` is True (0 when none).
 LARGEST_HIT: Final = 4
@@ -44,14 +37,12 @@ LARGEST_AFTER: Final = 6
 ALL_SETTLED: Final = 7
 #: Restores the plan asks for over the whole prompt (0 where it changes nothing).
 RESTORES_TOTAL: Final = 8
-#: CHAIN_BLOCKS where the chain's blocks are one run of consecutive ids, every one at the
-#: first's epoch, else 0: a lease over blocks among them pins and reads one run at one epoch
-#: without reading their ids and epochs again (checked here while they are in cache).
+#: CHAIN_BLOCKS where the chain's blocks are one run of consecutive ids at the first's epoch,
+#: else 0: a lease over them may pin one run without reading their ids and epochs again.
 ONE_RUN_BLOCKS: Final = 9
 N_SCALARS: Final = 10
 
-# Indices of the ``consts`` input: what never changes for a group (integers; flags 0 or 1),
-# then the small per-layout and per-state tables, each found at the offset its entry names.
+# Indices of ``consts``: a group's fixed parameters, then the tables at the offsets named.
 #: The sub-block mask of a whole block.
 P_FULL_SUB_MASK: Final = 0
 #: The device pool's construction guarantees alignment (restored blocks land aligned).
@@ -61,9 +52,8 @@ P_TARGET_SIZE: Final = 2
 P_OWN_SIZE: Final = 3
 #: The form this group's kind settles in: 1 compressed, 0 raw (for ALL_SETTLED).
 P_SETTLED_FORM: Final = 4
-#: Offsets of the tables: per layout id, the reading kernel accepts it; per state, its
-#: restore-path code, whether a raw / compressed restore begins from it; per state of the
-#: index's target group, whether its blocks are hashed (alive).
+#: Offsets of the tables: per layout id, the kernel accepts it; per state, its restore-path
+#: code and whether a raw / compressed restore begins there; per target state, hashed (alive).
 P_LAYOUT_OK_AT: Final = 5
 P_CODE_AT: Final = 6
 P_RESTORES_RAW_AT: Final = 7
@@ -73,13 +63,12 @@ P_HASHED_AT: Final = 9
 P_HISTORY_SETTLED_ROW: Final = 10
 N_PARAMS: Final = 11
 
-# Rows of ``spans``: each candidate length's needed blocks ``[lo, cut)`` compressed and
-# ``[cut, hi)`` raw, and 1 where the kind can serve the length with every needed block inside.
+# Rows of ``spans``: per candidate length, blocks ``[lo, cut)`` compressed and ``[cut, hi)``
+# raw, and 1 where the kind can serve the length with every needed block inside.
 SPAN_LO, SPAN_CUT, SPAN_HI, SPAN_BASE = range(4)
 N_SPAN_ROWS: Final = 4
 
-# Rows of the flags: first the per-block rows (one column per prompt block), then the
-# per-length rows (one column per candidate length), each row as long as the longer of the two.
+# Flag rows, each ``max(n, count)`` long: per-block rows, then per-length rows.
 NOW_RAW, NOW_CMP, AFTER_RAW, AFTER_CMP, FIT, SETTLED_OK = range(6)
 N_PER_BLOCK: Final = 6
 HIT, NOW, AFTER = range(3)
@@ -91,9 +80,8 @@ def pack_consts(full_sub_mask: int, aligned: bool, target_size: int, own_size: i
                 settled_compressed: bool, layout_ok: Bools, code: NDArray[np.uint8],
                 restores: Bools, hashed: Bools, target_settled_compressed: bool = False
                 ) -> NDArray[np.int64]:
-    """The pass's ``consts``: the parameters, then the tables (``restores``: per form, raw
-    then compressed, per state), as one read-only int64 array (one argument, not six).
-    ``target_settled_compressed``: the index's target group settles compressed."""
+    """The pass's read-only ``consts``: the parameters, then the tables (``restores``: raw
+    then compressed, per state)."""
     tables = (layout_ok, code, restores[0], restores[1], hashed)
     offsets = N_PARAMS + np.cumsum([0] + [table.size for table in tables[:-1]])
     consts = np.concatenate([
@@ -112,11 +100,9 @@ def consts_tables(consts: NDArray[np.int64]) -> tuple[NDArray[np.int64], ...]:
 
 
 def out_offsets(n: int, count: int) -> tuple[int, int, int, int]:
-    """Where the parts of the pass's one output ``out`` (int64) lie for ``n`` blocks and
-    ``count`` candidate lengths, in words: the scalars (at 0), the restores asked per length
-    (at N_SCALARS; written only where ASKED_KEPT), then the block ids, the epochs (uint32,
-    two a word), the bytes (a fact byte per block, then the N_FLAGS rows of ``max(n,
-    count)`` bools, then the snapshot: :func:`snapshot_at`), and the total size."""
+    """Word offsets in the pass's output for ``n`` blocks and ``count`` lengths: ids, epochs
+    (uint32, two a word), bytes (fact bytes, flag rows, snapshot), and the total size; the
+    scalars lie at 0 and ``asked`` at N_SCALARS."""
     ids_at = N_SCALARS + count
     epochs_at = ids_at + n
     bytes_at = epochs_at + (n + 1) // 2
@@ -124,30 +110,26 @@ def out_offsets(n: int, count: int) -> tuple[int, int, int, int]:
         bytes_at + (snapshot_at(n, count) + SNAPSHOT_ROWS * n + 7) // 8
 
 
-#: Per block, after the flag rows, what explaining a verdict later reads of the core as it
-#: was at the lookup: the block's lifecycle state (0 where missing), and whether its recorded
-#: check had failed. Not written by the pass (a full hit, most lookups, never reads them): a
-#: lookup with something to explain copies them in (:mod:`kvfsm.lookup._snapshot`).
+#: Snapshot rows after the flags, per block: its state (0 where missing) and whether its
+#: recorded check had failed, as at the lookup (:mod:`kvfsm.lookup._snapshot`).
 SNAPSHOT_STATE, SNAPSHOT_FAILED = range(2)
 SNAPSHOT_ROWS: Final = 2
 
 
 def flag_start(n: int, count: int, row: int) -> int:
-    """Where flag row ``row`` (of N_FLAGS) starts in the output's bytes (``n`` blocks,
-    ``count`` candidate lengths): after the fact bytes, each row ``max(n, count)`` long."""
+    """Where flag row ``row`` starts in the output's bytes."""
     return n + row * max(n, count)
 
 
 def snapshot_at(n: int, count: int) -> int:
-    """Where the snapshot rows (``n`` bytes each, SNAPSHOT_*) start in the output's bytes."""
+    """Where the snapshot rows start in the output's bytes."""
     return n + N_FLAGS * max(n, count)
 
 
 def out_views(out: NDArray[np.int64], n: int, count: int
               ) -> tuple[NDArray[np.int64], NDArray[np.int64], IdArray, NDArray[np.uint32],
                          NDArray[np.uint8], Bools]:
-    """The parts of ``out`` (see :func:`out_offsets`) as views: scalars, asked, ids, epochs,
-    facts, and the flags as ``[N_FLAGS, max(n, count)]``."""
+    """Views of ``out``: scalars, asked, ids, epochs, facts, flags ``[N_FLAGS, width]``."""
     ids_at, epochs_at, bytes_at, _ = out_offsets(n, count)
     raw = out[bytes_at:].view(np.uint8)
     width = max(n, count)
@@ -157,8 +139,7 @@ def out_views(out: NDArray[np.int64], n: int, count: int
 
 
 def snapshot_rows(out: NDArray[np.int64], n: int, count: int) -> NDArray[np.uint8]:
-    """The snapshot rows of ``out`` (SNAPSHOT_*, ``n`` bytes each) as one
-    ``[SNAPSHOT_ROWS, n]`` view."""
+    """The snapshot rows of ``out`` as a ``[SNAPSHOT_ROWS, n]`` view."""
     _, _, bytes_at, _ = out_offsets(n, count)
     at = snapshot_at(n, count)
     rows: NDArray[np.uint8] = out[bytes_at:].view(np.uint8)[at : at + SNAPSHOT_ROWS * n]
@@ -176,9 +157,7 @@ def history_views(history: NDArray[np.int64], n_history: int, count: int,
 def out_parts(out: NDArray[np.int64], n: int, count: int
                ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
                           NDArray[np.uint32], NDArray[np.uint8], Bools, int]:
-    """The parts of the pass's output (:func:`out_offsets`) as the compiled pass writes them:
-    scalars, asked, ids, epochs, facts, the flag rows as one vector (:func:`flag_row` picks one),
-    and their width."""
+    """:func:`out_views` for the compiled pass: the flag rows as one vector, and its width."""
     ids_at, epochs_at, bytes_at, _ = out_offsets(n, count)
     width = max(n, count)
     raw_bytes = out[bytes_at:].view(np.uint8)
@@ -189,25 +168,23 @@ def out_parts(out: NDArray[np.int64], n: int, count: int
 
 @inlined
 def flag_row(rows: Bools, row: int, width: int) -> Bools:
-    """Flag row ``row`` of the flag rows ``rows`` (each ``width`` long)."""
+    """Flag row ``row`` of ``rows`` (each ``width`` long)."""
     return rows[row * width : (row + 1) * width]
 
 
 @inlined
 def history_parts(history: NDArray[np.int64], n_history: int, count: int,
                    consts: NDArray[np.int64]) -> tuple[NDArray[np.int64], Bools]:
-    """The index's target group's block ids and settled row, from its pass output (as
-    :func:`history_views`, for the compiled pass)."""
+    """:func:`history_views` for the compiled pass."""
     _, _, ids, _, _, rows, width = out_parts(history, n_history, count)
     return ids, flag_row(rows, consts[P_HISTORY_SETTLED_ROW], width)[:n_history]
 
 
-# -- the lease exchange: what a one-pass take reads of a lookup's outputs and writes back ----
+# -- the lease exchange ----
 
-#: Columns of a probed lease's answer row per group (``answers[g]``): the first four are the
-#: pinning touch's ``out`` (an id outside the group, the first at the pin limit, how the pins
-#: were taken, a read of one run at one epoch); then the first id and epoch read, and the
-#: prompt blocks ``[lo, hi)`` the group holds.
+#: Columns of a probed lease's answer row per group: the pinning touch's ``out`` (an id
+#: outside the group, the first at the pin limit, how the pins were taken, one run at one
+#: epoch), the first id and epoch read, and the prompt blocks ``[lo, hi)`` the group holds.
 OUTSIDE: Final = 0
 FULL: Final = 1
 PINNED_AS: Final = 2
@@ -228,17 +205,14 @@ TAKEN: Final = -1
 
 
 def answer_runs(names: tuple[str, ...], answers: NDArray[np.int64]) -> list[LeasedRun]:
-    """The runs a one-pass take's answer rows spell, one per group holding blocks:
-    ``(names[g], first id, count, epoch)`` (what the core tells observers without the
-    answer-rows methods)."""
+    """The runs the answer rows spell, ``(names[g], first id, count, epoch)`` per group
+    holding blocks (what observers without the answer-rows methods are told)."""
     return [(names[g], row[FIRST_ID], row[HI] - row[LO], row[FIRST_EPOCH])
             for g, row in enumerate(answers.tolist()) if row[HI] > row[LO]]
 
 
 def one_run_blocks(ids: NDArray[np.int64], epochs: NDArray[np.uint32]) -> int:
-    """What a take may trust of a lookup's blocks (ids, -1 where missing, and their epochs):
-    the blocks before the first missing one where they are one run of consecutive ids at
-    the first's epoch, else 0 (NumPy; the lookup's compiled pass counts the same)."""
+    """:data:`ONE_RUN_BLOCKS` of ``ids`` (-1 where missing) and ``epochs``, in NumPy."""
     found = ids >= 0
     chain = ids.size if found.all() else int(np.argmin(found))
     if chain == 0:
@@ -249,15 +223,13 @@ def one_run_blocks(ids: NDArray[np.int64], epochs: NDArray[np.uint32]) -> int:
 
 def probed_ids(out: NDArray[np.int64], at_ids: int, at_epochs: int, lo: int, hi: int
                 ) -> tuple[NDArray[np.int64], NDArray[np.uint32]]:
-    """The ids and epochs a lookup's group pass wrote to ``out`` for prompt blocks
-    ``[lo, hi)`` (ids from word ``at_ids``, epochs two a word from ``at_epochs``)."""
+    """The ids and epochs a group pass wrote to ``out`` for prompt blocks ``[lo, hi)``."""
     return out[at_ids + lo:at_ids + hi], out[at_epochs:].view(np.uint32)[lo:hi]
 
 
-#: Per group, the arrays a lease's one-pass take and give-back read and write, in this order
-#: in their address table (:data:`LEASE_KINDS` says each one's dtype): the blocks' states,
-#: the recency list of each state, the blocks' use stamps, the lists' links, heads and tails,
-#: the blocks' and chunks' pins, the blocks' epochs, and the record of a run linked in order.
+#: Per group, the arrays of a lease's address table in order (dtypes in :data:`LEASE_KINDS`):
+#: states, each state's recency list, use stamps, list links, heads, tails, block and chunk
+#: pins, epochs, and the record of a run linked in order.
 STATES, LIST_OF_STATE, LAST_USE, PREV, NEXT, HEAD, TAIL, PINS, CHUNK_PINS, EPOCH, \
     LINKED_RUN = range(11)
 LEASE_KINDS: Final[tuple[tuple[type[np.generic], int], ...]] = (
@@ -267,6 +239,5 @@ N_LEASE_ARRAYS: Final = len(LEASE_KINDS)
 
 
 def leased_arrays(arrays: NDArray[np.int64], g: int) -> tuple[NDArray[Any], ...]:
-    """Group ``g``'s arrays of a lease's address table, STATES ... LINKED_RUN (plain-Python
-    views, for the twins)."""
+    """Group ``g``'s arrays of a lease's address table, as views (for the twins)."""
     return views(arrays, LEASE_KINDS, g * N_LEASE_ARRAYS)

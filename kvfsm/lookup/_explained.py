@@ -1,15 +1,10 @@
 """A verdict whose explanation is made when first read.
 
-A lookup's numbers (hit, usable, restorable) cost one compiled pass per group; explaining a
-shortfall (each group's stop, the first blocks of each reason, the restore plan) costs some
-forty array operations and a Python object per listed block, several times the numbers at short
-prompts. A scheduler asks about every waiting request every step and mostly reads only the
-numbers, so a verdict with something to explain is an :class:`ExplainedLater`: its ``groups``,
-``reasons`` and ``plan`` are made on first read, from the lookup's pass outputs and a snapshot
-of what else they read (each group's :meth:`~kvfsm.lookup._pass_output.PassOutput.freeze`, taken
-before the lookup returns), so a change to the core after the lookup cannot alter them. Once
-made they are plain fields: equality, hashing, ``repr``, ``attrs.evolve`` and pickling see the
-values.
+An :class:`ExplainedLater` makes ``groups``, ``reasons`` and ``plan`` on first read (most
+callers read only the numbers), from the pass outputs and a snapshot taken before the lookup
+returns (:meth:`~kvfsm.lookup._pass_output.PassOutput.freeze`): a later change to the core
+cannot alter them. Once made they are plain fields for equality, hashing, ``repr``,
+``attrs.evolve`` and pickling.
 """
 
 from __future__ import annotations
@@ -29,9 +24,8 @@ LAZY_FIELDS = ("groups", "reasons", "plan")
 
 
 class _MadeOnRead:
-    """A field of an :class:`ExplainedLater` verdict until it is made: a non-data
-    descriptor, so once the value sits in the instance's ``__dict__`` (where attrs' own
-    ``__init__`` puts it too) it is read from there directly."""
+    """A field of an :class:`ExplainedLater` until made: a non-data descriptor, so once the
+    value sits in the instance's ``__dict__`` it is read from there."""
 
     __slots__ = ("name",)
 
@@ -46,16 +40,15 @@ class _MadeOnRead:
 
 
 class ExplainedLater(Verdict):
-    """A :class:`Verdict` whose ``groups``, ``reasons`` and ``plan`` are made on first read
-    (see the module's text); every other field is set at the lookup."""
+    """A :class:`Verdict` whose ``groups``, ``reasons`` and ``plan`` are made on first read."""
 
     groups = _MadeOnRead("groups")
     reasons = _MadeOnRead("reasons")
     plan = _MadeOnRead("plan")
 
     def explain(self) -> None:
-        """Make ``groups``, ``reasons`` and ``plan`` now (nothing where they are made). Two
-        threads may both make them: from the same snapshot, to equal values."""
+        """Make the lazy fields now, if not made. Two threads may both make them: from the
+        same snapshot, to equal values."""
         fields = self.__dict__
         make: Callable[[], Explanation] | None = fields.get("_explanation")
         if make is None:
@@ -67,8 +60,7 @@ class ExplainedLater(Verdict):
         self.explain()
         return {name: value for name, value in self.__dict__.items() if name != "_explanation"}
 
-    # A value like any Verdict: equal to a plain one with the same fields (attrs' own
-    # comparison wants the same class), hashed and shown as one.
+    # Equal to a plain Verdict with the same fields (attrs' comparison wants the same class).
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not Verdict and other.__class__ is not ExplainedLater:
             return NotImplemented
@@ -90,8 +82,7 @@ _new = object.__new__
 
 def explained_later(fields: dict[str, Any], explanation: Callable[[], Explanation]
                     ) -> ExplainedLater:
-    """A verdict of ``fields`` (every field but :data:`LAZY_FIELDS`) explained by calling
-    ``explanation`` when first read."""
+    """A verdict of ``fields`` (all but :data:`LAZY_FIELDS`); ``explanation`` makes the rest."""
     verdict: ExplainedLater = _new(ExplainedLater)
     made = verdict.__dict__
     made.update(fields)

@@ -1,10 +1,8 @@
 """One group's part of a lookup: per-block facts, the four layers, and "usable at length L".
 
-Every fact is an array over the prompt's blocks of this group, computed in one compiled pass
-(:mod:`kvfsm.lookup._group_pass`); "usable at L" is computed for every candidate length at once
-with prefix sums, so non-monotone kinds (sliding window, compressed tail, recurrent
-checkpoints) are exact and there is no shrinking loop. Reasons and plans read the same arrays
-afterwards, only for the lengths a verdict explains.
+Facts are arrays over the group's prompt blocks from one compiled pass
+(:mod:`kvfsm.lookup._group_pass`); "usable at L" holds for every candidate length at once, by
+prefix sums, so non-monotone kinds are exact without a shrinking loop.
 """
 
 from __future__ import annotations
@@ -47,16 +45,10 @@ Bools = NDArray[np.bool_]
 
 #: The ``history`` of a group without an index (a pass output of no blocks; never read).
 _NO_HISTORY = np.zeros(N_SCALARS + 1, dtype=np.int64)
-#: ``checked_ok`` when the pass is not asked to read it (it then reads none of it).
+#: ``checked_ok`` when the pass is not asked to read it.
 _NO_CHECKED = np.ones(0, dtype=np.bool_)
-#: The pass's scalars in the order :class:`GroupEval` unpacks them (all at once: cheaper than
-#: indexing each on every lookup).
-#: The levels the evaluation compares against (a module global reads faster than an enum's
-#: member on every lookup).
 _FULL, _FAST = Level.FULL, Level.FAST
-#: The pass output's dtype (an object: ``np.empty`` then parses none).
 _INT64 = np.dtype(np.int64)
-#: The prompt's hash words' dtype (:meth:`~kvfsm.state._prompt.Prompt.words`).
 _WORD = np.dtype(np.uint64)
 
 
@@ -68,9 +60,8 @@ def _checksums(group: GroupState, pool: SlotPool, level: Level, slots: NDArray[n
     """Layer 1 per prompt block: the readable blocks' bytes match their checksums (None: all
     do), and the checks made (block ids, passed) for the caller to record.
 
-    FULL recomputes every block; reduced levels recompute only blocks not checked since their
-    epoch last moved and trust earlier passes. A block any lookup saw fail stays failed at
-    every level until its epoch moves: no level calls it usable again.
+    FULL recomputes every block; reduced levels only blocks unchecked at their epoch. A block
+    any lookup saw fail stays failed at every level until its epoch moves.
     """
     check = group.check[readable_ids]
     failed_before = check == FAILED
@@ -96,20 +87,16 @@ def _both(first: Bools | None, second: Bools | None) -> Bools | None:
 
 
 class GroupEval(PassOutput):
-    """Facts about the prompt's blocks of one group, and its usable vectors (one
-    :func:`~kvfsm.lookup._group_pass.group_pass` call, which probes the hash table too; a
-    second only where the device checks must be computed here: data checksums at FULL level
-    or of blocks never checked at their epoch, or alignment the pools do not guarantee).
-    Everything the pass wrote lies in one array; its per-block and per-length parts are views
-    made when first read: a lookup reads few of them."""
+    """Facts about one group's prompt blocks, and its usable vectors, from one
+    :func:`~kvfsm.lookup._group_pass.group_pass` (a second where device checks must be
+    computed here: checksums at FULL or of blocks unchecked at their epoch, or alignment the
+    pools do not guarantee). Its parts are views of the one output, made when first read."""
 
-    #: The index's target group's evaluation (None: not an index, or detached).
     _history: GroupEval | None
-    # Absent unless this lookup computed them (class defaults: most lookups never do).
     #: The checksums this lookup computed: block ids and whether each passed (None: none).
     checked: tuple[NDArray[np.intp], Bools] | None = None
-    #: Per candidate length: restores the plan for it begins (kept only where the core-wide
-    #: restore budget has caps and the plan restores something; else None).
+    #: Per candidate length: restores its plan begins (only where the budget has caps and the
+    #: plan restores something).
     restores_asked: NDArray[np.int64] | None = None
 
     def __init__(
@@ -131,8 +118,7 @@ class GroupEval(PassOutput):
     ) -> None:
         if statics is None:
             statics = statics_for(group, kernel_layout or group.decl.layout, profile)
-        # The words as a prompt makes them (contiguous native uint64, writable; copied only
-        # where given otherwise): the first pass reads them as that type (see _pass).
+        # The compiled pass is typed for contiguous, writable native uint64 words.
         high, low = np.require(high, _WORD, ["C", "W"]), np.require(low, _WORD, ["C", "W"])
         if spans is None or spans.n != high.size or spans.lo.size != lengths.size:
             spans = Spans(group.rule.needed(group.decl, lengths), high.size)
@@ -143,45 +129,35 @@ class GroupEval(PassOutput):
                   lengths: NDArray[np.int64], level: Level, profile: DeviceProfile,
                   history: GroupEval | None, checksums: bool, spans: Spans, statics: Statics,
                   capped: bool) -> None:
-        """The evaluation itself, from arguments already checked (a lookup calls it directly on
-        an instance made by ``_new_eval``: it makes one per group, and every keyword costs on
-        that path). ``spans`` are made for the prompt's blocks ``words`` holds."""
+        """The evaluation, from arguments already checked (a lookup calls it on an instance
+        made by ``_new_eval``). ``spans`` must be made for the blocks ``words`` holds."""
         self.group = group
         self.decl = group.decl
         self.lengths = lengths
-        # Every complete block of the prompt: candidates use the first lengths[-1] // size, the
-        # rest tells how far this group's chain reaches.
+        # Every complete block: those past the last candidate tell how far the chain reaches.
         self.n = spans.n
-        #: The prompt's hash words of this group's blocks (the prompt's own tuple).
         self.words = words
         self._statics = statics
         self.spans = spans
         self._history = history
         self._capped = capped
-        # The admission budget is asked of the group only where the plan restores something
-        # (see BUDGET_UNKNOWN), or where caps make every plan's restores count.
+        # Asked now where caps make every plan count; else once a plan restores something.
         self._budget = group.restore_budget() if capped else BUDGET_UNKNOWN
         #: Data checks read from the core's records (a block seen failing stays failed).
         self._recorded_checks = checksums
         scalars = self._pass(None, CHECKS_RECORDED if checksums else CHECKS_IGNORED)
-        # Layers 2 (recorded layout vs the kernel's; the group's declared layout when the
-        # caller names none), 1, 3 and 4, and what each block's state allows, in one pass;
-        # a second where device checks must be computed here.
         if (checksums and level is _FULL) or scalars[NEEDS_CHECKSUMS] or \
                 not (statics.aligned or (level is _FAST and statics.restore_aligned)):
             scalars = self._checked_pass(level, profile, checksums)
-        # The chain's reach and the settled flag are read from the output when asked (few
-        # lookups ask).
         if scalars[ASKED_KEPT]:
             self.restores_asked = self._out[N_SCALARS : spans.out_at[0]]
-        #: Last candidate index where the hit / usable now / usable after the plan holds, by
-        #: per-length row (HIT, NOW, AFTER).
+        #: Last candidate index where HIT / NOW / AFTER holds.
         self.largest: tuple[int, int, int] = (scalars[LARGEST_HIT], scalars[LARGEST_NOW],
                                               scalars[LARGEST_AFTER])
 
     def _checked_pass(self, level: Level, profile: DeviceProfile, checksums: bool) -> list[int]:
-        """Device checks computed here over the readable blocks' slots (alignment the pools
-        do not guarantee, data checksums), then the pass again with their answers."""
+        """Device checks (alignment, checksums) over the readable blocks' slots, then the
+        pass again with their answers."""
         group, statics = self.group, self._statics
         check_alignment = not statics.aligned and \
             not (level is _FAST and statics.restore_aligned)
@@ -236,8 +212,7 @@ class GroupEval(PassOutput):
         history = self._history
         if history is not None and self.n > 0 and self.group.target is not None:
             self._has_index = True
-            # The history's own output: the pass reads its ids and settled row there, laid
-            # out for the history's lengths (which must be these: the pass reads by them).
+            # The pass reads the history's output laid out by its lengths: they must be these.
             if history.lengths.size != self.lengths.size:
                 raise ValueError(f"group {self.group.name!r}: its history was evaluated "
                                  f"over {history.lengths.size} lengths, not "
@@ -247,20 +222,17 @@ class GroupEval(PassOutput):
             self._has_index = False
             history_out, n_history, all_settled = _NO_HISTORY, 0, True
         spans = self.spans
-        # Sized by the spans (made for these n blocks and lengths): the kernel writes by them.
+        # The kernel writes by the spans: size the output by them.
         self._out = out = np.empty(spans.out_size, _INT64)
         self._raw = None
         high, low = self.words
         statics = self._statics
-        # Compiled, the group's fixed arrays go as one address table where they are laid out
-        # as the pass views them (numba matches each array argument's type on every call,
-        # some 40 ns an array).
+        # Compiled, the fixed arrays go as one address table where their layout allows.
         fixed = statics.fixed
         use_checked_ok = checked_ok is not None
         given = _NO_CHECKED if checked_ok is None else checked_ok
         if fixed is not None and jit_settings.enabled:
-            # Every call through numba's dispatcher, which compiles a version for argument
-            # types it has not seen: none is read as another's.
+            # Through numba's dispatcher: a version per argument types, so none is misread.
             group_pass_fixed.run(
                 high, low, fixed, history_out, n_history, given, spans.rows,
                 spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
@@ -273,13 +245,11 @@ class GroupEval(PassOutput):
         scalars: list[int] = out[:N_SCALARS].tolist()
         total = scalars[RESTORES_TOTAL]
         if total and self._budget == BUDGET_UNKNOWN:
-            # The plan restores something: its total against the budget (asked once).
             self._budget = self.group.restore_budget()
             if total > self._budget:
                 return self._pass(checked_ok, check_mode)  # again, filtered by the budget
         return scalars
 
 
-#: Makes an evaluation without its constructor's checks (a lookup fills it through
-#: :meth:`GroupEval._evaluate` from arguments it has already made and checked).
+#: Makes an evaluation without its constructor's checks (filled by :meth:`GroupEval._evaluate`).
 _new_eval = object.__new__

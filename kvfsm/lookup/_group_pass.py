@@ -1,25 +1,12 @@
 """One group's part of a lookup in one pass: block facts, checks, the index's references,
 "usable at L" now and after the plan, and the restores the plan asks for.
 
-:func:`group_pass` is a compiled kernel (:mod:`kvfsm._jit`) over plain arrays: the prompt's
-hash words in this group and the group's hash table (it probes for the block ids itself: one
-call per group, not two), the group's metadata, its index references and the prompt's history
-(for a sparse index), the kind's needed spans per candidate length, and the admission budget.
-It writes every per-block and per-length array the verdict reads, plus a few scalars, into
-one output array (:func:`out_offsets`: one allocation per call). Its NumPy twin computes the
-same arrays with array operations and is the reference: a differential test runs both on
-random inputs. One call per group replaces the thirty-odd NumPy calls per group a lookup used
-to make, which dominated short prompts; its arguments are few because numba unboxes each one
-on every call (about 80 ns an array): what never changes for a group is packed once
-(:func:`pack_consts`), what changes per lookup comes as scalars.
-
-The layers (see ``docs/verdict.md``): a block is *sound* when found by hash, recorded at this
-position, whole, under the layout the kernel reads, and (an index) every reference current and
-of this prompt's history; *usable now* in a form when sound, readable in that form, and its
-checks (alignment, checksums) pass; *usable after the plan* when a content-preserving path of
-the table reaches the form (and, for an index, its targets already sit settled, since moving a
-target bumps its epoch). Lengths are usable when every block of the kind's spans is usable in
-its form there.
+:func:`group_pass` is a compiled kernel that probes the group's hash table and writes every
+array the verdict reads into one output (:func:`out_offsets`); its NumPy twin is the reference.
+A block is *sound* when found, placed, whole, under the kernel's layout and (an index) every
+reference holds; *usable now* in a form when sound, readable so and its checks pass; *usable
+after the plan* when a content-preserving path reaches the form and an index's targets already
+sit settled (moving a target bumps its epoch). See ``docs/verdict.md``.
 """
 
 from __future__ import annotations
@@ -115,9 +102,8 @@ Lengths = NDArray[np.int64]
 
 #: ``check_mode``: data checksums are not looked at (``checksums=False``).
 CHECKS_IGNORED: Final = 0
-#: ``check_mode``: a reduced level trusts earlier passes; a readable block that failed a check
-#: is bad, and one never checked at its epoch needs a checksum first (scalar NEEDS_CHECKSUMS:
-#: the caller computes them and calls again with ``checked_ok``).
+#: ``check_mode``: recorded checks are trusted; a readable block that failed one is bad, one
+#: never checked at its epoch sets NEEDS_CHECKSUMS (the caller calls again with ``checked_ok``).
 CHECKS_RECORDED: Final = 1
 
 #: Recorded check states (as :mod:`kvfsm.state` keeps them).
@@ -127,19 +113,15 @@ _FAILED: Final = 2
 _NO_TARGET: Final = -1
 
 
-#: ``budget`` not looked up: the pass filters nothing by it (keeping the restores asked only
-#: where the budget has caps); the caller compares RESTORES_TOTAL with its budget and passes
-#: the budget where the total exceeds it (so a lookup whose plan changes nothing, or fits,
-#: never asks the group for it).
+#: ``budget`` not looked up: the pass filters nothing by it; the caller compares
+#: RESTORES_TOTAL with the budget and passes it where the total exceeds it.
 BUDGET_UNKNOWN: Final = -1
 
 
 
 def _group_pass_example() -> tuple[object, ...]:
-    """Arguments of exactly the call site's types: the prompt's words and the hash table's
-    arrays are writable; metadata, tables and references are read-only views of the core's
-    arrays; consts and spans are cached read-only; the history and ``checked_ok`` are fresh
-    arrays (views of another group's output or stand-ins); the output is a fresh array."""
+    """Arguments of exactly the call site's types: words and hash table writable; metadata,
+    tables, references, consts and spans read-only; history, ``checked_ok`` and output fresh."""
     one_u8, one_i32 = read_only(np.zeros(1, dtype=np.uint8)), read_only(np.zeros(1, np.int32))
     one_u32 = read_only(np.zeros(1, np.uint32))
     words = np.zeros(1, dtype=np.uint64)
@@ -221,7 +203,6 @@ def _group_pass_twin(
     scalars[:] = 0
     scalars[CHAIN_BLOCKS] = int(np.argmin(found)) if not found.all() else n
     scalars[ONE_RUN_BLOCKS] = one_run_blocks(ids, epochs)
-    # Layers 1 and 4: the caller's combined checks, or the recorded checks.
     if use_checked_ok:
         ok = checked_ok.copy()
     elif check_mode == CHECKS_RECORDED:
@@ -283,10 +264,8 @@ def _plan_pass(ids: NDArray[np.int64], states: NDArray[np.uint8], consts: NDArra
                spans: NDArray[np.int64], now_raw: Bools, now_cmp: Bools, after_raw: Bools,
                after_cmp: Bools, after: Bools, asked: NDArray[np.int64],
                scalars: NDArray[np.int64], budget: int, capped: bool) -> None:
-    """Where a pass found that the plan changes some block (makes it usable, or, moving an
-    index's targets, unusable): the per-length ``after`` row over the per-block rows after
-    it, the restores it begins and, where kept, those asked per length (rare: a second pass
-    over what the first wrote, in a function of its own so the first's loop stays small)."""
+    """Where the plan changes some block: the per-length ``after`` row, the restores it
+    begins and, where kept, those asked per length."""
     n, count = ids.size, spans.shape[1]
     lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
     restores_raw_at, restores_cmp_at = consts[P_RESTORES_RAW_AT], consts[P_RESTORES_CMP_AT]
@@ -326,8 +305,8 @@ def _plan_pass(ids: NDArray[np.int64], states: NDArray[np.uint8], consts: NDArra
 
 
 def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
-    """The group pass (:func:`group_pass`), one source compiled two ways: the general one, and
-    (``plain``) one without the index's per-row work nor given checks (most groups' pass)."""
+    """The group pass compiled two ways: the general one, and (``plain``) one with neither an
+    index nor given checks."""
 
     def group_pass(
         high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
@@ -342,22 +321,14 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
         use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
         capped: bool, out: NDArray[np.int64],
     ) -> None:
-        """Everything one group contributes to a verdict, in one pass over the prompt's blocks
-        and one over the candidate lengths (see the module docstring), into ``out`` (laid out
-        as :func:`out_offsets` says: one allocation a call). The block ids come from probing
-        the group's hash table (``slots``, ``block_high``, ``block_low``) with the prompt's
-        words ``high``, ``low`` (:func:`_probe_prompt`). Fixed per group: ``consts``
-        (:func:`pack_consts`), the kind's ``spans`` (rows SPAN_*; ``prefix_step`` above 0: a
-        raw prefix's, computed, not read). Per lookup: ``check_mode`` (CHECKS_*), or the
-        caller's answers in ``checked_ok`` (``use_checked_ok``); ``has_index``: a sparse index,
-        its target group's pass output in ``history`` (``n_history`` blocks;
-        ``history_all_settled``: no plan step will move a target); ``budget`` and ``capped``:
-        the restores the admission gate lets begin now (or BUDGET_UNKNOWN), and whether the
-        core-wide budget has caps."""
+        """Everything one group contributes to a verdict, into ``out``. ``checked_ok``
+        replaces ``check_mode`` where ``use_checked_ok``; ``history``: an index's target
+        group's pass output (``history_all_settled``: no plan step will move a target);
+        ``budget``: restores the gate lets begin now, or BUDGET_UNKNOWN."""
         if plain:  # constants: what they switch on is compiled away
             has_index = use_checked_ok = False
         n_history = n_history if has_index else 0
-        # Held by the caller for the whole call: views of these need no reference counting.
+        # Held by the caller for the whole call: views need no reference counting.
         high, low, spans, history, out = unowned(high), unowned(low), unowned(spans), \
             unowned(history), unowned(out)
         n, count = high.size, spans.shape[1]
@@ -369,8 +340,6 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
         code_at, layout_ok_at = consts[P_CODE_AT], consts[P_LAYOUT_OK_AT]
         home_words, raw_bad, cmp_bad, missing, epoch_at, first_row_at = _scratch(n, n_history)
         _probe_prompt(high, low, slots, block_high, block_low, mapped, ids, home_words)
-        # The index's target group's ids and settled row (its pass output ``history``), and per
-        # history position its block's epoch and the first row allowed to point at it.
         history_ids, history_settled = history_parts(history, n_history, count, consts)
         if has_index:
             history_positions(history_ids, target_states, target_epoch,
@@ -379,8 +348,7 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
         for i in range(N_SCALARS):
             scalars[i] = 0
         changes = needs_checksums = False
-        # The previous row's block where found with every reference passing (-1: none);
-        # running counts; blocks before the first bad raw one and the first missing one.
+        # fit_block: the previous row's block where every reference passed (-1: none).
         fit_block = raw_count = cmp_count = missing_count = first_raw_bad = 0
         fit_block, chain_blocks = -1, n
         for i in range(n):
@@ -398,8 +366,8 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
                                         consts, code_at, layout_ok_at, full_sub_mask)
                 if has_index and fit_block >= 0 and \
                         _same_references(block, fit_block, refs_target, refs_epoch):
-                    # The previous row's references, which all passed: their targets' checks are
-                    # the same, and a target allowed from a row is allowed from every later one.
+                    # The previous row's references all passed: a target allowed from a row is
+                    # allowed from every later one.
                     row_settled = settled_ok[i - 1]
                 elif has_index:
                     row_fit, row_settled = row_references(
@@ -420,7 +388,6 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
             now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
             fit[i], settled_ok[i] = row_fit, row_settled
             fit_block = block if row_fit and block >= 0 else -1
-            # Running counts kept in locals: the arrays are stored to, never read back here.
             raw_count += not is_raw
             cmp_count += not is_cmp
             missing_count += block < 0
@@ -431,7 +398,6 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
                 missing[i + 1] = missing_count
         scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
         scalars[ONE_RUN_BLOCKS] = _one_run(ids, epochs, chain_blocks)
-        # Every block usable now in the form the kind settles in: none counted bad in it.
         scalars[ALL_SETTLED] = (cmp_count if consts[P_SETTLED_FORM] != 0 else raw_count) == 0
         hit, now, after = flag_row(rows, N_PER_BLOCK + HIT, width), \
             flag_row(rows, N_PER_BLOCK + NOW, width), flag_row(rows, N_PER_BLOCK + AFTER, width)
@@ -453,11 +419,10 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
 def _scratch(n: int, n_history: int) -> tuple[Words, NDArray[np.int32], NDArray[np.int32],
                                               NDArray[np.int32], NDArray[np.uint32],
                                               NDArray[np.int64]]:
-    """The pass's scratch, one allocation (each costs a call about 0.1 us): the probe's
-    read-ahead home slots; prefix counts of bad raw, bad compressed and missing blocks (int32:
-    a prompt has far fewer blocks; each entry past the first is written before it is read);
-    per position of the prompt's history (``n_history``) its block's epoch (zeroed) and the
-    first index row allowed to point at it."""
+    """The pass's scratch in one allocation: the probe's read-ahead home slots; prefix counts
+    of bad raw, bad compressed and missing blocks (each entry past the first written before
+    read); per history position its block's epoch (zeroed) and the first row allowed to point
+    at it."""
     counts_at = n_history + min(READ_AHEAD, n)
     epochs_at = counts_at + (3 * (n + 1) + 1) // 2
     scratch = np.empty(epochs_at + (n_history + 1) // 2, dtype=np.int64)
@@ -474,13 +439,10 @@ def _scratch(n: int, n_history: int) -> tuple[Words, NDArray[np.int32], NDArray[
 @inlined
 def _probe_prompt(high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
                   mapped: Bools, ids: NDArray[np.int64], home_words: Words) -> None:
-    """The prompt's block ids (-1: not found) into ``ids``. A prompt's blocks are usually
-    allocated in one batch, in order: where the block after the last one found is mapped
-    (``mapped``) under the next key's words, the table maps that key to it (keys are mapped
-    once, a block under its own words), with no read of the table. Elsewhere the table's own
-    probe (:func:`~kvfsm.state._hashtable.probe_keys`): one key after a found one (its run of
-    blocks ended there), else up to READ_AHEAD keys with their home slots read first
-    (``home_words``), until one is found."""
+    """The prompt's block ids (-1: not found) into ``ids``. Where the block after the last one
+    found is mapped under the next key's words, that key maps to it (a key is mapped once, a
+    block under its own words): no table read. Elsewhere
+    :func:`~kvfsm.state._hashtable.probe_keys`, reading up to READ_AHEAD home slots ahead."""
     n, n_blocks = high.size, block_high.size
     previous = -1
     i = 0
@@ -504,9 +466,7 @@ def _facts_of(block: int, i: int, states: NDArray[np.uint8], position: NDArray[n
               sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8],
               consts: NDArray[np.int64], code_at: int, layout_ok_at: int, full_sub_mask: int
               ) -> int:
-    """The fact byte of ``block``, found at prompt block ``i``: FOUND, its state's restore
-    code, and PLACED, WHOLE and LAYOUT where they hold (:mod:`kvfsm.lookup._block_facts`;
-    ``code_at``, ``layout_ok_at``, ``full_sub_mask``: read of ``consts`` once a pass)."""
+    """The fact byte (:mod:`kvfsm.lookup._block_facts`) of ``block``, at prompt block ``i``."""
     facts = FOUND | (consts[code_at + states[block]] << CODE_SHIFT)
     if position[block] == i:
         facts |= PLACED
@@ -520,10 +480,8 @@ def _facts_of(block: int, i: int, states: NDArray[np.uint8], position: NDArray[n
 @inlined
 def _forms(facts: int, sound: bool, ok: bool, settled: bool, restore_aligned: bool
            ) -> tuple[bool, bool, bool, bool]:
-    """Whether a block with fact byte ``facts`` is usable now raw and compressed, and after
-    the plan (``sound``: found, placed, whole, under the kernel's layout, its references
-    holding; ``ok``: its checks pass; ``settled``: no restore will move an index target it
-    names; ``restore_aligned``: restored blocks land aligned)."""
+    """Whether a block is usable now raw and compressed, and after the plan (``settled``: no
+    restore will move an index target it names)."""
     good = sound and ok
     is_raw = good and (facts & READ_RAW) != 0
     is_cmp = good and (facts & READ_COMPRESSED) != 0
@@ -548,8 +506,7 @@ def _same_references(block: int, previous: int, refs_target: NDArray[np.int32],
 
 @inlined
 def _one_run(ids: NDArray[np.int64], epochs: NDArray[np.uint32], chain_blocks: int) -> int:
-    """``chain_blocks`` where the chain's blocks are one run of consecutive ids at one epoch,
-    else 0 (ONE_RUN_BLOCKS; a branch-free loop over what the pass just wrote: it vectorizes)."""
+    """:data:`ONE_RUN_BLOCKS`: ``chain_blocks`` where they are one run at one epoch, else 0."""
     if chain_blocks <= 0:
         return chain_blocks
     differ = 0
@@ -564,10 +521,9 @@ def _length_rows(spans: NDArray[np.int64], prefix_step: int, chain_blocks: int,
                  first_raw_bad: int, missing: NDArray[np.int32], raw_bad: NDArray[np.int32],
                  cmp_bad: NDArray[np.int32], hit: Bools, now: Bools, after: Bools
                  ) -> tuple[int, int]:
-    """Per candidate length: hit, usable now and (until a plan says otherwise) after; the
-    largest hit and usable ones. A raw prefix's spans (``prefix_step`` above 0: length k
-    needs blocks ``[0, k * prefix_step)``, every length served) are true up to a point and
-    false after it, and are filled so; any other kind's from the prefix counts."""
+    """Per candidate length: hit, usable now and (until a plan says otherwise) after; returns
+    the largest hit and usable ones. A raw prefix's rows (``prefix_step`` above 0) are true up
+    to a point, then false."""
     count = spans.shape[1]
     largest_hit = largest_now = 0
     if prefix_step and count:
@@ -597,14 +553,12 @@ def _length_rows(spans: NDArray[np.int64], prefix_step: int, chain_blocks: int,
     return largest_hit, largest_now
 
 
-#: The plain functions the compiled pass calls (compiled into it).
 _PASS_CALLS: Final = (_plan_pass, probe_keys, out_offsets, snapshot_at, out_parts, flag_row,
                       history_parts, _scratch, _probe_prompt, _facts_of, _forms, _same_references,
                       _one_run, _length_rows,
                       history_positions, row_references)
 
 
-#: The pass's loop: the general one, and the plain one (no index, no checks given).
 _PASS_GENERAL: Final = _group_pass_loop_for(False)
 _PASS_PLAIN: Final = _group_pass_loop_for(True)
 
@@ -614,8 +568,7 @@ group_pass = kernel(example=_group_pass_example, twin=_group_pass_twin,
 
 # -- the same pass with the group's fixed arrays by address ------------------------------------
 
-#: The dtype and dimensions of each of the group's fixed arrays, in the pass's order (its
-#: arguments ``slots`` to ``consts``): how :func:`group_pass_fixed` views them.
+#: The dtype and dimensions of the pass's fixed arguments, ``slots`` to ``consts``.
 FIXED_KINDS: Final = (
     (np.uint64, 1), (np.uint64, 1), (np.uint64, 1), (np.bool_, 1), (np.uint8, 1),
     (np.uint32, 1), (np.int32, 1), (np.uint16, 1), (np.uint8, 1), (np.uint8, 1),
@@ -625,14 +578,13 @@ N_FIXED: Final = len(FIXED_KINDS)
 
 
 def pack_fixed(arrays: tuple[NDArray[Any], ...]) -> AddressTable | None:
-    """The group's fixed arrays (``slots`` to ``consts``) as one address table for
-    :func:`group_pass_fixed`; None where one is not laid out as FIXED_KINDS says."""
+    """The fixed arrays as one address table; None where one is not laid out as FIXED_KINDS
+    says."""
     return address_table(arrays, FIXED_KINDS)
 
 
 def _fixed_args(args: tuple[object, ...]) -> tuple[object, ...]:
-    """:func:`group_pass` arguments as :func:`group_pass_fixed` takes them (the table holds
-    the arrays it addresses)."""
+    """:func:`group_pass` arguments as :func:`group_pass_fixed` takes them."""
     fixed = pack_fixed(cast(tuple[NDArray[Any], ...],
                             tuple(np.ascontiguousarray(a) for a in args[2 : 2 + N_FIXED])))
     assert fixed is not None, "the group pass's inputs are laid out as FIXED_KINDS says"
@@ -646,8 +598,8 @@ def _group_pass_fixed_twin(
     use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
     capped: bool, out: NDArray[np.int64],
 ) -> None:
-    """:func:`group_pass_fixed` in NumPy: the twin of the pass over the addressed arrays."""
-    twin: Any = _group_pass_twin  # the sixteen arrays come as one tuple, typed loosely
+    """:func:`group_pass_fixed` in NumPy."""
+    twin: Any = _group_pass_twin  # the arrays come as one tuple, typed loosely
     twin(high, low, *views(fixed, FIXED_KINDS), history, n_history, checked_ok, spans,
          prefix_step, check_mode,
          use_checked_ok, has_index, history_all_settled, budget, capped, out)
@@ -669,10 +621,8 @@ def group_pass_fixed(
     use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
     capped: bool, out: NDArray[np.int64],
 ) -> None:
-    """:func:`group_pass` with the group's sixteen fixed arrays (``slots`` to ``consts``)
-    given as one address table (:func:`pack_fixed`): numba unboxes one array instead of
-    sixteen on every call (some 0.7 us a lookup's group)."""
-    # Unowned views (the caller holds the arrays): passed down without reference counting.
+    """:func:`group_pass` with the fixed arrays as one address table (:func:`pack_fixed`).
+    The caller holds the arrays for the call, so views of them go unowned."""
     high, low, fixed, history, checked_ok, spans, out = unowned(high), unowned(low), \
         unowned(fixed), unowned(history), unowned(checked_ok), unowned(spans), unowned(out)
     slots, block_high, block_low = vector_at(fixed, 0, np.uint64), \
@@ -686,7 +636,6 @@ def group_pass_fixed(
     target_epoch, target_states, target_position = vector_at(fixed, 12, np.uint32), \
         vector_at(fixed, 13, np.uint8), vector_at(fixed, 14, np.int32)
     consts = vector_at(fixed, 15, np.int64)
-    # A group without an index, with no checks given (most passes), runs the plain loop.
     if has_index or use_checked_ok:
         _PASS_GENERAL(
             high, low, slots, block_high, block_low, mapped, states, epoch, position,

@@ -1,16 +1,9 @@
-"""Sparse-index checks: every reference of an index block points at a current target of this
-prompt's history.
+"""Why a sparse-index row failed its reference checks.
 
-An index block of a prompt is usable only if each of its ``top_k`` references (target block,
-epoch) still holds: the target is hashed (alive) and at the epoch it was indexed against, and
-it is the history block of this prompt at its position and complete before the index block
-ends (layer 3, position/index intersection). An unused reference (-1, recorded with epoch 0)
-always passes; one outside the target group (corrupt metadata) always fails and is never
-read.
-
-Every check reads only the references of the prompt's rows and the targets they name, so a
-lookup costs the same whatever the size of the pools. The checks run in the group pass
-(:mod:`kvfsm.lookup._group_pass`); this module tells why a row failed.
+An index block is usable only if each reference (target, epoch) holds: the target is hashed,
+at that epoch, and this prompt's history block there, complete before the index block ends.
+An unused reference (-1, epoch 0) passes; one outside the target group always fails, unread.
+The checks run in :mod:`kvfsm.lookup._group_pass`.
 """
 
 from __future__ import annotations
@@ -38,8 +31,7 @@ class _Refs(NamedTuple):
 
 
 def _refs(targets: NDArray[np.int32], epochs: NDArray[np.uint32], n_targets: int) -> _Refs:
-    """The references ``targets`` / ``epochs`` (``[rows, top_k]``) into a target group of
-    ``n_targets`` blocks."""
+    """The references ``[rows, top_k]`` into a target group of ``n_targets`` blocks."""
     outside: Bools | None = None
     if targets.size and (int(targets.min()) < NO_TARGET or int(targets.max()) >= n_targets):
         outside = (targets < NO_TARGET) | (targets >= n_targets)
@@ -59,10 +51,8 @@ def _stale(refs: _Refs, target_epoch: NDArray[np.uint32], target_states: NDArray
 
 
 class IndexCheck:
-    """The reference checks of one sparse-index group's blocks in one prompt, as a lookup's
-    group pass found them: ``ids`` are the prompt's index blocks by row (0 where missing:
-    such rows fail elsewhere), ``fit`` per row whether every reference is current and of this
-    prompt's history (:func:`~kvfsm.lookup._group_pass.group_pass` checks them)."""
+    """The reference checks of one index group's blocks in one prompt, as the group pass
+    found them: ``ids`` by row (0 where missing: such rows fail elsewhere), ``fit`` per row."""
 
     def __init__(self, group: GroupState, ids: IdArray, fit: Bools) -> None:
         target = group.target
@@ -77,8 +67,7 @@ class IndexCheck:
         return Reason.INDEX_STALE if stale else Reason.GROUP_GAP
 
     def stale_rows(self, rows: NDArray[np.int64]) -> Bools:
-        """Per failed row of ``rows``: some reference is stale or dead (else its targets are
-        current but not all of this prompt's history: a group gap)."""
+        """Per failed row: some reference is stale or dead (else a group gap)."""
         target, block = self.target, self.ids[rows]
         refs = _refs(self.group.refs_target[block], self.group.refs_epoch[block], target.n_blocks)
         stale = _stale(refs, target.epoch, target.states, target.table.hashed)

@@ -1,17 +1,10 @@
 """Leases: the blocks a verdict called usable stay usable until the kernel has read them.
 
-A verdict is a snapshot. Between the check and the kernel's read a block can be evicted,
-spilled, compressed or reused; every such row bumps the block's epoch and is guarded by
-``no_pins``. A lease pins exactly the blocks the kernel reads at the verdict's
-``usable_tokens`` (per group, what the kind's rule needs there, in the form it needs them; an
-index pins its targets too) and records each one's ``(group, block, epoch)``, so
-:meth:`Lease.validate` right before a read proves that nothing it covers moved, and the pins
-make sure nothing could. Per group a lease holds a few arrays, never per-block objects.
-
-Leases expire (``ttl_s``, monotonic clock): a reader that died cannot hold blocks forever. The
-:class:`LeaseBook` that hands them out (one per engine) releases expired leases' pins whenever
-its owner calls :meth:`LeaseBook.reap` (the engine does at the start of every call), and
-counts the open ones so none leak. Every lease operation takes the owner's lock.
+Every row that moves a block bumps its epoch and is guarded by ``no_pins``. A lease pins
+exactly the blocks the kernel reads at the verdict's ``usable_tokens`` (an index's targets
+too) and records their epochs, so :meth:`Lease.validate` proves nothing it covers moved, and
+the pins make sure nothing could. Leases expire (``ttl_s``) so a dead reader cannot hold
+blocks forever. Every lease operation takes the owner's lock.
 """
 
 from __future__ import annotations
@@ -38,17 +31,13 @@ DEFAULT_LEASE_TTL_S: Final = 10.0
 class Lease:
     """The blocks of one verdict, pinned and recorded at their epochs until released.
 
-    Use it as a context manager (released on every path) or call :meth:`release`, which may
-    be called any number of times. :meth:`validate` right before a read raises
-    :class:`~kvfsm.LeaseLost` unless every leased block is still at its epoch and readable in
-    the form the kernel reads; ``valid`` says the same as a bool. A validated lease is being
-    read: past its ttl it keeps its pins until the reader's next call on it (``release``, or
-    ``validate``, which then raises LeaseLost), so the blocks never go to another prompt
-    under a read in progress; a lease never validated expires at its ttl.
+    Use it as a context manager or call :meth:`release` (idempotent). :meth:`validate` right
+    before a read raises :class:`~kvfsm.LeaseLost` unless every leased block is still at its
+    epoch and readable in the kernel's form; ``valid`` says the same as a bool. A validated
+    lease keeps its pins past its ttl until the reader's next call on it, so no block goes to
+    another prompt under a read in progress; one never validated expires at its ttl.
     """
 
-    # Slots: a server takes a lease per request, and a slotted object is made and read with
-    # fewer memory touches (right after a long lookup, each of them a cache miss).
     __slots__ = ("_book", "_expired_on_release", "_hold", "_released", "_views", "expires_at",
                  "reading", "tokens")
 
@@ -60,12 +49,11 @@ class Lease:
         #: When the lease expires, on the book's monotonic clock.
         self.expires_at = expires_at
         self._hold = hold
-        #: Per group: its first prompt block, ids and epochs held (made when first asked).
+        #: Per group: its first prompt block, ids and epochs held (made when first read).
         self._views: dict[str, tuple[int, IdArray, NDArray[np.uint32]]] | None = None
         self._released = False
         self._expired_on_release = False
-        #: A validate passed: a read is in progress (the pins outlive the ttl until the
-        #: reader's next call on the lease).
+        #: A validate passed: a read is in progress (the pins outlive the ttl).
         self.reading = False
 
     @property
@@ -73,7 +61,7 @@ class Lease:
         return self._hold.arrays.names
 
     def blocks(self, group: str) -> IdArray:
-        """The block ids of ``group`` the lease pinned (what the kernel reads), prompt order."""
+        """The block ids of ``group`` the lease pinned, in prompt order."""
         return self._view(group)[1].copy()
 
     def indices(self, group: str) -> NDArray[np.int64]:
@@ -115,9 +103,8 @@ class Lease:
 
     def validate(self) -> None:
         """Raise :class:`~kvfsm.LeaseLost` unless the lease is open, not expired, and every
-        block it covers is at the epoch recorded, readable in the form the kernel reads, and
-        not seen failing its checksum since (an expired lease's pins are released here
-        too)."""
+        block it covers is at its recorded epoch, readable in the kernel's form, and not seen
+        failing its checksum since (an expired lease's pins are released here)."""
         book = self._book
         with book.lock:
             if self._released or book.clock() >= self.expires_at:
@@ -131,7 +118,7 @@ class Lease:
                 book.refused(lost)
                 raise lost
             hold = self._hold
-            # Nothing changed since the take (the usual lease): no block it holds moved.
+            # No change since the take: no block it holds moved.
             if hold.arrays.change_count.total != hold.changes:
                 try:
                     hold.check()
@@ -143,16 +130,16 @@ class Lease:
             core = book.core
             if not core.reads_observed:
                 return
-            if hold.one_runs and not hold.targets:  # report_read's usual case, a call fewer
+            if hold.one_runs and not hold.targets:  # report_read's usual case
                 core.record_lease_runs(hold.arrays.names, hold.answers, hold.holding,
                                        answer_runs)
             else:
                 hold.report_read(core)
 
     def release(self) -> None:
-        """Give back the lease's pins (idempotent; safe from any thread). A block pinned by
-        this lease whose epoch moved anyway (something bypassed the pin) lost its pin with its
-        content: it is skipped, never unpinned under another owner."""
+        """Give back the lease's pins (idempotent; safe from any thread). A block whose epoch
+        moved anyway lost its pin with its content: it is skipped, never unpinned under
+        another owner."""
         book = self._book
         with book.lock:
             book.forget(self)
@@ -166,7 +153,7 @@ class Lease:
             if not core.pins_observed:
                 return
             if hold.one_runs and hold.arrays.change_count.total == hold.changes:
-                # tell_pins's usual case (nothing changed since the take), frames fewer
+                # tell_pins's usual case: nothing changed since the take
                 tellers = core.lease_pin_tellers
                 if tellers is None:
                     core.tell_lease_pins(hold.arrays.names, hold.answers, hold.holding, -1,

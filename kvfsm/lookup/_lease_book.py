@@ -1,7 +1,5 @@
 """The book of one engine's leases: it hands them out (from a lookup's probe, looking the prompt
 up again where that probe is stale), keeps the open ones, and releases the expired.
-
-What a lease holds and how it is validated and given back is :mod:`kvfsm.lookup._lease`'s.
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ from kvfsm.state import Prompt, StateCore
 #: The next expiry when no lease is open.
 NO_EXPIRY: Final = float("inf")
 
-#: The owner's lookup of a prompt at a level, its candidate lengths capped at a token count,
-#: its checksums recorded, its probe fresh (nothing changed since it looked).
+#: The owner's lookup at a level, capped at a token count, checksums recorded, probe fresh.
 LookUp = Callable[[Prompt, Level, int], Verdict]
 
 
@@ -48,11 +45,9 @@ class LeaseBook:
         self._open: dict[int, Lease] = {}
         #: Told of every refusal (a lease not granted, a validate that failed): metrics.
         self.on_refusal: Callable[[LeaseLost], None] | None = None
-        #: The earliest expiry among open leases, NO_EXPIRY when none is open (reap does
-        #: nothing before it; the book's own to change).
+        #: The earliest expiry among open leases (the book's own to change).
         self.next_expiry = NO_EXPIRY
-        #: The core's groups' arrays in its lookups' order, for one-pass takes (made on the
-        #: first).
+        #: The core's groups' arrays in its lookups' order (made on the first take).
         self._arrays: LeaseArrays | None = None
 
     def refused(self, lost: LeaseLost) -> None:
@@ -71,25 +66,16 @@ class LeaseBook:
 
     def take(self, verdict: Verdict, prompt: Prompt, *,
              ttl_s: float = DEFAULT_LEASE_TTL_S) -> Lease:
-        """Pin the blocks ``verdict`` called usable for ``prompt`` (made or checked for this
-        core by the caller) and record their epochs: exactly those the kernel reads at
-        ``verdict.usable_tokens``.
-
-        Where the verdict's probe is this core's lookup of ``prompt`` and nothing changed
-        since (the core's count of changes is the lookup's), one compiled pass pins and
-        touches every group's blocks straight from the lookup's outputs. Anything else looks
-        ``prompt`` up again (the owner's lookup at the verdict's level, its candidates capped
-        at the verdict's tokens) and, where that finds the verdict's tokens usable still,
-        takes the same pass on the new lookup's probe.
+        """Pin the blocks ``verdict`` called usable for ``prompt`` and record their epochs:
+        exactly those the kernel reads at ``verdict.usable_tokens``. Where the verdict's probe
+        is not this core's lookup of ``prompt``, or is stale, ``prompt`` is looked up again.
 
         Raises :class:`~kvfsm.LeaseLost` (nothing pinned) where the new lookup finds fewer
-        usable tokens: something changed since the verdict; look up again. A KvfsmError where
-        the verdict covers more tokens than the prompt has. A :class:`StateError` where a
-        block already holds ``MAX_PINS`` pins: nothing pinned, though the blocks of groups
-        taken before it may have been marked used (their recency refreshed, nothing a verdict
-        reads: an unchanged group's pins and its use are one pass).
+        usable tokens; a KvfsmError where the verdict covers more tokens than the prompt has;
+        a :class:`StateError` where a block already holds ``MAX_PINS`` pins: nothing pinned,
+        though groups taken before it may have been marked used (recency only).
         """
-        if ttl_s is not DEFAULT_LEASE_TTL_S:  # check_ttl's own first test, a frame fewer
+        if ttl_s is not DEFAULT_LEASE_TTL_S:  # check_ttl's own first test
             check_ttl(ttl_s)
         tokens = verdict.usable_tokens
         with self.lock:
@@ -113,16 +99,11 @@ class LeaseBook:
             raise lost
 
     def _take_probed(self, probe: Probe, tokens: int, ttl_s: float) -> Lease | None:
-        """The lease of ``tokens`` made by pinning and touching the blocks of every group of a
-        lookup's ``probe`` (its pass outputs, at its candidate ``at``, where its ``spans``
-        say) in one compiled call, where no group changed since the lookup; None where some
-        group changed (nothing pinned). An index group's targets outside what the lease holds
-        of its target group are pinned too (:func:`_pin_targets`). A StateError (a block
-        already at ``MAX_PINS``) or KvfsmError (an id outside its group) where a group
-        refused: the groups before it stay marked used (their recency refreshed), nothing
-        is pinned. One frame from the lookup's outputs to the open lease: a server takes a
-        lease on every request, right after a long lookup, where each frame costs cache
-        misses. For :meth:`take`, which checked that this core's lookup made ``probe``."""
+        """The lease of ``tokens`` on ``probe`` (which the caller checked is this core's),
+        its targets too (:func:`_pin_targets`); None where some group changed since the
+        lookup (nothing pinned). A StateError (a block at ``MAX_PINS``) or KvfsmError (an id
+        outside its group) where a group refused: nothing pinned, the groups before it stay
+        marked used."""
         spans, passes = probe.spans, probe.passes
         assert spans is not None and passes is not None
         arrays = self._arrays
@@ -137,8 +118,7 @@ class LeaseBook:
         (stop, touched, one_runs, outside), bound = arrays.take(
             outs, spans.bounds, spans.offsets, probe.at, clock.now + 1, answers,
             probe.__class__ is LookupProbe)
-        clock.now += touched  # the ticks the pass took (Clock.advance, one call less)
-        # Built as a tuple: a named tuple's own constructor is one more Python call.
+        clock.now += touched  # the ticks the pass took
         hold: ProbedHold = tuple.__new__(ProbedHold, (
             arrays, passes, outs, spans.offsets, answers, probe.changes, touched,
             one_runs == touched, (), bound))
@@ -149,10 +129,10 @@ class LeaseBook:
             hold = hold._replace(targets=_pin_targets(core, hold))
         if core.pins_observed:  # told once taken: a refused take pinned nothing
             tellers = core.lease_pin_tellers
-            if hold.one_runs and tellers is not None:  # the usual lease, two frames fewer
+            if hold.one_runs and tellers is not None:
                 for tell in tellers:
                     tell(arrays.names, answers, touched, 1)
-            elif hold.one_runs:  # hold.tell_pins's usual case, a frame fewer
+            elif hold.one_runs:  # hold.tell_pins's usual case
                 core.tell_lease_pins(arrays.names, answers, touched, 1, answer_runs)
             else:
                 hold.tell_pins(core, 1)
@@ -163,8 +143,8 @@ class LeaseBook:
         return lease
 
     def _arrays_named(self, names: tuple[str, ...]) -> LeaseArrays:
-        """The core's groups' arrays in the order of ``names`` (a lookup's tuple), gathered on
-        the first take and kept while lookups name the groups with that tuple."""
+        """The core's groups' arrays in the order of ``names``, kept while lookups pass that
+        same tuple."""
         arrays = self._arrays
         if arrays is None or arrays.names is not names:
             arrays = self._arrays = LeaseArrays([self.core.group(name) for name in names], names)
@@ -175,16 +155,14 @@ class LeaseBook:
         lease.release()
 
     def forget(self, lease: Lease) -> None:
-        """Stop counting ``lease`` as open (:meth:`Lease.release` gives back its pins; the
-        lock held)."""
+        """Stop counting ``lease`` as open (the lock held; :meth:`Lease.release` unpins)."""
         self._open.pop(id(lease), None)
 
     def reap(self) -> int:
-        """Release the pins of every expired lease no reader is reading (never validated);
-        returns how many. A lease validated for a read keeps its pins past its ttl until its
-        reader's next call on it (``validate`` then raises LeaseLost, ``release`` gives them
-        back): its blocks never go to another prompt under a read in progress. O(1) before
-        the earliest expiry, so the engine calls it on every call."""
+        """Release the pins of every expired lease never validated; returns how many. A
+        validated lease keeps its pins past its ttl until its reader's next call on it, so
+        no block goes to another prompt under a read in progress. O(1) before the earliest
+        expiry."""
         if self.next_expiry == NO_EXPIRY:
             return 0  # no lease open: nothing to reap (a stale read only defers a reap)
         with self.lock:
@@ -211,8 +189,7 @@ class LeaseBook:
 
 
 def check_ttl(ttl_s: float) -> None:
-    """A KvfsmError unless ``ttl_s`` is a finite number of seconds above 0 (an infinite one
-    would let a lease its reader forgot hold its blocks for ever)."""
+    """A KvfsmError unless ``ttl_s`` is a finite number of seconds above 0."""
     if ttl_s is not DEFAULT_LEASE_TTL_S and (
             not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not ttl_s > 0
             or not math.isfinite(ttl_s)):
@@ -220,12 +197,10 @@ def check_ttl(ttl_s: float) -> None:
 
 
 def _pin_targets(core: StateCore, hold: ProbedHold) -> Targets:
-    """Pin, through the core's ``pin``, the distinct blocks ``hold``'s index groups point at
-    outside what it holds of their target groups (an index into a sliding window points
-    before the window), and record their epochs: ``(target group, ids, epochs)`` per index
-    group pointing there. Nothing changed since the lookup that checked every reference, so
-    each is the prompt's block it points at. Where one cannot be pinned, what was pinned
-    (``hold`` included) is given back first."""
+    """Pin the distinct blocks ``hold``'s index groups point at outside what it holds of their
+    targets, recording ``(target group, ids, epochs)``. Nothing changed since the lookup that
+    checked every reference, so each is the prompt's block. Where one cannot be pinned,
+    everything pinned (``hold`` included) is given back first."""
     views = hold.views()
     names = hold.arrays.names
     made: list[tuple[str, IdArray, NDArray[np.uint32]]] = []
@@ -248,9 +223,8 @@ def _pin_targets(core: StateCore, hold: ProbedHold) -> Targets:
 
 
 def _lost(core: StateCore, tokens: int, again: Verdict) -> LeaseLost:
-    """Why a verdict of ``tokens`` is no longer served: the first reason of ``again``, the
-    lookup of its prompt now (capped at ``tokens``) that found fewer usable, naming a group,
-    block and its state now where one does."""
+    """Why a verdict of ``tokens`` is no longer served: the first reason of ``again`` (the
+    lookup now), with its group, block and state where it names one."""
     first = next((each for each in again.reasons if each.group != "*"),
                  again.reasons[0] if again.reasons else None)
     if first is None:

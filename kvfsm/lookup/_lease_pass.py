@@ -1,15 +1,10 @@
-"""A lease made from a lookup's probe in one compiled call over every group, and given back in
-one more.
+"""The only way a lease is taken and given back: one compiled call over every group each way.
 
-A lease taken right after its lookup, on the lookup's own prompt, with no group changed since,
-has nothing left to check but the pin limit: every block is as the lookup saw it. Per group that
-was one kernel call to pin and touch and one to give back, each unboxing some fifteen arrays,
-plus the Python around it; for a model of three groups that fixed cost was most of a lease.
-Here the groups' arrays are gathered once per core into one address table
-(:class:`LeaseArrays`; :mod:`kvfsm._addressed`: one argument instead of nine arrays a group),
-and one pass (:func:`take_probed_kernel`) pins and touches every group's blocks, read
-straight from the lookup's pass outputs, where :func:`unpin_probed_kernel` gives them back.
-It is the only way a lease is taken and given back.
+A take on a lookup's own probe with no group changed since has only the pin limit left to
+check: every block is as the lookup saw it. The groups' arrays are gathered once per core into
+one address table (:class:`LeaseArrays`, :mod:`kvfsm._addressed`); :func:`take_probed_kernel`
+pins and touches every group's blocks read from the lookup's pass outputs, and
+:func:`unpin_probed_kernel` gives them back.
 """
 
 from __future__ import annotations
@@ -70,33 +65,18 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
                      arrays: NDArray[np.int64], tick: int, max_pins: int,
                      answers: NDArray[np.int64], result: NDArray[np.int64]) -> None:
     """A lease's pinning touch (:func:`_touch_known`) of every group at once, on the blocks a
-    lookup found usable at its candidate ``at`` (no group changed since: only the pin limit
-    is left to check), so a lease costs one compiled call, not one per group.
+    lookup found usable at its candidate ``at`` (no group changed since). Group ``g``'s blocks
+    are prompt blocks ``[bounds[g, 0, at], bounds[g, 1, at])``, read from ``outs[g]`` at
+    ``offsets[g]`` (the third: ONE_RUN_BLOCKS's word, -1: none; a span inside it is pinned
+    without reading its ids and epochs).
 
-    Group ``g``'s blocks are prompt blocks ``[bounds[g, 0, at], bounds[g, 1, at])``, their
-    ids and epochs in the lookup's pass output ``outs[g]`` from words ``offsets[g, 0]`` and
-    ``offsets[g, 1]``; word ``offsets[g, 2]`` of it (-1: none) counts the prompt blocks from
-    the first that the lookup found one run of consecutive ids at one epoch, so a span
-    inside them is pinned and touched without reading its ids and epochs (every group's
-    bounds and offsets in one array each: fewer arguments to unbox on every lease).
-    ``fixed[g]`` is what the group's declaration fixes (columns ``SHIFT`` ...
-    ``TARGET_BLOCK``): its pin chunk shift, the position of the group its blocks point into
-    (-1: none), and the two groups' block sizes. ``arrays`` addresses
-    every group's states, lists, stamps, links, pins and run records (:data:`LEASE_KINDS`
-    per group, an address table: one argument instead of ten per group).
-
-    ``result[3]`` is 1 where an index group's rows may point at target blocks outside what
-    the lease holds of the target group (its usable rows point only at history blocks ending
-    before them: held where the target's span starts at block 0 and reaches past them), for
-    the caller to pin those too; else 0. Each group with blocks, in order, is touched at the
-    next tick from ``tick`` (counted in ``result[1]``) with its answer row ``answers[g]``
-    (columns ``OUTSIDE`` ... ``HI``); the first refused (an id outside the group, a block
-    at ``max_pins``) stops there with ``result[0] = g``: the groups before it stay pinned
-    and touched, it and those after are unchanged. Else ``result[0] = TAKEN``.
-    ``result[2]`` counts the touched groups whose blocks are one run at one epoch
-    (``ONE_READ``: when it is ``result[1]``, the lease's read is reported from the answer
-    rows alone)."""
-    # Unowned views (the caller holds the arrays): no reference counting on each view.
+    Each group with blocks, in order, is touched at the next tick from ``tick`` (counted in
+    ``result[1]``), writing ``answers[g]``; the first refused (an id outside the group, a block
+    at ``max_pins``) stops with ``result[0] = g``: the groups before it stay pinned and
+    touched, it and those after are unchanged. Else ``result[0] = TAKEN``. ``result[2]``
+    counts the groups read as one run; ``result[3]`` is 1 where an index's rows may point
+    outside what the lease holds of its target group, for the caller to pin."""
+    # The caller holds the arrays for the call: views need no reference counting.
     bounds, offsets, fixed, arrays, answers, result = unowned(bounds), unowned(offsets), \
         unowned(fixed), unowned(arrays), unowned(answers), unowned(result)
     groups = len(outs)
@@ -143,10 +123,9 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
 def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
                       fixed: NDArray[np.int64], arrays: NDArray[np.int64],
                       answers: NDArray[np.int64], groups: int) -> None:
-    """Give back what :func:`take_probed_loop` pinned in its first ``groups`` groups (its
-    answer rows say where and how), as :func:`unpin_loop` per group (``arrays``: the take's
-    address table)."""
-    # Unowned views (the caller holds the arrays): no reference counting on each view.
+    """Give back what :func:`take_probed_loop` pinned in its first ``groups`` groups, as its
+    answer rows say, through :func:`unpin_loop` per group."""
+    # The caller holds the arrays for the call: views need no reference counting.
     offsets, fixed, arrays, answers = unowned(offsets), unowned(fixed), unowned(arrays), \
         unowned(answers)
     for g in range(groups):
@@ -209,10 +188,9 @@ def _unpin_probed_twin(outs: tuple[NDArray[np.int64], ...],
 
 def lease_table(groups: Sequence[Sequence[NDArray[Any]]], *, convert: bool = False
                 ) -> AddressTable:
-    """One address table of every group's arrays, :data:`LEASE_KINDS` per group in that
-    order. The passes write through it into the arrays themselves, so an array of another
-    dtype or layout is refused (a TypeError naming it), never copied: ``convert`` (for
-    made-up inputs only) converts such arrays to their kinds first."""
+    """One address table of every group's arrays, :data:`LEASE_KINDS` per group. The passes
+    write through it, so an array of another dtype or layout is refused (TypeError), never
+    copied; ``convert`` (made-up inputs only) converts them first."""
     every = []
     for g, arrays in enumerate(groups):
         for which, (array, (dtype, _)) in enumerate(zip(arrays, LEASE_KINDS, strict=True)):
@@ -230,12 +208,9 @@ def lease_table(groups: Sequence[Sequence[NDArray[Any]]], *, convert: bool = Fal
 def _outputs(groups: Sequence[tuple[Any, Any]], at: int,
              rng: np.random.Generator | None
              ) -> tuple[tuple[NDArray[np.int64], ...], NDArray[np.int64], NDArray[np.int64]]:
-    """Pass outputs holding each group's ``(ids, epochs)`` at candidate ``at`` as a lookup
-    lays them out (scalars, then ids, then epochs two a word), with every group's bounds
-    (``[lo, hi)`` per candidate) and offsets as a lookup's call gathers them: the blocks
-    start at a prompt block ``lo`` (0, or random with ``rng``). Word 0 counts the blocks
-    that are one run at one epoch, as a lookup counts them (with ``rng``
-    the offsets point at it only now and then: -1 says nothing is known)."""
+    """Made-up pass outputs holding each group's ``(ids, epochs)`` at candidate ``at``, with
+    bounds and offsets as a lookup gathers them; ``rng`` randomises where the blocks start
+    and whether the one-run word is offered."""
     outs = []
     bounds = np.zeros((len(groups), 2, at + 1), dtype=np.int64)
     offsets = np.zeros((len(groups), 3), dtype=np.int64)
@@ -275,8 +250,8 @@ take_probed_kernel = kernel(example=_take_example, twin=_take_twin,
 
 def _unpin_tables(groups: Sequence[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]
                   ) -> AddressTable:
-    """A lease's address table holding each group's ``(epoch, pins, chunk_pins)`` (what a
-    give-back reads and writes), stand-ins for the rest."""
+    """A lease's address table of each group's ``(epoch, pins, chunk_pins)``, stand-ins for
+    the rest."""
     def stand_in(dtype: type[np.generic]) -> NDArray[Any]:
         return np.zeros(1, dtype=dtype)
 
@@ -300,15 +275,12 @@ unpin_probed_kernel = kernel(example=_unpin_example, twin=_unpin_probed_twin,
                              calls=(probed_ids, unpin_loop))(unpin_probed_loop)
 
 
-#: The dtype of every array a one-pass call hands its entry point (:class:`LeaseArrays`).
 _INT64: Final = np.dtype(np.int64)
 
 
 def _int64_c(arrays: Sequence[NDArray[Any]], ndim: int) -> bool:
-    """Every one of ``arrays`` is a plain NumPy array of int64, ``ndim`` dimensions, C-contiguous
-    and aligned: what a one-pass entry point reads it as (a few hundred ns for a lease's
-    arrays, where numba's matching of all its arguments costs microseconds right after a
-    long lookup)."""
+    """Every one of ``arrays`` is a plain int64 ndarray of ``ndim`` dimensions, C-contiguous
+    and aligned: what a bound entry point reads it as."""
     for array in arrays:
         if array.__class__ is not np.ndarray:
             return False
@@ -320,17 +292,16 @@ def _int64_c(arrays: Sequence[NDArray[Any]], ndim: int) -> bool:
 
 
 class LeaseArrays:
-    """A core's groups' arrays that a lease pass reads and writes, as one address table in one
-    order of the groups (a lookup's), gathered once: the arrays are each group's own for its
-    life (made with the group, never replaced), and the table holds them."""
+    """A core's groups' arrays that a lease pass reads and writes, as one address table in a
+    lookup's order of the groups, gathered once: each array is its group's for its life
+    (never replaced), and the table holds them."""
 
     def __init__(self, groups: Sequence[GroupState], names: tuple[str, ...] | None = None
                  ) -> None:
         if not groups:
             raise ValueError("a lease's arrays need at least one group")
         self.groups = tuple(groups)
-        #: The groups' names (``names`` itself where given: a lookup's probe names them in
-        #: one tuple, compared by identity).
+        #: The groups' names (``names`` itself where given: compared by identity).
         self.names = tuple(state.name for state in self.groups) if names is None else names
         if self.names != tuple(state.name for state in self.groups):
             raise ValueError(f"names {self.names} are not the groups' "
@@ -346,8 +317,6 @@ class LeaseArrays:
                               state.decl.block_size,
                               state.decl.block_size if target is None
                               else target.decl.block_size)
-        #: Every group's states, lists, stamps, links, pins, epochs and run record
-        #: (LEASE_KINDS per group) as one address table: the passes take it as one argument.
         self.table = lease_table([
             (state.states, state.recency.list_of_state, state._blocks.last_use,
              state.recency.prev, state.recency.next, state.recency.head, state.recency.tail,
@@ -356,10 +325,8 @@ class LeaseArrays:
             for state in self.groups])
         #: The answer of the last take (used under the owner's lock).
         self.result = np.zeros(4, dtype=np.int64)
-        #: Groups, the length of the lookup outputs' tuple the entry points are bound to.
         self.count = len(self.groups)
-        #: The one-pass passes' entry points, bound on their first checked calls (see
-        #: :meth:`take`).
+        #: Entry points, bound on their first checked calls (see :meth:`take`).
         self._take_entry: Callable[..., None] | None = None
         self._unpin_entry: Callable[..., None] | None = None
 
@@ -367,16 +334,11 @@ class LeaseArrays:
              offsets: NDArray[np.int64], at: int, tick: int, answers: NDArray[np.int64],
              made_here: bool = False) -> tuple[list[int], bool]:
         """:func:`take_probed_loop` over these groups: its ``result`` as a list, and whether
-        the arrays were read through the bound entry point (hand that to :meth:`unpin`).
-
-        Where kernels run compiled, through an entry point bound on the first call that skips
-        numba's matching of the ten arguments' types (some 2 µs right after a long lookup,
-        each lease's take). ``fixed``, ``table`` and ``result`` are this object's own, made
-        with their dtypes in ``__init__``; the lookup's ``outs``, ``bounds``, ``offsets`` and
-        ``answers`` must be C-contiguous int64 of their dimensions: ``made_here`` says the
-        caller made them so (a lookup's own probe: its pass outputs and spans are allocated
-        so by the lookup), else each is checked (:func:`_int64_c`), and any that is not
-        goes through numba's dispatcher, which matches them."""
+        the bound entry point read the arrays (hand that to :meth:`unpin`). That entry point
+        skips numba's type matching, so ``outs``, ``bounds``, ``offsets`` and ``answers`` must
+        be C-contiguous int64 of their dimensions: ``made_here`` says the caller allocated them
+        so (a lookup's own probe); else each is checked (:func:`_int64_c`), and any other goes
+        through numba's dispatcher."""
         entry = self._take_entry
         bound = settings.enabled and len(outs) == self.count and (made_here or (
             _int64_c(outs, 1) and _int64_c((bounds,), 3) and _int64_c((offsets, answers), 2)))
@@ -394,9 +356,8 @@ class LeaseArrays:
 
     def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
               answers: NDArray[np.int64], groups: int, bound: bool) -> None:
-        """:func:`unpin_probed_loop` over the first ``groups`` of these groups, through the
-        bound entry point where the take's arrays were read through it (``bound``: what
-        :meth:`take` answered for them)."""
+        """:func:`unpin_probed_loop` over the first ``groups`` groups, through the bound entry
+        point only where ``bound`` (what :meth:`take` answered for these arrays)."""
         entry = self._unpin_entry
         if bound:
             if entry is None:

@@ -1,6 +1,5 @@
-"""Per-group helpers of a lease's pins: whether the blocks it holds are still as pinned, and
-which pins its give-back returns (the pins themselves are taken and given back in one compiled
-pass over every group, :mod:`kvfsm.lookup._lease_pass`).
+"""Per-group helpers of a lease's pins: whether its blocks are still as pinned, and which pins
+its give-back returns (the pins themselves move in :mod:`kvfsm.lookup._lease_pass`).
 """
 
 from __future__ import annotations
@@ -50,7 +49,6 @@ def _unpin_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.ui
                 run: int) -> None:
     """:func:`~kvfsm.state._touch.unpin_loop` as array operations."""
     if run != ONE_BY_ONE:
-        # A single run's whole chunks are its runs' (it is one): one rule for both.
         inside, chunks = run_chunks(ids, shift)
         chunks = chunks[chunk_pins[chunks] > 0]
         chunk_pins[chunks] -= np.uint16(1)
@@ -62,10 +60,9 @@ def _unpin_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.ui
 
 def given_back(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
                run: int = ONE_BY_ONE) -> IdArray:
-    """The blocks of ``ids`` whose pin a lease's give-back returns (``run``: how they
-    were pinned): all of them, but for blocks pinned one by one that are no longer at
-    ``epochs`` (a block inside a run's whole chunk always gives its pin back with the chunk).
-    What a lease's give-back tells pin observers; O(ids), on a path only they take."""
+    """The blocks of ``ids`` whose pin a give-back returns (``run``: how they were pinned):
+    all but those pinned one by one that are no longer at ``epochs`` (a block inside a run's
+    whole chunk gives its pin back with the chunk). For pin observers only."""
     moved = state.epoch[ids] != epochs
     if not moved.any():
         return ids
@@ -78,7 +75,7 @@ def given_back(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
 
 def first_moved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32]) -> int:
     """The first index into ``ids`` whose block is no longer at ``epochs``, no longer
-    readable, or was seen failing its checksum (a lookup recorded it); -1."""
+    readable, or was seen failing its checksum; -1 when none."""
     out = np.empty(1, dtype=np.int64)
     first_moved_kernel(ids, epochs, state.states, state.epoch, state.table.readable,
                        state.check, out)

@@ -1,14 +1,7 @@
-"""What a lease holds: taken on a lookup's verdict and prompt with no group changed since, in
-one compiled call over every group.
-
-Nothing moved since the lookup (each group's ``changes`` is as the lookup saw it), so every
-block is still as the lookup found it and only the pin limit is left to check. The blocks are
-read straight from the lookup's pass outputs (:class:`~kvfsm.lookup.Probe` ``passes``), and
-one pass pins and touches them all (:class:`~kvfsm.lookup._lease_pass.LeaseArrays`); the lease
-keeps those outputs and the pass's answer rows, and makes per-group views only when asked
-(its blocks, a validate after some group changed, a read that is not one run). An index's
-targets outside what the lease holds of their group are pinned through the core's ``pin``
-and kept beside (``targets``).
+"""What a lease holds: the lookup's pass outputs (:class:`~kvfsm.lookup.Probe` ``passes``) and
+the take's answer rows, with per-group views made only when asked. An index's targets outside
+what the lease holds of their group are pinned through the core's ``pin`` and kept beside
+(``targets``).
 """
 
 from __future__ import annotations
@@ -45,14 +38,10 @@ Targets = tuple[tuple[str, IdArray, NDArray[np.uint32]], ...]
 
 
 class ProbedHold(NamedTuple):
-    """What a lease taken in one pass (``LeaseBook._take_probed``) holds: the groups'
-    arrays, the lookup's pass per group (its outputs hold the ids and epochs), the outputs
-    and where in them the ids and epochs start, the answer row per group (columns of
-    :mod:`~kvfsm.lookup._buffers`: prompt blocks ``[LO, HI)``, how they were pinned,
-    whether they are one run at one epoch, the first id and epoch), the core's count of
-    changes to any group at the take, the groups holding blocks, and whether each of those
-    holds one run at one epoch (its read is then told from the answer rows alone), and the
-    index targets pinned beside them."""
+    """What a lease holds: the groups' arrays, the lookup's passes and outputs (with where the
+    ids and epochs start), the answer rows (:mod:`~kvfsm.lookup._buffers`), the core's change
+    count at the take, the groups holding blocks, whether each holds one run at one epoch,
+    and the index targets pinned beside."""
 
     arrays: LeaseArrays
     passes: Passes
@@ -67,19 +56,18 @@ class ProbedHold(NamedTuple):
     bound: bool
 
     def unchanged(self) -> bool:
-        """No group has changed since the take (so none of its blocks moved): O(1)."""
+        """No group has changed since the take (so none of its blocks moved)."""
         return self.arrays.change_count.total == self.changes
 
     def blocks(self, g: int, row: list[int]) -> tuple[NDArray[np.intp], NDArray[np.uint32]]:
-        """The ids and epochs group ``g`` holds (its answer ``row``): views of the lookup's
-        output."""
+        """The ids and epochs group ``g`` holds, as views of the lookup's output."""
         ids, epochs = probed_ids(self.outs[g], int(self.offsets[g][0]),
                                   int(self.offsets[g][1]), row[LO], row[HI])
         return ids.view(np.intp), epochs
 
     def views(self) -> list[tuple[int, NDArray[np.intp], NDArray[np.uint32], int, bool]]:
-        """Per group: its first prompt block, the ids and epochs held (views of the lookup's
-        output), how they were pinned, and whether they are one run at one epoch."""
+        """Per group: its first prompt block, the ids and epochs held (views), how they were
+        pinned, and whether they are one run at one epoch."""
         made = []
         for g, row in enumerate(self.answers.tolist()):
             ids, epochs = self.blocks(g, row)
@@ -87,9 +75,7 @@ class ProbedHold(NamedTuple):
         return made
 
     def report_read(self, core: StateCore) -> None:
-        """Tell ``core``'s observers the read a validated lease is about to do: from the
-        answer rows alone where every group holds one run at one epoch (the usual lease),
-        else as :meth:`reads`."""
+        """Tell ``core``'s observers the read a validated lease is about to do."""
         if self.one_runs and not self.targets:
             core.record_lease_runs(self.arrays.names, self.answers, self.holding,
                                    answer_runs)
@@ -97,8 +83,8 @@ class ProbedHold(NamedTuple):
             core.record_leased_reads(*self.reads())
 
     def reads(self) -> tuple[list[LeasedRead], list[LeasedRun]]:
-        """The read a validated lease reports: each group's blocks as a run where they are one
-        (no array looked at), else as arrays."""
+        """The read a validated lease reports: each group's blocks as a run where they are
+        one, else as arrays."""
         reads: list[LeasedRead] = []
         runs: list[LeasedRun] = []
         names = self.arrays.names
@@ -115,16 +101,13 @@ class ProbedHold(NamedTuple):
         return reads, runs
 
     def tell_pins(self, core: StateCore, delta: int) -> None:
-        """Tell ``core``'s pin observers of the pins this lease took (``delta`` 1, after the
-        take) or gave back (-1, after :meth:`unpin`): a run per group holding one run at one
-        epoch (the usual lease: from the answer rows, no array looked at), else its ids. A
-        give-back after the group changed tells only the pins given back
-        (:func:`~kvfsm.lookup._lease_pins.given_back`)."""
+        """Tell ``core``'s pin observers of the pins this lease took (``delta`` 1) or gave back
+        (-1, after :meth:`unpin`). A give-back after the group changed tells only the pins
+        given back (:func:`~kvfsm.lookup._lease_pins.given_back`)."""
         names, groups = self.arrays.names, self.arrays.groups
-        # Nothing changed since the take (no group's ``changes`` moved): every pin taken is
-        # given back.
+        # Nothing changed since the take: every pin taken is given back.
         whole = delta > 0 or self.unchanged()
-        if whole and self.one_runs:  # the usual lease: its answer rows as they are
+        if whole and self.one_runs:
             core.tell_lease_pins(names, self.answers, self.holding, delta, answer_runs)
             return
         runs: list[PinRun] = []
@@ -150,9 +133,9 @@ class ProbedHold(NamedTuple):
                           len(self.outs) if groups is None else groups, self.bound)
 
     def unpin_targets(self, core: StateCore) -> None:
-        """Give back the pins of the targets (through the core's ``unpin``, which tells its
-        observers), but on blocks whose epoch moved (their pin went with their content) or
-        whose pins someone released behind the lease's back."""
+        """Give back the targets' pins through the core's ``unpin``, but on blocks whose epoch
+        moved (their pin went with their content) or whose pins were released behind the
+        lease's back."""
         for name, ids, epochs in self.targets:
             state = core.group(name)
             kept = ids[(state.epoch[ids] == epochs) & (state.block_pins[ids] > 0)]
@@ -161,10 +144,9 @@ class ProbedHold(NamedTuple):
 
     def check(self) -> None:
         """LeaseLost naming the first block held that moved off its epoch, is no longer
-        readable, or that a lookup has since seen failing its checksum (its bytes are not
-        what was written: the read must not happen). (Its form needs no check of its own:
-        every row that changes a readable block's form bumps its epoch.) Only the groups that
-        changed since the take are looked at (and the targets)."""
+        readable, or has since been seen failing its checksum. Its form needs no check: every
+        row that changes a readable block's form bumps its epoch. Only groups changed since
+        the take, and the targets, are looked at."""
         names, groups = self.arrays.names, self.arrays.groups
         held = [(groups[g], ids, epochs) for g, (_, ids, epochs, _, _) in enumerate(self.views())
                 if groups[g].changes != self.passes[g][4]]
@@ -186,9 +168,9 @@ class ProbedHold(NamedTuple):
 
 
 def refuse_probed(hold: ProbedHold, stop: int) -> NoReturn:
-    """Raise why group ``stop`` refused a one-pass take (:attr:`LeaseArrays.take` answered
-    ``stop`` for it), after giving back the pins of the groups before it: a KvfsmError (an id
-    outside its group) or a StateError (a block already at ``MAX_PINS``)."""
+    """Give back the pins of the groups before ``stop``, then raise why group ``stop``
+    refused the take: a KvfsmError (an id outside its group) or a StateError (a block
+    already at ``MAX_PINS``)."""
     hold.unpin(stop)
     state, row = hold.arrays.groups[stop], hold.answers[stop].tolist()
     ids, _ = hold.blocks(stop, row)

@@ -2,8 +2,8 @@
 
 Per group a boolean "usable at L" over candidate lengths L (multiples of the LCM of the block
 sizes, below the prompt's last token); AND across groups; the largest L wins. A speculative-
-decoding drop of the last block is applied once, on the final vector: there is no loop in which
-groups shrink each other's candidates.
+decoding drop of the last block is applied once, to the final vectors: no loop in which groups
+shrink each other's candidates.
 """
 
 from __future__ import annotations
@@ -48,8 +48,6 @@ from kvfsm.state import StateCore
 from kvfsm.state._prompt import Prompt
 
 _DEFAULT_PROFILE = DeviceProfile()
-#: The levels and dtype every lookup compares or makes with (module globals read faster than
-#: members; a dtype object spares ``np.empty`` parsing one).
 _FULL: Final = Level.FULL
 _FAST: Final = Level.FAST
 _INT64: Final = np.dtype(np.int64)
@@ -65,9 +63,8 @@ def prompt_end(hit: int) -> Shortfall:
 
 @functools.lru_cache(maxsize=MAX_CACHED)
 def held_to(groups: HeldKey, usable: int) -> tuple[GroupVerdict, ...]:
-    """The verdicts of ``groups`` (name, kind's name, block size) that each hold to
-    ``usable`` tokens, hit as far, with no stop: values, shared by every lookup they answer,
-    keyed by those values alone."""
+    """The verdicts of ``groups`` (name, kind's name, block size) each holding to ``usable``
+    tokens with no stop (values: shared)."""
     return tuple([GroupVerdict(name, GroupKind[kind], block_size, usable, usable, usable, None)
                   for name, kind, block_size in groups])
 
@@ -117,9 +114,8 @@ def lookup(
 
     A lookup writes no state: the checksums it computed are in ``Verdict.checks`` for the
     caller to record (:meth:`StateCore.record_checks`; :class:`~kvfsm.Engine` does).
-    ``checksums=False`` leaves out the data checksums of layer 1 (for measuring the metadata
-    path alone); every other check still runs. ``max_tokens`` caps the candidate lengths
-    (none past it is looked at: the verdict's lengths are at most ``max_tokens``).
+    ``checksums=False`` leaves out layer 1's data checksums; every other check still runs.
+    ``max_tokens`` caps the candidate lengths (none past it is looked at).
     """
     if level.__class__ is not Level:
         level = as_level(level)
@@ -140,9 +136,7 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
                    ) -> Verdict:
     """:func:`lookup` of arguments already checked: ``level`` a Level, ``kernel_layouts``
     naming the core's groups, ``prompt`` made for the core (:meth:`Prompt.check_made_for`),
-    ``layout`` the core's :func:`layout_of` and ``max_tokens`` None or an int >= 0.
-    Positional: what an owner that checked them itself calls on every lookup
-    (:class:`~kvfsm.Engine` does)."""
+    ``layout`` the core's :func:`layout_of` and ``max_tokens`` None or an int >= 0."""
     n_tokens = prompt.n_tokens
     last = n_tokens - 1 if n_tokens > 1 else 0  # the last prompt token is always computed
     keep = True  # the candidates of the prompt's length (cached by it)
@@ -156,21 +150,16 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     lease_spans: LeaseSpans | None = cached_spans
     capped = core.restore_budget.capped
     made: list[GroupEval] = []
-    # What a lease reads of each group (its name, spans, pass output and hash words, and its
-    # change count now: a lease finding it unchanged needs no second look), and the
-    # checksums each computed, gathered as the groups are evaluated (a lookup changes
-    # nothing: the change counts are those at its end).
+    # Per group, what a lease reads (a lookup changes nothing: change counts are its end's).
     checks: list[Checks] = []
     found: list[Found] = []
-    # Groups whose blocks point into another group come after it (the index check reads
-    # the prompt's blocks of the target group, ``made[target_at]``).
+    # An index group comes after its target group (it reads ``made[target_at]``).
     for group, decl, target_at, known_here, spans in rows:
         words = prompt.words(decl.block_size)
         reads = (kernel_layouts.get(decl.name) if kernel_layouts else None) or decl.layout
         if spans.n != words[0].size:  # the prompt's words end before its tokens: own spans
             spans = spans_for(group, words[0].size, lengths, step)
             lease_spans = None
-        # Made without the constructor's checks and keywords: the arguments are made here.
         evaluation = _new_eval(GroupEval)
         evaluation._evaluate(group, words, lengths, level, profile,
                              made[target_at] if target_at >= 0 else None, checksums,
@@ -194,9 +183,8 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
             restorable_at = _largest(after, below=restorable_at)
         reasons.append(Shortfall(Reason.SPEC_DECODE_DROP, "*",
                                  detail="speculative decoding recomputes the last block"))
-    if usable_at > restorable_at:  # max(), without the builtin's call
+    if usable_at > restorable_at:
         restorable_at = usable_at
-    # Candidate index i is i * step tokens.
     usable, restorable, hit = usable_at * step, restorable_at * step, hit_at * step
     final = (count - 1) * step
     if layout.boundary:
@@ -209,8 +197,7 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     if lease_spans is None:
         lease_spans = lease_spans_of(layout.names, [e.spans for e in every])
     probe = make_probe(layout, prompt, found, usable_at, usable, lease_spans)
-    # Something to explain (a shortfall, a plan): each group's stop, the reasons and the plan
-    # are made when first read, from the pass outputs and a snapshot taken now.
+    # Something to explain: made when first read, from a snapshot taken now.
     if usable < final or restorable > usable:
         for e in every:
             e.freeze()  # every snapshot first: an index's reads its target group
@@ -222,18 +209,15 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
              "checks": tuple(checks), "probe": probe},
             functools.partial(_explain, every, step, count, hit, final, usable, restorable,
                               tuple(reasons)))
-    # Usable at the last candidate with no plan past it: every group holds there, so its own
-    # figures are the verdict's and it has no stop. Positional: the fields in declaration
-    # order (cheaper than keywords on every lookup).
+    # Usable at the last candidate: every group holds there, with no stop.
     return Verdict(n_tokens, hit, usable, restorable, usable, level,
                    held_to(layout.held_key, usable), tuple(reasons), (), tuple(checks), probe)
 
 
 def _explain(every: tuple[GroupEval, ...], step: int, count: int, hit: int, final: int,
              usable: int, restorable: int, head: tuple[Shortfall, ...]) -> Explanation:
-    """A verdict's groups, reasons (after ``head``, the prompt-level ones) and plan, from its
-    groups' evaluations (frozen at the lookup): why not the hit, and why not the whole prompt
-    (the windows of the two differ), each block named once."""
+    """A verdict's groups, reasons (after ``head``) and plan, from the frozen evaluations:
+    why not the hit, and why not the whole prompt, each block named once."""
     evals = {e.decl.name: e for e in every}
     reasons = list(head)
     if usable < final:
@@ -241,7 +225,7 @@ def _explain(every: tuple[GroupEval, ...], step: int, count: int, hit: int, fina
         reasons += at_hit
         if final != hit:
             at_final = _shortfalls(evals, final, usable)
-            if at_hit:  # each block named once (hashing a shortfall is not free)
+            if at_hit:
                 named = set(at_hit)
                 at_final = [shortfall for shortfall in at_final if shortfall not in named]
             reasons += at_final
@@ -251,15 +235,15 @@ def _explain(every: tuple[GroupEval, ...], step: int, count: int, hit: int, fina
 
 
 def _common_lasts(evals: tuple[GroupEval, ...]) -> tuple[int, int, int]:
-    """Per per-length row (HIT, NOW, AFTER): the last candidate index where every group's
-    row holds (0 when none). No group's holds past its own last, so where all hold at the
-    least of those, that is it; else the rows (not prefixes: windows, snapshots) are ANDed."""
+    """Per row (HIT, NOW, AFTER): the last candidate index where every group's row holds (0
+    when none). Rows are not prefixes (windows, snapshots), so where the groups' lasts differ
+    the rows are ANDed."""
     first = evals[0].largest
     for e in evals:
         if e.largest != first:
             break
     else:
-        return first  # each holds at its own last (or all are 0): the common case
+        return first  # each holds at its own last (or all are 0)
     lasts = []
     for row in (HIT, NOW, AFTER):
         each = [e.largest[row] for e in evals]
@@ -273,7 +257,7 @@ def _common_lasts(evals: tuple[GroupEval, ...]) -> tuple[int, int, int]:
 
 
 def _and(evals: tuple[GroupEval, ...], row: int) -> NDArray[np.bool_]:
-    """The groups' per-length rows ``row`` ANDed (a fresh array)."""
+    """The groups' rows ``row`` ANDed (a fresh array)."""
     out: NDArray[np.bool_] = evals[0].row(row).copy()
     for e in evals[1:]:
         out &= e.row(row)
@@ -281,10 +265,9 @@ def _and(evals: tuple[GroupEval, ...], row: int) -> NDArray[np.bool_]:
 
 
 def _admitted(core: StateCore, evals: tuple[GroupEval, ...]) -> NDArray[np.bool_] | bool:
-    """Per candidate length: the restores every group's plan begins there fit, together, the
-    core-wide room in operations and bytes (each group checked its own share alone), so the
-    verdict never offers a plan the admission gate would refuse. True where nothing is capped
-    or at most one group restores."""
+    """Per candidate length: every group's restores fit the core-wide room together (each
+    group checked only its own share), so no verdict offers a plan the admission gate would
+    refuse. True where nothing is capped or at most one group restores."""
     budget = core.restore_budget
     if not budget.capped:
         return True
@@ -322,9 +305,8 @@ def _group_verdict(e: GroupEval, step: int, count: int) -> GroupVerdict:
 
 
 def _boundary(layout: LookupLayout, chains: list[int], last: int, hit: int) -> Shortfall | None:
-    """The block-boundary shortfall where the prefix groups' hash chains (``chains``, in
-    tokens, each on its own) reach together past the hit at a finer block than the
-    candidate lengths' step, else None."""
+    """The block-boundary shortfall where the prefix groups' chains (in tokens) reach
+    together past the hit at a finer block than the step, else None."""
     covered = min(min(chains), last)
     finest = layout.finest_prefix
     if covered // finest * finest <= hit:
@@ -335,9 +317,8 @@ def _boundary(layout: LookupLayout, chains: list[int], last: int, hit: int) -> S
 
 
 def _shortfalls(evals: dict[str, GroupEval], length: int, usable: int) -> list[Shortfall]:
-    """Every block-level reason why the prompt is not usable at ``length`` (the hit): per
-    group and reason its first :data:`MAX_LISTED` blocks, in block order (every failing
-    block classified at once: a miss of thousands of blocks lists a few dozen)."""
+    """Every block-level reason why the prompt is not usable at ``length``: per group and
+    reason its first :data:`MAX_LISTED` blocks, in block order."""
     out: list[Shortfall] = []
     if length <= usable:
         return out
@@ -360,8 +341,8 @@ def _shortfalls(evals: dict[str, GroupEval], length: int, usable: int) -> list[S
 
 
 def _plan(evals: dict[str, GroupEval], length: int) -> tuple[RestoreStep, ...]:
-    """The restores (paths from the table) that make every block needed at ``length`` usable:
-    the blocks' states in one gather, each distinct state's path, name and tier once."""
+    """The restores (paths from the table) that make every block needed at ``length``
+    usable."""
     steps: list[RestoreStep] = []
     for name, e in evals.items():
         index, compressed = e.failing(length)
@@ -371,7 +352,6 @@ def _plan(evals: dict[str, GroupEval], length: int) -> tuple[RestoreStep, ...]:
         table, states_at, _, _ = e.frozen()
         states = states_at[index]
         paths = e.paths
-        # Per (state, needed compressed): the step's state name, tier and path.
         known: dict[tuple[int, bool], tuple[str, Tier | None, tuple[Event, ...]]] = {}
         for i, block, state, residency, c in zip(
                 index.tolist(), ids.tolist(), states.tolist(),

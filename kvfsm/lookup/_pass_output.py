@@ -1,10 +1,6 @@
-"""One group pass's output read back: its per-block and per-length parts, the blocks failing at a
-length, why each fails, and the snapshot of the core those reasons read.
-
-:class:`~kvfsm.lookup._group_eval.GroupEval` runs the pass (:mod:`kvfsm.lookup._group_pass`)
-and is a :class:`PassOutput`; what is here only reads what the pass wrote (views made when
-first read: a lookup reads few of them) and, for a verdict explained later, the snapshot taken
-before the lookup returned (:meth:`PassOutput.freeze`), never the core's state now.
+"""One group pass's output read back: its parts, the blocks failing at a length and why. It
+reads only what the pass wrote and the snapshot taken before the lookup returned
+(:meth:`PassOutput.freeze`), never the core's state now.
 """
 
 from __future__ import annotations
@@ -48,12 +44,10 @@ Bools = NDArray[np.bool_]
 
 
 class Frozen(NamedTuple):
-    """What explaining a group's verdict reads of the core, as it was when the verdict was
-    made (:meth:`PassOutput.freeze`): the group's table, each prompt block's lifecycle state
-    (0 where missing), whether its recorded data check failed (None: not read), and for a
-    sparse index whether each row that fails its reference check has a stale or dead
-    reference (None: the group has no index). A later change to the core cannot alter an
-    explanation made from it."""
+    """What explaining a group's verdict reads of the core, as it was at the lookup: the
+    table, each block's state (0 where missing), whether its recorded check failed (None: not
+    read), and for an index whether each failing row has a stale or dead reference (None: no
+    index)."""
 
     table: CompiledTable
     states: NDArray[np.uint8]
@@ -63,20 +57,16 @@ class Frozen(NamedTuple):
 
 class PassOutput:
     """One group's pass output and what reading it back needs (set by
-    :class:`~kvfsm.lookup._group_eval.GroupEval`, which runs the pass): views of its parts,
-    the failing blocks at a length, their reasons, and the snapshot explanations read."""
+    :class:`~kvfsm.lookup._group_eval.GroupEval`, which runs the pass)."""
 
-    #: Everything the last pass wrote (:func:`~kvfsm.lookup._group_pass.out_offsets`).
+    #: Everything the last pass wrote (:func:`~kvfsm.lookup._buffers.out_offsets`).
     _out: NDArray[np.int64]
-    #: Its byte part (facts, then the flag rows) as a view, made on first read (None until).
     _raw: NDArray[np.uint8] | None
-    #: The prompt's blocks in this group, and the candidate lengths (tokens).
     n: int
     lengths: NDArray[np.int64]
-    #: The kind's spans over them, the declaration, and the group and statics evaluated
-    #: (after :meth:`detach`, a record of what explaining reads of both).
     spans: Spans
     decl: GroupDecl
+    #: After :meth:`detach`, ``group`` and ``_statics`` are a record of what explaining reads.
     group: GroupState
     _statics: Statics
     #: The index's target group's evaluation (None: not an index, or detached).
@@ -84,17 +74,14 @@ class PassOutput:
     _has_index: bool
     #: The pass read the recorded data checks (not the caller's answers).
     _recorded_checks: bool
-    # Absent unless this lookup computed them (class defaults: most lookups never do).
     #: Layer 4 per block, where the pools do not guarantee alignment.
     align_ok: Bools | None = None
     #: Layer 1 per block, where this lookup computed data checksums.
     checksum_ok: Bools | None = None
-    #: What the kind needs at each length a verdict asked about (:meth:`_need`; None until).
     _needs: dict[int, tuple[int, int, int, bool]] | None = None
-    #: What the snapshot adds to the pass's output: the group's table, an index's stale rows,
-    #: and whether the recorded checks were copied (:meth:`freeze`; None until).
+    #: What :meth:`freeze` adds to the pass's output: the table, an index's stale rows, and
+    #: whether the recorded checks were copied.
     _snapshot: tuple[CompiledTable, Bools | None, bool] | None = None
-    #: The snapshot as explanations read it (:meth:`frozen`; None until).
     _frozen: Frozen | None = None
 
     @property
@@ -107,7 +94,7 @@ class PassOutput:
         """The restore paths of the group's table (as this lookup used them)."""
         return self._statics.paths
 
-    # -- the pass's output, as views made when read (out_offsets' layout) -------------------
+    # -- the pass's output ---------------------------------------------------------------------
 
     def _bytes(self) -> NDArray[np.uint8]:
         """The byte part of the output: a fact byte per block, then the flag rows."""
@@ -201,9 +188,7 @@ class PassOutput:
 
     def _need(self, length: int) -> tuple[int, int, int, bool]:
         """Blocks ``[lo, hi)`` needed at ``length`` (not clipped to the prompt's), those before
-        ``cut`` compressed, and whether the kind can serve ``length`` at all: read off the
-        spans at a candidate length, else asked of the kind's rule (kept per length: a
-        verdict asks of the same few lengths several times)."""
+        ``cut`` compressed, and whether the kind can serve ``length`` at all (cached)."""
         needs = self._needs
         if needs is None:
             needs = self._needs = {}
@@ -235,8 +220,8 @@ class PassOutput:
         return (lo, cut, NOW_CMP), (cut, hi, NOW_RAW)
 
     def failing(self, length: int) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
-        """The needed blocks at ``length`` that are not usable now, in order, and their needed
-        form: slices of the usable-now rows (a block from the prompt's last on is missing)."""
+        """The needed blocks at ``length`` not usable now, in order, and whether each is
+        needed compressed (a block past the prompt's end is missing)."""
         n = self.n
         parts = []
         forms = self._forms(length)
@@ -255,8 +240,7 @@ class PassOutput:
         return index, index < forms[0][1]  # before the compressed blocks' end
 
     def first_failing(self, length: int) -> tuple[int, bool] | None:
-        """The first of :meth:`failing` (its index and needed form), found without listing
-        the others; None where every needed block is usable now."""
+        """The first of :meth:`failing`, without listing the others; None where none fails."""
         n = self.n
         for start, end, row in self._forms(length):
             inside_end = min(end, n)
@@ -270,12 +254,9 @@ class PassOutput:
         return None
 
     def freeze(self) -> None:
-        """Take the snapshot every explanation of this evaluation reads (:meth:`frozen`):
-        what :meth:`reason` and :meth:`reason_codes` read of the core. A lookup takes it
-        before it returns, so a verdict's reasons and plan, made when first read, say what
-        was so at the lookup: the blocks' states and recorded checks copied into the pass
-        output's snapshot rows (one compiled call), the group's table and, for a sparse
-        index with rows whose references failed, whether each is stale."""
+        """Take the snapshot :meth:`reason` and :meth:`reason_codes` read of the core. A
+        lookup takes it before it returns, so reasons and plans made later say what was so at
+        the lookup."""
         if self._snapshot is not None:
             return
         group = self.group
@@ -295,7 +276,7 @@ class PassOutput:
         self._snapshot = (group.table, stale, record_failed)
 
     def frozen(self) -> Frozen:
-        """The snapshot (:meth:`freeze`, taken on the first call where the lookup did not)."""
+        """The snapshot (:meth:`freeze`, taken now where the lookup did not)."""
         frozen = self._frozen
         if frozen is not None:
             return frozen
@@ -308,9 +289,9 @@ class PassOutput:
         return frozen
 
     def detach(self) -> None:
-        """Let go of the group's live state and of its statics' arrays and pool, after
-        :meth:`freeze` has read what explaining needs of them: an evaluation a verdict keeps
-        to explain itself later holds the pass's output and the snapshot, not the core."""
+        """Let go of the group's live state and its statics' arrays and pool, after
+        :meth:`freeze`: a verdict explained later holds the output and snapshot, not the
+        core."""
         self.freeze()
         kept = self._statics.kept
         # Read afterwards only through the names the group and the statics share with it.
@@ -319,9 +300,8 @@ class PassOutput:
         self._history = None
 
     def _missing(self) -> Reason:
-        """Why a needed block not in the hash map fails: the kind's reason (a window block
-        missing is ``WINDOW_MISMATCH``) where the group holds some block of the prompt, else
-        ``NOT_CACHED`` (a prompt the group never cached is no window mismatch)."""
+        """Why a needed block not in the hash map fails: the kind's reason where the group
+        holds some block of the prompt, else ``NOT_CACHED``."""
         missing = self.rule.missing
         if missing is Reason.NOT_CACHED or missing is None:
             return Reason.NOT_CACHED
@@ -329,9 +309,8 @@ class PassOutput:
         return missing if held else Reason.NOT_CACHED
 
     def reason_codes(self, index: NDArray[np.int64], compressed: Bools) -> Codes:
-        """Why each block ``index[i]`` is not usable now in its needed form, as codes
-        (:data:`~kvfsm.lookup._why.BY_CODE`; 0 where it is): :meth:`reason` of many blocks
-        at once, for listing them."""
+        """:meth:`reason` of many blocks at once, as codes (:data:`~kvfsm.lookup._why.BY_CODE`;
+        0 where usable)."""
         frozen = self.frozen()
         return reason_codes(
             index, compressed, n=self.n, facts=self.facts, states=frozen.states,
@@ -342,9 +321,7 @@ class PassOutput:
 
     def reason(self, index: int, compressed: bool) -> Reason | None:
         """Why block ``index`` is not usable now in the needed form (None when it is): the
-        first check it fails, in the order the layers apply. One block, read as the rule
-        states it (a verdict's per-group stop); :meth:`reason_codes` answers the same for
-        many blocks in array operations, and a test holds the two to each other."""
+        first check it fails, in layer order. A test holds :meth:`reason_codes` to it."""
         if index >= self.n:
             return self._missing()
         facts = int(self.facts[index])

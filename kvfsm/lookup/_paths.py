@@ -1,14 +1,10 @@
 """Restore paths derived from the lifecycle table, never hand-written (classification gate).
 
-For each state and each form a kernel may need, the shortest sequence of events that reaches a
-readable state of that form while the content stays complete the whole way (a restore never
-drops content: paths through ``free`` are recomputation, not restoration).
-
-Among paths equally short, one that completes a spill in flight (``spill_done``) is taken only
-where no other is as short: the spill's copy is its owner's to finish, and a plan declaring it
-done would load a copy that may not be there yet. From a state spilling into a stored tier
-(``spilling_disk``: the host copy still authoritative) the plan cancels the spill
-(``spill_fail``) and restores from the copy it already has, the nearer tier.
+For each state and form, the shortest event sequence to a readable state of that form with the
+content complete the whole way (paths through ``free`` are recomputation, not restoration).
+A path completing a spill in flight (``spill_done``) is taken only where no other is as short:
+the spill is its owner's to finish, and its copy may not be there yet. From ``spilling_disk``
+(host copy still authoritative) the plan cancels the spill and restores from the host.
 """
 
 from __future__ import annotations
@@ -49,7 +45,7 @@ class RestorePaths:
         self.restores_by_form = np.stack([self.restores[Form.RAW],
                                           self.restores[Form.COMPRESSED]])
         self.restores_by_form.setflags(write=False)
-        # One code per state so a lookup turns every per-state fact into a single gather.
+        # One code per state: every per-state fact in a single gather.
         readable = table.readable
         self.code = (
             (readable & (self.form == FORM_RAW)) * READABLE_RAW
@@ -62,8 +58,7 @@ class RestorePaths:
         return self.paths[form][state]
 
 
-#: The order a state's events are tried in: breadth first, so among equally short paths the
-#: first found wins, and completing a spill in flight comes last (see the module's text).
+#: Events in try order: the first found of equally short paths wins, so ``spill_done`` last.
 _EVENT_ORDER = (*(event for event in Event if event is not Event.SPILL_DONE), Event.SPILL_DONE)
 
 

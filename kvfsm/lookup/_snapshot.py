@@ -1,15 +1,8 @@
-"""A verdict's snapshot of the core: what explaining it later reads besides the lookup's pass
-output, copied into that output in one compiled call per group.
+"""A verdict's snapshot of the core: what explaining it later reads besides the pass output.
 
-A verdict with something to explain is explained when first read
-(:mod:`kvfsm.lookup._explained`), maybe after the core has changed, so before the lookup
-returns each group keeps what the explanation will read of the core: each prompt block's
-lifecycle state and whether its recorded data check had failed. As NumPy gathers that was
-four calls a group, most of a partial hit's cost over a full one at short prompts; here it is
-one loop into the snapshot rows the pass output leaves room for
-(:func:`~kvfsm.lookup._group_pass.snapshot_rows`). The pass itself does not write them: a full
-hit, most lookups, never reads them, and two more stores a block slowed its loop by 4-7 % at
-131 072 tokens.
+A verdict is explained when first read (:mod:`kvfsm.lookup._explained`), maybe after the core
+changed, so before the lookup returns each group copies what it will read into its output's
+snapshot rows (:func:`~kvfsm.lookup._buffers.snapshot_rows`).
 """
 
 from __future__ import annotations
@@ -29,7 +22,6 @@ from kvfsm.lookup._buffers import (
 )
 from kvfsm.state import FAILED
 
-#: Recorded check states as :mod:`kvfsm.state` keeps them (a module global the kernel reads).
 _FAILED = FAILED
 
 
@@ -46,8 +38,7 @@ def _take_snapshot_twin(out: NDArray[np.int64], n: int, count: int,
 
 
 def _take_snapshot_example() -> tuple[object, ...]:
-    """The call site's types: a pass output (fresh int64), the group's states and checks
-    (read-only views of the core's arrays)."""
+    """The call site's types: a fresh pass output, read-only states and checks."""
     out = np.zeros(out_offsets(1, 1)[3], dtype=np.int64)
     out[N_SCALARS + 1] = 0  # block 0
     return (out, 1, 1, read_only(np.zeros(1, dtype=np.uint8)),
@@ -58,9 +49,8 @@ def _take_snapshot_example() -> tuple[object, ...]:
         calls=(out_offsets, snapshot_at))
 def take_snapshot(out: NDArray[np.int64], n: int, count: int, states: NDArray[np.uint8],
                   check: NDArray[np.uint8], record_failed: bool) -> None:
-    """Into the snapshot rows of a group pass's output ``out`` (``n`` blocks, ``count``
-    candidate lengths), per prompt block: its lifecycle state in ``states`` (0 where missing),
-    and, with ``record_failed``, whether its recorded check in ``check`` is FAILED (else 0)."""
+    """Into the snapshot rows of ``out``, per prompt block: its state (0 where missing) and,
+    with ``record_failed``, whether its recorded check is FAILED (else 0)."""
     ids_at, _, bytes_at, _ = out_offsets(n, count)
     at = snapshot_at(n, count)
     raw = out[bytes_at:].view(np.uint8)

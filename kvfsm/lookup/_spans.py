@@ -16,14 +16,12 @@ Bools = NDArray[np.bool_]
 
 class Spans:
     """A kind's needed block spans at every candidate length, clipped to the ``n`` blocks the
-    prompt has, with what every "usable at L" evaluation of the group shares computed once."""
+    prompt has; read-only, shared by every lookup of the prompt length."""
 
     def __init__(self, need: Needed, n: int) -> None:
-        #: The prompt's blocks the spans are clipped to.
         self.n = n
-        #: ``lo``, ``cut`` and ``hi`` as the kind needs them, not clipped (a block from ``n``
-        #: on is missing), as one read-only ``[3, lengths]`` array, and per length whether
-        #: the kind can serve it at all (None: every length): what reasons read.
+        #: ``lo``, ``cut`` and ``hi`` unclipped (a block from ``n`` on is missing), and per
+        #: length whether the kind can serve it (None: every length): what reasons read.
         self.needed = np.stack([need.lo, need.cut, need.hi]).astype(np.int64)
         self.needed.setflags(write=False)
         self.servable = None if need.servable is None else need.servable.astype(np.bool_)
@@ -32,41 +30,30 @@ class Spans:
         self.hi = np.minimum(need.hi, n)
         self.cut = np.minimum(need.cut, self.hi)
         self.lo = np.minimum(need.lo, self.cut)
-        #: Every needed block exists in the prompt (an empty span needs none), and the kind
-        #: can serve the length at all.
+        #: Every needed block exists in the prompt, and the kind can serve the length.
         inside = (need.hi <= n) | (need.lo >= need.hi)
         self.base: Bools = inside if need.servable is None else inside & need.servable
         self.base.setflags(write=False)
         self.reads_compressed = bool((self.lo < self.cut).any())
-        #: ``lo``, ``cut``, ``hi`` and ``base`` (0 or 1) as one read-only ``[4, lengths]``
-        #: array: the pass's ``spans`` (rows SPAN_*).
+        #: The pass's ``spans`` (rows SPAN_*).
         self.rows = np.stack([self.lo, self.cut, self.hi, self.base]).astype(np.int64)
         self.rows.setflags(write=False)
-        # Always so (a fresh stack cast to int64), checked once here: the lookup's first group
-        # pass reads the rows through an entry point compiled for this type alone
-        # (GroupEval._pass).
+        # The group pass reads the rows through an entry point compiled for this layout alone.
         if not (self.rows.ndim == 2 and self.rows.flags.c_contiguous):
             raise AssertionError(f"spans rows of another layout: {self.rows.flags}")
-        #: Above 0 where the spans are a raw prefix's (every length served, nothing before
-        #: its first block or compressed, ``hi`` this step times the length's index): the
-        #: pass computes them instead of reading them.
+        #: Above 0 where the spans are a raw prefix's (``hi`` this step times the length's
+        #: index): the pass computes them.
         self.prefix_step = _prefix_step(self.rows)
-        #: ``lo``, ``cut`` and ``hi`` as one read-only ``[3, lengths]`` array.
         self.bounds = self.rows[:3]
-        #: Where the group pass's output over these spans puts the block ids, the epochs and
-        #: the bytes, and its size (out_offsets).
         self.out_at = out_offsets(n, self.lo.size)
         self.out_size = self.out_at[3]
-        #: Where the block ids and the epochs start, and the word counting the blocks from
-        #: the first that are one run at one epoch, as an array (a lease's one compiled pass
-        #: over every group reads them there).
+        #: The word offsets of the ids, the epochs and ONE_RUN_BLOCKS, for a lease's take.
         self.out_words = np.array((*self.out_at[:2], ONE_RUN_BLOCKS), dtype=np.int64)
         self.out_words.setflags(write=False)
 
 
 def _prefix_step(rows: NDArray[np.int64]) -> int:
-    """The step of ``hi`` where the spans ``rows`` are a raw prefix's (see
-    :attr:`Spans.prefix_step`), else 0."""
+    """:attr:`Spans.prefix_step` of ``rows``."""
     lo, cut, hi, base = rows
     if hi.size < 2 or lo.any() or cut.any() or not base.all():
         return 0
@@ -77,8 +64,7 @@ def _prefix_step(rows: NDArray[np.int64]) -> int:
 
 
 def spans_for(group: GroupState, n: int, lengths: NDArray[np.int64], step: int) -> Spans:
-    """The group's spans over ``lengths`` (``[0, step, ...]``) for a prompt of ``n`` blocks
-    (read-only; a lookup keeps them per prompt length: :meth:`LookupLayout.spans_at`)."""
+    """The group's read-only spans over ``lengths`` for a prompt of ``n`` blocks."""
     spans = Spans(group.rule.needed(group.decl, lengths), n)
     for array in (spans.lo, spans.cut, spans.hi):
         array.setflags(write=False)
@@ -87,6 +73,5 @@ def spans_for(group: GroupState, n: int, lengths: NDArray[np.int64], step: int) 
 
 def usable_at(spans: Spans, ok_raw: Bools, ok_cmp: Bools) -> Bools:
     """Per candidate length: every block the kind needs there is ok in its form: ``ok_cmp``
-    over ``[lo, cut)``, ``ok_raw`` over ``[cut, hi)``. O(n + lengths) with prefix sums, exact
-    for kinds whose needed blocks are not a prefix (the pass's NumPy twin, for one vector)."""
+    over ``[lo, cut)``, ``ok_raw`` over ``[cut, hi)``."""
     return usable_over(spans.lo, spans.cut, spans.hi, spans.base, ok_raw, ok_cmp)

@@ -1,10 +1,6 @@
-"""What every lookup of one group passes to its group pass unchanged, made once per group, reading
-layout and device profile (:class:`Statics`, :func:`statics_for`), and the device-alignment facts
-of its pool.
-
-The group's metadata arrays are fixed buffers the core writes in place, and the per-layout and
-per-state facts, the index's references and the parameters that never change are packed once,
-so a lookup hands the pass one address table instead of sixteen arrays.
+"""What every lookup of one group passes to its group pass unchanged (:class:`Statics`, made
+once per reading layout and device profile: the metadata arrays are fixed buffers the core
+writes in place), and the device-alignment facts of its pool.
 """
 from __future__ import annotations
 
@@ -27,22 +23,19 @@ from kvfsm.state import GroupState
 
 Bools = NDArray[np.bool_]
 
-# Stand-ins for a group without an index (the pass reads none of them; read-only like the
-# core's arrays, so the call compiles to the same version): its references and its target
-# group's epochs, states and positions.
+# A non-index group's references and target arrays (never read; read-only like the core's
+# arrays, so the call compiles to the same version).
 _NO_TARGETS = (np.full((1, 1), -1, dtype=np.int32), np.zeros((1, 1), dtype=np.uint32),
                np.zeros(1, dtype=np.uint32), np.zeros(1, dtype=np.uint8),
                np.full(1, -1, dtype=np.int32))
 for _stand_in in _NO_TARGETS:
     _stand_in.flags.writeable = False
-#: The target states' "hashed" table of a group without an index (never read).
 _NO_HASHED = np.ones(1, dtype=np.bool_)
 
 
 class _Kept(NamedTuple):
-    """What explaining an evaluation reads of its group and of the group's statics once the
-    lookup is over (:meth:`~kvfsm.lookup._pass_output.PassOutput.detach`), under the names
-    both have."""
+    """What explaining reads of a group and its statics after
+    :meth:`~kvfsm.lookup._pass_output.PassOutput.detach`, under the names both have."""
 
     rule: KindRule
     name: str
@@ -55,10 +48,8 @@ _MAX_STATICS = 64
 
 class Statics:
     """What every lookup of one group under one reading layout and device profile passes to
-    the group pass unchanged: the group's metadata arrays (fixed buffers the core writes in
-    place), the per-layout and per-state facts, the index's references and its target group's
-    arrays, and the parameters that never change. Made once; :func:`statics_for` makes a new
-    one when something it was made from is replaced (the table, a new recorded layout)."""
+    the group pass unchanged. :func:`statics_for` makes a new one when something it was made
+    from is replaced (the table, a new recorded layout)."""
 
     __slots__ = ("aligned", "arrays", "entry", "fixed", "fixed_table", "kept", "layout_ok",
                  "made_from", "paths", "pool", "restore_aligned", "settled_compressed", "table")
@@ -72,7 +63,6 @@ class Statics:
         self.table = group.hash_map
         self.paths = paths = made_from[3]
         self.pool = pool = group.pools[Tier.DEVICE]
-        #: Per layout id of the group: the reading kernel's layout accepts it.
         self.layout_ok = layout_ok = np.array([layout == reads for layout in group.layouts],
                                               dtype=np.bool_)
         layout_ok.setflags(write=False)
@@ -89,55 +79,43 @@ class Statics:
                        target.position)
             hashed = target.table.hashed
             target_settled_compressed = target.rule.settled_form is Form.COMPRESSED
-        #: The group's kind settles in the compressed form (else raw).
         self.settled_compressed = group.rule.settled_form is Form.COMPRESSED
         consts = pack_consts(group.full_sub_mask, self.restore_aligned, *sizes,
                              self.settled_compressed, layout_ok, paths.code,
                              paths.restores_by_form, hashed, target_settled_compressed)
-        #: What an evaluation keeps of the group and of these statics once its lookup is over
-        #: (:meth:`~kvfsm.lookup._pass_output.PassOutput.detach`): the same for every
-        #: evaluation made with them.
         self.kept = _Kept(group.rule, group.name, paths)
         table = self.table
-        #: The pass's arguments after the prompt's words, up to the prompt's history: the hash
-        #: table, the group's metadata, its index references and their targets, the consts.
+        #: The pass's arguments from ``slots`` to ``consts``.
         self.arrays = (table.slots, table.block_high, table.block_low, table.mapped,
                        group.states,
                        group.epoch, group.position, group.sub_blocks, group.layout_id,
                        group.check, *targets, consts)
-        #: The same arrays as one address table (None where one is laid out otherwise),
-        #: holding the arrays it addresses.
+        #: The same arrays as one address table holding them (None: some laid out otherwise).
         self.fixed_table = pack_fixed(self.arrays)
-        #: The table as a plain ndarray, as a compiled pass takes it (one argument instead of
-        #: sixteen): numba matches an ndarray subclass's type in Python, some 0.7 us a call,
-        #: a plain array's in C.
+        #: The table as a plain ndarray, as the compiled pass takes it.
         self.fixed = None if self.fixed_table is None else self.fixed_table.view(np.ndarray)
 
 
-#: A group's statics: by the ids of the reading layout and device profile (each entry holds
-#: both, and is compared with them by identity), and under None the one used last.
+#: A group's statics by the ids of the reading layout and profile (each entry holds both and
+#: is compared with them by identity), and under None the one used last.
 StaticsCache = dict[tuple[int, int] | None, "Statics"]
 
-#: Per group (weakly): its statics by the ids of the reading layout and device profile.
 _STATICS: weakref.WeakKeyDictionary[GroupState, StaticsCache] = \
     weakref.WeakKeyDictionary()
 
 
 def statics_for(group: GroupState, reads: Layout, profile: DeviceProfile,
                 known_here: StaticsCache | None = None) -> Statics:
-    """The group's :class:`Statics` for the layout ``reads`` and ``profile`` (cached in
-    ``known_here``, the group's own cache when None). Identity checks only: made again when
-    the group's table or its target's table is replaced (the restore paths follow from the
-    table), or the group records a new layout."""
+    """The group's :class:`Statics` for ``reads`` and ``profile`` (cached in ``known_here``,
+    the group's own cache when None). Made again when the group's or its target's table is
+    replaced, or the group records a new layout."""
     if known_here is None:
         known_here = _STATICS.get(group)
         if known_here is None:
             known_here = _STATICS[group] = {}
     table, target = group.table, group.target
     target_table = None if target is None else target.table
-    # The statics made or found last first (under None: a caller mostly reads with one layout
-    # and profile, and this spares making and hashing the key); each is compared below by
-    # identity with what it was made from, which it holds.
+    # The statics used last first; each is compared by identity with what it was made from.
     known = known_here.get(None)
     if known is None or known.made_from[0] is not reads or known.made_from[1] is not profile:
         key = (id(reads), id(profile))
@@ -163,8 +141,7 @@ def statics_for(group: GroupState, reads: Layout, profile: DeviceProfile,
 
 
 def _aligned_by_construction(pool: SlotPool, profile: DeviceProfile) -> bool:
-    """Every slot of ``pool`` meets ``profile``: its base and stride are multiples of the
-    base alignment and its stride of the size alignment (layer 4 then has nothing to check)."""
+    """Every slot of ``pool`` meets ``profile`` (layer 4 then has nothing to check)."""
     return data_ptr(pool.data) % profile.base_alignment == 0 and \
         pool.stride % profile.base_alignment == 0 and pool.stride % profile.size_alignment == 0
 
@@ -177,9 +154,8 @@ def alignment_guaranteed(pool: SlotPool, profile: DeviceProfile) -> bool:
 
 def slots_aligned(pool: SlotPool, profile: DeviceProfile, slots: NDArray[np.int32],
              readable: Bools) -> Bools | None:
-    """Layer 4 per prompt block: the device address and size of each readable block meet the
-    profile (None: all do). address = base + slot * stride: when base and stride are both
-    multiples of the required alignment every slot is aligned, exactly; else check each."""
+    """Layer 4 per prompt block: each readable block's device address and size meet the
+    profile (None: all do)."""
     base = data_ptr(pool.data)
     sized = pool.stride % profile.size_alignment == 0
     if base % profile.base_alignment == 0 and pool.stride % profile.base_alignment == 0:

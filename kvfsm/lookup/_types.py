@@ -98,10 +98,8 @@ class Checks:
 class ProbedGroup(NamedTuple):
     """What a lookup saw of one group's blocks at the verdict's usable length: the prompt's
     blocks ``[lo, hi)`` (``[lo, cut)`` read compressed, ``[cut, hi)`` raw), their ids and
-    their epochs then, and the hash words of block ``hi - 1`` (the chain covers every block
-    before it, so equal words mean the same prefix). An immutable named tuple compared by
-    identity (it holds arrays): a lease makes one per group, and an attrs value costs five
-    times more to make."""
+    epochs then, and the hash words of block ``hi - 1`` (the chain covers every block before
+    it, so equal words mean the same prefix). Compared by identity: it holds arrays."""
 
     group: str
     lo: int
@@ -110,8 +108,8 @@ class ProbedGroup(NamedTuple):
     ids: NDArray[np.intp]
     epochs: NDArray[np.uint32]
     last_words: tuple[int, int] | None
-    #: The group's ``changes`` when the lookup read it (-1: not known). Equal to the group's
-    #: count at a lease's take, every block is as the lookup saw it.
+    #: The group's ``changes`` when the lookup read it (-1: not known); unchanged at a take,
+    #: every block is as the lookup saw it.
     changes: int = -1
 
     def __eq__(self, other: object) -> bool:
@@ -125,12 +123,8 @@ class ProbedGroup(NamedTuple):
 
 
 class LeaseSpans(NamedTuple):
-    """What a lease's one-pass take reads of a lookup's spans, made once per prompt length
-    (the same object for every lookup of that length): the groups' names in lookup order,
-    every group's first and end prompt block needed at each candidate length
-    (``bounds[g, 0]``, ``bounds[g, 1]``), and where its pass output holds ids, epochs and
-    the count of its blocks from the first that are one run at one epoch (``offsets[g]``),
-    read-only."""
+    """What a lease's take reads of a lookup's spans, shared by every lookup of a prompt
+    length (:func:`~kvfsm.lookup._lookup_layout.lease_spans_of`), read-only."""
 
     names: tuple[str, ...]
     bounds: NDArray[np.int64]
@@ -140,18 +134,12 @@ class LeaseSpans(NamedTuple):
 class Probe:
     """The blocks a verdict called usable, as its lookup found them, so a lease on it pins
     them without probing and checking them again: its epochs prove nothing moved since.
-    ``core`` is a weak reference to the state core the lookup read; ``prompt`` the prompt it
-    looked up (a lease on that very prompt skips comparing hash words: a prompt only ever
+    ``core`` is a weak reference to the core; ``prompt`` the prompt looked up (a prompt only
     grows, so its blocks the lookup saw are still its blocks); ``groups`` are made on first
-    use from the lookup's arrays (most verdicts are never leased). ``exact``: the groups'
-    ids and epochs are views of a lookup's own output (int64 ids, uint32 epochs,
-    contiguous, writable); a probe made by hand is not, and its lease looks the prompt up
-    again.
-    ``passes``: per group in the lookup's order, ``(name, spans, out, words, changes)``, the
-    group pass's output over its spans and the group's change count then, with ``at`` the
-    candidate index of ``tokens`` (a lookup's probe: a lease on it reads the blocks straight
-    from the outputs, every group in one compiled call, with ``spans`` saying where, while
-    the core's count of changes to any group is still ``changes``)."""
+    use. ``exact``: the ids and epochs are views of a lookup's own output; a probe made by
+    hand is not, and its lease looks the prompt up again. ``passes``: per group
+    ``(name, spans, out, words, changes)``, read at candidate ``at`` where ``spans`` say,
+    while the core's change count is still ``changes``."""
 
     __slots__ = ("_groups", "_make", "at", "changes", "core", "exact", "passes", "prompt",
                  "spans", "tokens")
@@ -183,8 +171,7 @@ class Probe:
         return f"Probe(tokens={self.tokens})"
 
 
-# Not slotted: a frozen slotted class sets each field through object.__setattr__, a dict-backed
-# one writes its __dict__ directly, some 40 % less per verdict (one per lookup).
+# Not slotted: ExplainedLater fills fields in the instance's __dict__.
 @attrs.frozen(slots=False)
 class Verdict:
     """The answer to "can this prefix be reused right now, after which restores, or not"."""
@@ -227,8 +214,7 @@ class Verdict:
             key = (shortfall.reason, shortfall.group)
             counts[key] = counts.get(key, 0) + 1
         if counts:
-            # A verdict lists the first MAX_LISTED blocks per group and reason: at the cap,
-            # there may be many more.
+            # At MAX_LISTED blocks per group and reason there may be many more.
             lines.append("  reasons: " + ", ".join(
                 f"{reason.value}" + (f" ({group})" if group != "*" else "")
                 + (f" x{count}" if 1 < count < MAX_LISTED else "")

@@ -1,12 +1,9 @@
 """Why blocks are not usable: the reasons of many failing blocks of one group at once.
 
-A verdict lists, per group and reason, the first :data:`MAX_LISTED` blocks that fail. Each
-block's reason is the first check it fails, in the order the layers apply (found, placed,
-whole, the index's references, what its state allows in the needed form, layout, alignment,
-checksum). Here that order is applied to every failing block together, a few array operations
-per check, so a lookup that misses thousands of blocks (a prompt whose second half is new, a
-prefix spilled to host) costs array work over them and a Python object per *listed* block,
-not a Python call per failing block.
+Each block's reason is the first check it fails, in layer order (found, placed, whole, the
+index's references, what its state allows in the needed form, layout, alignment, checksum),
+applied here to every failing block together; a verdict lists, per group and reason, the
+first :data:`MAX_LISTED`.
 """
 
 from __future__ import annotations
@@ -69,19 +66,12 @@ def reason_codes(
     failed_checks: Bools | None,
 ) -> Codes:
     """Per block ``index[i]`` of the prompt (needed compressed where ``compressed[i]``), the
-    code (:data:`BY_CODE`) of the first check it fails, 0 where it passes every one.
-
-    Per prompt block (``n`` of them; an index from ``n`` on is missing): ``facts``, the group
-    pass's fact bytes; ``states``, the lifecycle states in ``table`` (read where found);
-    ``fit`` and ``stale``, a sparse index's reference checks and, where they fail, whether a
-    reference is stale or dead (None: the group has no index); ``align_ok`` and
-    ``checksum_ok``, layers 4 and 1 where the lookup computed them; ``failed_checks``, the
-    recorded check failed at the block's epoch (None: not read). ``missing``: the kind's
-    reason for a needed block that is not in the hash map."""
+    code (:data:`BY_CODE`) of the first check it fails, 0 where it passes every one. An index
+    from ``n`` on is missing; None for ``fit``/``stale`` (no index), ``align_ok``,
+    ``checksum_ok`` or ``failed_checks`` skips that check."""
     if not index.size or not n:  # none, or every one missing
         return np.full(index.size, CODE[missing], dtype=np.int16)
-    # The first check over every block at once (most are missing in a long miss): a block
-    # from the prompt's last on reads the last block's facts, and is missing anyway.
+    # A block from ``n`` on reads the last block's facts, and is missing anyway.
     at = np.minimum(index, n - 1)
     block_facts = facts[at]
     missing_now = (index >= n) | (block_facts & FOUND == 0)
@@ -97,7 +87,7 @@ def reason_codes(
         classes.name(unfit & stale[at], Reason.INDEX_STALE)
         if not classes.name(unfit, Reason.GROUP_GAP):
             return classes.codes
-    # What the state allows (only found blocks are left: their states are real).
+    # Only found blocks are left: their states are real.
     block_states = states[at]
     in_flight = table.in_flight[block_states]
     unreadable = block_facts & READABLE == 0

@@ -19,11 +19,10 @@ _WORD = np.dtype(np.uint64)
 class Prompt:
     """Tokens of one request and their block hashes for every block size the model uses.
 
-    Hashes are computed once, incrementally (as vLLM's requests keep them), so a lookup never
-    hashes: it only reads the words. A prompt is bound to the ``seed`` (model, layout version,
-    cache salt, hash function), the ``hash_function`` (one of
-    :data:`kvfsm.state.HASH_FUNCTIONS`) and the ``block_sizes`` it was made with;
-    :meth:`check_made_for` tells an engine whether it may use it.
+    Hashes are computed once, incrementally, so a lookup only reads the words. A prompt is
+    bound to the ``seed`` (model, layout version, cache salt, hash function), the
+    ``hash_function`` (one of :data:`kvfsm.state.HASH_FUNCTIONS`) and the ``block_sizes`` it
+    was made with; :meth:`check_made_for` tells an engine whether it may use it.
 
     What besides the token ids decides the request's KV is part of its hashes too: a
     ``namespace`` (a LoRA adapter's name, a tenant's cache salt: no block is shared with
@@ -39,25 +38,21 @@ class Prompt:
                  content_keys: Sequence[tuple[int, int, str | bytes]] | None = None) -> None:
         self._seed = bytes(seed)
         self._hash_function = check_hash_function(hash_function)
-        # Most prompts have neither key: checked and mixed only where given.
         self._namespace = b"" if namespace is None else namespace_of(namespace)
         self._content_keys = () if content_keys is None else content_keys_of(content_keys)
         self._block_sizes = tuple(sorted(set(block_sizes)))
         #: The last tuple of block sizes found kept (check_made_for), by identity.
         self._sizes_kept: tuple[int, ...] | None = None
         #: The ``token`` of the last owner whose :meth:`check_made_for` passed (None: none):
-        #: an owner finding its own token here, by identity, skips the check (a prompt's
-        #: seed, hash function and block sizes never change).
+        #: that owner may skip the check (what it checks never changes).
         self.checked_for: object = None
         root = namespace_root(self._seed, self._namespace, hash_function) \
             if self._namespace else self._seed
         self._hashes = {size: PrefixHashes(root, size, hash_function, self._content_keys)
                         for size in self._block_sizes}
-        #: Per block size, its hashes' words as :meth:`words` last returned them (every
-        #: lookup asks; emptied when tokens are added).
+        #: :meth:`words` by block size (emptied when tokens are added).
         self._words_at: dict[int, tuple[NDArray[np.uint64], NDArray[np.uint64]]] = {}
-        # Tokens so far live in _buffer[:_n_tokens]; the buffer doubles when full, so appending
-        # one token at a time stays amortized O(1).
+        # Tokens so far live in _buffer[:_n_tokens]; the buffer doubles when full.
         self._buffer = np.zeros(0, dtype=np.int64)
         self._n_tokens = 0
         self.extend(token_ids)
@@ -121,8 +116,7 @@ class Prompt:
             return
         end = self._n_tokens + tokens.size
         if not self._n_tokens and isinstance(token_ids, list | tuple):
-            # A list was just converted into an array nobody else holds: keep it, not a copy
-            # (it is exactly full, so the next extend moves the tokens to a growable buffer).
+            # An array made here from a list: nobody else holds it, so keep it uncopied.
             self._buffer = tokens
         elif end > self._buffer.size:
             grown = np.empty(max(end, 2 * self._buffer.size), dtype=np.int64)
@@ -140,8 +134,7 @@ class Prompt:
         """Raise :class:`ForeignPromptError` unless this prompt was made with ``seed`` (and
         ``hash_function``, where given) and keeps every one of ``block_sizes`` (``owner`` names
         the maker to use instead). Passed, it records ``token`` (where given) in
-        :attr:`checked_for`: an object the owner keeps for these arguments, so later calls can
-        compare it instead of checking again."""
+        :attr:`checked_for`, for the owner to compare instead of checking again."""
         if seed is not self._seed and bytes(seed) != self._seed:
             raise ForeignPromptError(
                 "prompt was made for another model, layout version, cache_salt or hash "
@@ -157,8 +150,7 @@ class Prompt:
                     f"prompt keeps block sizes {list(self._block_sizes)} but {owner} also "
                     f"needs {missing}; make it with {owner}.prompt(...)")
             if isinstance(block_sizes, tuple):
-                # Immutable: the same tuple asked again (an engine's per-group sizes, on every
-                # lookup) needs no second comparison.
+                # Immutable: the same tuple asked again needs no second comparison.
                 self._sizes_kept = block_sizes
         if token is not None:
             self.checked_for = token
@@ -174,8 +166,7 @@ class Prompt:
                 f"prompt keeps no hashes at block size {block_size} (it keeps "
                 f"{list(self._block_sizes)}); make it with the engine's prompt(...)")
         words = hashes.words()
-        # Checked once, where made: the lookup's first group pass reads the words through an
-        # entry point compiled for this type alone (see GroupEval._pass).
+        # The group pass reads the words through an entry point compiled for this type alone.
         for each in words:
             if each.dtype != _WORD or each.ndim != 1 or not each.flags.c_contiguous or \
                     not each.flags.writeable:

@@ -1,15 +1,6 @@
 """A use of blocks in one compiled pass: each is stamped with the use's tick and moved to the
-young end of its recency list, and, for a lease taking blocks a lookup has just seen usable,
-pinned once more first.
-
-A lease's take used to be two passes per group (pin, then touch), each a kernel call whose
-fixed cost, right after a long lookup has pushed everything out of cache, outweighed the work
-on the blocks. One pass per group reads the ids once for both: whether they are one run of
-consecutive ids (pinned by whole chunks, spliced to the list's tail whole) and whether they lie
-in the group. The recency lists themselves are :mod:`kvfsm.state._recency`'s.
-
-The loop that gives a lease's pins back (:func:`unpin_loop`) lives here too; the lease's
-one-pass take over every group (:mod:`kvfsm.lookup._lease_pass`) calls both loops.
+young end of its recency list (:mod:`kvfsm.state._recency`), and, for a lease, pinned once
+more first; and the loop that gives a lease's pins back (:func:`unpin_loop`).
 """
 
 from __future__ import annotations
@@ -28,12 +19,10 @@ NO_LIST: Final = -1
 NO_PINNING: Final = 0
 
 
-#: A group's record of one run of consecutive ids linked in order on one recency list
-#: (``linked_run``, int64): its first id, its length (0: no record) and its list. A touch that
-#: finds a batch of consecutive ids linked in order records them; a touch or a relink of any
-#: other batch holding an id of the run forgets it (only moving one of its blocks can break a
-#: link between two of them). A touch of ids inside the recorded run then knows they are
-#: linked in order without reading their links: a lease of a prompt leased before.
+#: A group's record (``linked_run``) of one run of consecutive ids linked in order on one
+#: list: first id, length (0: none), list. A touch finding such a batch records it; a touch or
+#: relink of any other batch holding an id of the run forgets it (only moving one of its
+#: blocks can break its links), so ids inside the record are linked in order unread.
 RUN_FIRST: Final = 0
 RUN_COUNT: Final = 1
 RUN_LIST: Final = 2
@@ -53,9 +42,9 @@ RUNS: Final = 2
 
 
 def run_chunks(ids: IdArray, shift: int) -> tuple[NDArray[np.bool_], NDArray[np.int64]]:
-    """How a pinning touch pins the distinct ``ids`` by runs: per id, whether it lies in a
-    whole chunk (of ``1 << shift`` ids) inside its maximal run of consecutive ids (pinned
-    through the chunk), and those chunks, in prompt order. (Every other id is pinned alone.)"""
+    """How a pinning touch pins the distinct ``ids``: per id, whether it lies in a whole chunk
+    (of ``1 << shift`` ids) inside its maximal run of consecutive ids (pinned through the
+    chunk; every other id alone), and those chunks, in prompt order."""
     count = ids.size
     if not count:
         return np.zeros(0, dtype=np.bool_), np.zeros(0, dtype=np.int64)
@@ -93,54 +82,32 @@ def _touch_known(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray
                  chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
                  linked_run: NDArray[np.int64], out: NDArray[np.int64], one_run: bool) -> None:
     """Blocks ``ids`` were used at ``tick``, in batch order: each gets ``last_use`` ``tick``
-    and, where its state (``states[block]``) puts it on a list, moves to that list's tail.
-    ``linked_run``: the group's record of a run linked in order (:data:`RUN_FIRST` ...):
-    consecutive ids inside it are known linked in order unread; a batch of consecutive ids
-    found linked in order becomes the record, and any other batch holding an id of the
-    recorded run forgets it.
+    and, where its state puts it on a list, moves to that list's tail (``linked_run``: see
+    :data:`RUN_FIRST`). With ``max_pins`` above 0 the distinct ``ids`` are first pinned once
+    more each, as :func:`run_chunks` says; ``out[2]`` tells how (:data:`ONE_BY_ONE` ...),
+    ``out[3]`` whether the ids are consecutive and ``seen`` all one value.
 
-    With ``max_pins`` above 0 the distinct ``ids`` (a lease's, seen at epochs ``seen``) are
-    first pinned once more each: where they are one run of consecutive ids spanning at least
-    one whole chunk of ``1 << shift`` ids, the whole chunks once each in ``chunk_pins`` and
-    only the ids at the two ends in ``pins`` (``out[2] = ONE_RUN``: given back so); else each
-    of their maximal runs of consecutive ids that spans a whole chunk so, and every other id
-    in ``pins`` (``out[2] = RUNS`` where some run was pinned by chunks, else ``ONE_BY_ONE``;
-    :func:`run_chunks` says which ids a chunk holds); ``out[3]``: the ids are consecutive and
-    ``seen`` all one value (a read the event log writes as one run). ``out[1]``: -1, or the
-    first index whose block (or its chunk) already holds ``max_pins`` pins, and then nothing
-    changes.
-
-    ``out[0]``: -1, or the index of the first id outside the blocks, and then nothing
-    changes. No gathers, masks or index lists: the range and run check, then (pinning) the
-    limits and the pins, then the moves; a batch that is one run of one list in batch order
-    is spliced to the tail whole.
-
-    ``one_run``: the caller knows the ids are consecutive and ``seen`` all one value (a
-    lookup counted them so), and neither is read here: the range of the run is checked
-    from its ends."""
+    ``out[0]``: -1, or the index of the first id outside the blocks; ``out[1]``: -1, or the
+    first index whose block (or chunk) already holds ``max_pins`` pins. On either refusal
+    nothing changes. ``one_run``: the caller knows the ids are consecutive and ``seen`` all
+    one value, so neither is read: the run's range is checked from its ends."""
     n = last_use.size
     out[0], out[1], out[2], out[3] = -1, -1, 0, 0
     count = ids.size
     if count == 0:
         return
     first = ids[0]
-    # Consecutive ids in range (a lease's usual batch): branch-free passes, which vectorize,
-    # over the ids and their links.
     off = 0
     if not one_run:
         for i in range(count):
             off |= ids[i] - (first + i)
     consecutive = off == 0 and first >= 0 and first + count <= n
-    # Whether the batch is one run of one list in batch order: a lease touches a prompt's
-    # blocks, which usually sit so (touched together before), and moving each to the tail in
-    # turn leaves that run at the tail, so it is spliced there whole (the same order, O(1)
-    # moves). Blocks linked to each other share a list, so only the first's is looked up.
+    # One run of one list in batch order is spliced to the tail whole: the order moving each
+    # in turn would leave. Linked blocks share a list, so only the first's is looked up.
     run = False
     listed = -1
     known_first, known_count = linked_run[RUN_FIRST], linked_run[RUN_COUNT]
     known_end = known_first + known_count
-    # Some id of the batch lies in the recorded run (then the record is kept only where the
-    # batch becomes the record).
     overlaps = False
     if consecutive:
         listed = list_of_state[states[first]]
@@ -150,14 +117,12 @@ def _touch_known(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray
                     known_first <= first and first + count <= known_end:
                 run = True  # inside the recorded run: linked in order, no link read
             else:
-                # Over a slice: indices from 0 need no negative-index check: it vectorizes.
                 links = next_[first:first + count - 1]
                 linked = 0
                 for i in range(links.size):
                     linked |= links[i] - (first + i + 1)
                 run = linked == 0
     else:
-        # One pass checks the range, the run and whether an id lies in the recorded run.
         run = count > 1
         for i in range(count):
             block = ids[i]
@@ -180,11 +145,8 @@ def _touch_known(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray
             for i in range(seen.size):
                 differ |= seen[i] ^ base
         out[3] = consecutive and differ == 0
-        # Each maximal run of consecutive ids (all of them where they are consecutive: no
-        # scan for breaks) pinned by the whole chunks inside it, its ends and every id of a
-        # run without a whole chunk one by one. Several runs come from a commit that made
-        # room (freed blocks first, then older free ids). Limits first (phase 0), in prompt
-        # order, then the pins (phase 1): nothing moves on a refusal.
+        # Limits first (phase 0), in prompt order, then the pins (phase 1): nothing moves on a
+        # refusal.
         chunked = False
         for phase in range(2):
             i = 0
@@ -231,8 +193,6 @@ def _touch_known(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray
                 i = j
         if chunked:
             out[2] = ONE_RUN if consecutive else RUNS
-    # The record: this batch where it is consecutive ids linked in order, else none where the
-    # batch holds an id of the recorded run (its moves may break the run's links).
     if run and consecutive:
         linked_run[RUN_FIRST], linked_run[RUN_COUNT], linked_run[RUN_LIST] = first, count, \
             listed
@@ -282,16 +242,14 @@ def _touch_known(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray
 def unpin_loop(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
                pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16], shift: int,
                run: int) -> None:
-    """Give back what a pinning touch (:func:`_touch_loop`) pinned on the distinct blocks
-    ``ids`` (``run``: its answer, how it pinned them: ``ONE_BY_ONE``, ``ONE_RUN`` or
-    ``RUNS``): one pin less on each whole chunk of a run, and on each other block still at
+    """Give back what a pinning touch pinned on the distinct blocks ``ids`` (``run``: its
+    ``out[2]``): one pin less on each whole chunk of a run, and on each other block still at
     its epoch ``recorded[i]`` (a moved block lost its pin with its content: another owner's
     pin is never taken); never below 0."""
     count = ids.size
     i = 0
     while i < count:
-        # The next run as the touch found it (the same ids, the same runs): the rest of the
-        # ids where they were pinned one by one or as one run, else up to the next break.
+        # The next run as the touch found it.
         start = ids[i]
         j = count
         if run == RUNS:
@@ -300,8 +258,7 @@ def unpin_loop(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uin
                 j += 1
         lo = (start + (1 << shift) - 1) >> shift
         hi = (start + (j - i)) >> shift
-        # Blocks pinned one by one: ``[i, head)`` and ``[tail, j)`` (all of them unless the
-        # run's whole chunks were pinned instead).
+        # Blocks pinned one by one: ``[i, head)`` and ``[tail, j)``.
         head, tail = j, j
         if run != ONE_BY_ONE and hi > lo:
             for chunk in range(lo, hi):
@@ -325,9 +282,7 @@ def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
                 seen: NDArray[np.uint32], pins: NDArray[np.uint16],
                 chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
                 linked_run: NDArray[np.int64], out: NDArray[np.int64]) -> None:
-    """:func:`_touch_loop` without numba: the range check, the pins, the stamps and each
-    block's list as array operations, and only the moves of blocks on a list as a Python
-    loop; the record of a run linked in order follows the same rule, every link read."""
+    """:func:`_touch_loop` in NumPy (the reference), every link read."""
     # Imported here: the recency lists' module uses this one's kernel.
     from kvfsm.state._recency import relink_loop
 
@@ -337,8 +292,6 @@ def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
         out[0] = outside[0]
         return
     count = ids.size
-    # Before any move: consecutive ids linked in order on one list become the record; any
-    # other batch holding an id of the recorded run forgets it.
     known_first, known_count = int(linked_run[RUN_FIRST]), int(linked_run[RUN_COUNT])
     overlaps = bool(((ids >= known_first) & (ids < known_first + known_count)).any())
     consecutive = count > 0 and bool((ids == ids[0] + np.arange(count)).all())
@@ -349,7 +302,6 @@ def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[
         out[3] = consecutive and bool((seen == seen[0]).all())
         inside, chunks = run_chunks(ids, shift)
         ends = ~inside
-        # The first block (in prompt order) held to the limit, by itself or by its chunk.
         full = np.flatnonzero(inside & (chunk_pins[ids >> shift] >= max_pins)
                               | ends & (pins[ids] >= max_pins))
         if full.size:
