@@ -655,12 +655,14 @@ def test_a_restore_into_another_slot_keeps_the_block_id_and_refuses_old_leases()
     """A prompt's blocks are offloaded to host (a leased block is left where it is), another
     prompt takes their device slots, and restoring the first puts its blocks in other slots.
     Block ids stay the same, the core reads each from its new slot (the committed bytes),
-    and a lease on the verdict taken before the swap raises LeaseLost."""
+    and a lease on the verdict taken before the swap holds the blocks as they are now (the
+    prompt looked up again: still usable), at their new epochs, never the old ones."""
     eng = engine(DENSE, device=12, host=16)
     first, second = TEXT, tokens(BLOCKS * BLOCK + 1, seed=2)
     eng.commit(first, payload=_content(0))
     ids = _ids(eng, "attn", first)
     slots = [eng.core.describe("attn", int(i)).slots[Tier.DEVICE] for i in ids.tolist()]
+    epochs = [eng.core.describe("attn", int(i)).epoch for i in ids.tolist()]
     before = eng.lookup(first)
     with eng.lease(before, first):
         assert eng.offload("attn", ids[:1]).tolist() == [False]
@@ -672,9 +674,13 @@ def test_a_restore_into_another_slot_keeps_the_block_id_and_refuses_old_leases()
     assert moved != slots
     assert eng.lookup(first).usable_tokens == WHOLE
     assert _readable_rows_hold(eng, first, 0) == BLOCKS
-    with pytest.raises(LeaseLost, match="moved"):
-        eng.lease(before, first)
-    eng.lease(eng.lookup(first), first).release()
+    with eng.lease(before, first) as lease:
+        assert lease.tokens == before.usable_tokens
+        assert lease.blocks("attn").tolist() == ids.tolist()
+        now = lease.epochs("attn").tolist()
+        assert now == [eng.core.describe("attn", int(i)).epoch for i in ids.tolist()]
+        assert all(new != old for new, old in zip(now, epochs, strict=True))
+        lease.validate()
 
 
 # -- 12. block-first versus K/V-first layout ------------------------------------------------------
