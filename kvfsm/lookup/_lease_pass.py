@@ -53,6 +53,7 @@ from kvfsm.lookup._buffers import (
 from kvfsm.lookup._lease_pins import _unpin_twin
 from kvfsm.state._group import MAX_PINS, GroupState
 from kvfsm.state._touch import (
+    TOUCH_CALLS,
     _touch_known,
     _touch_twin,
     no_linked_run,
@@ -245,7 +246,7 @@ def _take_example() -> tuple[object, ...]:
 
 
 take_probed_kernel = kernel(example=_take_example, twin=_take_twin,
-                            calls=(probed_ids, _touch_known))(take_probed_loop)
+                            calls=(probed_ids, *TOUCH_CALLS))(take_probed_loop)
 
 
 def _unpin_tables(groups: Sequence[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]

@@ -10,7 +10,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._jit import kernel, read_only
+from kvfsm._jit import inlined, kernel, read_only
 
 IdArray = NDArray[np.intp]
 #: ``list_of_state`` value of a state whose blocks sit on no recency list.
@@ -145,81 +145,116 @@ def _touch_known(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray
             for i in range(seen.size):
                 differ |= seen[i] ^ base
         out[3] = consecutive and differ == 0
-        # Limits first (phase 0), in prompt order, then the pins (phase 1): nothing moves on a
-        # refusal.
-        chunked = False
-        for phase in range(2):
-            i = 0
-            while i < count:
-                start = ids[i]
-                j = count
-                if not consecutive:
-                    j = i + 1
-                    while j < count and ids[j] == ids[j - 1] + 1:
-                        j += 1
-                lo = (start + (1 << shift) - 1) >> shift
-                hi = (start + (j - i)) >> shift
-                if hi > lo:
-                    chunked = True
-                    head_end, tail_start, end = lo << shift, hi << shift, start + (j - i)
-                    if phase == 0:
-                        for block in range(start, head_end):
-                            if pins[block] >= max_pins:
-                                out[1] = i + block - start
-                                return
-                        for chunk in range(lo, hi):
-                            if chunk_pins[chunk] >= max_pins:
-                                out[1] = i + (chunk << shift) - start
-                                return
-                        for block in range(tail_start, end):
-                            if pins[block] >= max_pins:
-                                out[1] = i + block - start
-                                return
-                    else:
-                        for block in range(start, head_end):
-                            pins[block] += 1
-                        for chunk in range(lo, hi):
-                            chunk_pins[chunk] += 1
-                        for block in range(tail_start, end):
-                            pins[block] += 1
-                else:
-                    for k in range(i, j):
-                        if phase == 0:
-                            if pins[ids[k]] >= max_pins:
-                                out[1] = k
-                                return
-                        else:
-                            pins[ids[k]] += 1
-                i = j
-        if chunked:
-            out[2] = ONE_RUN if consecutive else RUNS
+        if not _pin_runs(ids, consecutive, pins, chunk_pins, shift, max_pins, out):
+            return
     if run and consecutive:
         linked_run[RUN_FIRST], linked_run[RUN_COUNT], linked_run[RUN_LIST] = first, count, \
             listed
     elif overlaps:
         linked_run[RUN_FIRST], linked_run[RUN_COUNT], linked_run[RUN_LIST] = 0, 0, NO_LIST
     if run:
-        if consecutive:
-            last_use[first:first + count] = tick
-        else:
-            for i in range(count):
-                last_use[ids[i]] = tick
-        last = ids[count - 1]
-        after = next_[last]
-        if after >= 0:  # not at the tail yet
-            before = prev[first]
-            if before >= 0:
-                next_[before] = after
+        _splice_to_tail(ids, consecutive, listed, tick, last_use, prev, next_, head, tail)
+    else:
+        _each_to_tail(ids, states, list_of_state, tick, last_use, prev, next_, head, tail)
+
+
+@inlined
+def _pin_runs(ids: IdArray, consecutive: bool, pins: NDArray[np.uint16],
+              chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
+              out: NDArray[np.int64]) -> bool:
+    """Pin the distinct ``ids`` once more each (``consecutive``: they are one run): each
+    maximal run's whole chunks of ``1 << shift`` ids in ``chunk_pins``, every other id in
+    ``pins``; ``out[2]`` says how (:data:`ONE_BY_ONE`, :data:`ONE_RUN`, :data:`RUNS`). The
+    limits are checked first, in prompt order: where a block (or its chunk) already holds
+    ``max_pins``, ``out[1]`` is its index, nothing is pinned and the answer is False."""
+    count = ids.size
+    chunked = False
+    for phase in range(2):
+        i = 0
+        while i < count:
+            start = ids[i]
+            j = count
+            if not consecutive:
+                j = i + 1
+                while j < count and ids[j] == ids[j - 1] + 1:
+                    j += 1
+            lo = (start + (1 << shift) - 1) >> shift
+            hi = (start + (j - i)) >> shift
+            if hi > lo:
+                chunked = True
+                head_end, tail_start, end = lo << shift, hi << shift, start + (j - i)
+                if phase == 0:
+                    for block in range(start, head_end):
+                        if pins[block] >= max_pins:
+                            out[1] = i + block - start
+                            return False
+                    for chunk in range(lo, hi):
+                        if chunk_pins[chunk] >= max_pins:
+                            out[1] = i + (chunk << shift) - start
+                            return False
+                    for block in range(tail_start, end):
+                        if pins[block] >= max_pins:
+                            out[1] = i + block - start
+                            return False
+                else:
+                    for block in range(start, head_end):
+                        pins[block] += 1
+                    for chunk in range(lo, hi):
+                        chunk_pins[chunk] += 1
+                    for block in range(tail_start, end):
+                        pins[block] += 1
             else:
-                head[listed] = after
-            prev[after] = before
-            end = tail[listed]
-            next_[end] = first
-            prev[first] = end
-            next_[last] = -1
-            tail[listed] = last
+                for k in range(i, j):
+                    if phase == 0:
+                        if pins[ids[k]] >= max_pins:
+                            out[1] = k
+                            return False
+                    else:
+                        pins[ids[k]] += 1
+            i = j
+    if chunked:
+        out[2] = ONE_RUN if consecutive else RUNS
+    return True
+
+
+@inlined
+def _splice_to_tail(ids: IdArray, consecutive: bool, listed: int, tick: int,
+                    last_use: NDArray[np.uint32], prev: NDArray[np.int32],
+                    next_: NDArray[np.int32], head: NDArray[np.int32],
+                    tail: NDArray[np.int32]) -> None:
+    """Stamp ``ids`` (one run linked in order on list ``listed``) with ``tick`` and move the
+    run to the list's tail whole: O(1) moves, the order moving each in turn would leave."""
+    count = ids.size
+    first, last = ids[0], ids[count - 1]
+    if consecutive:
+        last_use[first:first + count] = tick
+    else:
+        for i in range(count):
+            last_use[ids[i]] = tick
+    after = next_[last]
+    if after < 0:  # at the tail already
         return
-    for i in range(count):
+    before = prev[first]
+    if before >= 0:
+        next_[before] = after
+    else:
+        head[listed] = after
+    prev[after] = before
+    end = tail[listed]
+    next_[end] = first
+    prev[first] = end
+    next_[last] = -1
+    tail[listed] = last
+
+
+@inlined
+def _each_to_tail(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],
+                  tick: int, last_use: NDArray[np.uint32], prev: NDArray[np.int32],
+                  next_: NDArray[np.int32], head: NDArray[np.int32],
+                  tail: NDArray[np.int32]) -> None:
+    """Stamp each of ``ids`` with ``tick`` and move it, in batch order, to the tail of the
+    list its state puts it on (none: left where it is)."""
+    for i in range(ids.size):
         block = ids[i]
         last_use[block] = tick
         listed = list_of_state[states[block]]
@@ -332,5 +367,8 @@ def _touch_example() -> tuple[object, ...]:
             no_linked_run(), np.zeros(4, dtype=np.int64))
 
 
+#: What a kernel running the touch calls (compiled into it).
+TOUCH_CALLS: Final = (_touch_known, _pin_runs, _splice_to_tail, _each_to_tail)
+
 touch_kernel = kernel(example=_touch_example, twin=_touch_twin,
-                      calls=(_touch_known,))(_touch_loop)
+                      calls=TOUCH_CALLS)(_touch_loop)
