@@ -1,6 +1,6 @@
 """docs/tiers.md's figures against what produces them. Here: the figures the page quotes from
-the demo's report (held to a run of ``kvfsm demo`` by tests/test_docs_demo.py) and the defaults
-its tables give. The measured sections are held by the tests that run their commands:
+the demo's report (held to a run of ``kvfsm demo`` by tests/test_docs_demo.py), the defaults
+its tables give, and the workload it gives for tests/test_serve_shared.py. The measured sections are held by the tests that run their commands:
 tests/test_shared_prefix_tool.py (``tools/shared_prefix.py``), tests/test_store_outage_tool.py
 (``tools/store_outage.py``) and tests/test_bench_restore.py (``kvfsm bench restore``)."""
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 import inspect
 import json
 import re
+
+import pytest
 
 import kvfsm.tiers
 from kvfsm.restore import StoreTimeouts
@@ -67,3 +69,22 @@ def test_running_bounds_are_the_tiers_defaults() -> None:
         if defaults.get("MooncakeTier", 0) is None:
             defaults["MooncakeTier"] = _mooncake.DEFAULT_RPC_TIMEOUT_S
         assert defaults and set(defaults.values()) == {float(seconds)}, (name, defaults)
+
+
+def test_two_engine_serving_figures_are_the_serve_tests() -> None:
+    """The workload and tolerance the page gives for tests/test_serve_shared.py are that
+    test's."""
+    pytest.importorskip("transformers")
+    from tests import test_serve_shared as shared
+
+    text = " ".join(section(PAGE, "Two engines sharing one store").split())
+    found = re.search(r"Engine A serves (\d+) questions over (\d+) documents of (\d+) and (\d+) "
+                      r"tokens \(prompts of (\d+) to (\d+) tokens.*?logits are within ([\de.-]+) "
+                      r"of them", text)
+    assert found, "the page's serving workload moved"
+    questions, documents, *sizes, shortest, longest = map(int, found.groups()[:-1])
+    prompts = [len(request.tokens) for request in shared.A_REQUESTS]
+    assert (questions, documents) == (len(prompts), len(sizes))
+    assert sizes == [len(shared.DOC1), len(shared.DOC2)]
+    assert (shortest, longest) == (min(prompts), max(prompts))
+    assert float(found.group(7)) == shared.TOLERANCE
