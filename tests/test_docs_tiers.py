@@ -1,8 +1,9 @@
 """docs/tiers.md's figures against what produces them. Here: the figures the page quotes from
 the demo's report (held to a run of ``kvfsm demo`` by tests/test_docs_demo.py), the defaults
-its tables give, and the workload it gives for tests/test_serve_shared.py. The measured sections are held by the tests that run their commands:
-tests/test_shared_prefix_tool.py (``tools/shared_prefix.py``), tests/test_store_outage_tool.py
-(``tools/store_outage.py``) and tests/test_bench_restore.py (``kvfsm bench restore``)."""
+its tables give, and the workload it gives for tests/test_serve_shared.py. The measured
+sections are held by the tests that run their commands: tests/test_shared_prefix_tool.py
+(``tools/shared_prefix.py``), tests/test_store_outage_tool.py (``tools/store_outage.py``) and
+tests/test_bench_restore.py (``kvfsm bench restore``)."""
 
 from __future__ import annotations
 
