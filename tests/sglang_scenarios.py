@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -513,12 +514,32 @@ def redis_shared(sg: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_all() -> dict[str, Any]:
-    """Every scenario's results (JSON-ready)."""
+    """Every scenario's results (JSON-ready), and the seconds they took: in all, importing
+    SGLang, and the shared Mooncake Store's scenarios."""
+    started = time.perf_counter()
     sg = _import_sglang()
+    results: dict[str, Any] = {"import_s": time.perf_counter() - started}
     with tempfile.TemporaryDirectory(prefix="kvfsm-sglang-") as work:
-        return {"faults": fault_table(sg, work), "hybrid": hybrid(sg, work),
-                "lifecycle": lifecycle(sg, work), "mooncake": mooncake_shared(sg),
-                "redis": redis_shared(sg)}
+        results.update(faults=fault_table(sg, work), hybrid=hybrid(sg, work),
+                       lifecycle=lifecycle(sg, work))
+        shared_started = time.perf_counter()
+        results["mooncake"] = mooncake_shared(sg)
+        results["mooncake_s"] = time.perf_counter() - shared_started
+        results["redis"] = redis_shared(sg)
+    results["defaults"] = extra_config_defaults()
+    results["total_s"] = time.perf_counter() - started
+    return results
+
+
+def extra_config_defaults() -> dict[str, Any]:
+    """The backend's default for each extra-config field that has one (``DEFAULT_<NAME>`` for
+    the field constant ``NAME``)."""
+    from kvfsm.integrations.sglang import _backend
+
+    fields = {name: value for name, value in vars(_backend).items()
+              if name.isupper() and isinstance(value, str) and value.startswith("kvfsm_")}
+    return {field: getattr(_backend, f"DEFAULT_{name}") for name, field in fields.items()
+            if hasattr(_backend, f"DEFAULT_{name}")}
 
 
 if __name__ == "__main__":

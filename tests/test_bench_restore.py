@@ -3,8 +3,11 @@ times): disk, remote (Mooncake, else Redis, else a reason) and host, at a tiny s
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 from contextlib import ExitStack
+from typing import Any
 
 import pytest
 
@@ -13,6 +16,7 @@ from kvfsm.bench import _restore as restore_bench
 from kvfsm.bench import bench_restore
 from kvfsm.cli import main
 from kvfsm.tiers import TierError
+from tests.doc_figures import page, section, table
 
 BLOCKS, BLOCK_BYTES = 4, 4096
 RATES = ("disk_gbps", "raw_disk_gbps", "host_gbps")
@@ -23,8 +27,12 @@ KEYS = (*RATES, "disk_ratio", *REMOTE, "remote_store", "remote_skipped", "blocks
         "remote_verified_blocks", "host_verified_blocks")
 
 
-def test_bench_restore_figures() -> None:
-    figures = bench_restore(blocks=BLOCKS, block_bytes=BLOCK_BYTES, repeat=2)
+@pytest.fixture(scope="module")
+def figures() -> dict[str, Any]:
+    return dict(bench_restore(blocks=BLOCKS, block_bytes=BLOCK_BYTES, repeat=2))
+
+
+def test_bench_restore_figures(figures: dict[str, Any]) -> None:
     assert set(KEYS) <= set(figures)
     assert (figures["blocks"], figures["block_bytes"]) == (BLOCKS, BLOCK_BYTES)
     assert (figures["workers"], figures["raw_threads"]) == (2, 1)
@@ -45,6 +53,28 @@ def test_bench_restore_figures() -> None:
         assert figures["remote_ratio"] == pytest.approx(
             figures["remote_gbps"] / figures["raw_remote_gbps"])
         assert figures["remote_verified_blocks"] == BLOCKS
+
+
+def test_docs_tiers_speed_quotes_keys_and_defaults_of_the_command(
+        figures: dict[str, Any]) -> None:
+    """docs/tiers.md's "Speed": each figure of its table is a key of the report, with a number
+    (remote ones where a store ran), and the sizes it says a run measures are the defaults."""
+    text = section(page("tiers.md"), "Speed")
+    assert "`kvfsm bench restore --json`" in text
+    rows = table(text, "figure")
+    assert rows
+    for cell, *_ in rows:
+        key = re.match(r"`(\w+)`", cell).group(1)  # type: ignore[union-attr]
+        if key.startswith("remote_") and figures["remote_store"] is None:
+            continue
+        assert isinstance(figures[key], float), key
+    prose = " ".join(text.split())
+    blocks, mib = map(int, re.search(r"(\d+) blocks of (\d+) MiB", prose).groups())  # type: ignore[union-attr]
+    runs = int(re.search(r"best of (\d+) runs", prose).group(1))  # type: ignore[union-attr]
+    workers = int(re.search(r"`disk_ratio` \((\d+) workers\)", prose).group(1))  # type: ignore[union-attr]
+    defaults = {name: p.default for name, p in inspect.signature(bench_restore).parameters.items()}
+    assert (defaults["blocks"], defaults["block_bytes"], defaults["repeat"],
+            defaults["workers"]) == (blocks, mib << 20, runs, workers)
 
 
 def test_bench_restore_on_redis() -> None:

@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ from kvfsm.integrations.sglang import (
 )
 from kvfsm.spec import GroupKind
 from tests import sglang_scenarios as scenarios
+from tests.doc_figures import integers, page, section, table
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = "KVFSM_PEERS_PYTHON"
@@ -335,3 +337,117 @@ def test_backend_module_needs_sglang_only_when_used() -> None:
     module = importlib.import_module("kvfsm.integrations.sglang")
     with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
         _ = module.Nothing
+
+
+# -- docs/integrations.md's figures are these scenarios' -----------------------------------
+
+SGLANG_DOC = section(page("integrations.md"),
+                     "SGLang: kvfsm's stored tiers as a HiCache storage backend")
+
+
+def _doc_read(cell: str) -> tuple[str, int | None]:
+    """A read-back cell of the page's tables as (what happened, the page count or page)."""
+    raised = re.search(r"raises `(\w+)`", cell)
+    if raised:
+        return f"raised {raised.group(1)}", None
+    for kind in ("wrong bytes", "refused", "served"):
+        if kind in cell:
+            return kind, integers(cell)[0]
+    return "ok", integers(cell)[0]  # "all 8 correct", "8 byte-identical"
+
+
+def _ran_read(get: str) -> tuple[str, int | None]:
+    """A scenario's read-back answer as :func:`_doc_read` reads the page's."""
+    if get == "ok":
+        return "ok", scenarios.PAGES
+    if get.startswith("raised"):
+        return get, None
+    kind, _, at = get.rpartition(" at ")
+    return kind, int(at)
+
+
+def test_docs_fault_table_is_the_runs(sglang_results: dict[str, Any]) -> None:
+    """The page's fault table, a row per fault in the scenarios' order: pages each backend
+    reported and what reading them back gave."""
+    rows = table(SGLANG_DOC, f"fault on page {scenarios.FAULT_PAGE}")
+    faults = sglang_results["faults"]
+    assert [row[0].split()[0] for row in rows][:1] == ["none"] and len(rows) == len(faults)
+    for row, (fault, sides) in zip(rows, faults.items(), strict=True):
+        ran = [(sides[side]["exists"], _ran_read(sides[side]["get"]))
+               for side in ("stock", "kvfsm")]
+        documented = [(integers(row[1])[0], _doc_read(row[2])),
+                      (integers(row[3])[0], _doc_read(row[4]))]
+        assert documented == ran, (fault, row)
+    text = " ".join(SGLANG_DOC.split())
+    assert (f"stores the same {scenarios.PAGES} pages through each, damages the stored copy of "
+            f"page {scenarios.FAULT_PAGE} (0-based)") in text
+
+
+def test_docs_hybrid_figures_are_the_runs(sglang_results: dict[str, Any]) -> None:
+    hybrid = sglang_results["hybrid"]
+    text = " ".join(SGLANG_DOC.split())
+    clean = {side: hybrid[side]["clean"]["restorable"] for side in ("stock", "kvfsm")}
+    assert clean["stock"] == clean["kvfsm"]
+    stock, kvfsm = hybrid["stock"]["state_flipped"], hybrid["kvfsm"]["state_flipped"]
+    for quoted in (f"both backends answer `restorable_prefix_pages = {clean['kvfsm']}`",
+                   f"still answers `{stock['restorable']}` (`kv_hit_pages` "
+                   f"{stock['kv_hit_pages']})",
+                   f"kvfsm answers `{kvfsm['restorable']}` (`kv_hit_pages` "
+                   f"{kvfsm['kv_hit_pages']})",
+                   f"the two states returns `{hybrid['kvfsm']['v2_read']}`"):
+        assert quoted in text, quoted
+
+
+def test_docs_shared_store_table_is_the_runs(sglang_results: dict[str, Any]) -> None:
+    """The page's shared-store table (B, the two other models, a flipped and a removed value)
+    and its Redis sentence are these runs'."""
+    mooncake = _shared(sglang_results, "mooncake")
+    rows = table(SGLANG_DOC, "scenario | stock: pages reported")
+    assert len(rows) == 2 + len(scenarios.OTHER_MODELS) + 1
+    ran: list[list[tuple[list[int], tuple[str, int | None]]]] = []
+    shared = {side: mooncake[side]["shared"] for side in ("stock", "kvfsm")}
+    ran.append([([s["exists"], s["exists_v2"]["kv_hit_pages"]], _ran_read(s["get_v1"]))
+                for s in shared.values()])
+    for name in scenarios.OTHER_MODELS:
+        other = [mooncake[side]["other_models"][name] for side in ("stock", "kvfsm")]
+        ran.append([([o["exists"]], ("served", o["served"])) for o in other])
+    for fault in ("flipped", "evicted"):
+        faults = [mooncake[side]["faults"][fault] for side in ("stock", "kvfsm")]
+        ran.append([([f["exists"]], _ran_read(f["get_v1"])) for f in faults])
+    for row, expected in zip(rows, ran, strict=True):
+        documented = [(integers(row[1]), _doc_read(row[2])),
+                      (integers(row[3]), _doc_read(row[4]))]
+        assert documented == expected, row
+    redis = _shared(sglang_results, "redis")
+    assert (f"{redis['exists']} pages found and read byte-identical, {redis['flipped_exists']} "
+            f"with page {scenarios.FAULT_PAGE} flipped") in " ".join(SGLANG_DOC.split())
+
+
+def test_docs_times_name_keys_of_the_results(sglang_results: dict[str, Any]) -> None:
+    for key in ("total_s", "import_s", "mooncake_s"):
+        assert f"`{key}`" in SGLANG_DOC, key
+        assert isinstance(sglang_results[key], float), key
+
+
+#: A default as the extra-config tables write it: ``(default 64 GiB)``, ``(default 10)``.
+DEFAULT = re.compile(r"\(default (\d+(?:\.\d+)?) ?(MiB|GiB)?[);]")
+UNITS = {"": 1, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+@pytest.mark.parametrize("title", ["Switching it on",
+                                   "One Mooncake Store shared by several SGLang instances"])
+def test_docs_extra_config_tables_give_the_defaults(sglang_results: dict[str, Any],
+                                                    title: str) -> None:
+    """Each default the page's extra-config tables quote is the backend's for that field."""
+    defaults = sglang_results["defaults"]
+    quoted = 0
+    for field, meaning in table(section(SGLANG_DOC, title), "extra-config field"):
+        name = re.fullmatch(r"`(\w+)`", field).group(1)  # type: ignore[union-attr]
+        for figure, unit in DEFAULT.findall(meaning):
+            assert defaults.get(name) == float(figure) * UNITS[unit], (name, figure, unit)
+            quoted += 1
+        host = re.search(r"\(default `([\d.]+)`", meaning)
+        if host:
+            assert defaults.get(name) == host.group(1), name
+            quoted += 1
+    assert quoted

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ from kvfsm.integrations.vllm import (
     unregister,
 )
 from kvfsm.spec import GroupKind
+from tests.doc_figures import integers, page, section, table
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "tests" / "vllm_scenarios.py"
@@ -542,3 +544,83 @@ def test_a_requests_prompt_follows_its_tokens_and_a_verdict_is_reused_only_while
     assert after is not verdict and after.usable_tokens == 64
     assert mirror.verdicts_reused == 1
     mirror.close()
+
+
+# -- docs/integrations.md's figures are these scenarios' -----------------------------------
+
+DOC = " ".join(section(page("integrations.md"), "What the tests show").split())
+
+
+def _admitted(cell: str) -> tuple[int, int]:
+    """``192 (**1**)``: tokens admitted, unusable admissions."""
+    admitted, unusable = integers(cell)
+    return admitted, unusable
+
+
+def _side(row: dict[str, Any]) -> tuple[int, int]:
+    return row["admitted"], len(row["unusable"])
+
+
+def test_docs_no_fault_figures_are_the_runs(results: dict[str, Any]) -> None:
+    found = re.search(r"\*\*No fault\*\* \((\d+) requests in (\d+) waves .*?, (\d+)-block pool"
+                      r".*?\(window (\d+)\).*?\((\d+), (\d+), (\d+) and (\d+) capping lookups, "
+                      r"(\d+) caps\)", DOC)
+    assert found, "the page's no-fault figures moved"
+    requests, waves, pool, window, *lookups, caps = map(int, found.groups())
+    settings = results["settings"]
+    assert (waves, pool, window) == (settings["no_fault_waves"], settings["no_fault_blocks"],
+                                     settings["window"])
+    for run, expected in zip(NO_FAULT_RUNS, lookups, strict=True):
+        sides = results["nofault"][run]
+        assert len(sides["stock"]["admitted"]) == len(sides["kvfsm"]["admitted"]) == requests
+        assert (sides["kvfsm"]["lookups"], sides["kvfsm"]["capped"]) == (expected, caps), run
+
+
+def test_docs_fault_table_is_the_runs(results: dict[str, Any]) -> None:
+    """The offloaded-store table, a row per fault (in the scenarios' order, then the clean
+    store): each side's admitted tokens and unusable admissions; and the bytes each side
+    stored, as the page gives them."""
+    rows = table(section(page("integrations.md"), "What the tests show"),
+                 "fault (block 6 of 12")
+    assert len(rows) == len(FAULTS) + 1 and rows[-1][0].startswith("none")
+    for row, fault in zip(rows, (*FAULTS, "none"), strict=True):
+        sides = results["faults"][fault]
+        assert [_admitted(cell) for cell in row[1:]] == [
+            _side(sides[side]) for side in ("stock", "trusting", "kvfsm")], (fault, row)
+    found = re.search(r"each of its blocks \((\d+), or (\d+) with the Mamba group\) is exactly "
+                      r"the page the stand-in model wrote \((\d+) differ", DOC)
+    assert found
+    full, mamba, differ = map(int, found.groups())
+    for fault, sides in results["faults"].items():
+        for side in ("trusting", "kvfsm"):
+            stored = sides[side]["stored"]
+            expected = mamba if fault == "mamba_state_missing" else full
+            assert (stored["readable"], stored["differ"]) == (expected, differ), (fault, side)
+
+
+@pytest.mark.parametrize(("scenario", "title"), [("salted", "Same tokens, another tenant"),
+                                                 ("adapters", "Same tokens, another adapter")])
+def test_docs_keyed_figures_are_the_runs(results: dict[str, Any], scenario: str,
+                                         title: str) -> None:
+    found = re.search(rf"\*\*{title}\.\*\* .*? (\d+) requests .*?claimed all (\d+) tokens", DOC)
+    assert found, title
+    count, claimed = map(int, found.groups())
+    assert len(results[scenario]["admitted"]) == count
+    assert results[scenario]["admitted"]["a-again"] == claimed
+    assert f"same {results['settings']['prompt_blocks']}-block prompt" in DOC
+
+
+def test_docs_shared_store_table_is_the_runs(results: dict[str, Any]) -> None:
+    shared = _shared(results)
+    rows = table(section(page("integrations.md"), "What the tests show"),
+                 "what the store holds for the consumer")
+    assert len(rows) == len(shared)
+    for row, case in zip(rows, shared, strict=True):  # the scenarios' order
+        assert [_admitted(cell) for cell in row[1:]] == [
+            _side(shared[case][side]) for side in ("stock", "trusting", "kvfsm")], (case, row)
+
+
+def test_docs_times_name_keys_of_the_results(results: dict[str, Any]) -> None:
+    for key in ("total_s", "import_s", "shared_s"):
+        assert f"`{key}`" in DOC, key
+        assert isinstance(results[key], float) and results[key] > 0, key

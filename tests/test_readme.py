@@ -1,10 +1,12 @@
 """The README stays true: its Python snippets (embedding, tiers, gates) run as written, one after
 the other as a reader would paste them, with only the tiers' example addresses pointed at a
-directory and a Mooncake master of this machine; its quickstart's test command is what CI runs."""
+directory and a Mooncake master of this machine; its quickstart's test command is what CI runs,
+and CI installs the main job from the quickstart's first command."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -44,3 +46,20 @@ def test_the_quickstart_test_command_is_what_ci_runs() -> None:
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert f"pip install --quiet {install}" in ci
     assert ci.rstrip().endswith("python -m pytest -q")
+
+
+def test_ci_installs_the_main_job_from_the_quickstarts_first_command() -> None:
+    """.ci/run reads the quickstart's first command out of README.md (the line its pattern
+    finds is that command) and runs its install into .venv-main, whose demo the tests run."""
+    quickstart = README[README.index("## Quickstart"):]
+    block = quickstart[quickstart.index("```bash\n") + len("```bash\n"):]
+    first = next(line for line in block.splitlines() if line and not line.startswith("#"))
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    pattern = re.search(r"grep -m1 -E '([^']+)' README\.md", ci)
+    assert pattern, ".ci/run does not read the main job's line out of README.md"
+    found = subprocess.run(["grep", "-m1", "-E", pattern.group(1), "README.md"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert found == first
+    assert first.endswith(" && kvfsm demo") and "pip install" in first and " -e " not in first
+    assert "${main_install//.venv/.venv-main}" in ci
+    assert 'export KVFSM_MAIN_VENV="$PWD/.venv-main"' in ci

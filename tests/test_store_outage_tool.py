@@ -7,15 +7,19 @@ is asserted: the figures are the tool's to report, on a box shared with other wo
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import re
 import shutil
 import socket
 import threading
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import pytest
 
+from tests.doc_figures import KEY, lookup, page, section
 from tests.remote_servers import unavailable
 from tests.tool_modules import load_tool
 
@@ -116,19 +120,28 @@ def test_the_black_hole_in_its_own_process(blackhole: ModuleType, echo: int) -> 
         assert echoes(stack.enter_context(connect(hole.address)), b"back")
 
 
-def test_a_short_run_goes_through_every_phase(tool: ModuleType,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """1 s phases on Redis: every phase ran and is reported with the same fields; the targets
-    are judged (not asserted: times on a shared box are the report's business)."""
+@pytest.fixture(scope="module")
+def short_run(tool: ModuleType) -> dict[str, Any]:
+    """The tool's report of 1 s phases on Redis, with the lock's statistics."""
     try:
         import redis  # noqa: F401
     except ImportError as exc:
         unavailable(f"the redis client does not import ({exc})")
     if shutil.which("redis-server") is None:
         unavailable("redis-server is not installed")
-    tool.main(["--store", "redis", "--threads", "4", "--normal-s", "1", "--frozen-s", "1",
-               "--blackhole-s", "1", "--killed-s", "0.5", "--warmup-s", "1", "--lock-stats"])
-    report = json.loads(capsys.readouterr().out)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        tool.main(["--store", "redis", "--threads", "4", "--normal-s", "1", "--frozen-s", "1",
+                   "--blackhole-s", "1", "--killed-s", "0.5", "--warmup-s", "1",
+                   "--lock-stats"])
+    report: dict[str, Any] = json.loads(out.getvalue())
+    return report
+
+
+def test_a_short_run_goes_through_every_phase(short_run: dict[str, Any]) -> None:
+    """1 s phases on Redis: every phase ran and is reported with the same fields; the targets
+    are judged (not asserted: times on a shared box are the report's business)."""
+    report = short_run
     assert report["command"].startswith("python -m tools.store_outage --store redis")
     run = report["runs"]["redis"]
     names = [row["phase"] for row in run["phases"]]
@@ -160,3 +173,26 @@ def test_a_short_run_goes_through_every_phase(tool: ModuleType,
         "all_met"}
     assert run["threads_still_running_at_stop"] == 0
     assert run["errors"] == 0, run["error_examples"]  # no engine call raised for the store
+
+
+def test_the_keys_docs_tiers_quotes_are_in_each_phase(short_run: dict[str, Any]) -> None:
+    """docs/tiers.md's measured outages: the page names this tool's command, and every report
+    key it gives its table's figures and the lock's figures under is in the phases the figure
+    is for, as a number (a time after a return may be None: nothing before the next outage)."""
+    text = " ".join(section(page("tiers.md"), "Measured: `tools/store_outage.py`").split())
+    assert "python -m tools.store_outage --store both" in text
+    phases = short_run["runs"]["redis"]["phases"]
+    for what, rows in (("normal", phases[:1]),
+                       ("outages", [r for r in phases if not r["phase"].startswith(
+                           ("normal", "after_"))]),
+                       ("after", [r for r in phases if r["phase"].startswith("after_")]),
+                       ("lock", phases)):
+        quoted = re.search(rf"\b{what}: (.*?)(?:;|\.(?: |$))", text)
+        assert quoted, f"the page names no keys for {what}"
+        keys = KEY.findall(quoted.group(1))
+        assert keys, what
+        for row in rows:
+            for key in keys:
+                value = lookup(row, key)
+                assert isinstance(value, float | int) or (what == "after" and value is None), (
+                    what, key, value)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.vllm_forward import FAULTS, LOGPROB_TOLERANCE, MODELS, faults_of, injected
+from tests.doc_figures import integers, page, section
+from tests.vllm_forward import FAULTS, LOGPROB_TOLERANCE, MODELS, faults_of, injected, table
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = "KVFSM_PEERS_PYTHON"
@@ -114,3 +116,46 @@ def test_every_fault_misleads_the_trusting_connector_on_some_model(
                  if fault in run["trusting"]["faults"]
                  and not run["trusting"]["faults"][fault]["same"]]
         assert wrong, fault
+
+
+# -- docs/integrations.md's figures are this run's -----------------------------------------
+
+DOC = section(page("integrations.md"), "Real forwards: kvfsm inside vLLM on CPU")
+
+
+def test_docs_tables_are_the_runs(forward: dict[str, Any]) -> None:
+    """The page's two tables are what ``tests/vllm_forward.py --table`` prints for this run."""
+    for printed in table(forward).split("\n\n"):
+        assert printed in DOC, f"docs/integrations.md's table is not this run's:\n{printed}"
+
+
+def test_docs_counts_and_workload_are_the_runs(forward: dict[str, Any]) -> None:
+    text = " ".join(DOC.split())
+    runs = forward["models"].values()
+    kvfsm = [r for run in runs for side in ("clean", "faults") for r in run["kvfsm"][side].values()]
+    faulted = [r for run in runs for fault, r in run["trusting"]["faults"].items()
+               if fault != "none"]
+    assert (f"kvfsm: {sum(not r['same'] for r in kvfsm)} wrong outputs of {len(kvfsm)} "
+            in text)
+    assert (f"The trusting connector: {sum(not r['same'] for r in faulted)} wrong of the "
+            f"{len(faulted)} faulted requests" in text)
+    turns = re.search(r"new user tokens: (\d+), (\d+), (\d+) tokens\)", text)
+    questions = re.search(r"documents \((\d+), (\d+), (\d+), (\d+) tokens\)", text)
+    shape = re.search(r"greedy, (\d+) new tokens, the top (\d+) logprobs", text)
+    assert turns and questions and shape
+    for run in runs:
+        prompts = {name: r["prompt"] for name, r in run["stock"].items()}
+        assert [prompts[f"chat-{turn}"] for turn in (1, 2, 3)] == integers(turns.group(0))
+        assert [prompts[name] for name in ("doc1-q1", "doc1-q2", "doc2-q1", "doc2-q2")] == (
+            integers(questions.group(0)))
+        for result in run["stock"].values():
+            assert [len(result["tokens"]), len(result["logprobs"][0])] == integers(
+                shape.group(0)), result
+
+
+def test_docs_times_and_differences_name_keys_of_the_results(forward: dict[str, Any]) -> None:
+    assert "`total_s`" in DOC and "`logprob_diff`" in DOC
+    assert isinstance(forward["total_s"], float)
+    for run in forward["models"].values():
+        for result in run["kvfsm"]["clean"].values():
+            assert isinstance(result["logprob_diff"], float | int)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 
 from kvfsm.tiers._servers import free_port
+from tests.doc_figures import integers, page, section
 from tests.vllm_forward import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,3 +191,22 @@ def test_kvfsm_metrics_are_served_on_the_configured_port(served: dict[str, Any])
     assert _value(metrics, "kvfsm_usable_tokens_total") > 0
     assert _value(metrics, "kvfsm_restores_total") > 0
     assert "vllm:prefix_cache_queries_total" in served["vllm_metrics"]
+
+
+def test_docs_figures_are_the_runs(served: dict[str, Any]) -> None:
+    """docs/integrations.md's pool, completions and the prompt tokens each server reused on
+    the requests where kvfsm reused more are this run's."""
+    text = " ".join(section(page("integrations.md"), "The OpenAI server").split())
+    pool = re.search(r"(\d+)-block KV pool \(one (\d+)-token request\)", text)
+    sent = re.search(r"sends (\d+) completions", text)
+    reused = re.search(r"reuses (\d+) and (\d+) prompt tokens .*?\(stock: (\d+) and (\d+)\)", text)
+    assert pool and sent and reused
+    command = server_command("python", "model", 0, None)
+    max_model_len = int(command[command.index("--max-model-len") + 1])
+    assert integers(pool.group(0)) == [POOL_BLOCKS, max_model_len]
+    assert integers(sent.group(0)) == [len(REQUESTS)]
+    assert len(served["stock"]) == len(served["kvfsm"]) == len(REQUESTS)
+    more = [(k["cached"], s["cached"]) for k, s in zip(served["kvfsm"], served["stock"],
+                                                          strict=True) if k["cached"] > s["cached"]]
+    kvfsm, stock = zip(*more, strict=True)
+    assert integers(reused.group(0)) == [*kvfsm, *stock]

@@ -379,6 +379,10 @@ def workload(seed: int, config: str) -> list[list[tuple[str, list[int]]]]:
     return waves
 
 
+#: vLLM's block pool in the no-fault runs: small enough for the workload to evict.
+NO_FAULT_BLOCKS = 48
+
+
 def no_fault(stub: Stub, config: str, scheduler_cls: str, *, async_scheduling: bool = False,
              name: str = "nofault") -> dict[str, Any]:
     """Stock vLLM and vLLM with kvfsm's scheduler on one workload: what each admitted."""
@@ -387,7 +391,7 @@ def no_fault(stub: Stub, config: str, scheduler_cls: str, *, async_scheduling: b
     sides: dict[str, Any] = {}
     for side, cls in (("stock", None), ("kvfsm", scheduler_cls)):
         integration.unregister(name)
-        runner = Runner(stub, config, blocks=48, scheduler_cls=cls,
+        runner = Runner(stub, config, blocks=NO_FAULT_BLOCKS, scheduler_cls=cls,
                         kvfsm={"name": name, "level": "full"},
                         async_scheduling=async_scheduling)
         runner.run(workload(3, config))
@@ -706,7 +710,9 @@ def main(out: str) -> None:
     started = time.perf_counter()
     stub = Stub()
     imported = time.perf_counter() - started
-    results: dict[str, Any] = {"import_s": imported, "nofault": {}}
+    results: dict[str, Any] = {"import_s": imported, "nofault": {}, "settings": {
+        "no_fault_blocks": NO_FAULT_BLOCKS, "no_fault_waves": len(workload(3, "full")),
+        "window": WINDOW, "prompt_blocks": PROMPT_BLOCKS}}
     for config in CONFIGS:
         results["nofault"][config] = no_fault(stub, config,
                                               "kvfsm.integrations.vllm.KvfsmScheduler")
@@ -716,7 +722,9 @@ def main(out: str) -> None:
     with tempfile.TemporaryDirectory(prefix="kvfsm-vllm-keyed-") as directory:
         results["salted"] = keyed(stub, directory, "salted", SALTED)
         results["adapters"] = keyed(stub, directory, "adapters", ADAPTERS)
+    shared_started = time.perf_counter()
     results["shared"] = shared_store(stub)
+    results["shared_s"] = time.perf_counter() - shared_started
     results["total_s"] = time.perf_counter() - started
     Path(out).write_text(json.dumps(results, indent=1))
 
