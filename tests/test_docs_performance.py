@@ -25,6 +25,7 @@ SOURCES = {
     "tools/vllm_overhead.py": ["tools/vllm_overhead.py"],
     "tools/bench_hashing.py": ["tools/bench_hashing.py"],
     "tools/ab_bench.py": ["tools/ab_bench.py"],
+    "tools/code_size.py": ["tools/code_size.py"],
 }
 
 
