@@ -89,3 +89,26 @@ def test_two_engine_serving_figures_are_the_serve_tests() -> None:
     assert sizes == [len(shared.DOC1), len(shared.DOC2)]
     assert (shortest, longest) == (min(prompts), max(prompts))
     assert float(found.group(7)) == shared.TOLERANCE
+
+
+def test_format_figures_are_the_codes() -> None:
+    """The header's size, the file an 8 KiB payload makes and what it counts on 4 KiB blocks,
+    and a block's metadata with every tier in use (32 bytes, and a pin counter per chunk)."""
+    from kvfsm import CoreConfig, shipped_models
+    from kvfsm.bench._state import logical_arrays
+    from kvfsm.state import StateCore
+    from kvfsm.tiers._contract import HEADER_BYTES
+
+    text = " ".join(PAGE.split())
+    assert f"is a {HEADER_BYTES}-byte header followed by the raw payload" in text
+    file_bytes = HEADER_BYTES + 8 * 1024
+    counted = -(-file_bytes // 4096) * 4
+    assert f"The {file_bytes:,}-byte file".replace(",", " ") + " of an 8 KiB payload counts " \
+        f"{counted} KiB on a file system with 4 KiB blocks" in text
+    every_tier = CoreConfig(device_blocks=64, host_blocks=64, disk_blocks=64, remote_blocks=64,
+                            backend="numpy")
+    group = StateCore(shipped_models()["dense"], every_tier).group("attn")
+    per_block = {name: array.nbytes / group.n_blocks
+                 for name, array in logical_arrays(group).items()}
+    assert sum(size for name, size in per_block.items() if name != "chunk_pins") == 32
+    assert "in ≤ 32 bytes of metadata" in text

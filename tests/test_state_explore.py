@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -11,6 +14,7 @@ from kvfsm.state._explore import configuration_key, explore_core
 
 TINY = CoreConfig(device_blocks=2, host_blocks=1, max_restores_in_flight=1, backend="numpy")
 ONE_EACH = CoreConfig(device_blocks=1, host_blocks=1, max_restores_in_flight=1, backend="numpy")
+TIERS_DOC = Path(__file__).resolve().parents[1] / "docs" / "tiers.md"
 
 
 def test_dense_model_is_explored_completely_and_clean() -> None:
@@ -78,3 +82,7 @@ def test_stored_tiers_are_explored_completely_and_clean() -> None:
     assert result.complete
     assert result.ok, "\n".join(str(v) for v in result.violations)
     assert result.configurations > 500
+    # docs/tiers.md quotes this run's count.
+    quoted = re.search(r"one device slot, one disk and one remote copy completely \((\d+) "
+                       r"configurations", " ".join(TIERS_DOC.read_text(encoding="utf-8").split()))
+    assert quoted is not None and int(quoted.group(1)) == result.configurations
