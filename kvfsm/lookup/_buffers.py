@@ -122,20 +122,17 @@ def flag_start(n: int, count: int, row: int) -> int:
 
 
 def snapshot_at(n: int, count: int) -> int:
-    """Where the snapshot rows start in the output's bytes."""
-    return n + N_FLAGS * max(n, count)
+    """Where the snapshot rows start in the output's bytes: after the last flag row."""
+    return flag_start(n, count, N_FLAGS)
 
 
 def out_views(out: NDArray[np.int64], n: int, count: int
               ) -> tuple[NDArray[np.int64], NDArray[np.int64], IdArray, NDArray[np.uint32],
                          NDArray[np.uint8], Bools]:
-    """Views of ``out``: scalars, asked, ids, epochs, facts, flags ``[N_FLAGS, width]``."""
-    ids_at, epochs_at, bytes_at, _ = out_offsets(n, count)
-    raw = out[bytes_at:].view(np.uint8)
-    width = max(n, count)
-    return (out[:N_SCALARS], out[N_SCALARS:ids_at], out[ids_at:epochs_at].view(np.intp),
-            out[epochs_at:bytes_at].view(np.uint32)[:n], raw[:n],
-            raw[n : n + N_FLAGS * width].view(np.bool_).reshape(N_FLAGS, width))
+    """Views of ``out``: scalars, asked, ids, epochs, facts, flags ``[N_FLAGS, width]``
+    (:func:`out_parts`, shaped for array operations)."""
+    scalars, asked, ids, epochs, facts, rows, width = out_parts(out, n, count)
+    return scalars, asked, ids.view(np.intp), epochs[:n], facts, rows.reshape(N_FLAGS, width)
 
 
 def snapshot_rows(out: NDArray[np.int64], n: int, count: int) -> NDArray[np.uint8]:
@@ -146,18 +143,12 @@ def snapshot_rows(out: NDArray[np.int64], n: int, count: int) -> NDArray[np.uint
     return rows.reshape(SNAPSHOT_ROWS, n)
 
 
-def history_views(history: NDArray[np.int64], n_history: int, count: int,
-                   consts: NDArray[np.int64]) -> tuple[IdArray, Bools]:
-    """The index's target group's block ids and settled row, from its pass output."""
-    _, _, ids, _, _, flags = out_views(history, n_history, count)
-    return ids, flags[consts[P_HISTORY_SETTLED_ROW], :n_history]
-
-
 @inlined
 def out_parts(out: NDArray[np.int64], n: int, count: int
                ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
                           NDArray[np.uint32], NDArray[np.uint8], Bools, int]:
-    """:func:`out_views` for the compiled pass: the flag rows as one vector, and its width."""
+    """The parts of ``out``: scalars, asked, ids, epochs, facts, the flag rows as one vector
+    (:func:`flag_row` picks one) and their width."""
     ids_at, epochs_at, bytes_at, _ = out_offsets(n, count)
     width = max(n, count)
     raw_bytes = out[bytes_at:].view(np.uint8)
@@ -175,7 +166,7 @@ def flag_row(rows: Bools, row: int, width: int) -> Bools:
 @inlined
 def history_parts(history: NDArray[np.int64], n_history: int, count: int,
                    consts: NDArray[np.int64]) -> tuple[NDArray[np.int64], Bools]:
-    """:func:`history_views` for the compiled pass."""
+    """The index's target group's block ids and settled row, from its pass output."""
     _, _, ids, _, _, rows, width = out_parts(history, n_history, count)
     return ids, flag_row(rows, consts[P_HISTORY_SETTLED_ROW], width)[:n_history]
 

@@ -79,8 +79,8 @@ from kvfsm.lookup._buffers import (
     SPAN_LO,
     consts_tables,
     flag_row,
+    flag_start,
     history_parts,
-    history_views,
     one_run_blocks,
     out_offsets,
     out_parts,
@@ -215,7 +215,7 @@ def _group_pass_twin(
     fit[:] = True
     settled_ok[:] = True
     if has_index and n:
-        history_ids, history_settled = history_views(history, n_history, count, consts)
+        history_ids, history_settled = history_parts(history, n_history, count, consts)
         refs = references_hold(
             refs_target[safe], refs_epoch[safe], np.arange(n, dtype=np.int64),
             target_epoch=target_epoch, target_states=target_states, hashed=hashed,
@@ -553,10 +553,10 @@ def _length_rows(spans: NDArray[np.int64], prefix_step: int, chain_blocks: int,
     return largest_hit, largest_now
 
 
-_PASS_CALLS: Final = (_plan_pass, probe_keys, out_offsets, snapshot_at, out_parts, flag_row,
-                      history_parts, _scratch, _probe_prompt, _facts_of, _forms, _same_references,
-                      _one_run, _length_rows,
-                      history_positions, row_references)
+_PASS_CALLS: Final = (_plan_pass, probe_keys, out_offsets, snapshot_at, flag_start, out_parts,
+                      flag_row, history_parts, _scratch, _probe_prompt, _facts_of, _forms,
+                      _same_references, _one_run, _length_rows, history_positions,
+                      row_references)
 
 
 _PASS_GENERAL: Final = _group_pass_loop_for(False)

@@ -15,6 +15,7 @@ from kvfsm.lookup._buffers import (
     N_SCALARS,
     SNAPSHOT_FAILED,
     SNAPSHOT_STATE,
+    flag_start,
     out_offsets,
     out_views,
     snapshot_at,
@@ -46,7 +47,7 @@ def _take_snapshot_example() -> tuple[object, ...]:
 
 
 @kernel(example=_take_snapshot_example, twin=_take_snapshot_twin,
-        calls=(out_offsets, snapshot_at))
+        calls=(out_offsets, snapshot_at, flag_start))
 def take_snapshot(out: NDArray[np.int64], n: int, count: int, states: NDArray[np.uint8],
                   check: NDArray[np.uint8], record_failed: bool) -> None:
     """Into the snapshot rows of ``out``, per prompt block: its state (0 where missing) and,
