@@ -8,13 +8,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvfsm import CoreConfig, Engine, EventLog, Lease, shipped_models
-from kvfsm.lookup._buffers import ANSWER_COLUMNS, EPOCH, LEASE_KINDS, LINKED_RUN, PINS, PREV
+from kvfsm.lookup import Probe
+from kvfsm.lookup._buffers import EPOCH, LEASE_KINDS, LINKED_RUN, PINS, PREV
 from kvfsm.lookup._lease_pass import LeaseArrays, lease_table
 from kvfsm.obs import replay
 from kvfsm.state import MAX_PINS, StateError
@@ -248,45 +250,49 @@ def test_a_lease_table_refuses_arrays_it_would_have_to_copy() -> None:
 
 
 @pytest.mark.parametrize("change", ["strided", "int32", "count"])
-def test_a_one_pass_take_given_outputs_made_another_way_reads_them_as_they_are(
+def test_a_probe_not_made_by_a_lookup_never_reaches_the_bound_take(
         change: str, jit_backend: str) -> None:
-    """The one-pass take and give-back skip numba's type matching only for arguments checked
-    to be of the types their entry points are bound to: outputs made another way (a strided
-    copy, another dtype, a tuple of another length) never reach those entry points: numba's
-    dispatcher matches them (reads them as what they are, or refuses them), or the twin
-    reads them."""
+    """The one-pass take calls entry points bound to a lookup's own arrays, unchecked. A
+    verdict carrying a probe made another way (its pass outputs strided, of another dtype,
+    or one group short) is leased through a new lookup instead: the bound entry points only
+    ever see the new lookup's arrays, and the lease holds what a lookup's own does."""
     eng = _engine("deepseek_v4_like")
     prompt = eng.prompt(TEXT)
     eng.commit(prompt)
-    eng.lease(eng.lookup(prompt), prompt).release()  # binds the entry points (compiled)
+    with eng.lease(eng.lookup(prompt), prompt) as lease:  # binds the entry points (compiled)
+        expected = {name: lease.blocks(name).tolist() for name in lease.groups}
     verdict = eng.lookup(prompt)
     probe = verdict.probe
-    assert probe is not None and probe.passes is not None and probe.spans is not None
+    assert probe is not None and probe.passes is not None
     arrays = eng._leases._arrays
     assert arrays is not None
+    take, unpin = arrays._take_entry, arrays._unpin_entry
+    seen: list[tuple[np.ndarray, ...]] = []
+
+    def watched(entry: Any) -> Any:
+        def call(outs: tuple[np.ndarray, ...], *rest: object) -> None:
+            seen.append(outs)
+            entry(outs, *rest)
+        return call
+
     if jit_backend == "numba":
-        assert arrays._take_entry is not None and arrays._unpin_entry is not None
-
-    def bound(*args: object) -> None:
-        raise AssertionError("an entry point got arguments of other types")
-
-    arrays._take_entry = arrays._unpin_entry = bound
-    outs = tuple(each[2] for each in probe.passes)
-    made: tuple[np.ndarray, ...]
+        assert take is not None and unpin is not None
+        arrays._take_entry, arrays._unpin_entry = watched(take), watched(unpin)
+    passes = list(probe.passes)
     if change == "strided":
-        made = tuple(np.repeat(out, 2)[::2] for out in outs)
+        passes = [(*each[:2], np.repeat(each[2], 2)[::2], *each[3:]) for each in passes]
     elif change == "int32":
-        made = tuple(out.astype(np.int32) for out in outs)
+        passes = [(*each[:2], each[2].astype(np.int32), *each[3:]) for each in passes]
     else:
-        made = outs[:-1]
-    answers = np.empty((len(outs), ANSWER_COLUMNS), dtype=np.int64)
-    args = (probe.spans.bounds, probe.spans.offsets, probe.at, eng.core.clock.now + 1, answers)
-    try:
-        arrays.take(made, *args)
-    except AssertionError:
-        raise
-    except Exception:  # refused by numba's matching (numba views only contiguous arrays)
-        pass
-    if jit_backend == "numba":  # the lookup's own outputs do take the entry point
-        with pytest.raises(AssertionError, match="entry point"):
-            arrays.take(outs, *args)
+        passes = passes[:-1]
+    made = attrs.evolve(verdict, probe=Probe(probe.core, probe.tokens, probe.groups, prompt,
+                                             passes=passes, at=probe.at, spans=probe.spans,
+                                             changes=probe.changes))
+    with eng.lease(made, prompt) as lease:
+        lease.validate()
+        assert {name: lease.blocks(name).tolist() for name in lease.groups} == expected
+    for outs in seen:
+        assert all(out.dtype == np.int64 and out.flags.c_contiguous for out in outs)
+        assert len(outs) == len(probe.passes)
+    assert all(not state.block_pins.any() and not state.chunk_pins.any()
+               for state in eng.core.groups.values())

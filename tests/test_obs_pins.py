@@ -633,25 +633,21 @@ def test_a_take_written_before_its_read_is_named_by_its_give_back(tmp_path: Path
     assert result.accepted and result.reads == len(leased[1]["runs"])
 
 
-def test_a_lease_tells_answer_row_observers_itself_only_where_all_take_them(
+def test_a_lease_tells_answer_row_and_run_observers_each_their_own_way(
         tmp_path: Path) -> None:
-    """Where every pin observer takes answer rows (an event log), a one-pass lease calls
-    their ``pinned_answer_runs`` itself; an observer taking runs only attached beside makes
-    the lease go through the core, which tells each its own way (both count the core's
-    pins)."""
+    """An event log (which takes a lease's answer rows) and an observer taking runs only,
+    attached together and apart: both count the core's pins after every lease."""
     with EventLog(tmp_path / "tellers.jsonl") as log:
         eng = deepseek(log)
-        assert eng.core.lease_pin_tellers == (log.pinned_answer_runs,)
         runs = RunsOnly()
         eng.core.add_observer(runs)
-        assert eng.core.lease_pin_tellers is None
         _leases_and_pins(eng, 31)
         assert_log_holds_core_pins(log, eng)
         for name, state in eng.core.groups.items():
             np.testing.assert_array_equal(runs.held(eng.core)[name], state.pins, err_msg=name)
         eng.core.remove_observer(runs)
-        assert eng.core.lease_pin_tellers == (log.pinned_answer_runs,)
-    assert eng.core.lease_pin_tellers is None  # the log closed: no pin observer is left
+        _leases_and_pins(eng, 32)
+        assert_log_holds_core_pins(log, eng)
     eng.close()
 
 

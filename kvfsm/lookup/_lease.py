@@ -5,23 +5,46 @@ exactly the blocks the kernel reads at the verdict's ``usable_tokens`` (an index
 too) and records their epochs, so :meth:`Lease.validate` proves nothing it covers moved, and
 the pins make sure nothing could. Leases expire (``ttl_s``) so a dead reader cannot hold
 blocks forever. Every lease operation takes the owner's lock.
+
+A lease holds the lookup's pass outputs (its ids and epochs are read there, as views) and the
+answer rows of its take (:mod:`~kvfsm.lookup._buffers`); an index's targets outside what it
+holds of their group are pinned through the core's ``pin`` and kept beside (``targets``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError, LeaseLost
-from kvfsm.lookup._buffers import HI, LO, answer_runs
-from kvfsm.lookup._lease_probed import ProbedHold
+from kvfsm.lookup._buffers import (
+    FIRST_EPOCH,
+    FIRST_ID,
+    FULL,
+    HI,
+    LO,
+    ONE_READ,
+    OUTSIDE,
+    PINNED_AS,
+    answer_runs,
+    probed_ids,
+)
+from kvfsm.lookup._lease_pass import LeaseArrays
+from kvfsm.lookup._lease_pins import first_moved, given_back
+from kvfsm.state import MAX_PINS, StateCore, StateError
+from kvfsm.state._core import LeasedRead, LeasedRun, PinRun
 
 if TYPE_CHECKING:
     from kvfsm.lookup._lease_book import LeaseBook
 
 IdArray = NDArray[np.intp]
+#: A lookup's pass per group: ``(name, spans, out, words, changes)`` (``Probe.passes``).
+Passes = Sequence[tuple[str, Any, NDArray[np.int64], Any, int]]
+#: Blocks pinned through the core's ``pin`` as an index's targets: ``(group, ids, epochs)``.
+Targets = tuple[tuple[str, IdArray, NDArray[np.uint32]], ...]
 
 #: Seconds a lease holds its pins unless released first: far longer than one kernel launch
 #: reads, short enough that a reader that died stops holding blocks soon.
@@ -38,17 +61,26 @@ class Lease:
     another prompt under a read in progress; one never validated expires at its ttl.
     """
 
-    __slots__ = ("_book", "_expired_on_release", "_hold", "_released", "_views", "expires_at",
-                 "reading", "tokens")
+    __slots__ = ("_answers", "_arrays", "_book", "_changes", "_expired_on_release",
+                 "_holding", "_offsets", "_one_runs", "_outs", "_passes", "_released",
+                 "_targets", "_views", "expires_at", "reading", "tokens")
 
-    def __init__(self, book: LeaseBook, tokens: int, hold: ProbedHold,
+    def __init__(self, book: LeaseBook, tokens: int, arrays: LeaseArrays, passes: Passes,
+                 outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
+                 answers: NDArray[np.int64], changes: int, holding: int, one_runs: bool,
                  expires_at: float) -> None:
         self._book = book
         #: The prefix length the lease covers (the verdict's ``usable_tokens``).
         self.tokens = tokens
         #: When the lease expires, on the book's monotonic clock.
         self.expires_at = expires_at
-        self._hold = hold
+        # The take: the groups' arrays, the lookup's passes and outputs (with where the ids and
+        # epochs start), the answer rows, the core's change count then, the groups holding
+        # blocks, and whether each holds one run at one epoch.
+        self._arrays, self._passes, self._outs, self._offsets = arrays, passes, outs, offsets
+        self._answers, self._changes, self._holding = answers, changes, holding
+        self._one_runs = one_runs
+        self._targets: Targets = ()
         #: Per group: its first prompt block, ids and epochs held (made when first read).
         self._views: dict[str, tuple[int, IdArray, NDArray[np.uint32]]] | None = None
         self._released = False
@@ -58,7 +90,7 @@ class Lease:
 
     @property
     def groups(self) -> tuple[str, ...]:
-        return self._hold.arrays.names
+        return self._arrays.names
 
     def blocks(self, group: str) -> IdArray:
         """The block ids of ``group`` the lease pinned, in prompt order."""
@@ -76,11 +108,19 @@ class Lease:
 
     def _view(self, group: str) -> tuple[int, IdArray, NDArray[np.uint32]]:
         if self._views is None:
-            self._views = {name: view[:3] for name, view
-                           in zip(self.groups, self._hold.views(), strict=True)}
+            self._views = {name: (row[LO], *self._held(g, row)) for g, (name, row)
+                           in enumerate(zip(self.groups, self._answers.tolist(), strict=True))}
         if group not in self._views:
             raise KvfsmError(f"no group {group!r} in this lease; groups: {list(self.groups)}")
         return self._views[group]
+
+    def _held(self, g: int, row: list[int]) -> tuple[IdArray, NDArray[np.uint32]]:
+        """The ids and epochs group ``g`` holds (answer row ``row``), as views of the lookup's
+        output."""
+        offsets = self._offsets[g]
+        ids, epochs = probed_ids(self._outs[g], int(offsets[0]), int(offsets[1]), row[LO],
+                                 row[HI])
+        return ids.view(np.intp), epochs
 
     @property
     def released(self) -> bool:
@@ -117,24 +157,63 @@ class Lease:
                     if self._expired_on_release else "the lease was released")
                 book.refused(lost)
                 raise lost
-            hold = self._hold
             # No change since the take: no block it holds moved.
-            if hold.arrays.change_count.total != hold.changes:
+            if self._arrays.change_count.total != self._changes:
                 try:
-                    hold.check()
+                    self._check()
                 except LeaseLost as lost:
                     book.refused(lost)
                     raise
             self.reading = True
-            # The read about to happen, for the event log (replay checks its epochs).
             core = book.core
-            if not core.reads_observed:
-                return
-            if hold.one_runs and not hold.targets:  # report_read's usual case
-                core.record_lease_runs(hold.arrays.names, hold.answers, hold.holding,
-                                       answer_runs)
+            if core.reads_observed:  # the read about to happen, for the event log's replay
+                if self._one_runs and not self._targets:
+                    core.record_lease_runs(self._arrays.names, self._answers, self._holding,
+                                           answer_runs)
+                else:
+                    core.record_leased_reads(*self._reads())
+
+    def _reads(self) -> tuple[list[LeasedRead], list[LeasedRun]]:
+        """The read a validated lease reports: each group's blocks as a run where they are
+        one, else as arrays."""
+        reads: list[LeasedRead] = []
+        runs: list[LeasedRun] = []
+        names = self._arrays.names
+        for g, row in enumerate(self._answers.tolist()):
+            count = row[HI] - row[LO]
+            if count <= 0:
+                continue
+            if row[ONE_READ]:
+                runs.append((names[g], row[FIRST_ID], count, row[FIRST_EPOCH]))
+                continue
+            ids, epochs = self._held(g, row)
+            reads.append((names[g], ids, epochs, False))
+        reads += [(name, ids, epochs, False) for name, ids, epochs in self._targets]
+        return reads, runs
+
+    def _check(self) -> None:
+        """LeaseLost naming the first block held that moved off its epoch, is no longer
+        readable, or has since been seen failing its checksum. Its form needs no check: every
+        row that changes a readable block's form bumps its epoch. Only groups changed since
+        the take, and the targets, are looked at."""
+        names, groups = self._arrays.names, self._arrays.groups
+        held = [(groups[g], *self._held(g, row)) for g, row in enumerate(self._answers.tolist())
+                if groups[g].changes != self._passes[g][4]]
+        held += [(groups[names.index(name)], ids, epochs) for name, ids, epochs in self._targets]
+        for state, ids, epochs in held:
+            first = first_moved(state, ids, epochs)
+            if first < 0:
+                continue
+            block = int(ids[first])
+            epoch, code = int(state.epoch[block]), int(state.states[block])
+            if epoch != int(epochs[first]):
+                why = "its content moved"
+            elif not state.table.readable[code]:
+                why = "it is no longer readable"
             else:
-                hold.report_read(core)
+                why = "a lookup saw it fail its checksum"
+            raise LeaseLost(why, group=state.name, block=block, old_epoch=int(epochs[first]),
+                            new_epoch=epoch, state=state.table.state_name(code))
 
     def release(self) -> None:
         """Give back the lease's pins (idempotent; safe from any thread). A block whose epoch
@@ -146,23 +225,92 @@ class Lease:
             if self._released:
                 return
             self._released = True
-            core, hold = book.core, self._hold
-            hold.unpin()
-            if hold.targets:
-                hold.unpin_targets(core)
-            if not core.pins_observed:
-                return
-            if hold.one_runs and hold.arrays.change_count.total == hold.changes:
-                # tell_pins's usual case: nothing changed since the take
-                tellers = core.lease_pin_tellers
-                if tellers is None:
-                    core.tell_lease_pins(hold.arrays.names, hold.answers, hold.holding, -1,
-                                         answer_runs)
-                else:
-                    for tell in tellers:
-                        tell(hold.arrays.names, hold.answers, hold.holding, -1)
+            core = book.core
+            self.unpin()
+            if self._targets:
+                self._unpin_targets(core)
+            if core.pins_observed:
+                self.tell_pins(core, -1)
+
+    def unpin(self, groups: int | None = None) -> None:
+        """Give back the pins of every group (or of the first ``groups``), not the targets'."""
+        self._arrays.unpin(self._outs, self._offsets, self._answers,
+                           len(self._outs) if groups is None else groups)
+
+    def _unpin_targets(self, core: StateCore) -> None:
+        """Give back the targets' pins through the core's ``unpin``, but on blocks whose epoch
+        moved (their pin went with their content) or whose pins were released behind the
+        lease's back."""
+        for name, ids, epochs in self._targets:
+            state = core.group(name)
+            kept = ids[(state.epoch[ids] == epochs) & (state.block_pins[ids] > 0)]
+            if kept.size:
+                core.unpin(name, kept)
+
+    def tell_pins(self, core: StateCore, delta: int) -> None:
+        """Tell ``core``'s pin observers of the pins this lease took (``delta`` 1) or gave back
+        (-1, after :meth:`unpin`). A give-back after the group changed tells only the pins
+        given back (:func:`~kvfsm.lookup._lease_pins.given_back`)."""
+        names, groups, answers = self._arrays.names, self._arrays.groups, self._answers
+        # Nothing changed since the take: every pin taken is given back.
+        whole = delta > 0 or self._arrays.change_count.total == self._changes
+        if whole and self._one_runs:
+            core.tell_lease_pins(names, answers, self._holding, delta, answer_runs)
+            return
+        runs: list[PinRun] = []
+        for g, row in enumerate(answers.tolist()):
+            count = row[HI] - row[LO]
+            if count <= 0:
+                continue
+            state = groups[g]
+            ids, epochs = self._held(g, row)
+            if whole or state.changes == self._passes[g][4]:
+                if row[ONE_READ]:
+                    runs.append((names[g], row[FIRST_ID], count, delta))
+                    continue
             else:
-                hold.tell_pins(core, -1)
+                ids = given_back(state, ids, epochs, row[PINNED_AS])
+            core.tell_pins(names[g], ids.copy(), delta)
+        core.tell_pin_runs(runs)
+
+    def hold_targets(self, core: StateCore) -> None:
+        """Pin the distinct blocks this lease's index groups point at outside what it holds of
+        their targets, recording ``(target group, ids, epochs)``. Nothing changed since the
+        lookup that checked every reference, so each is the prompt's block. Where one cannot
+        be pinned, everything pinned (the lease's own blocks included) is given back first."""
+        names, answers = self._arrays.names, self._answers.tolist()
+        made: list[tuple[str, IdArray, NDArray[np.uint32]]] = []
+        try:
+            for g, state in enumerate(self._arrays.groups):
+                target = state.target
+                if target is None:
+                    continue
+                at = names.index(target.name)
+                held = self._held(at, answers[at])[0]
+                ids = target.without(target.distinct(state.index_targets(
+                    self._held(g, answers[g])[0])), held)
+                if ids.size:
+                    core.pin(target.name, ids)
+                    made.append((target.name, ids, target.epoch[ids].copy()))
+        except Exception:
+            for name, ids, _ in made:
+                core.unpin(name, ids)
+            self.unpin()
+            raise
+        self._targets = tuple(made)
+
+    def refuse(self, stop: int) -> NoReturn:
+        """Give back the pins of the groups before ``stop``, then raise why group ``stop``
+        refused the take: a KvfsmError (an id outside its group) or a StateError (a block
+        already at ``MAX_PINS``)."""
+        self.unpin(stop)
+        state, row = self._arrays.groups[stop], self._answers[stop].tolist()
+        ids, _ = self._held(stop, row)
+        if row[OUTSIDE] >= 0:
+            raise KvfsmError(f"{state.name}: block ids must lie in [0, {state.n_blocks}), got "
+                             f"{int(ids[row[OUTSIDE]])}")
+        raise StateError(f"{state.name}: more than {MAX_PINS} pins on one block (block "
+                         f"{int(ids[row[FULL]])}); nothing was pinned")
 
     def mark_expired(self) -> None:
         self._expired_on_release = True
@@ -174,7 +322,7 @@ class Lease:
         self.release()
 
     def __repr__(self) -> str:
-        answers = self._hold.answers
+        answers = self._answers
         blocks = int((answers[:, HI] - answers[:, LO]).sum())
         status = "released" if self._released else "open"
         return f"Lease({self.tokens} tokens, {blocks} blocks pinned, {status})"

@@ -11,13 +11,11 @@ from collections.abc import Callable
 from typing import Final
 
 import numpy as np
-from numpy.typing import NDArray
 
 from kvfsm._errors import KvfsmError, LeaseLost
-from kvfsm.lookup._buffers import ANSWER_COLUMNS, TAKEN, answer_runs
+from kvfsm.lookup._buffers import ANSWER_COLUMNS, TAKEN
 from kvfsm.lookup._lease import DEFAULT_LEASE_TTL_S, Lease
 from kvfsm.lookup._lease_pass import LeaseArrays
-from kvfsm.lookup._lease_probed import IdArray, ProbedHold, Targets, refuse_probed
 from kvfsm.lookup._lookup_layout import LookupProbe
 from kvfsm.lookup._types import Level, Probe, Verdict
 from kvfsm.state import Prompt, StateCore
@@ -80,8 +78,8 @@ class LeaseBook:
         tokens = verdict.usable_tokens
         with self.lock:
             probe = verdict.probe
-            if probe is not None and probe.prompt is prompt and probe.exact and \
-                    probe.spans is not None and probe.passes is not None and \
+            # A lookup's own probe (its arrays as the take reads them) of this prompt here.
+            if probe.__class__ is LookupProbe and probe.prompt is prompt and \
                     probe.tokens == tokens and probe.core() is self.core:
                 lease = self._take_probed(probe, tokens, ttl_s)
                 if lease is not None:
@@ -100,7 +98,7 @@ class LeaseBook:
 
     def _take_probed(self, probe: Probe, tokens: int, ttl_s: float) -> Lease | None:
         """The lease of ``tokens`` on ``probe`` (which the caller checked is this core's),
-        its targets too (:func:`_pin_targets`); None where some group changed since the
+        its targets too (:meth:`Lease.hold_targets`); None where some group changed since the
         lookup (nothing pinned). A StateError (a block at ``MAX_PINS``) or KvfsmError (an id
         outside its group) where a group refused: nothing pinned, the groups before it stay
         marked used."""
@@ -114,29 +112,18 @@ class LeaseBook:
         outs = tuple([each[2] for each in passes])
         answers = np.empty((len(outs), ANSWER_COLUMNS), dtype=np.int64)
         clock = arrays.clock
-        # A lookup's own probe: its outputs and spans are C-contiguous int64, as allocated.
-        (stop, touched, one_runs, outside), bound = arrays.take(
-            outs, spans.bounds, spans.offsets, probe.at, clock.now + 1, answers,
-            probe.__class__ is LookupProbe)
+        stop, touched, one_runs, outside = arrays.take(
+            outs, spans.bounds, spans.offsets, probe.at, clock.now + 1, answers)
         clock.now += touched  # the ticks the pass took
-        hold: ProbedHold = tuple.__new__(ProbedHold, (
-            arrays, passes, outs, spans.offsets, answers, probe.changes, touched,
-            one_runs == touched, (), bound))
+        lease = Lease(self, tokens, arrays, passes, outs, spans.offsets, answers, probe.changes,
+                      touched, one_runs == touched, self.clock() + ttl_s)
         if stop != TAKEN:
-            refuse_probed(hold, stop)
+            lease.refuse(stop)
         core = self.core
         if outside:
-            hold = hold._replace(targets=_pin_targets(core, hold))
+            lease.hold_targets(core)
         if core.pins_observed:  # told once taken: a refused take pinned nothing
-            tellers = core.lease_pin_tellers
-            if hold.one_runs and tellers is not None:
-                for tell in tellers:
-                    tell(arrays.names, answers, touched, 1)
-            elif hold.one_runs:  # hold.tell_pins's usual case
-                core.tell_lease_pins(arrays.names, answers, touched, 1, answer_runs)
-            else:
-                hold.tell_pins(core, 1)
-        lease = Lease(self, tokens, hold, self.clock() + ttl_s)
+            lease.tell_pins(core, 1)
         self._open[id(lease)] = lease
         if lease.expires_at < self.next_expiry:
             self.next_expiry = lease.expires_at
@@ -194,32 +181,6 @@ def check_ttl(ttl_s: float) -> None:
             not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not ttl_s > 0
             or not math.isfinite(ttl_s)):
         raise KvfsmError(f"lease ttl_s must be a finite number of seconds > 0, got {ttl_s!r}")
-
-
-def _pin_targets(core: StateCore, hold: ProbedHold) -> Targets:
-    """Pin the distinct blocks ``hold``'s index groups point at outside what it holds of their
-    targets, recording ``(target group, ids, epochs)``. Nothing changed since the lookup that
-    checked every reference, so each is the prompt's block. Where one cannot be pinned,
-    everything pinned (``hold`` included) is given back first."""
-    views = hold.views()
-    names = hold.arrays.names
-    made: list[tuple[str, IdArray, NDArray[np.uint32]]] = []
-    try:
-        for g, state in enumerate(hold.arrays.groups):
-            target = state.target
-            if target is None:
-                continue
-            held = views[names.index(target.name)][1]
-            ids = target.without(target.distinct(state.index_targets(views[g][1])), held)
-            if ids.size:
-                core.pin(target.name, ids)
-                made.append((target.name, ids, target.epoch[ids].copy()))
-    except Exception:
-        for name, ids, _ in made:
-            core.unpin(name, ids)
-        hold.unpin()
-        raise
-    return tuple(made)
 
 
 def _lost(core: StateCore, tokens: int, again: Verdict) -> LeaseLost:

@@ -10,7 +10,7 @@ pins and touches every group's blocks read from the lookup's pass outputs, and
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -276,22 +276,6 @@ unpin_probed_kernel = kernel(example=_unpin_example, twin=_unpin_probed_twin,
                              calls=(probed_ids, unpin_loop))(unpin_probed_loop)
 
 
-_INT64: Final = np.dtype(np.int64)
-
-
-def _int64_c(arrays: Sequence[NDArray[Any]], ndim: int) -> bool:
-    """Every one of ``arrays`` is a plain int64 ndarray of ``ndim`` dimensions, C-contiguous
-    and aligned: what a bound entry point reads it as."""
-    for array in arrays:
-        if array.__class__ is not np.ndarray:
-            return False
-        flags = array.flags
-        if array.dtype is not _INT64 or array.ndim != ndim or not flags.c_contiguous or \
-                not flags.aligned:
-            return False
-    return True
-
-
 class LeaseArrays:
     """A core's groups' arrays that a lease pass reads and writes, as one address table in a
     lookup's order of the groups, gathered once: each array is its group's for its life
@@ -332,40 +316,36 @@ class LeaseArrays:
         self._unpin_entry: Callable[..., None] | None = None
 
     def take(self, outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
-             offsets: NDArray[np.int64], at: int, tick: int, answers: NDArray[np.int64],
-             made_here: bool = False) -> tuple[list[int], bool]:
-        """:func:`take_probed_loop` over these groups: its ``result`` as a list, and whether
-        the bound entry point read the arrays (hand that to :meth:`unpin`). That entry point
-        skips numba's type matching, so ``outs``, ``bounds``, ``offsets`` and ``answers`` must
-        be C-contiguous int64 of their dimensions: ``made_here`` says the caller allocated them
-        so (a lookup's own probe); else each is checked (:func:`_int64_c`), and any other goes
-        through numba's dispatcher."""
-        entry = self._take_entry
-        bound = settings.enabled and len(outs) == self.count and (made_here or (
-            _int64_c(outs, 1) and _int64_c((bounds,), 3) and _int64_c((offsets, answers), 2)))
-        if bound:
+             offsets: NDArray[np.int64], at: int, tick: int, answers: NDArray[np.int64]
+             ) -> list[int]:
+        """:func:`take_probed_loop` over these groups; its ``result`` as a list. The arrays
+        are a lookup's own (its pass outputs and spans) and ``answers`` is C-contiguous int64
+        of their dimensions: the entry point bound on the first call (which skips numba's type
+        matching) reads them as such."""
+        if settings.enabled:
+            entry = self._take_entry
             if entry is None:
                 entry = self._take_entry = take_probed_kernel.entry(*(
                     outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
                     self.result))
         else:
-            entry = take_probed_kernel.run
+            entry = take_probed_kernel.twin
         entry(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
               self.result)
         result: list[int] = self.result.tolist()
-        return result, bound
+        return result
 
     def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
-              answers: NDArray[np.int64], groups: int, bound: bool) -> None:
-        """:func:`unpin_probed_loop` over the first ``groups`` groups, through the bound entry
-        point only where ``bound`` (what :meth:`take` answered for these arrays)."""
-        entry = self._unpin_entry
-        if bound:
+              answers: NDArray[np.int64], groups: int) -> None:
+        """:func:`unpin_probed_loop` over the first ``groups`` groups (the arrays of a
+        :meth:`take`)."""
+        if settings.enabled:
+            entry = self._unpin_entry
             if entry is None:
                 entry = self._unpin_entry = unpin_probed_kernel.entry(*(
                     outs, offsets, self.fixed, self.table, answers, groups))
         else:
-            entry = unpin_probed_kernel.run
+            entry = unpin_probed_kernel.twin
         entry(outs, offsets, self.fixed, self.table, answers, groups)
 
 

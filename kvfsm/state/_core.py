@@ -70,8 +70,6 @@ AnswerRuns = Callable[[tuple[str, ...], NDArray[np.int64]], list[LeasedRun]]
 #: Pins that ``count`` consecutive ids from ``first`` each gained (``delta`` > 0) or gave back
 #: (``delta`` < 0): ``(group, first, count, delta)``.
 PinRun = tuple[str, int, int, int]
-#: An observer's ``pinned_answer_runs(names, answers, count, delta)``.
-LeasePinTeller = Callable[[tuple[str, ...], NDArray[np.int64], int, int], None]
 #: An observer told of pins, with its ``pinned(group, ids, delta)``, ``pinned_runs(runs)`` and
 #: ``pinned_answer_runs(names, answers, count, delta)`` methods (None where it has none; it
 #: has one of the first two at least).
@@ -268,10 +266,6 @@ class StateCore:
         #: Some attached observer is told of pins: the pin writers (leases included) gather
         #: nothing to report where none is.
         self.pins_observed = False
-        #: Where every pin observer takes a lease's answer rows: their
-        #: ``pinned_answer_runs`` methods, which a one-pass lease calls itself (a frame
-        #: fewer on its take and give-back, each right after a long lookup); else None.
-        self.lease_pin_tellers: tuple[LeasePinTeller, ...] | None = None
         #: The ``checks_failed``, ``written`` and ``indexed`` methods of attached observers
         #: (found once when each is attached; see :class:`CoreObserver`).
         self._failed_observers: list[tuple[CoreObserver, Callable[
@@ -468,7 +462,6 @@ class StateCore:
             self._pin_observers.append((observer, pinned, pinned_runs,
                                         getattr(observer, "pinned_answer_runs", None)))
             self.pins_observed = True
-            self._find_lease_pin_tellers()
         for name, told in (("checks_failed", self._failed_observers),
                            ("written", self._write_observers),
                            ("indexed", self._ref_observers)):
@@ -487,18 +480,11 @@ class StateCore:
                 self._pin_observers = [each for each in self._pin_observers
                                        if each[0] is not observer]
                 self.pins_observed = bool(self._pin_observers)
-                self._find_lease_pin_tellers()
                 for name in ("_failed_observers", "_write_observers", "_ref_observers"):
                     setattr(self, name, [each for each in getattr(self, name)
                                          if each[0] is not observer])
                 return
         raise KvfsmError(f"{self.model.name}: observer {observer!r} is not attached")
-
-    def _find_lease_pin_tellers(self) -> None:
-        """:attr:`lease_pin_tellers` for the pin observers attached now."""
-        tellers = tuple(each[3] for each in self._pin_observers if each[3] is not None)
-        self.lease_pin_tellers = tellers if tellers and \
-            len(tellers) == len(self._pin_observers) else None
 
     @property
     def observed(self) -> bool:
