@@ -1,5 +1,5 @@
 """A lease taken and given back in one compiled pass over every group (kvfsm.lookup._lease_pass,
-through kvfsm.lookup._lease_probed): on its lookup's own verdict, or on a new lookup of the
+held by kvfsm.lookup._lease.Lease): on its lookup's own verdict, or on a new lookup of the
 prompt where the verdict's probe cannot serve."""
 
 from __future__ import annotations
