@@ -222,7 +222,7 @@ def group_pass_fixed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     them (the group's fixed arrays as one address table)."""
     return _fixed_args(group_pass_inputs(rng))
 
-# The lease's and touch's kernels (kvfsm/state/_touch.py, _lease_pins.py, _lease_pass.py).
+# The lease's and touch's kernels (kvfsm/state/_touch.py, kvfsm/lookup/_lease_pass.py).
 
 def chunk_bounds(first: int, count: int, shift: int) -> tuple[int, int]:
     """The whole chunks (of ``1 << shift`` ids) inside the ids ``[first, first + count)``,

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 import kvfsm
 import kvfsm.lookup._group_pass
 import kvfsm.lookup._lease_pass
-import kvfsm.lookup._lease_pins
 import kvfsm.lookup._snapshot
 import kvfsm.state._hashtable
 import kvfsm.state._touch
@@ -262,7 +261,7 @@ INPUTS: dict[Kernel, Callable[[np.random.Generator], tuple[object, ...]]] = {
     kvfsm.lookup._group_pass.group_pass_fixed: kernel_inputs.group_pass_fixed_inputs,
     kvfsm.lookup._snapshot.take_snapshot: kernel_inputs.take_snapshot_inputs,
     kvfsm.state._touch.touch_kernel: kernel_inputs.touch_kernel_inputs,
-    kvfsm.lookup._lease_pins.first_moved_kernel: kernel_inputs.moved_inputs,
+    kvfsm.lookup._lease_pass.first_moved_kernel: kernel_inputs.moved_inputs,
     kvfsm.lookup._lease_pass.take_probed_kernel: kernel_inputs.take_probed_inputs,
     kvfsm.lookup._lease_pass.unpin_probed_kernel: kernel_inputs.unpin_probed_inputs,
 }

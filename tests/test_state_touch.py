@@ -10,12 +10,12 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvfsm.lookup._lease_pins import _unpin_twin
 from kvfsm.state._recency import Recency
 from kvfsm.state._touch import (
     NO_PINNING,
     ONE_RUN,
     RUNS,
+    _unpin_twin,
     run_chunks,
     touch_kernel,
     unpin_loop,

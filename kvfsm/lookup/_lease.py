@@ -32,10 +32,11 @@ from kvfsm.lookup._buffers import (
     answer_runs,
     probed_ids,
 )
-from kvfsm.lookup._lease_pass import LeaseArrays
-from kvfsm.lookup._lease_pins import first_moved, given_back
+from kvfsm.lookup._lease_pass import LeaseArrays, first_moved
 from kvfsm.state import MAX_PINS, StateCore, StateError
 from kvfsm.state._core import LeasedRead, LeasedRun, PinRun
+from kvfsm.state._group import GroupState
+from kvfsm.state._touch import ONE_BY_ONE, run_chunks
 
 if TYPE_CHECKING:
     from kvfsm.lookup._lease_book import LeaseBook
@@ -250,7 +251,7 @@ class Lease:
     def tell_pins(self, core: StateCore, delta: int) -> None:
         """Tell ``core``'s pin observers of the pins this lease took (``delta`` 1) or gave back
         (-1, after :meth:`unpin`). A give-back after the group changed tells only the pins
-        given back (:func:`~kvfsm.lookup._lease_pins.given_back`)."""
+        given back (:func:`given_back`)."""
         names, groups, answers = self._arrays.names, self._arrays.groups, self._answers
         # Nothing changed since the take: every pin taken is given back.
         whole = delta > 0 or self._arrays.change_count.total == self._changes
@@ -326,3 +327,18 @@ class Lease:
         blocks = int((answers[:, HI] - answers[:, LO]).sum())
         status = "released" if self._released else "open"
         return f"Lease({self.tokens} tokens, {blocks} blocks pinned, {status})"
+
+
+def given_back(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
+               run: int = ONE_BY_ONE) -> IdArray:
+    """The blocks of ``ids`` whose pin a give-back returns (``run``: how they were pinned):
+    all but those pinned one by one that are no longer at ``epochs`` (a block inside a run's
+    whole chunk gives its pin back with the chunk). For pin observers only."""
+    moved = state.epoch[ids] != epochs
+    if not moved.any():
+        return ids
+    kept = ~moved
+    if run != ONE_BY_ONE:
+        kept |= run_chunks(ids, state.pin_shift)[0]
+    given: IdArray = ids[kept]
+    return given

@@ -4,7 +4,8 @@ A take on a lookup's own probe with no group changed since has only the pin limi
 check: every block is as the lookup saw it. The groups' arrays are gathered once per core into
 one address table (:class:`LeaseArrays`, :mod:`kvfsm._addressed`); :func:`take_probed_kernel`
 pins and touches every group's blocks read from the lookup's pass outputs, and
-:func:`unpin_probed_kernel` gives them back.
+:func:`unpin_probed_kernel` gives them back. :func:`first_moved` finds the first block a
+lease holds that moved since (its validate, where a group changed).
 """
 
 from __future__ import annotations
@@ -50,15 +51,17 @@ from kvfsm.lookup._buffers import (
     one_run_blocks,
     probed_ids,
 )
-from kvfsm.lookup._lease_pins import _unpin_twin
-from kvfsm.state._group import MAX_PINS, GroupState
+from kvfsm.state._group import FAILED, MAX_PINS, GroupState
 from kvfsm.state._touch import (
     TOUCH_CALLS,
     _touch_known,
     _touch_twin,
+    _unpin_twin,
     no_linked_run,
     unpin_loop,
 )
+
+IdArray = NDArray[np.intp]
 
 
 def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
@@ -276,6 +279,45 @@ unpin_probed_kernel = kernel(example=_unpin_example, twin=_unpin_probed_twin,
                              calls=(probed_ids, unpin_loop))(unpin_probed_loop)
 
 
+def _moved_example() -> tuple[object, ...]:
+    return (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.uint32),
+            read_only(np.zeros(1, dtype=np.uint8)), read_only(np.zeros(1, dtype=np.uint32)),
+            read_only(np.ones(1, dtype=np.bool_)), read_only(np.zeros(1, dtype=np.uint8)),
+            np.empty(1, dtype=np.int64))
+
+
+def _first_moved_twin(ids: IdArray, recorded: NDArray[np.uint32], states: NDArray[np.uint8],
+                      epoch: NDArray[np.uint32], readable: NDArray[np.bool_],
+                      check: NDArray[np.uint8], out: NDArray[np.int64]) -> None:
+    bad = np.flatnonzero((epoch[ids] != recorded) | ~readable[states[ids]]
+                         | (check[ids] == FAILED))
+    out[0] = int(bad[0]) if bad.size else -1
+
+
+@kernel(example=_moved_example, twin=_first_moved_twin)
+def first_moved_kernel(ids: IdArray, recorded: NDArray[np.uint32], states: NDArray[np.uint8],
+                       epoch: NDArray[np.uint32], readable: NDArray[np.bool_],
+                       check: NDArray[np.uint8], out: NDArray[np.int64]) -> None:
+    """``out[0]``: the first ``i`` whose block moved off epoch ``recorded[i]``, is no longer
+    readable, or was seen failing its checksum since; -1 when none did."""
+    out[0] = -1
+    for i in range(ids.size):
+        block = ids[i]
+        if epoch[block] != recorded[i] or not readable[states[block]] or \
+                check[block] == FAILED:
+            out[0] = i
+            return
+
+
+def first_moved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32]) -> int:
+    """The first index into ``ids`` whose block is no longer at ``epochs``, no longer
+    readable, or was seen failing its checksum; -1 when none."""
+    out = np.empty(1, dtype=np.int64)
+    first_moved_kernel(ids, epochs, state.states, state.epoch, state.table.readable,
+                       state.check, out)
+    return int(out[0])
+
+
 class LeaseArrays:
     """A core's groups' arrays that a lease pass reads and writes, as one address table in a
     lookup's order of the groups, gathered once: each array is its group's for its life
@@ -349,4 +391,4 @@ class LeaseArrays:
         entry(outs, offsets, self.fixed, self.table, answers, groups)
 
 
-__all__ = ["LeaseArrays", "lease_table", "take_probed_kernel", "unpin_probed_kernel"]
+__all__ = ["LeaseArrays", "first_moved", "lease_table", "take_probed_kernel", "unpin_probed_kernel"]

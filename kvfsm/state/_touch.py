@@ -311,6 +311,20 @@ def unpin_loop(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uin
         i = j
 
 
+def _unpin_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
+                pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16], shift: int,
+                run: int) -> None:
+    """:func:`unpin_loop` as array operations."""
+    if run != ONE_BY_ONE:
+        inside, chunks = run_chunks(ids, shift)
+        chunks = chunks[chunk_pins[chunks] > 0]
+        chunk_pins[chunks] -= np.uint16(1)
+        ids, recorded = ids[~inside], recorded[~inside]
+    unmoved = ids[epoch[ids] == recorded]
+    held = unmoved[pins[unmoved] > 0]
+    pins[held] -= np.uint16(1)
+
+
 def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],
                 last_use: NDArray[np.uint32], tick: int, prev: NDArray[np.int32],
                 next_: NDArray[np.int32], head: NDArray[np.int32], tail: NDArray[np.int32],
