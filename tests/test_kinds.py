@@ -133,7 +133,9 @@ def test_a_sparse_index_row_holds_only_where_every_reference_does() -> None:
     """The sparse-index rule: a row holds where each reference names an alive target at the
     epoch it was indexed against, that target is the prompt's history block at its position
     and is complete before the row; an unused slot holds only with epoch 0; a reference outside
-    the target group never holds."""
+    the target group never holds. A row that fails is *stale* where some reference's target
+    is dead, at another epoch or outside the group (or an unused slot carries an epoch), else
+    a gap (its targets are not this prompt's, or not complete yet)."""
     from kvfsm.kinds._sparse_index import NO_TARGET, references_hold
 
     # History blocks of 64 tokens, index rows of 16: history block 0 is complete from row 3.
@@ -142,20 +144,21 @@ def test_a_sparse_index_row_holds_only_where_every_reference_does() -> None:
     target_position = np.array([-1, -1, -1, -1, -1, 0, 1], dtype=np.int32)
     target_states = np.array([0, 0, 0, 0, 1, 1, 1], dtype=np.uint8)
     hashed = np.array([False, True])
-    cases = {  # name: (targets, epochs, row, holds)
-        "current, complete": ([5, NO_TARGET], [2, 0], 3, True),
-        "target not complete yet": ([5, NO_TARGET], [2, 0], 2, False),
-        "stale epoch": ([5, NO_TARGET], [1, 0], 3, False),
-        "unused slot with an epoch": ([5, NO_TARGET], [2, 7], 3, False),
-        "another prompt's block": ([4, NO_TARGET], [0, 0], 3, False),
-        "dead target": ([0, NO_TARGET], [0, 0], 3, False),
-        "outside the group": ([99, NO_TARGET], [0, 0], 3, False),
-        "second block, later row": ([5, 6], [2, 3], 7, True),
+    cases = {  # name: (targets, epochs, row, holds, stale)
+        "current, complete": ([5, NO_TARGET], [2, 0], 3, True, False),
+        "target not complete yet": ([5, NO_TARGET], [2, 0], 2, False, False),
+        "stale epoch": ([5, NO_TARGET], [1, 0], 3, False, True),
+        "unused slot with an epoch": ([5, NO_TARGET], [2, 7], 3, False, True),
+        "another prompt's block": ([4, NO_TARGET], [0, 0], 3, False, False),
+        "dead target": ([0, NO_TARGET], [0, 0], 3, False, True),
+        "outside the group": ([99, NO_TARGET], [0, 0], 3, False, True),
+        "second block, later row": ([5, 6], [2, 3], 7, True, False),
     }
-    for name, (targets, epochs, row, holds) in cases.items():
+    for name, (targets, epochs, row, holds, stale) in cases.items():
         got = references_hold(np.array([targets], dtype=np.int32),
                               np.array([epochs], dtype=np.uint32), np.array([row]),
                               target_epoch=target_epoch, target_states=target_states,
                               hashed=hashed, target_position=target_position,
                               history_ids=history, target_size=64, own_size=16)
         assert bool(got.fit[0]) is holds, name
+        assert bool(got.stale[0]) is stale, name

@@ -9,7 +9,7 @@ import pytest
 from kvfsm import Engine
 from kvfsm.lookup import DeviceProfile, Level, Reason
 from kvfsm.lookup._group_eval import GroupEval
-from kvfsm.lookup._index_check import IndexCheck
+from kvfsm.lookup._why import BY_CODE
 from kvfsm.spec import Event
 from kvfsm.state import NO_TARGET
 from tests.lookup_models import DEEPSEEK, block_id, engine, tokens
@@ -67,11 +67,22 @@ def _evaluated(eng: Engine, history_order: list[int] | None = None
     return evaluated["history"], evaluated["index"]
 
 
-def _check(eng: Engine, history_order: list[int] | None = None) -> IndexCheck:
+class _RowChecks:
+    """The index rows' reference checks of one evaluation: ``fit`` per row, and why a row
+    failed (as the verdict names it)."""
+
+    def __init__(self, index: GroupEval) -> None:
+        assert index.fit is not None
+        self.index, self.fit = index, index.fit
+
+    def reason(self, row: int) -> Reason | None:
+        code = self.index.reason_codes(np.array([row], dtype=np.int64), np.zeros(1, np.bool_))
+        return BY_CODE[int(code[0])]
+
+
+def _check(eng: Engine, history_order: list[int] | None = None) -> _RowChecks:
     """The index rows' checks of TEXT (see :func:`_evaluated`)."""
-    check = _evaluated(eng, history_order)[1].index
-    assert check is not None
-    return check
+    return _RowChecks(_evaluated(eng, history_order)[1])
 
 
 def test_a_target_is_allowed_from_the_first_row_whose_block_covers_it() -> None:

@@ -13,6 +13,7 @@ from kvfsm.lookup import DeviceProfile, Level, Reason, Verdict
 from kvfsm.lookup._group_eval import GroupEval
 from kvfsm.spec import Event, Layout, Tier
 from kvfsm.state import NO_TARGET
+from tests.block_reason import block_reason
 from tests.lookup_models import (
     DEEPSEEK,
     DENSE,
@@ -114,7 +115,7 @@ def test_tail_missing() -> None:
     assert evaluation.now.tolist() == [True, True, False]
     index, compressed = evaluation.failing(100)
     assert (index.tolist(), compressed.tolist()) == ([1], [False])
-    assert evaluation.reason(1, False) is Reason.TAIL_MISSING
+    assert block_reason(evaluation, 1, False) is Reason.TAIL_MISSING
 
 
 def test_window_mismatch() -> None:

@@ -13,6 +13,7 @@ from kvfsm.lookup import Level, Reason
 from kvfsm.lookup._group_eval import GroupEval
 from kvfsm.lookup._why import BY_CODE, MAX_LISTED, listed
 from kvfsm.spec import ModelDecl
+from tests.block_reason import block_reason
 from tests.lookup_models import (
     DEEPSEEK,
     DENSE,
@@ -79,7 +80,7 @@ def test_the_batch_names_each_block_as_the_one_block_rule_does(
             assert first == ((int(index[0]), bool(form[0])) if index.size else None)
             codes = e.reason_codes(needed, compressed)
             assert [BY_CODE[code] for code in codes.tolist()] == [
-                e.reason(i, c) for i, c in zip(needed.tolist(), compressed.tolist(),
+                block_reason(e, i, c) for i, c in zip(needed.tolist(), compressed.tolist(),
                                                strict=True)], (e.decl.name, length)
 
 
@@ -125,5 +126,5 @@ def test_an_index_row_is_stale_or_a_group_gap_in_the_batch_as_alone(decl: ModelD
     rows = np.arange(index_eval.n, dtype=np.int64)
     raw = np.zeros(rows.size, dtype=np.bool_)
     named = [BY_CODE[code] for code in index_eval.reason_codes(rows, raw).tolist()]
-    assert named == [index_eval.reason(i, False) for i in rows.tolist()]
+    assert named == [block_reason(index_eval, i, False) for i in rows.tolist()]
     assert [i for i, why in enumerate(named) if why is Reason.INDEX_STALE] == [10, 12]

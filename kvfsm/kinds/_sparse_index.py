@@ -38,6 +38,9 @@ class References(NamedTuple):
     at: NDArray[np.int64]
     #: Per row: every reference holds.
     fit: Bools
+    #: Per row: some reference is stale (its target dead, at another epoch, or outside the
+    #: target group; an unused one recorded with an epoch), not merely of another prompt.
+    stale: Bools
 
 
 def references_hold(targets: NDArray[np.int32], epochs: NDArray[np.uint32],
@@ -62,10 +65,10 @@ def references_hold(targets: NDArray[np.int32], epochs: NDArray[np.uint32],
     ours = placed & (history_ids[at] == held) if n_history else np.zeros_like(placed)
     # The first index row whose query position comes after the target block's last token.
     first_row = ((at + 1) * target_size + own_size - 1) // own_size - 1
-    good = ours & hashed[target_states[held]] & (target_epoch[held] == epochs) & \
-        (first_row <= rows[:, None])
-    bad = np.where(used, ~good, epochs != 0)
-    return References(used, ours, at, ~bad.any(axis=1))
+    current = in_range & hashed[target_states[held]] & (target_epoch[held] == epochs)
+    bad = np.where(used, ~(ours & current & (first_row <= rows[:, None])), epochs != 0)
+    stale = np.where(used, ~current, epochs != 0)
+    return References(used, ours, at, ~bad.any(axis=1), stale.any(axis=1))
 
 
 @inlined

@@ -297,7 +297,9 @@ def _group_verdict(e: GroupEval, step: int, count: int) -> GroupVerdict:
         else:
             first = e.first_failing(probe)
             if first is not None:
-                stop = e.reason(*first)
+                index, compressed = first
+                stop = BY_CODE[int(e.reason_codes(np.array([index], dtype=np.int64),
+                                                  np.array([compressed]))[0])]
         if stop is None:
             stop = e.rule.unservable or Reason.NOT_CACHED
     decl = e.decl

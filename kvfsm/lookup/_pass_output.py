@@ -11,11 +11,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvfsm._reasons import Reason
-from kvfsm.fsm import FORM_COMPRESSED as COMPRESSED
-from kvfsm.fsm import FORM_RAW as RAW
 from kvfsm.fsm import CompiledTable
 from kvfsm.kinds import KindRule
-from kvfsm.lookup._block_facts import FOUND, LAYOUT, PLACED, READABLE, WHOLE
+from kvfsm.kinds._sparse_index import references_hold
+from kvfsm.lookup._block_facts import FOUND
 from kvfsm.lookup._buffers import (
     AFTER,
     AFTER_CMP,
@@ -31,13 +30,12 @@ from kvfsm.lookup._buffers import (
     flag_start,
     snapshot_rows,
 )
-from kvfsm.lookup._index_check import IndexCheck
 from kvfsm.lookup._paths import RestorePaths
 from kvfsm.lookup._snapshot import take_snapshot
 from kvfsm.lookup._spans import Spans
 from kvfsm.lookup._statics import Statics
 from kvfsm.lookup._why import Codes, reason_codes
-from kvfsm.spec import GroupDecl, Tier
+from kvfsm.spec import GroupDecl
 from kvfsm.state import GroupState
 
 Bools = NDArray[np.bool_]
@@ -177,12 +175,9 @@ class PassOutput:
         return found
 
     @property
-    def index(self) -> IndexCheck | None:
-        """The index's reference checks (sparse-index groups; None otherwise), for reasons."""
-        if not self._has_index or self._history is None:
-            return None
-        safe = np.where(self.ids >= 0, self.ids, 0)
-        return IndexCheck(self.group, safe, self._flag_row(FIT, self.n))
+    def fit(self) -> Bools | None:
+        """Per block: every reference of its index row holds (None: not an index)."""
+        return self._flag_row(FIT, self.n) if self._has_index else None
 
     # -- reasons ---------------------------------------------------------------------------
 
@@ -254,7 +249,7 @@ class PassOutput:
         return None
 
     def freeze(self) -> None:
-        """Take the snapshot :meth:`reason` and :meth:`reason_codes` read of the core. A
+        """Take the snapshot :meth:`reason_codes` reads of the core. A
         lookup takes it before it returns, so reasons and plans made later say what was so at
         the lookup."""
         if self._snapshot is not None:
@@ -264,15 +259,20 @@ class PassOutput:
         take_snapshot(self._out, self.n, self.lengths.size, group.states, group.check,
                       record_failed)
         stale = None
-        if self._has_index and self._history is not None:
+        fit = self.fit
+        if fit is not None:
             stale = np.zeros(self.n, dtype=np.bool_)
-            ids = self.ids
-            rows = np.flatnonzero(~self._flag_row(FIT, self.n))
-            rows = rows[ids[rows] >= 0]  # found rows whose references failed
+            rows = np.flatnonzero(~fit)
+            blocks = self.ids[rows]
+            rows, blocks = rows[blocks >= 0], blocks[blocks >= 0]  # found, references failed
             if rows.size:
-                index_check = self.index
-                assert index_check is not None
-                stale[rows] = index_check.stale_rows(rows)
+                target = group.target
+                assert target is not None
+                stale[rows] = references_hold(
+                    group.refs_target[blocks], group.refs_epoch[blocks], rows,
+                    target_epoch=target.epoch, target_states=target.states,
+                    hashed=target.table.hashed, target_position=target.position,
+                    history_ids=np.zeros(0, dtype=np.int64), target_size=1, own_size=1).stale
         self._snapshot = (group.table, stale, record_failed)
 
     def frozen(self) -> Frozen:
@@ -299,7 +299,7 @@ class PassOutput:
         self._statics = cast(Statics, kept)
         self._history = None
 
-    def _missing(self) -> Reason:
+    def missing_reason(self) -> Reason:
         """Why a needed block not in the hash map fails: the kind's reason where the group
         holds some block of the prompt, else ``NOT_CACHED``."""
         missing = self.rule.missing
@@ -314,45 +314,7 @@ class PassOutput:
         frozen = self.frozen()
         return reason_codes(
             index, compressed, n=self.n, facts=self.facts, states=frozen.states,
-            table=frozen.table, paths=self.paths, missing=self._missing(),
-            fit=self._flag_row(FIT, self.n) if frozen.stale is not None else None,
+            table=frozen.table, paths=self.paths, missing=self.missing_reason(),
+            fit=self.fit if frozen.stale is not None else None,
             stale=frozen.stale, align_ok=self.align_ok, checksum_ok=self.checksum_ok,
             failed_checks=frozen.failed_checks)
-
-    def reason(self, index: int, compressed: bool) -> Reason | None:
-        """Why block ``index`` is not usable now in the needed form (None when it is): the
-        first check it fails, in layer order. A test holds :meth:`reason_codes` to it."""
-        if index >= self.n:
-            return self._missing()
-        facts = int(self.facts[index])
-        if not facts & FOUND:
-            return self._missing()
-        if not facts & PLACED:
-            return Reason.POSITION_CONFLICT
-        if not facts & WHOLE:
-            return Reason.SUB_BLOCKS_MISSING
-        frozen = self.frozen()
-        if frozen.stale is not None and not self._flag_row(FIT, self.n)[index]:
-            return Reason.INDEX_STALE if frozen.stale[index] else Reason.GROUP_GAP
-        table = frozen.table
-        state = int(frozen.states[index])
-        in_flight = bool(table.in_flight[state])
-        if not facts & READABLE:
-            if in_flight:
-                return Reason.RESTORE_IN_FLIGHT
-            resident_elsewhere = int(table.residency[state]) > int(Tier.DEVICE)
-            return Reason.NOT_RESIDENT if resident_elsewhere else Reason.NOT_CACHED
-        form = int(self.paths.form[state])
-        if compressed and form != COMPRESSED:
-            return Reason.MID_COMPRESSION if in_flight else Reason.COMPRESSED_INCOMPLETE
-        if not compressed and form != RAW:
-            return Reason.TAIL_MISSING
-        if not facts & LAYOUT:
-            return Reason.LAYOUT_MISMATCH
-        if self.align_ok is not None and not self.align_ok[index]:
-            return Reason.MISALIGNED
-        if self.checksum_ok is not None and not self.checksum_ok[index]:
-            return Reason.CHECKSUM_MISMATCH
-        if frozen.failed_checks is not None and frozen.failed_checks[index]:
-            return Reason.CHECKSUM_MISMATCH  # seen failing by an earlier lookup
-        return None
