@@ -13,17 +13,14 @@ from numpy.typing import NDArray
 from kvfsm._jit import settings as jit_settings
 from kvfsm.lookup._block_facts import READABLE
 from kvfsm.lookup._buffers import (
-    AFTER,
     ALL_SETTLED,
     ASKED_KEPT,
     CHAIN_BLOCKS,
-    HIT,
     LARGEST_AFTER,
     LARGEST_HIT,
     LARGEST_NOW,
     N_SCALARS,
     NEEDS_CHECKSUMS,
-    NOW,
     RESTORES_TOTAL,
 )
 from kvfsm.lookup._group_pass import (
@@ -50,8 +47,6 @@ _NO_CHECKED = np.ones(0, dtype=np.bool_)
 _FULL, _FAST = Level.FULL, Level.FAST
 _INT64 = np.dtype(np.int64)
 _WORD = np.dtype(np.uint64)
-
-
 
 
 def _checksums(group: GroupState, pool: SlotPool, level: Level, slots: NDArray[np.int32],
@@ -82,8 +77,6 @@ def _both(first: Bools | None, second: Bools | None) -> Bools | None:
     if first is None or second is None:
         return second if first is None else first
     return first & second
-
-
 
 
 class GroupEval(PassOutput):
@@ -186,26 +179,6 @@ class GroupEval(PassOutput):
     def all_settled(self) -> bool:
         """Every block the pass read is settled (what an index's pass reads of its target)."""
         return bool(self._out[ALL_SETTLED])
-
-    @property
-    def restore_aligned(self) -> bool:
-        """Restored blocks land aligned for the device profile."""
-        return self._statics.restore_aligned
-
-    @property
-    def largest_hit(self) -> int:
-        """Last candidate index where the hit holds (0 when none)."""
-        return self.largest[HIT]
-
-    @property
-    def largest_now(self) -> int:
-        """Last candidate index usable now (0 when none)."""
-        return self.largest[NOW]
-
-    @property
-    def largest_after(self) -> int:
-        """Last candidate index usable after the plan (0 when none)."""
-        return self.largest[AFTER]
 
     def _pass(self, checked_ok: Bools | None, check_mode: int) -> list[int]:
         """One group pass (the probe included) into a fresh array; returns its scalars."""

@@ -16,11 +16,7 @@ from kvfsm.kinds import KindRule
 from kvfsm.kinds._sparse_index import references_hold
 from kvfsm.lookup._block_facts import FOUND
 from kvfsm.lookup._buffers import (
-    AFTER,
-    AFTER_CMP,
-    AFTER_RAW,
     FIT,
-    HIT,
     N_PER_BLOCK,
     NOW,
     NOW_CMP,
@@ -136,29 +132,9 @@ class PassOutput:
         return self._flag_row(NOW_CMP, self.n)
 
     @property
-    def after_raw(self) -> Bools:
-        """Per block: usable raw after the plan."""
-        return self._flag_row(AFTER_RAW, self.n)
-
-    @property
-    def after_cmp(self) -> Bools:
-        """Per block: usable compressed after the plan."""
-        return self._flag_row(AFTER_CMP, self.n)
-
-    @property
-    def hit(self) -> Bools:
-        """Per candidate length: every block the kind needs there is found by hash."""
-        return self.row(HIT)
-
-    @property
     def now(self) -> Bools:
         """Per candidate length: usable now."""
         return self.row(NOW)
-
-    @property
-    def after(self) -> Bools:
-        """Per candidate length: usable after the plan."""
-        return self.row(AFTER)
 
     def row(self, row: int) -> Bools:
         """Per-length row ``row`` (HIT, NOW, AFTER)."""
@@ -167,12 +143,6 @@ class PassOutput:
     def holds(self, row: int, at: int) -> bool:
         """Per-length row ``row`` (HIT, NOW, AFTER) at candidate index ``at``."""
         return bool(self._bytes()[flag_start(self.n, self.lengths.size, N_PER_BLOCK + row) + at])
-
-    @property
-    def found(self) -> Bools:
-        """Per block: its hash is in the map."""
-        found: Bools = self.facts != 0
-        return found
 
     @property
     def fit(self) -> Bools | None:
