@@ -13,8 +13,7 @@ holds of their group are pinned through the core's ``pin`` and kept beside (``ta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn
 
 import numpy as np
 from numpy.typing import NDArray
@@ -33,6 +32,7 @@ from kvfsm.lookup._buffers import (
     probed_ids,
 )
 from kvfsm.lookup._lease_pass import LeaseArrays, first_moved
+from kvfsm.lookup._lookup_layout import LookupProbe as Probe
 from kvfsm.state import MAX_PINS, StateCore, StateError
 from kvfsm.state._core import LeasedRead, LeasedRun, PinRun
 from kvfsm.state._group import GroupState
@@ -42,8 +42,6 @@ if TYPE_CHECKING:
     from kvfsm.lookup._lease_book import LeaseBook
 
 IdArray = NDArray[np.intp]
-#: A lookup's pass per group: ``(name, spans, out, words, changes)`` (``Probe.passes``).
-Passes = Sequence[tuple[str, Any, NDArray[np.int64], Any, int]]
 #: Blocks pinned through the core's ``pin`` as an index's targets: ``(group, ids, epochs)``.
 Targets = tuple[tuple[str, IdArray, NDArray[np.uint32]], ...]
 
@@ -62,25 +60,22 @@ class Lease:
     another prompt under a read in progress; one never validated expires at its ttl.
     """
 
-    __slots__ = ("_answers", "_arrays", "_book", "_changes", "_expired_on_release",
-                 "_holding", "_offsets", "_one_runs", "_outs", "_passes", "_released",
-                 "_targets", "_views", "expires_at", "reading", "tokens")
+    __slots__ = ("_answers", "_arrays", "_book", "_expired_on_release", "_holding", "_one_runs",
+                 "_probe", "_released", "_targets", "_views", "expires_at", "reading", "tokens")
 
-    def __init__(self, book: LeaseBook, tokens: int, arrays: LeaseArrays, passes: Passes,
-                 outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
-                 answers: NDArray[np.int64], changes: int, holding: int, one_runs: bool,
+    def __init__(self, book: LeaseBook, tokens: int, arrays: LeaseArrays, probe: Probe,
+                 answers: NDArray[np.int64], holding: int, one_runs: bool,
                  expires_at: float) -> None:
         self._book = book
         #: The prefix length the lease covers (the verdict's ``usable_tokens``).
         self.tokens = tokens
         #: When the lease expires, on the book's monotonic clock.
         self.expires_at = expires_at
-        # The take: the groups' arrays, the lookup's passes and outputs (with where the ids and
-        # epochs start), the answer rows, the core's change count then, the groups holding
+        # The take: the groups' arrays, the lookup's probe (its pass outputs, where their ids
+        # and epochs start, the core's change count then), the answer rows, the groups holding
         # blocks, and whether each holds one run at one epoch.
-        self._arrays, self._passes, self._outs, self._offsets = arrays, passes, outs, offsets
-        self._answers, self._changes, self._holding = answers, changes, holding
-        self._one_runs = one_runs
+        self._arrays, self._probe, self._answers = arrays, probe, answers
+        self._holding, self._one_runs = holding, one_runs
         self._targets: Targets = ()
         #: Per group: its first prompt block, ids and epochs held (made when first read).
         self._views: dict[str, tuple[int, IdArray, NDArray[np.uint32]]] | None = None
@@ -118,8 +113,9 @@ class Lease:
     def _held(self, g: int, row: list[int]) -> tuple[IdArray, NDArray[np.uint32]]:
         """The ids and epochs group ``g`` holds (answer row ``row``), as views of the lookup's
         output."""
-        offsets = self._offsets[g]
-        ids, epochs = probed_ids(self._outs[g], int(offsets[0]), int(offsets[1]), row[LO],
+        probe = self._probe
+        offsets = probe.spans.offsets[g]
+        ids, epochs = probed_ids(probe.outs[g], int(offsets[0]), int(offsets[1]), row[LO],
                                  row[HI])
         return ids.view(np.intp), epochs
 
@@ -159,7 +155,7 @@ class Lease:
                 book.refused(lost)
                 raise lost
             # No change since the take: no block it holds moved.
-            if self._arrays.change_count.total != self._changes:
+            if self._arrays.change_count.total != self._probe.changes:
                 try:
                     self._check()
                 except LeaseLost as lost:
@@ -199,7 +195,7 @@ class Lease:
         the take, and the targets, are looked at."""
         names, groups = self._arrays.names, self._arrays.groups
         held = [(groups[g], *self._held(g, row)) for g, row in enumerate(self._answers.tolist())
-                if groups[g].changes != self._passes[g][4]]
+                if groups[g].changes != self._probe.passes[g][4]]
         held += [(groups[names.index(name)], ids, epochs) for name, ids, epochs in self._targets]
         for state, ids, epochs in held:
             first = first_moved(state, ids, epochs)
@@ -235,8 +231,9 @@ class Lease:
 
     def unpin(self, groups: int | None = None) -> None:
         """Give back the pins of every group (or of the first ``groups``), not the targets'."""
-        self._arrays.unpin(self._outs, self._offsets, self._answers,
-                           len(self._outs) if groups is None else groups)
+        probe = self._probe
+        self._arrays.unpin(probe.outs, probe.spans.offsets, self._answers,
+                           len(probe.outs) if groups is None else groups)
 
     def _unpin_targets(self, core: StateCore) -> None:
         """Give back the targets' pins through the core's ``unpin``, but on blocks whose epoch
@@ -254,7 +251,7 @@ class Lease:
         given back (:func:`given_back`)."""
         names, groups, answers = self._arrays.names, self._arrays.groups, self._answers
         # Nothing changed since the take: every pin taken is given back.
-        whole = delta > 0 or self._arrays.change_count.total == self._changes
+        whole = delta > 0 or self._arrays.change_count.total == self._probe.changes
         if whole and self._one_runs:
             core.tell_lease_pins(names, answers, self._holding, delta, answer_runs)
             return
@@ -265,7 +262,7 @@ class Lease:
                 continue
             state = groups[g]
             ids, epochs = self._held(g, row)
-            if whole or state.changes == self._passes[g][4]:
+            if whole or state.changes == self._probe.passes[g][4]:
                 if row[ONE_READ]:
                     runs.append((names[g], row[FIRST_ID], count, delta))
                     continue

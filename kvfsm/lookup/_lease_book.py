@@ -17,7 +17,7 @@ from kvfsm.lookup._buffers import ANSWER_COLUMNS, TAKEN
 from kvfsm.lookup._lease import DEFAULT_LEASE_TTL_S, Lease
 from kvfsm.lookup._lease_pass import LeaseArrays
 from kvfsm.lookup._lookup_layout import LookupProbe
-from kvfsm.lookup._types import Level, Probe, Verdict
+from kvfsm.lookup._types import Level, Verdict
 from kvfsm.state import Prompt, StateCore
 
 #: The next expiry when no lease is open.
@@ -88,7 +88,7 @@ class LeaseBook:
                 raise KvfsmError(f"the verdict covers {tokens} tokens but the prompt has only "
                                  f"{prompt.n_tokens}: not this prompt's verdict")
             again = self.look_up(prompt, verdict.level, tokens)
-            if again.usable_tokens == tokens and again.probe is not None:
+            if again.usable_tokens == tokens and again.probe.__class__ is LookupProbe:
                 lease = self._take_probed(again.probe, tokens, ttl_s)
                 if lease is not None:
                     return lease
@@ -96,27 +96,25 @@ class LeaseBook:
             self.refused(lost)
             raise lost
 
-    def _take_probed(self, probe: Probe, tokens: int, ttl_s: float) -> Lease | None:
+    def _take_probed(self, probe: LookupProbe, tokens: int, ttl_s: float) -> Lease | None:
         """The lease of ``tokens`` on ``probe`` (which the caller checked is this core's),
         its targets too (:meth:`Lease.hold_targets`); None where some group changed since the
         lookup (nothing pinned). A StateError (a block at ``MAX_PINS``) or KvfsmError (an id
         outside its group) where a group refused: nothing pinned, the groups before it stay
         marked used."""
-        spans, passes = probe.spans, probe.passes
-        assert spans is not None and passes is not None
+        spans = probe.spans
         arrays = self._arrays
         if arrays is None or arrays.names is not spans.names:
             arrays = self._arrays_named(spans.names)
         if arrays.change_count.total != probe.changes:
             return None
-        outs = tuple([each[2] for each in passes])
-        answers = np.empty((len(outs), ANSWER_COLUMNS), dtype=np.int64)
+        answers = np.empty((len(probe.outs), ANSWER_COLUMNS), dtype=np.int64)
         clock = arrays.clock
         stop, touched, one_runs, outside = arrays.take(
-            outs, spans.bounds, spans.offsets, probe.at, clock.now + 1, answers)
+            probe.outs, spans.bounds, spans.offsets, probe.at, clock.now + 1, answers)
         clock.now += touched  # the ticks the pass took
-        lease = Lease(self, tokens, arrays, passes, outs, spans.offsets, answers, probe.changes,
-                      touched, one_runs == touched, self.clock() + ttl_s)
+        lease = Lease(self, tokens, arrays, probe, answers, touched, one_runs == touched,
+                      self.clock() + ttl_s)
         if stop != TAKEN:
             lease.refuse(stop)
         core = self.core

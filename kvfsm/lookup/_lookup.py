@@ -153,6 +153,7 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     # Per group, what a lease reads (a lookup changes nothing: change counts are its end's).
     checks: list[Checks] = []
     found: list[Found] = []
+    outs: list[NDArray[np.int64]] = []
     # An index group comes after its target group (it reads ``made[target_at]``).
     for group, decl, target_at, known_here, spans in rows:
         words = prompt.words(decl.block_size)
@@ -169,6 +170,7 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
         if checked is not None:
             checks.append(Checks(decl.name, *checked))
         found.append((decl.name, spans, evaluation._out, words, group.changes))
+        outs.append(evaluation._out)
     every = tuple(made)
     hit_at, usable_at, after_at = _common_lasts(every)
     admitted = _admitted(core, every) if capped else True
@@ -196,7 +198,7 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
         reasons.append(prompt_end(hit))
     if lease_spans is None:
         lease_spans = lease_spans_of(layout.names, [e.spans for e in every])
-    probe = make_probe(layout, prompt, found, usable_at, usable, lease_spans)
+    probe = make_probe(layout, prompt, found, tuple(outs), usable_at, usable, lease_spans)
     # Something to explain: made when first read, from a snapshot taken now.
     if usable < final or restorable > usable:
         for e in every:

@@ -121,12 +121,14 @@ class LookupProbe(Probe):
     first asked. Made by :func:`make_probe`."""
 
     __slots__ = ()
+    passes: Sequence[Found]
+    spans: LeaseSpans
 
     @property
     def groups(self) -> tuple[ProbedGroup, ...]:
         made = self._groups
         if made is None:
-            made = self._groups = _probed_groups(self.passes or (), self.at)
+            made = self._groups = _probed_groups(self.passes, self.at)
         return made
 
 
@@ -148,13 +150,14 @@ def _probed_groups(found: Sequence[Found], at: int) -> tuple[ProbedGroup, ...]:
 _new_probe = object.__new__
 
 
-def make_probe(layout: LookupLayout, prompt: Prompt, found: list[Found], at: int, tokens: int,
-           lease_spans: LeaseSpans) -> Probe:
+def make_probe(layout: LookupLayout, prompt: Prompt, found: list[Found],
+               outs: tuple[NDArray[np.int64], ...], at: int, tokens: int,
+               lease_spans: LeaseSpans) -> Probe:
     """The probe of the blocks needed at candidate ``at`` (``tokens`` long): per group only
     its pass output, hash words and spans."""
     probe = _new_probe(LookupProbe)
     probe.core, probe.tokens, probe.prompt, probe.exact = layout.core, tokens, prompt, True
-    probe.passes, probe.at, probe.spans = found, at, lease_spans
+    probe.passes, probe.outs, probe.at, probe.spans = found, outs, at, lease_spans
     # A lease finding this count unchanged needs no second look.
     probe.changes = layout.change_count.total
     probe._groups = probe._make = None

@@ -141,8 +141,8 @@ class Probe:
     ``(name, spans, out, words, changes)``, read at candidate ``at`` where ``spans`` say,
     while the core's change count is still ``changes``."""
 
-    __slots__ = ("_groups", "_make", "at", "changes", "core", "exact", "passes", "prompt",
-                 "spans", "tokens")
+    __slots__ = ("_groups", "_make", "at", "changes", "core", "exact", "outs", "passes",
+                 "prompt", "spans", "tokens")
 
     def __init__(self, core: Callable[[], object], tokens: int,
                  groups: tuple[ProbedGroup, ...] | Callable[[], tuple[ProbedGroup, ...]],
@@ -154,6 +154,9 @@ class Probe:
         self.prompt = prompt
         self.exact = exact
         self.passes = passes
+        #: Per group, its pass output (``passes``' third fields, as the lease's take reads
+        #: them).
+        self.outs = tuple([each[2] for each in passes or ()])
         self.at = at
         self.spans = spans
         self.changes = changes
