@@ -368,7 +368,7 @@ def take_probed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
                            each[10], each[11], np.zeros(each[3].size, dtype=np.uint32),
                            each[14]) for each in made], convert=True)
     return (outs, bounds, offsets, at, fixed, arrays, int(rng.integers(5, 9)), limit,
-            np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64), np.full(4, -7, np.int64))
+            np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64))
 
 
 

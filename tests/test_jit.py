@@ -235,11 +235,14 @@ def _copied(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(copy(value) for value in args)
 
 
-def _written(function: Callable[..., None], args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Every argument after ``function`` ran on copies of ``args`` (``out`` included)."""
+def _written(function: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Every argument after ``function`` ran on copies of ``args`` (``out`` included), then
+    what it returned (as a list of ints where it returned numbers)."""
     fresh = _copied(args)
-    function(*fresh)
-    return fresh
+    returned = function(*fresh)
+    if isinstance(returned, tuple):
+        returned = [int(each) for each in returned]
+    return (*fresh, returned)
 
 
 def _arrays_of(args: tuple[Any, ...]) -> list[Any]:
@@ -298,6 +301,8 @@ def test_every_kernel_agrees_compiled_as_twin_and_as_python(each: Kernel, seed: 
             if isinstance(want, np.ndarray):
                 assert value.dtype == want.dtype and value.tolist() == want.tolist(), \
                     f"{each.__name__} {name}: argument {i} differs from the Python function's"
+        assert got[-1] == expected[-1], \
+            f"{each.__name__} {name}: returned {got[-1]!r}, the Python function {expected[-1]!r}"
 
 
 @needs_numba

@@ -67,31 +67,32 @@ IdArray = NDArray[np.intp]
 def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
                      offsets: NDArray[np.int64], at: int, fixed: NDArray[np.int64],
                      arrays: NDArray[np.int64], tick: int, max_pins: int,
-                     answers: NDArray[np.int64], result: NDArray[np.int64]) -> None:
+                     answers: NDArray[np.int64]) -> tuple[int, int, int, int]:
     """A lease's pinning touch (:func:`_touch_known`) of every group at once, on the blocks a
     lookup found usable at its candidate ``at`` (no group changed since). Group ``g``'s blocks
     are prompt blocks ``[bounds[g, 0, at], bounds[g, 1, at])``, read from ``outs[g]`` at
     ``offsets[g]`` (the third: ONE_RUN_BLOCKS's word, -1: none; a span inside it is pinned
     without reading its ids and epochs).
 
-    Each group with blocks, in order, is touched at the next tick from ``tick`` (counted in
-    ``result[1]``), writing ``answers[g]``; the first refused (an id outside the group, a block
-    at ``max_pins``) stops with ``result[0] = g``: the groups before it stay pinned and
-    touched, it and those after are unchanged. Else ``result[0] = TAKEN``. ``result[2]``
-    counts the groups read as one run; ``result[3]`` is 1 where an index's rows may point
+    Each group with blocks, in order, is touched at the next tick from ``tick``, writing
+    ``answers[g]``. Returns ``(stop, touched, one_runs, outside)``: the first group refused
+    (an id outside the group, a block at ``max_pins``) stops the take with ``stop`` its index
+    (the groups before it stay pinned and touched, it and those after are unchanged), else
+    ``stop`` is TAKEN; ``touched`` counts the ticks taken, ``one_runs`` the groups read as
+    one run; ``outside`` is 1 where an index's rows may point
     outside what the lease holds of its target group, for the caller to pin."""
     # The caller holds the arrays for the call: views need no reference counting.
-    bounds, offsets, fixed, arrays, answers, result = unowned(bounds), unowned(offsets), \
-        unowned(fixed), unowned(arrays), unowned(answers), unowned(result)
+    bounds, offsets, fixed, arrays, answers = unowned(bounds), unowned(offsets), \
+        unowned(fixed), unowned(arrays), unowned(answers)
     groups = len(outs)
-    result[0], result[1], result[2], result[3] = TAKEN, 0, 0, 0
+    outside, one_runs = 0, 0
     for g in range(groups):
         target = fixed[g, TARGET]
         lo, hi = bounds[g, 0, at], bounds[g, 1, at]
         if target >= 0 and hi > lo:
             reach = hi * fixed[g, BLOCK] // fixed[g, TARGET_BLOCK]
             if bounds[target, 0, at] != 0 or bounds[target, 1, at] < reach:
-                result[3] = 1
+                outside = 1
     touched = 0
     for g in range(groups):
         answer = answers[g]
@@ -116,12 +117,11 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
                      vector_at(arrays, base + CHUNK_PINS, np.uint16), fixed[g, SHIFT], max_pins,
                      vector_at(arrays, base + LINKED_RUN, np.int64), answer, one_run)
         if answer[OUTSIDE] >= 0 or answer[FULL] >= 0:
-            result[0], result[1] = g, touched
-            return
+            return g, touched, one_runs, outside
         answer[FIRST_ID], answer[FIRST_EPOCH] = ids[0], seen[0]
         touched += 1
-        result[2] += answer[ONE_READ]
-    result[1] = touched
+        one_runs += answer[ONE_READ]
+    return TAKEN, touched, one_runs, outside
 
 
 def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
@@ -145,17 +145,17 @@ def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.i
 
 def _take_twin(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
                offsets: NDArray[np.int64], at: int, fixed: NDArray[np.int64],
-               arrays: NDArray[np.int64], tick: int, max_pins: int, answers: NDArray[np.int64],
-               result: NDArray[np.int64]) -> None:
+               arrays: NDArray[np.int64], tick: int, max_pins: int, answers: NDArray[np.int64]
+               ) -> tuple[int, int, int, int]:
     """:func:`take_probed_loop` with each group's touch as :func:`_touch_twin`."""
     spans = bounds[:, :, at].reshape(-1, 2)
-    result[:4] = (TAKEN, 0, 0, 0)
+    outside, one_runs = 0, 0
     for g, (lo, hi) in enumerate(spans.tolist()):
         target = int(fixed[g, TARGET])
         if target >= 0 and hi > lo:
             reach = hi * int(fixed[g, BLOCK]) // int(fixed[g, TARGET_BLOCK])
             if spans[target, 0] != 0 or spans[target, 1] < reach:
-                result[3] = 1
+                outside = 1
     touched = 0
     for g, (lo, hi) in enumerate(spans.tolist()):
         answers[g] = (-1, -1, 0, 0, -1, 0, lo, hi)
@@ -168,12 +168,11 @@ def _take_twin(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
                     views[CHUNK_PINS], int(fixed[g, SHIFT]), max_pins, views[LINKED_RUN],
                     answers[g])
         if answers[g, OUTSIDE] >= 0 or answers[g, FULL] >= 0:
-            result[:2] = (g, touched)
-            return
+            return g, touched, one_runs, outside
         answers[g, FIRST_ID], answers[g, FIRST_EPOCH] = ids[0], seen[0]
         touched += 1
-        result[2] += answers[g, ONE_READ]
-    result[1] = touched
+        one_runs += int(answers[g, ONE_READ])
+    return TAKEN, touched, one_runs, outside
 
 
 def _unpin_probed_twin(outs: tuple[NDArray[np.int64], ...],
@@ -245,7 +244,7 @@ def _take_example() -> tuple[object, ...]:
                            np.zeros(1, dtype=np.uint16), read_only(np.zeros(1, np.uint32)),
                            no_linked_run())])
     return (outs, bounds, offsets, 0, fixed, arrays, 1, MAX_PINS,
-            np.zeros((1, ANSWER_COLUMNS), dtype=np.int64), np.zeros(4, dtype=np.int64))
+            np.zeros((1, ANSWER_COLUMNS), dtype=np.int64))
 
 
 take_probed_kernel = kernel(example=_take_example, twin=_take_twin,
@@ -350,32 +349,27 @@ class LeaseArrays:
              state._blocks.pins, state._blocks.chunk_pins, state.epoch,
              state.recency.linked_run)
             for state in self.groups])
-        #: The answer of the last take (used under the owner's lock).
-        self.result = np.zeros(4, dtype=np.int64)
         self.count = len(self.groups)
         #: Entry points, bound on their first checked calls (see :meth:`take`).
-        self._take_entry: Callable[..., None] | None = None
+        self._take_entry: Callable[..., tuple[int, int, int, int]] | None = None
         self._unpin_entry: Callable[..., None] | None = None
 
     def take(self, outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
              offsets: NDArray[np.int64], at: int, tick: int, answers: NDArray[np.int64]
-             ) -> list[int]:
-        """:func:`take_probed_loop` over these groups; its ``result`` as a list. The arrays
-        are a lookup's own (its pass outputs and spans) and ``answers`` is C-contiguous int64
-        of their dimensions: the entry point bound on the first call (which skips numba's type
-        matching) reads them as such."""
+             ) -> tuple[int, int, int, int]:
+        """:func:`take_probed_loop` over these groups. The arrays are a lookup's own (its pass
+        outputs and spans) and ``answers`` is C-contiguous int64 of their dimensions: the entry
+        point bound on the first call (which skips numba's type matching) reads them as such."""
         if settings.enabled:
             entry = self._take_entry
             if entry is None:
                 entry = self._take_entry = take_probed_kernel.entry(*(
-                    outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
-                    self.result))
+                    outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers))
         else:
             entry = take_probed_kernel.twin
-        entry(outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers,
-              self.result)
-        result: list[int] = self.result.tolist()
-        return result
+        answer: tuple[int, int, int, int] = entry(
+            outs, bounds, offsets, at, self.fixed, self.table, tick, MAX_PINS, answers)
+        return answer
 
     def unpin(self, outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.int64],
               answers: NDArray[np.int64], groups: int) -> None:
