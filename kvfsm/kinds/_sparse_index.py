@@ -43,6 +43,17 @@ class References(NamedTuple):
     stale: Bools
 
 
+def current_references(targets: NDArray[np.int32], epochs: NDArray[np.uint32], *,
+                       target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
+                       hashed: Bools) -> Bools:
+    """Per reference: its target lies in the target group, is alive (``hashed[state]``) and at
+    the epoch recorded (``NO_TARGET`` and any other id outside the group: False, unread)."""
+    in_range = (targets >= 0) & (targets < target_epoch.size)
+    held = np.where(in_range, targets, 0)
+    current: Bools = in_range & hashed[target_states[held]] & (target_epoch[held] == epochs)
+    return current
+
+
 def references_hold(targets: NDArray[np.int32], epochs: NDArray[np.uint32],
                     rows: NDArray[np.int64], *, target_epoch: NDArray[np.uint32],
                     target_states: NDArray[np.uint8], hashed: Bools,
@@ -65,10 +76,12 @@ def references_hold(targets: NDArray[np.int32], epochs: NDArray[np.uint32],
     ours = placed & (history_ids[at] == held) if n_history else np.zeros_like(placed)
     # The first index row whose query position comes after the target block's last token.
     first_row = ((at + 1) * target_size + own_size - 1) // own_size - 1
-    current = in_range & hashed[target_states[held]] & (target_epoch[held] == epochs)
+    current = current_references(targets, epochs, target_epoch=target_epoch,
+                                 target_states=target_states, hashed=hashed)
     bad = np.where(used, ~(ours & current & (first_row <= rows[:, None])), epochs != 0)
     stale = np.where(used, ~current, epochs != 0)
-    return References(used, ours, at, ~bad.any(axis=1), stale.any(axis=1))
+    return References(used, ours, at, ~np.asarray(bad.any(axis=1)),
+                      np.asarray(stale.any(axis=1)))
 
 
 @inlined

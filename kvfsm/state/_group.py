@@ -23,6 +23,7 @@ from kvfsm._errors import KvfsmError
 from kvfsm.fsm import INVALID, CompiledTable, EffectFn, GuardFn, Machine
 from kvfsm.kinds import rule_of
 from kvfsm.kinds._sparse_index import NO_TARGET as NO_TARGET  # the kind's, re-exported
+from kvfsm.kinds._sparse_index import current_references
 from kvfsm.memory import SlotPool
 from kvfsm.spec import Call, Event, GroupDecl, Layout, Row, Tier
 from kvfsm.spec._vocabulary import STORED_TIERS
@@ -392,13 +393,10 @@ class GroupState:
         index it would wrap (a negative one) or fail, so it is not read."""
         if self.target is None or self.refs_target.shape[1] == 0:
             return np.ones(ids.shape[0], dtype=np.bool_)
-        targets = self.refs_target[ids]
-        used = targets != NO_TARGET
-        inside = (targets >= 0) & (targets < self.target.n_blocks)
-        at = np.where(used & inside, targets, 0)
-        current = self.target.epoch[at] == self.refs_epoch[ids]
-        alive = self.target.table.hashed[self.target.states[at]]
-        result: NDArray[np.bool_] = np.all(~used | (inside & current & alive), axis=1)
+        targets, target = self.refs_target[ids], self.target
+        current = current_references(targets, self.refs_epoch[ids], target_epoch=target.epoch,
+                                     target_states=target.states, hashed=target.table.hashed)
+        result: NDArray[np.bool_] = np.all((targets == NO_TARGET) | current, axis=1)
         return result
 
     # -- effects ---------------------------------------------------------------------------
