@@ -4,11 +4,13 @@ same draws), and hand-made pass outputs for the group pass's tests."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm._addressed import AddressTable
 from kvfsm._jit import read_only
 from kvfsm.lookup._buffers import (
     ANSWER_COLUMNS,
@@ -20,12 +22,13 @@ from kvfsm.lookup._buffers import (
     NOW_RAW,
     PINNED_AS,
     TARGET,
+    one_run_blocks,
     out_offsets,
     out_views,
     pack_consts,
 )
 from kvfsm.lookup._group_pass import _NO_TARGET, BUDGET_UNKNOWN, _fixed_args
-from kvfsm.lookup._lease_pass import _outputs, _unpin_tables, lease_table
+from kvfsm.lookup._lease_pass import lease_table
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
     SLOT_BLOCK,
@@ -346,6 +349,43 @@ def pins_inputs(rng: np.random.Generator) -> tuple[object, ...]:
 
 
 
+def lease_outputs(groups: Sequence[tuple[Any, Any]], at: int,
+             rng: np.random.Generator | None
+             ) -> tuple[tuple[NDArray[np.int64], ...], NDArray[np.int64], NDArray[np.int64]]:
+    """Made-up pass outputs holding each group's ``(ids, epochs)`` at candidate ``at``, with
+    bounds and offsets as a lookup gathers them; ``rng`` randomises where the blocks start
+    and whether the one-run word is offered."""
+    outs = []
+    bounds = np.zeros((len(groups), 2, at + 1), dtype=np.int64)
+    offsets = np.zeros((len(groups), 3), dtype=np.int64)
+    for g, (ids, epochs) in enumerate(groups):
+        lo = 0 if rng is None else int(rng.integers(0, 3))
+        n = lo + ids.size + (0 if rng is None else int(rng.integers(0, 2)))
+        at_ids = 2 + (0 if rng is None else int(rng.integers(0, 3)))
+        at_epochs = at_ids + n
+        out = np.zeros(at_epochs + (n + 1) // 2 + 1, dtype=np.int64)
+        out[at_ids + lo:at_ids + lo + ids.size] = ids
+        out[at_epochs:].view(np.uint32)[lo:lo + ids.size] = epochs
+        out[0] = one_run_blocks(out[at_ids:at_epochs], out[at_epochs:].view(np.uint32)[:n])
+        bounds[g, 0, at], bounds[g, 1, at] = lo, lo + ids.size
+        offsets[g] = (at_ids, at_epochs, 0 if rng is None or rng.random() < 0.7 else -1)
+        outs.append(out)
+    return tuple(outs), read_only(bounds), read_only(offsets)
+
+
+def unpin_tables(groups: Sequence[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]
+                  ) -> AddressTable:
+    """A lease's address table of each group's ``(epoch, pins, chunk_pins)``, stand-ins for
+    the rest."""
+    def stand_in(dtype: type[np.generic]) -> NDArray[Any]:
+        return np.zeros(1, dtype=dtype)
+
+    return lease_table([(stand_in(np.uint8), stand_in(np.int8), stand_in(np.uint32),
+                         stand_in(np.int32), stand_in(np.int32), stand_in(np.int32),
+                         stand_in(np.int32), pins, chunk_pins, epoch, no_linked_run())
+                        for epoch, pins, chunk_pins in groups], convert=True)
+
+
 def take_probed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     """One to three groups, each a lease's pinning touch as :func:`_touch_twin`'s inputs make
     them (sound lists, distinct ids often one run over whole chunks, now and then an id outside
@@ -355,7 +395,7 @@ def take_probed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     limit = int(rng.integers(1, 4))
     made: list[tuple[Any, ...]] = [touch_inputs(rng, limit) for _ in range(count)]
     at = int(rng.integers(0, 2))
-    outs, bounds, offsets = _outputs([(each[0], each[9]) for each in made], at, rng)
+    outs, bounds, offsets = lease_outputs([(each[0], each[9]) for each in made], at, rng)
     fixed = np.zeros((count, FIXED_COLUMNS), dtype=np.int64)
     for g, each in enumerate(made):
         fixed[g] = (each[12], -1, 16, 16)
@@ -378,12 +418,12 @@ def unpin_probed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     of them or only those before the one a take stopped at."""
     count = int(rng.integers(1, 4))
     made: list[tuple[Any, ...]] = [pins_inputs(rng) for _ in range(count)]
-    outs, bounds, offsets = _outputs([(each[0], each[1]) for each in made], 0, rng)
+    outs, bounds, offsets = lease_outputs([(each[0], each[1]) for each in made], 0, rng)
     answers = np.zeros((count, ANSWER_COLUMNS), dtype=np.int64)
     fixed = np.zeros((count, FIXED_COLUMNS), dtype=np.int64)
     for g, each in enumerate(made):
         answers[g, LO], answers[g, HI], answers[g, PINNED_AS] = bounds[g, 0, 0], \
             bounds[g, 1, 0], each[6]
         fixed[g] = (each[5], -1, 16, 16)
-    arrays = _unpin_tables([(each[2], each[3], each[4]) for each in made])
+    arrays = unpin_tables([(each[2], each[3], each[4]) for each in made])
     return (outs, offsets, fixed, arrays, answers, int(rng.integers(0, count + 1)))

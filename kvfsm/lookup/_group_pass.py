@@ -118,7 +118,6 @@ _NO_TARGET: Final = -1
 BUDGET_UNKNOWN: Final = -1
 
 
-
 def _group_pass_example() -> tuple[object, ...]:
     """Arguments of exactly the call site's types: words and hash table writable; metadata,
     tables, references, consts and spans read-only; history, ``checked_ok`` and output fresh."""
@@ -413,8 +412,6 @@ def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
     return group_pass
 
 
-
-
 @inlined
 def _scratch(n: int, n_history: int) -> tuple[Words, NDArray[np.int32], NDArray[np.int32],
                                               NDArray[np.int32], NDArray[np.uint32],
@@ -603,8 +600,6 @@ def _group_pass_fixed_twin(
     twin(high, low, *views(fixed, FIXED_KINDS), history, n_history, checked_ok, spans,
          prefix_step, check_mode,
          use_checked_ok, has_index, history_all_settled, budget, capped, out)
-
-
 
 
 def _group_pass_fixed_example() -> tuple[object, ...]:

@@ -48,7 +48,6 @@ from kvfsm.lookup._buffers import (
     TARGET,
     TARGET_BLOCK,
     leased_arrays,
-    one_run_blocks,
     probed_ids,
 )
 from kvfsm.state._group import FAILED, MAX_PINS, GroupState
@@ -208,33 +207,13 @@ def lease_table(groups: Sequence[Sequence[NDArray[Any]]], *, convert: bool = Fal
     return table
 
 
-def _outputs(groups: Sequence[tuple[Any, Any]], at: int,
-             rng: np.random.Generator | None
-             ) -> tuple[tuple[NDArray[np.int64], ...], NDArray[np.int64], NDArray[np.int64]]:
-    """Made-up pass outputs holding each group's ``(ids, epochs)`` at candidate ``at``, with
-    bounds and offsets as a lookup gathers them; ``rng`` randomises where the blocks start
-    and whether the one-run word is offered."""
-    outs = []
-    bounds = np.zeros((len(groups), 2, at + 1), dtype=np.int64)
-    offsets = np.zeros((len(groups), 3), dtype=np.int64)
-    for g, (ids, epochs) in enumerate(groups):
-        lo = 0 if rng is None else int(rng.integers(0, 3))
-        n = lo + ids.size + (0 if rng is None else int(rng.integers(0, 2)))
-        at_ids = 2 + (0 if rng is None else int(rng.integers(0, 3)))
-        at_epochs = at_ids + n
-        out = np.zeros(at_epochs + (n + 1) // 2 + 1, dtype=np.int64)
-        out[at_ids + lo:at_ids + lo + ids.size] = ids
-        out[at_epochs:].view(np.uint32)[lo:lo + ids.size] = epochs
-        out[0] = one_run_blocks(out[at_ids:at_epochs], out[at_epochs:].view(np.uint32)[:n])
-        bounds[g, 0, at], bounds[g, 1, at] = lo, lo + ids.size
-        offsets[g] = (at_ids, at_epochs, 0 if rng is None or rng.random() < 0.7 else -1)
-        outs.append(out)
-    return tuple(outs), read_only(bounds), read_only(offsets)
-
-
 def _take_example() -> tuple[object, ...]:
-    outs, bounds, offsets = _outputs([(np.zeros(1, dtype=np.intp),
-                                       np.zeros(1, dtype=np.uint32))], 0, None)
+    """A take of one group holding one block (id 0, epoch 0), its pass output laid out as a
+    lookup's: the one-run word first, the id at 2, the epoch's word at 3."""
+    out = np.zeros(5, dtype=np.int64)
+    out[0] = 1
+    bounds = read_only(np.array([[[0], [1]]], dtype=np.int64))
+    offsets = read_only(np.array([[2, 3, 0]], dtype=np.int64))
     nodes = np.full(1, -1, dtype=np.int32)
     fixed = np.array([[6, -1, 16, 16]], dtype=np.int64)
     arrays = lease_table([(read_only(np.zeros(1, dtype=np.uint8)),
@@ -243,7 +222,7 @@ def _take_example() -> tuple[object, ...]:
                            nodes.copy(), np.zeros(1, dtype=np.uint16),
                            np.zeros(1, dtype=np.uint16), read_only(np.zeros(1, np.uint32)),
                            no_linked_run())])
-    return (outs, bounds, offsets, 0, fixed, arrays, 1, MAX_PINS,
+    return ((out,), bounds, offsets, 0, fixed, arrays, 1, MAX_PINS,
             np.zeros((1, ANSWER_COLUMNS), dtype=np.int64))
 
 
@@ -251,27 +230,12 @@ take_probed_kernel = kernel(example=_take_example, twin=_take_twin,
                             calls=(probed_ids, *TOUCH_CALLS))(take_probed_loop)
 
 
-def _unpin_tables(groups: Sequence[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]
-                  ) -> AddressTable:
-    """A lease's address table of each group's ``(epoch, pins, chunk_pins)``, stand-ins for
-    the rest."""
-    def stand_in(dtype: type[np.generic]) -> NDArray[Any]:
-        return np.zeros(1, dtype=dtype)
-
-    return lease_table([(stand_in(np.uint8), stand_in(np.int8), stand_in(np.uint32),
-                         stand_in(np.int32), stand_in(np.int32), stand_in(np.int32),
-                         stand_in(np.int32), pins, chunk_pins, epoch, no_linked_run())
-                        for epoch, pins, chunk_pins in groups], convert=True)
-
-
 def _unpin_example() -> tuple[object, ...]:
-    outs, _, offsets = _outputs([(np.zeros(1, dtype=np.intp),
-                                  np.zeros(1, dtype=np.uint32))], 0, None)
-    answers = np.zeros((1, ANSWER_COLUMNS), dtype=np.int64)
+    """The give-back of :func:`_take_example`'s block."""
+    outs, _, offsets, _, fixed, arrays, _, _, answers = _take_example()
+    assert isinstance(answers, np.ndarray)
     answers[0, HI] = 1
-    arrays = _unpin_tables([(read_only(np.zeros(1, dtype=np.uint32)),
-                             np.ones(1, dtype=np.uint16), np.zeros(1, dtype=np.uint16))])
-    return (outs, offsets, np.array([[6, -1, 16, 16]], dtype=np.int64), arrays, answers, 1)
+    return (outs, offsets, fixed, arrays, answers, 1)
 
 
 unpin_probed_kernel = kernel(example=_unpin_example, twin=_unpin_probed_twin,
