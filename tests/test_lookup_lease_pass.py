@@ -296,3 +296,23 @@ def test_a_probe_not_made_by_a_lookup_never_reaches_the_bound_take(
         assert len(outs) == len(probe.passes)
     assert all(not state.block_pins.any() and not state.chunk_pins.any()
                for state in eng.core.groups.values())
+
+
+def test_a_prompt_whose_words_end_before_its_tokens_is_looked_up_and_leased_on_its_words(
+        ) -> None:
+    """A prompt holding fewer hash words at one block size than its tokens complete: the
+    lookup reads that group over the blocks the words hold (no candidate past them is
+    usable), and a lease of that verdict pins, validates and gives back what it found."""
+    eng = _engine("deepseek_v4_like")
+    eng.commit(eng.prompt(TEXT))
+    prompt = eng.prompt(TEXT)
+    size = eng.core.group("swa").decl.block_size
+    high, low = prompt.words(size)
+    prompt._words_at[size] = (high[:-3].copy(), low[:-3].copy())  # the last 3 blocks unhashed
+    verdict = eng.lookup(prompt)
+    assert 0 < verdict.usable_tokens <= (high.size - 3) * size
+    with eng.lease(verdict, prompt) as lease:
+        lease.validate()
+        assert lease.tokens == verdict.usable_tokens
+    assert all(not state.block_pins.any() and not state.chunk_pins.any()
+               for state in eng.core.groups.values())
