@@ -32,7 +32,7 @@ from kvfsm.lookup._buffers import (
     probed_ids,
 )
 from kvfsm.lookup._lease_pass import LeaseArrays, first_moved
-from kvfsm.lookup._lookup_layout import LookupProbe as Probe
+from kvfsm.lookup._lookup_layout import LookupProbe
 from kvfsm.state import MAX_PINS, StateCore, StateError
 from kvfsm.state._core import LeasedRead, LeasedRun, PinRun
 from kvfsm.state._group import GroupState
@@ -63,7 +63,7 @@ class Lease:
     __slots__ = ("_answers", "_arrays", "_book", "_expired_on_release", "_holding", "_one_runs",
                  "_probe", "_released", "_targets", "_views", "expires_at", "reading", "tokens")
 
-    def __init__(self, book: LeaseBook, tokens: int, arrays: LeaseArrays, probe: Probe,
+    def __init__(self, book: LeaseBook, tokens: int, arrays: LeaseArrays, probe: LookupProbe,
                  answers: NDArray[np.int64], holding: int, one_runs: bool,
                  expires_at: float) -> None:
         self._book = book
