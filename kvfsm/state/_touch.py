@@ -218,23 +218,12 @@ def _pin_runs(ids: IdArray, consecutive: bool, pins: NDArray[np.uint16],
 
 
 @inlined
-def _splice_to_tail(ids: IdArray, consecutive: bool, listed: int, tick: int,
-                    last_use: NDArray[np.uint32], prev: NDArray[np.int32],
-                    next_: NDArray[np.int32], head: NDArray[np.int32],
-                    tail: NDArray[np.int32]) -> None:
-    """Stamp ``ids`` (one run linked in order on list ``listed``) with ``tick`` and move the
-    run to the list's tail whole: O(1) moves, the order moving each in turn would leave."""
-    count = ids.size
-    first, last = ids[0], ids[count - 1]
-    if consecutive:
-        last_use[first:first + count] = tick
-    else:
-        for i in range(count):
-            last_use[ids[i]] = tick
-    after = next_[last]
-    if after < 0:  # at the tail already
-        return
-    before = prev[first]
+def _span_to_tail(first: int, last: int, listed: int, prev: NDArray[np.int32],
+                  next_: NDArray[np.int32], head: NDArray[np.int32],
+                  tail: NDArray[np.int32]) -> None:
+    """Move the blocks linked from ``first`` to ``last`` on list ``listed``, ``last`` not its
+    tail, to the list's tail in their order."""
+    after, before = next_[last], prev[first]
     if before >= 0:
         next_[before] = after
     else:
@@ -248,6 +237,24 @@ def _splice_to_tail(ids: IdArray, consecutive: bool, listed: int, tick: int,
 
 
 @inlined
+def _splice_to_tail(ids: IdArray, consecutive: bool, listed: int, tick: int,
+                    last_use: NDArray[np.uint32], prev: NDArray[np.int32],
+                    next_: NDArray[np.int32], head: NDArray[np.int32],
+                    tail: NDArray[np.int32]) -> None:
+    """Stamp ``ids`` (one run linked in order on list ``listed``) with ``tick`` and move the
+    run to the list's tail whole: O(1) moves, the order moving each in turn would leave."""
+    count = ids.size
+    first, last = ids[0], ids[count - 1]
+    if consecutive:
+        last_use[first:first + count] = tick
+    else:
+        for i in range(count):
+            last_use[ids[i]] = tick
+    if next_[last] >= 0:  # else at the tail already
+        _span_to_tail(first, last, listed, prev, next_, head, tail)
+
+
+@inlined
 def _each_to_tail(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],
                   tick: int, last_use: NDArray[np.uint32], prev: NDArray[np.int32],
                   next_: NDArray[np.int32], head: NDArray[np.int32],
@@ -258,20 +265,8 @@ def _each_to_tail(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArra
         block = ids[i]
         last_use[block] = tick
         listed = list_of_state[states[block]]
-        after = next_[block]
-        if listed < 0 or after < 0:
-            continue  # on no list, or its list's tail already
-        before = prev[block]
-        if before >= 0:
-            next_[before] = after
-        else:
-            head[listed] = after
-        prev[after] = before
-        last = tail[listed]  # another block: this one was not the tail
-        next_[last] = block
-        prev[block] = last
-        next_[block] = -1
-        tail[listed] = block
+        if listed >= 0 and next_[block] >= 0:  # else on no list, or its list's tail already
+            _span_to_tail(block, block, listed, prev, next_, head, tail)
 
 
 def unpin_loop(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
@@ -382,7 +377,7 @@ def _touch_example() -> tuple[object, ...]:
 
 
 #: What a kernel running the touch calls (compiled into it).
-TOUCH_CALLS: Final = (_touch_known, _pin_runs, _splice_to_tail, _each_to_tail)
+TOUCH_CALLS: Final = (_touch_known, _pin_runs, _span_to_tail, _splice_to_tail, _each_to_tail)
 
 touch_kernel = kernel(example=_touch_example, twin=_touch_twin,
                       calls=TOUCH_CALLS)(_touch_loop)
