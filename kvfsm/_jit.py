@@ -4,10 +4,11 @@ A kernel is a plain Python function over NumPy arrays and scalars, written so th
 compile it (``nopython`` mode, no Python objects), writing its answer into an ``out`` array.
 :func:`kernel` wraps it in one :class:`Kernel` object that also owns
 
-* its *twin*: the vectorized NumPy implementation, with the same signature (writing into the
-  same ``out``; a loop with no vectorized form has its plain-Python function), which serves
-  when numba is not installed, ``KVFSM_JIT=0`` is set, or a test turns compiled kernels off
-  (``settings.using(False)``);
+* its *twin*: a vectorized NumPy implementation with the same signature (writing into the
+  same ``out``), or else its plain-Python function, which serves when numba is not installed,
+  ``KVFSM_JIT=0`` is set, or a test turns compiled kernels off (``settings.using(False)``);
+  the lookup's and the lease's kernels run their Python source, and the tests keep their
+  NumPy reference (``tests/kernel_twins.py``);
 * its *inputs*: a generator of random valid arguments, with which one differential test
   (``tests/test_jit.py``) runs every registered kernel compiled, as its twin and as plain
   Python, and requires equal answers.
@@ -109,7 +110,7 @@ def _no_disk_cache(why: str) -> None:
 
 
 class JitSettings:
-    """Whether kernels run compiled or as their NumPy twins (tests flip ``enabled`` to run
+    """Whether kernels run compiled or uncompiled (their twins) (tests flip ``enabled`` to run
     both)."""
 
     #: Kernels run compiled: a plain attribute (every kernel call reads it, and a property is
@@ -192,7 +193,7 @@ class Kernel:
             numba = _numba()
             if numba is None:
                 raise RuntimeError(f"kernel {self.__name__} cannot be compiled: numba is missing "
-                                   f"or {ENV_VAR}=0 (calling the kernel runs its NumPy twin)")
+                                   f"or {ENV_VAR}=0 (calling the kernel runs its twin)")
             for each in self.calls:
                 _callable_from_kernels(numba, each)
             # Compiled code's version of array_at (kernels taking arrays by address).
@@ -345,7 +346,7 @@ def warm_up() -> None:
     compiles for some seconds: a kernel that takes long prints one line on stderr saying so."""
     if not settings.enabled:
         return
-    if not settings.available:  # installed, but it fails to import: the NumPy twins serve
+    if not settings.available:  # installed, but it fails to import: the twins serve
         settings.enabled = False
         return
     told = False

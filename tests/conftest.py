@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from kvfsm._jit import settings as jit
+from tests import kernel_twins
 
 settings.register_profile(
     "long",
@@ -20,6 +21,10 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", max_examples=100, deadline=None)
+
+# With compiled kernels off, tests run the lookup's and the lease's NumPy reference instead of
+# the kernels' plain-Python source: a second implementation to compare with, and fast.
+kernel_twins.install()
 
 if os.environ.get("HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])

@@ -16,19 +16,19 @@ from kvfsm.lookup._buffers import (
     ANSWER_COLUMNS,
     FIXED_COLUMNS,
     HI,
+    LEASE_KINDS,
     LO,
     N_SCALARS,
     NOW_CMP,
     NOW_RAW,
     PINNED_AS,
     TARGET,
-    one_run_blocks,
     out_offsets,
-    out_views,
     pack_consts,
 )
-from kvfsm.lookup._group_pass import _NO_TARGET, BUDGET_UNKNOWN, _fixed_args
-from kvfsm.lookup._lease_pass import lease_table
+from kvfsm.lookup._group_pass import BUDGET_UNKNOWN, FIXED_KINDS, pack_fixed
+from kvfsm.lookup._lease_pass import lease_table as _lease_table
+from kvfsm.state import NO_TARGET
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
     SLOT_BLOCK,
@@ -48,6 +48,7 @@ from kvfsm.state._touch import (
     no_linked_run,
     run_chunks,
 )
+from tests.kernel_twins import one_run_blocks, out_views
 
 Words = NDArray[np.uint64]
 Bools = NDArray[np.bool_]
@@ -109,14 +110,15 @@ def history_of(ids: IdArray, settled: Bools, count: int, settled_row: int = NOW_
     return out
 
 
-def group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """A small group drawn freely: a hash table and prompt words as the probe's differential
-    test draws them (shared fingerprints, tombstones, stray slots, keys equal in one word,
-    misses), now and then reordered so neighbouring rows find the same block; metadata that
-    matches its position, layout and sub-blocks or not, random per-state codes and checks,
-    an index (sometimes) whose references into a small target group are right, stale, out of
-    order or out of range, a history partly settled, random spans per length (some lengths
-    unservable), and a budget from none to plenty."""
+def arrays_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """The group pass's arguments with its fixed arrays one by one (as
+    :func:`~tests.kernel_twins.arrays_pass_twin` takes them), for a small group drawn freely: a hash
+    table and prompt words as the probe's differential test draws them (shared fingerprints,
+    tombstones, stray slots, keys equal in one word, misses), now and then reordered so neighbouring
+    rows find the same block; metadata that matches its position, layout and sub-blocks or not,
+    random per-state codes and checks, an index (sometimes) whose references into a small target
+    group are right, stale, out of order or out of range, a history partly settled, random spans per
+    length (some lengths unservable), and a budget from none to plenty."""
     slots, block_high, block_low, high, low = cast(tuple[Words, ...], probe_inputs(rng)[:5])
     n_blocks = block_high.size
     # Which blocks the table maps (under their own words), as the table keeps them.
@@ -150,10 +152,10 @@ def group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     has_index = bool(rng.random() < 0.5)
     n_targets, top_k, n_history = (int(rng.integers(1, top)) for top in (9, 4, 9))
     refs_target = rng.integers(-3, n_targets + 2, (n_blocks, top_k)).astype(np.int32)
-    refs_target[rng.random((n_blocks, top_k)) < 0.3] = _NO_TARGET
+    refs_target[rng.random((n_blocks, top_k)) < 0.3] = NO_TARGET
     target_epoch = rng.integers(0, 2, n_targets).astype(np.uint32)
     refs_epoch = target_epoch[np.clip(refs_target, 0, n_targets - 1)]
-    refs_epoch[refs_target == _NO_TARGET] = 0
+    refs_epoch[refs_target == NO_TARGET] = 0
     refs_epoch[rng.random((n_blocks, top_k)) < 0.1] ^= 1
     # Blocks holding another's references (neighbouring index rows usually do).
     copied = rng.random(n_blocks) < 0.4
@@ -220,10 +222,19 @@ def take_snapshot_inputs(rng: np.random.Generator) -> tuple[object, ...]:
             read_only(rng.integers(0, 3, n_blocks).astype(np.uint8)), bool(rng.random() < 0.7))
 
 
-def group_pass_fixed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """:func:`group_pass_inputs` as :func:`~kvfsm.lookup._group_pass.group_pass_fixed` takes
-    them (the group's fixed arrays as one address table)."""
-    return _fixed_args(group_pass_inputs(rng))
+def fixed_args(args: tuple[object, ...]) -> tuple[object, ...]:
+    """The group pass's arguments with the fixed arrays one by one (``args[2:18]``), as
+    :func:`~kvfsm.lookup._group_pass.group_pass` takes them: one address table."""
+    end = 2 + len(FIXED_KINDS)
+    fixed = pack_fixed(cast(tuple[NDArray[Any], ...],
+                            tuple(np.ascontiguousarray(a) for a in args[2:end])))
+    return (*args[:2], fixed, *args[end:])
+
+
+def group_pass_inputs(rng: np.random.Generator) -> tuple[object, ...]:
+    """:func:`arrays_pass_inputs` as :func:`~kvfsm.lookup._group_pass.group_pass` takes them."""
+    return fixed_args(arrays_pass_inputs(rng))
+
 
 # The lease's and touch's kernels (kvfsm/state/_touch.py, kvfsm/lookup/_lease_pass.py).
 
@@ -252,7 +263,8 @@ def run_ids(rng: np.random.Generator, n_blocks: int) -> IdArray:
 
 def touch_kernel_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     """:func:`touch_inputs`, half the time a lease's pinning touch."""
-    return touch_inputs(rng, int(rng.integers(1, 4)) if rng.random() < 0.5 else NO_PINNING)
+    return (*touch_inputs(rng, int(rng.integers(1, 4)) if rng.random() < 0.5 else NO_PINNING),
+            False)
 
 
 def touch_inputs(rng: np.random.Generator, limit: int) -> tuple[object, ...]:
@@ -373,6 +385,13 @@ def lease_outputs(groups: Sequence[tuple[Any, Any]], at: int,
     return tuple(outs), read_only(bounds), read_only(offsets)
 
 
+def lease_table(groups: Sequence[Sequence[NDArray[Any]]]) -> AddressTable:
+    """:func:`kvfsm.lookup._lease_pass.lease_table` of made-up arrays, converted first."""
+    return _lease_table([[np.ascontiguousarray(array, dtype=dtype)
+                          for array, (dtype, _) in zip(arrays, LEASE_KINDS, strict=True)]
+                         for arrays in groups])
+
+
 def unpin_tables(groups: Sequence[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]
                   ) -> AddressTable:
     """A lease's address table of each group's ``(epoch, pins, chunk_pins)``, stand-ins for
@@ -383,13 +402,13 @@ def unpin_tables(groups: Sequence[tuple[NDArray[Any], NDArray[Any], NDArray[Any]
     return lease_table([(stand_in(np.uint8), stand_in(np.int8), stand_in(np.uint32),
                          stand_in(np.int32), stand_in(np.int32), stand_in(np.int32),
                          stand_in(np.int32), pins, chunk_pins, epoch, no_linked_run())
-                        for epoch, pins, chunk_pins in groups], convert=True)
+                        for epoch, pins, chunk_pins in groups])
 
 
 def take_probed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """One to three groups, each a lease's pinning touch as :func:`_touch_twin`'s inputs make
-    them (sound lists, distinct ids often one run over whole chunks, now and then an id outside
-    the group or a block at the limit), their ids and epochs in pass outputs; sometimes an
+    """One to three groups, each a lease's pinning touch as :func:`~tests.kernel_twins.touch_twin`'s
+    inputs make them (sound lists, distinct ids often one run over whole chunks, now and then an id
+    outside the group or a block at the limit), their ids and epochs in pass outputs; sometimes an
     index group pointing into another, reaching past what is held of it."""
     count = int(rng.integers(1, 4))
     limit = int(rng.integers(1, 4))
@@ -406,16 +425,16 @@ def take_probed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
     # Per group STATES ... LINKED_RUN (the take reads no epoch: zeros stand in).
     arrays = lease_table([(each[1], each[2], each[3], each[5], each[6], each[7], each[8],
                            each[10], each[11], np.zeros(each[3].size, dtype=np.uint32),
-                           each[14]) for each in made], convert=True)
+                           each[14]) for each in made])
     return (outs, bounds, offsets, at, fixed, arrays, int(rng.integers(5, 9)), limit,
             np.full((count, ANSWER_COLUMNS), -7, dtype=np.int64))
 
 
 
 def unpin_probed_inputs(rng: np.random.Generator) -> tuple[object, ...]:
-    """One to three groups given back as :func:`_unpin_twin`'s inputs make them (pins to give,
-    some moved off their epochs, by chunks or alone), their ids and epochs in pass outputs; all
-    of them or only those before the one a take stopped at."""
+    """One to three groups given back as :func:`~tests.kernel_twins.unpin_twin`'s inputs make them
+    (pins to give, some moved off their epochs, by chunks or alone), their ids and epochs in pass
+    outputs; all of them or only those before the one a take stopped at."""
     count = int(rng.integers(1, 4))
     made: list[tuple[Any, ...]] = [pins_inputs(rng) for _ in range(count)]
     outs, bounds, offsets = lease_outputs([(each[0], each[1]) for each in made], 0, rng)

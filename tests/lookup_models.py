@@ -9,9 +9,12 @@ import numpy as np
 from hypothesis import strategies as st
 
 from kvfsm import Engine, KvfsmError, Lease
-from kvfsm.lookup import DeviceProfile, Verdict
-from kvfsm.spec import Event, ModelDecl, Tier, parse_model
-from kvfsm.state import NO_TARGET, CoreConfig
+from kvfsm.lookup import DeviceProfile, Level, Verdict
+from kvfsm.lookup._group_eval import GroupEval, _new_eval
+from kvfsm.lookup._spans import Spans
+from kvfsm.lookup._statics import statics_for
+from kvfsm.spec import Event, Layout, ModelDecl, Tier, parse_model
+from kvfsm.state import NO_TARGET, CoreConfig, GroupState
 from tests.strategies import legal_events
 
 LAYOUT = """
@@ -231,3 +234,19 @@ def spilled_miss() -> tuple[Engine, Verdict, list[int]]:
     for event in ("spill_begin", "spill_done"):
         eng.core.fire("attn", spilled, event)
     return eng, eng.lookup(text), spilled
+
+
+def group_eval(group: GroupState, high: np.ndarray, low: np.ndarray, lengths: np.ndarray, *,
+               level: Level, kernel_layout: Layout | None = None,
+               profile: DeviceProfile | None = None, history: GroupEval | None = None,
+               checksums: bool = True) -> GroupEval:
+    """One group's evaluation of the prompt words ``high``/``low`` over candidate ``lengths``
+    (``history``: an index's target group's evaluation), as a lookup makes it."""
+    profile = DeviceProfile() if profile is None else profile
+    words = (np.require(high, np.uint64, ["C", "W"]), np.require(low, np.uint64, ["C", "W"]))
+    evaluation: GroupEval = _new_eval(GroupEval)
+    evaluation._evaluate(
+        group, words, lengths, level, profile, history, checksums,
+        Spans(group.rule.needed(group.decl, lengths), words[0].size),
+        statics_for(group, kernel_layout or group.decl.layout, profile), group.budget.capped)
+    return evaluation

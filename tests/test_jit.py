@@ -43,7 +43,6 @@ needs_numba = pytest.mark.skipif(not jit.available, reason="numba is not install
 LOOKUP_KERNELS = {
     kvfsm.state._hashtable.probe_kernel,
     kvfsm.lookup._group_pass.group_pass,
-    kvfsm.lookup._group_pass.group_pass_fixed,
     kvfsm.lookup._snapshot.take_snapshot,
 }
 
@@ -261,7 +260,6 @@ INPUTS: dict[Kernel, Callable[[np.random.Generator], tuple[object, ...]]] = {
     **{each: each.inputs for each in _KERNELS if each.inputs is not None},
     kvfsm.state._hashtable.probe_kernel: kernel_inputs.probe_inputs,
     kvfsm.lookup._group_pass.group_pass: kernel_inputs.group_pass_inputs,
-    kvfsm.lookup._group_pass.group_pass_fixed: kernel_inputs.group_pass_fixed_inputs,
     kvfsm.lookup._snapshot.take_snapshot: kernel_inputs.take_snapshot_inputs,
     kvfsm.state._touch.touch_kernel: kernel_inputs.touch_kernel_inputs,
     kvfsm.lookup._lease_pass.first_moved_kernel: kernel_inputs.moved_inputs,

@@ -13,8 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvfsm.kinds import RULES, rule_of
-from kvfsm.lookup._spans import Spans, usable_at
+from kvfsm.lookup._spans import Spans
 from kvfsm.spec import Event, GroupDecl, GroupKind, Layout
+from tests.kernel_twins import usable_at
 
 LAYOUT = Layout(("block", "token", "dim"), 256, 0)
 

@@ -26,7 +26,6 @@ from kvfsm.lookup._buffers import (
     ONE_RUN_BLOCKS,
     SETTLED_OK,
     out_offsets,
-    out_views,
     pack_consts,
 )
 from kvfsm.lookup._group_eval import GroupEval
@@ -36,8 +35,9 @@ from kvfsm.lookup._spans import _prefix_step
 from kvfsm.spec import Event, Layout
 from kvfsm.state import CoreConfig
 from kvfsm.state._hashtable import BlockHashTable
-from tests.kernel_inputs import history_of
-from tests.lookup_models import DENSE, engine, tokens
+from tests.kernel_inputs import fixed_args, history_of
+from tests.kernel_twins import out_views
+from tests.lookup_models import DENSE, engine, group_eval, tokens
 
 #: Every state readable raw (the restore-path code's low bit).
 _READ_RAW = 1
@@ -83,7 +83,7 @@ def test_repeated_references_get_the_answers_of_a_full_check(compiled: bool) -> 
     refs = [[0, 1], [0, 1], [0, 2]]
     args = _rows_of(refs, [0, 1, 1, 1, 0, 2], [True, False, True, True])
     with jit.using(compiled):
-        group_pass(*args)
+        group_pass(*fixed_args(args))
     _, _, found, _, _, flags = out_views(args[-1], 6, 1)
     assert found.tolist() == [0, 1, 1, 1, 0, 2]
     assert flags[FIT].tolist() == [False, True, True, True, True, True]
@@ -111,9 +111,9 @@ def test_each_fact_of_a_real_group() -> None:
     high[9] ^= np.uint64(1)  # a hash no block has
 
     def facts(reads: Layout | None) -> np.ndarray:
-        return GroupEval(core, group, high, low, np.zeros(1, dtype=np.int64),
-                         level=Level.FULL, kernel_layout=reads, profile=DeviceProfile(),
-                         checksums=False).facts
+        return group_eval(group, high, low, np.zeros(1, dtype=np.int64),
+                          level=Level.FULL, kernel_layout=reads, profile=DeviceProfile(),
+                          checksums=False).facts
 
     written = facts(None)
     everything = FOUND | PLACED | WHOLE | LAYOUT | READ_RAW | TO_RAW
@@ -131,7 +131,7 @@ def test_each_fact_of_a_real_group() -> None:
 def test_the_pass_finds_the_ids_the_hash_table_finds() -> None:
     """The pass probes the group's table itself: for found keys, a key with one word changed
     (same fingerprint), one with another fingerprint and an absent one, its ids are the
-    table's own answers, and the spans given for another block count are not trusted."""
+    table's own answers."""
     eng = engine(DENSE)
     prompt = eng.prompt(tokens(161))
     eng.commit(prompt)
@@ -142,16 +142,12 @@ def test_the_pass_finds_the_ids_the_hash_table_finds() -> None:
     high[4] ^= np.uint64(1 << 63)
     high[7], low[7] = np.uint64(12345), np.uint64(678)
     lengths = np.array([0, 64, 160], dtype=np.int64)
-    evaluation = GroupEval(core, group, high, low, lengths, level=Level.FULL, kernel_layout=None,
-                           profile=DeviceProfile(), checksums=False)
+    evaluation = group_eval(group, high, low, lengths, level=Level.FULL, kernel_layout=None,
+                            profile=DeviceProfile(), checksums=False)
     expected = core.lookup_words("attn", high, low)
     assert evaluation.ids.tolist() == expected.tolist()
     assert [i for i, block in enumerate(evaluation.ids.tolist()) if block < 0] == [2, 4, 7]
-    shorter = GroupEval(core, group, high[:4], low[:4], lengths, level=Level.FULL,
-                        kernel_layout=None, profile=DeviceProfile(), checksums=False,
-                        spans=evaluation.spans)
-    assert shorter.ids.tolist() == expected[:4].tolist()
-    assert shorter.now.tolist() == [True, False, False]
+    assert evaluation.now.tolist() == [True, False, False]
 
 
 def test_a_verdict_keeps_its_own_arrays_after_later_lookups() -> None:
@@ -258,9 +254,9 @@ def test_one_run_blocks_counts_the_chain_where_it_is_one_run_at_one_epoch() -> N
     group = core.group("attn")
 
     def counted(high: np.ndarray, low: np.ndarray) -> int:
-        evaluated = GroupEval(core, group, high, low, np.zeros(1, dtype=np.int64),
-                              level=Level.FULL, kernel_layout=None, profile=DeviceProfile(),
-                              checksums=False)
+        evaluated = group_eval(group, high, low, np.zeros(1, dtype=np.int64),
+                               level=Level.FULL, kernel_layout=None, profile=DeviceProfile(),
+                               checksums=False)
         return int(evaluated._out[ONE_RUN_BLOCKS])
 
     high, low = (words[:10].copy() for words in prompt.words(16))
@@ -287,12 +283,12 @@ def test_words_of_another_layout_find_what_the_prompts_own_find() -> None:
     eng = engine(DENSE)
     prompt = eng.prompt(tokens(161))
     eng.commit(prompt)
-    core, group = eng.core, eng.core.group("attn")
+    group = eng.core.group("attn")
     lengths = np.array([0, 64, 160], dtype=np.int64)
 
     def evaluated(high: np.ndarray, low: np.ndarray) -> GroupEval:
-        return GroupEval(core, group, high, low, lengths, level=Level.FULL, kernel_layout=None,
-                         profile=DeviceProfile(), checksums=False)
+        return group_eval(group, high, low, lengths, level=Level.FULL, kernel_layout=None,
+                          profile=DeviceProfile(), checksums=False)
 
     own = evaluated(*prompt.words(16))
     strided = [np.repeat(words, 2)[::2] for words in prompt.words(16)]

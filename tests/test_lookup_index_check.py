@@ -12,7 +12,7 @@ from kvfsm.lookup._group_eval import GroupEval
 from kvfsm.lookup._why import BY_CODE
 from kvfsm.spec import Event
 from kvfsm.state import NO_TARGET
-from tests.lookup_models import DEEPSEEK, block_id, engine, tokens
+from tests.lookup_models import DEEPSEEK, block_id, engine, group_eval, tokens
 
 pytestmark = pytest.mark.usefixtures("jit_backend")
 
@@ -61,8 +61,8 @@ def _evaluated(eng: Engine, history_order: list[int] | None = None
     evaluated: dict[str, GroupEval] = {}
     for name, (high, low), history in (("history", history_words, None),
                                        ("index", prompt.words(16), "history")):
-        evaluated[name] = GroupEval(
-            core, core.group(name), high, low, lengths, level=Level.FULL, kernel_layout=None,
+        evaluated[name] = group_eval(
+            core.group(name), high, low, lengths, level=Level.FULL, kernel_layout=None,
             profile=DeviceProfile(), history=evaluated.get(history or ""), checksums=False)
     return evaluated["history"], evaluated["index"]
 

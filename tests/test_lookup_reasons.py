@@ -10,7 +10,6 @@ import pytest
 
 from kvfsm import Engine
 from kvfsm.lookup import DeviceProfile, Level, Reason, Verdict
-from kvfsm.lookup._group_eval import GroupEval
 from kvfsm.spec import Event, Layout, Tier
 from kvfsm.state import NO_TARGET
 from tests.block_reason import block_reason
@@ -23,6 +22,7 @@ from tests.lookup_models import (
     TWO_SIZES,
     block_id,
     engine,
+    group_eval,
     history_by_hand,
     tokens,
 )
@@ -110,8 +110,8 @@ def test_tail_missing() -> None:
     eng.commit(eng.prompt(text))
     group = eng.core.group("history")
     high, low = eng.prompt(text).words(64)
-    evaluation = GroupEval(eng.core, group, high, low, np.array([0, 64, 100]),
-                           level=Level.FULL, kernel_layout=None, profile=DeviceProfile())
+    evaluation = group_eval(group, high, low, np.array([0, 64, 100]),
+                            level=Level.FULL, kernel_layout=None, profile=DeviceProfile())
     assert evaluation.now.tolist() == [True, True, False]
     index, compressed = evaluation.failing(100)
     assert (index.tolist(), compressed.tolist()) == ([1], [False])

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from kvfsm.lookup import DeviceProfile, Level
-from kvfsm.lookup._group_eval import GroupEval
 from kvfsm.spec import Event
-from tests.lookup_models import DENSE, engine, tokens
+from tests.lookup_models import DENSE, engine, group_eval, tokens
 
 
 @pytest.mark.usefixtures("jit_backend")
@@ -32,8 +31,8 @@ def test_a_snapshot_keeps_each_blocks_state_and_failed_check_as_they_were() -> N
     found = ids >= 0
     states_then = np.where(found, group.states[np.where(found, ids, 0)], 0)
     assert states_then[3] != states_then[0]
-    evaluation = GroupEval(core, group, high, low, np.array([0, 64, 160], dtype=np.int64),
-                           level=Level.STANDARD, kernel_layout=None, profile=DeviceProfile())
+    evaluation = group_eval(group, high, low, np.array([0, 64, 160], dtype=np.int64),
+                            level=Level.STANDARD, kernel_layout=None, profile=DeviceProfile())
     evaluation.freeze()
     # Later changes to the core: another block spilled, another check failed.
     core.fire("attn", [int(ids[0])], Event.SPILL_BEGIN)

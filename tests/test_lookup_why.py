@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from kvfsm import Engine
 from kvfsm.lookup import Level, Reason
+from kvfsm.lookup._buffers import NOW_CMP, NOW_RAW
 from kvfsm.lookup._group_eval import GroupEval
 from kvfsm.lookup._why import BY_CODE, MAX_LISTED, listed
 from kvfsm.spec import ModelDecl
@@ -25,6 +26,7 @@ from tests.lookup_models import (
     TWO_SIZES,
     block_id,
     engine,
+    group_eval,
     reached,
     spilled_miss,
     tokens,
@@ -45,8 +47,8 @@ def evaluations(eng: Engine, text: np.ndarray, level: Level
     for group in sorted(core.groups.values(), key=lambda g: g.rule.has_targets):
         high, low = prompt.words(group.decl.block_size)
         target = group.decl.target_group
-        made[group.decl.name] = GroupEval(
-            core, group, high, low, lengths, level=level, kernel_layout=None,
+        made[group.decl.name] = group_eval(
+            group, high, low, lengths, level=level, kernel_layout=None,
             profile=eng.profile, history=made[target] if target else None)
     return lengths, list(made.values())
 
@@ -69,15 +71,13 @@ def test_the_batch_names_each_block_as_the_one_block_rule_does(
             need = e.rule.needed(e.decl, np.array([length], dtype=np.int64))
             needed = np.arange(int(need.lo[0]), int(need.hi[0]), dtype=np.int64)
             compressed = needed < int(need.cut[0])
-            usable = np.array([i < e.n and bool(e.now_cmp[i] if c else e.now_raw[i])
+            usable = np.array([i < e.n and bool(e._flag_row(NOW_CMP if c else NOW_RAW, e.n)[i])
                                for i, c in zip(needed.tolist(), compressed.tolist(),
                                                strict=True)], dtype=np.bool_)
             index, form = e.failing(length)
             assert index.tolist() == needed[~usable].tolist(), (e.decl.name, length)
             assert form.tolist() == compressed[~usable].tolist(), (e.decl.name, length)
             assert e.servable(length) == (need.servable is None or bool(need.servable[0]))
-            first = e.first_failing(length)
-            assert first == ((int(index[0]), bool(form[0])) if index.size else None)
             codes = e.reason_codes(needed, compressed)
             assert [BY_CODE[code] for code in codes.tolist()] == [
                 block_reason(e, i, c) for i, c in zip(needed.tolist(), compressed.tolist(),

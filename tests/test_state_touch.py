@@ -15,12 +15,12 @@ from kvfsm.state._touch import (
     NO_PINNING,
     ONE_RUN,
     RUNS,
-    _unpin_twin,
     run_chunks,
     touch_kernel,
     unpin_loop,
 )
 from tests.kernel_inputs import chunk_bounds
+from tests.kernel_twins import unpin_twin
 
 #: The backend fixture is set once per test, not per example: it changes nothing per input.
 FIXTURE_OK = settings(max_examples=150, deadline=None,
@@ -40,7 +40,7 @@ def _touch(ids: list[int], *, limit: int, pins: np.ndarray, chunk_pins: np.ndarr
     out = np.full(4, -7, dtype=np.int64)
     touch_kernel(batch, states, recency.list_of_state, last_use, tick, recency.prev,
                  recency.next, recency.head, recency.tail, np.zeros(batch.size, dtype=np.uint32),
-                 pins, chunk_pins, SHIFT, limit, recency.linked_run, out)
+                 pins, chunk_pins, SHIFT, limit, recency.linked_run, out, False)
     return out
 
 
@@ -160,7 +160,7 @@ def test_several_runs_are_each_pinned_by_their_whole_chunks_and_given_back_exact
     batch = np.array(ids, dtype=np.intp)
     epoch = np.zeros(N_BLOCKS, dtype=np.uint32)
     epoch.flags.writeable = False
-    for unpin in (unpin_loop, _unpin_twin):  # the one-pass give-back's loop, and its twin
+    for unpin in (unpin_loop, unpin_twin):  # the one-pass give-back's loop, and its twin
         given, given_chunks = pins.copy(), chunk_pins.copy()
         unpin(batch, np.zeros(batch.size, dtype=np.uint32), epoch, given, given_chunks, SHIFT,
               int(out[2]))

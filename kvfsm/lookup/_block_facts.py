@@ -1,6 +1,5 @@
 """One byte of facts per block of a prompt: its own metadata checks and what its state allows,
-as :func:`~kvfsm.lookup._group_pass.group_pass` writes them and reasons read them back.
-"""
+as :func:`~kvfsm.lookup._group_pass.group_pass` writes them and reasons read them back."""
 
 from __future__ import annotations
 

@@ -1,24 +1,20 @@
 """The one owner of the lookup's and the lease's buffer layouts: the group pass's output and
 ``consts``, the span rows, and the lease's address table and answer rows.
 
-Every reader, compiled or not, finds a part through the names and functions here, never by
-its own arithmetic, so a layout changes here alone. Compiled callers list these functions in
-their ``calls``, which also stamps their disk cache with this file.
-"""
+Readers, compiled or not, find parts only through these names, so a layout changes here alone;
+compiled callers list these functions in ``calls``, which stamps their disk cache with this file."""
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._addressed import views
 from kvfsm._jit import inlined
 from kvfsm.state._core import LeasedRun
 
 Bools = NDArray[np.bool_]
-IdArray = NDArray[np.intp]
 
 # Indices of the output's scalars; ``asked`` (one per candidate length) follows them.
 #: Blocks from the prompt's start that the hash chain finds, before the first miss.
@@ -37,15 +33,15 @@ LARGEST_AFTER: Final = 6
 ALL_SETTLED: Final = 7
 #: Restores the plan asks for over the whole prompt (0 where it changes nothing).
 RESTORES_TOTAL: Final = 8
-#: CHAIN_BLOCKS where the chain's blocks are one run of consecutive ids at the first's epoch,
-#: else 0: a lease over them may pin one run without reading their ids and epochs again.
+#: CHAIN_BLOCKS where they are consecutive ids at one epoch, else 0: a lease then pins one run
+#: without reading their ids and epochs again.
 ONE_RUN_BLOCKS: Final = 9
 N_SCALARS: Final = 10
 
 # Indices of ``consts``: a group's fixed parameters, then the tables at the offsets named.
 #: The sub-block mask of a whole block.
 P_FULL_SUB_MASK: Final = 0
-#: The device pool's construction guarantees alignment (restored blocks land aligned).
+#: Restored blocks land aligned (the device pool's construction guarantees it).
 P_ALIGNED: Final = 1
 #: Block sizes of the index's target group and of this group (an index only).
 P_TARGET_SIZE: Final = 2
@@ -80,8 +76,7 @@ def pack_consts(full_sub_mask: int, aligned: bool, target_size: int, own_size: i
                 settled_compressed: bool, layout_ok: Bools, code: NDArray[np.uint8],
                 restores: Bools, hashed: Bools, target_settled_compressed: bool = False
                 ) -> NDArray[np.int64]:
-    """The pass's read-only ``consts``: the parameters, then the tables (``restores``: raw
-    then compressed, per state)."""
+    """Read-only ``consts``: the parameters, then the tables (``restores``: raw then compressed)."""
     tables = (layout_ok, code, restores[0], restores[1], hashed)
     offsets = N_PARAMS + np.cumsum([0] + [table.size for table in tables[:-1]])
     consts = np.concatenate([
@@ -93,16 +88,9 @@ def pack_consts(full_sub_mask: int, aligned: bool, target_size: int, own_size: i
     return consts
 
 
-def consts_tables(consts: NDArray[np.int64]) -> tuple[NDArray[np.int64], ...]:
-    """The tables of ``consts``: layout_ok, code, restores raw, restores compressed, hashed."""
-    bounds = [*consts[P_LAYOUT_OK_AT : P_HASHED_AT + 1].tolist(), consts.size]
-    return tuple(consts[bounds[k] : bounds[k + 1]] for k in range(len(bounds) - 1))
-
-
 def out_offsets(n: int, count: int) -> tuple[int, int, int, int]:
-    """Word offsets in the pass's output for ``n`` blocks and ``count`` lengths: ids, epochs
-    (uint32, two a word), bytes (fact bytes, flag rows, snapshot), and the total size; the
-    scalars lie at 0 and ``asked`` at N_SCALARS."""
+    """Word offsets in the output for ``n`` blocks and ``count`` lengths: ids, epochs (uint32, two a
+    word), bytes (facts, flag rows, snapshot), total size; scalars at 0, ``asked`` at N_SCALARS."""
     ids_at = N_SCALARS + count
     epochs_at = ids_at + n
     bytes_at = epochs_at + (n + 1) // 2
@@ -110,8 +98,7 @@ def out_offsets(n: int, count: int) -> tuple[int, int, int, int]:
         bytes_at + (snapshot_at(n, count) + SNAPSHOT_ROWS * n + 7) // 8
 
 
-#: Snapshot rows after the flags, per block: its state (0 where missing) and whether its
-#: recorded check had failed, as at the lookup (:mod:`kvfsm.lookup._snapshot`).
+#: Rows after the flags, per block as at the lookup: state (0: missing), recorded check failed.
 SNAPSHOT_STATE, SNAPSHOT_FAILED = range(2)
 SNAPSHOT_ROWS: Final = 2
 
@@ -126,15 +113,6 @@ def snapshot_at(n: int, count: int) -> int:
     return flag_start(n, count, N_FLAGS)
 
 
-def out_views(out: NDArray[np.int64], n: int, count: int
-              ) -> tuple[NDArray[np.int64], NDArray[np.int64], IdArray, NDArray[np.uint32],
-                         NDArray[np.uint8], Bools]:
-    """Views of ``out``: scalars, asked, ids, epochs, facts, flags ``[N_FLAGS, width]``
-    (:func:`out_parts`, shaped for array operations)."""
-    scalars, asked, ids, epochs, facts, rows, width = out_parts(out, n, count)
-    return scalars, asked, ids.view(np.intp), epochs[:n], facts, rows.reshape(N_FLAGS, width)
-
-
 def snapshot_rows(out: NDArray[np.int64], n: int, count: int) -> NDArray[np.uint8]:
     """The snapshot rows of ``out`` as a ``[SNAPSHOT_ROWS, n]`` view."""
     _, _, bytes_at, _ = out_offsets(n, count)
@@ -147,8 +125,7 @@ def snapshot_rows(out: NDArray[np.int64], n: int, count: int) -> NDArray[np.uint
 def out_parts(out: NDArray[np.int64], n: int, count: int
                ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
                           NDArray[np.uint32], NDArray[np.uint8], Bools, int]:
-    """The parts of ``out``: scalars, asked, ids, epochs, facts, the flag rows as one vector
-    (:func:`flag_row` picks one) and their width."""
+    """The parts of ``out``: scalars, asked, ids, epochs, facts, flag rows (one vector), width."""
     ids_at, epochs_at, bytes_at, _ = out_offsets(n, count)
     width = max(n, count)
     raw_bytes = out[bytes_at:].view(np.uint8)
@@ -173,9 +150,8 @@ def history_parts(history: NDArray[np.int64], n_history: int, count: int,
 
 # -- the lease exchange ----
 
-#: Columns of a probed lease's answer row per group: the pinning touch's ``out`` (an id
-#: outside the group, the first at the pin limit, how the pins were taken, one run at one
-#: epoch), the first id and epoch read, and the prompt blocks ``[lo, hi)`` the group holds.
+#: Answer row per group: the pinning touch's ``out`` (an id outside the group, first at the pin
+#: limit, how pinned, one run at one epoch), first id and epoch read, prompt blocks ``[lo, hi)``.
 OUTSIDE: Final = 0
 FULL: Final = 1
 PINNED_AS: Final = 2
@@ -196,20 +172,10 @@ TAKEN: Final = -1
 
 
 def answer_runs(names: tuple[str, ...], answers: NDArray[np.int64]) -> list[LeasedRun]:
-    """The runs the answer rows spell, ``(names[g], first id, count, epoch)`` per group
-    holding blocks (what observers without the answer-rows methods are told)."""
+    """``(names[g], first id, count, epoch)`` per group holding blocks, for observers without
+    the answer-rows methods."""
     return [(names[g], row[FIRST_ID], row[HI] - row[LO], row[FIRST_EPOCH])
             for g, row in enumerate(answers.tolist()) if row[HI] > row[LO]]
-
-
-def one_run_blocks(ids: NDArray[np.int64], epochs: NDArray[np.uint32]) -> int:
-    """:data:`ONE_RUN_BLOCKS` of ``ids`` (-1 where missing) and ``epochs``, in NumPy."""
-    found = ids >= 0
-    chain = ids.size if found.all() else int(np.argmin(found))
-    if chain == 0:
-        return 0
-    run = (ids[:chain] == ids[0] + np.arange(chain)) & (epochs[:chain] == epochs[0])
-    return chain if run.all() else 0
 
 
 def probed_ids(out: NDArray[np.int64], at_ids: int, at_epochs: int, lo: int, hi: int
@@ -218,17 +184,11 @@ def probed_ids(out: NDArray[np.int64], at_ids: int, at_epochs: int, lo: int, hi:
     return out[at_ids + lo:at_ids + hi], out[at_epochs:].view(np.uint32)[lo:hi]
 
 
-#: Per group, the arrays of a lease's address table in order (dtypes in :data:`LEASE_KINDS`):
-#: states, each state's recency list, use stamps, list links, heads, tails, block and chunk
-#: pins, epochs, and the record of a run linked in order.
+#: A lease's address table per group (dtypes: LEASE_KINDS): states, each state's recency list, use
+#: stamps, list links, heads, tails, block and chunk pins, epochs, record of a run linked in order.
 STATES, LIST_OF_STATE, LAST_USE, PREV, NEXT, HEAD, TAIL, PINS, CHUNK_PINS, EPOCH, \
     LINKED_RUN = range(11)
 LEASE_KINDS: Final[tuple[tuple[type[np.generic], int], ...]] = (
     (np.uint8, 1), (np.int8, 1), (np.uint32, 1), (np.int32, 1), (np.int32, 1), (np.int32, 1),
     (np.int32, 1), (np.uint16, 1), (np.uint16, 1), (np.uint32, 1), (np.int64, 1))
 N_LEASE_ARRAYS: Final = len(LEASE_KINDS)
-
-
-def leased_arrays(arrays: NDArray[np.int64], g: int) -> tuple[NDArray[Any], ...]:
-    """Group ``g``'s arrays of a lease's address table, as views (for the twins)."""
-    return views(arrays, LEASE_KINDS, g * N_LEASE_ARRAYS)

@@ -1,11 +1,7 @@
-"""A verdict whose explanation is made when first read.
-
-An :class:`ExplainedLater` makes ``groups``, ``reasons`` and ``plan`` on first read (most
-callers read only the numbers), from the pass outputs and a snapshot taken before the lookup
-returns (:meth:`~kvfsm.lookup._pass_output.PassOutput.freeze`): a later change to the core
-cannot alter them. Once made they are plain fields for equality, hashing, ``repr``,
-``attrs.evolve`` and pickling.
-"""
+"""A verdict whose ``groups``, ``reasons`` and ``plan`` are made on first read (most callers read
+only the numbers), from the pass outputs and a snapshot taken before the lookup returns
+(``PassOutput.freeze``): a later change to the core cannot alter them. Once made they are plain
+fields for equality, hashing, ``repr``, ``attrs.evolve`` and pickling."""
 
 from __future__ import annotations
 
@@ -18,14 +14,12 @@ from kvfsm.lookup._types import GroupVerdict, RestoreStep, Shortfall, Verdict
 
 #: What explaining a verdict makes: its groups, reasons and plan.
 Explanation = tuple[tuple[GroupVerdict, ...], tuple[Shortfall, ...], tuple[RestoreStep, ...]]
-
 #: The fields made on first read.
 LAZY_FIELDS = ("groups", "reasons", "plan")
 
 
 class _MadeOnRead:
-    """A field of an :class:`ExplainedLater` until made: a non-data descriptor, so once the
-    value sits in the instance's ``__dict__`` it is read from there."""
+    """An ``ExplainedLater`` field until made: a non-data descriptor, so ``__dict__`` then wins."""
 
     __slots__ = ("name",)
 
@@ -47,8 +41,7 @@ class ExplainedLater(Verdict):
     plan = _MadeOnRead("plan")
 
     def explain(self) -> None:
-        """Make the lazy fields now, if not made. Two threads may both make them: from the
-        same snapshot, to equal values."""
+        """Make the lazy fields if not made (two threads may both: same snapshot, equal values)."""
         fields = self.__dict__
         make: Callable[[], Explanation] | None = fields.get("_explanation")
         if make is None:
@@ -75,8 +68,6 @@ class ExplainedLater(Verdict):
 
 #: The fields a Verdict's equality compares.
 _COMPARED = tuple(field.name for field in attrs.fields(Verdict) if field.eq)
-
-
 _new = object.__new__
 
 

@@ -1,16 +1,12 @@
 """One group's part of a lookup: per-block facts, the four layers, and "usable at length L".
-
-Facts are arrays over the group's prompt blocks from one compiled pass
-(:mod:`kvfsm.lookup._group_pass`); "usable at L" holds for every candidate length at once, by
-prefix sums, so non-monotone kinds are exact without a shrinking loop.
-"""
+Facts come from one compiled pass (``_group_pass``); "usable at L" holds for every candidate
+length at once, by prefix sums, so non-monotone kinds are exact without a shrinking loop."""
 
 from __future__ import annotations
 
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._jit import settings as jit_settings
 from kvfsm.lookup._block_facts import READABLE
 from kvfsm.lookup._buffers import (
     ALL_SETTLED,
@@ -28,15 +24,14 @@ from kvfsm.lookup._group_pass import (
     CHECKS_IGNORED,
     CHECKS_RECORDED,
     group_pass,
-    group_pass_fixed,
 )
 from kvfsm.lookup._pass_output import PassOutput
 from kvfsm.lookup._spans import Spans
-from kvfsm.lookup._statics import Statics, slots_aligned, statics_for
+from kvfsm.lookup._statics import Statics, slots_aligned
 from kvfsm.lookup._types import DeviceProfile, Level
 from kvfsm.memory import SlotPool
-from kvfsm.spec import Layout, Tier
-from kvfsm.state import FAILED, UNCHECKED, GroupState, StateCore
+from kvfsm.spec import Tier
+from kvfsm.state import FAILED, UNCHECKED, GroupState
 
 Bools = NDArray[np.bool_]
 
@@ -46,18 +41,14 @@ _NO_HISTORY = np.zeros(N_SCALARS + 1, dtype=np.int64)
 _NO_CHECKED = np.ones(0, dtype=np.bool_)
 _FULL, _FAST = Level.FULL, Level.FAST
 _INT64 = np.dtype(np.int64)
-_WORD = np.dtype(np.uint64)
 
 
 def _checksums(group: GroupState, pool: SlotPool, level: Level, slots: NDArray[np.int32],
                readable_ids: NDArray[np.intp], readable: Bools
                ) -> tuple[Bools | None, NDArray[np.intp], Bools]:
-    """Layer 1 per prompt block: the readable blocks' bytes match their checksums (None: all
-    do), and the checks made (block ids, passed) for the caller to record.
-
-    FULL recomputes every block; reduced levels only blocks unchecked at their epoch. A block
-    any lookup saw fail stays failed at every level until its epoch moves.
-    """
+    """Layer 1 per prompt block: readable blocks' bytes match their checksums (None: all do),
+    and the checks made (ids, passed) for the caller to record. FULL recomputes all, other levels
+    those unchecked at their epoch; one any lookup saw fail stays failed until its epoch moves."""
     check = group.check[readable_ids]
     failed_before = check == FAILED
     todo = np.ones(slots.size, dtype=np.bool_) if level is Level.FULL else check == UNCHECKED
@@ -80,55 +71,26 @@ def _both(first: Bools | None, second: Bools | None) -> Bools | None:
 
 
 class GroupEval(PassOutput):
-    """Facts about one group's prompt blocks, and its usable vectors, from one
-    :func:`~kvfsm.lookup._group_pass.group_pass` (a second where device checks must be
-    computed here: checksums at FULL or of blocks unchecked at their epoch, or alignment the
-    pools do not guarantee). Its parts are views of the one output, made when first read."""
+    """One group's block facts and usable vectors, from one ``group_pass`` (two where device
+    checks, of checksums or alignment the pools do not guarantee, must run here). Its parts are
+    views of the one output, made when first read."""
 
     _history: GroupEval | None
     #: The checksums this lookup computed: block ids and whether each passed (None: none).
     checked: tuple[NDArray[np.intp], Bools] | None = None
-    #: Per candidate length: restores its plan begins (only where the budget has caps and the
-    #: plan restores something).
+    #: Per candidate length: restores its plan begins (only where capped and some plan restores).
     restores_asked: NDArray[np.int64] | None = None
-
-    def __init__(
-        self,
-        core: StateCore,
-        group: GroupState,
-        high: NDArray[np.uint64],
-        low: NDArray[np.uint64],
-        lengths: NDArray[np.int64],
-        *,
-        level: Level,
-        kernel_layout: Layout | None,
-        profile: DeviceProfile,
-        history: GroupEval | None = None,
-        checksums: bool = True,
-        spans: Spans | None = None,
-        statics: Statics | None = None,
-        capped: bool | None = None,
-    ) -> None:
-        if statics is None:
-            statics = statics_for(group, kernel_layout or group.decl.layout, profile)
-        # The compiled pass is typed for contiguous, writable native uint64 words.
-        high, low = np.require(high, _WORD, ["C", "W"]), np.require(low, _WORD, ["C", "W"])
-        if spans is None or spans.n != high.size or spans.lo.size != lengths.size:
-            spans = Spans(group.rule.needed(group.decl, lengths), high.size)
-        self._evaluate(group, (high, low), lengths, level, profile, history, checksums, spans,
-                       statics, group.budget.capped if capped is None else capped)
 
     def _evaluate(self, group: GroupState, words: tuple[NDArray[np.uint64], NDArray[np.uint64]],
                   lengths: NDArray[np.int64], level: Level, profile: DeviceProfile,
                   history: GroupEval | None, checksums: bool, spans: Spans, statics: Statics,
                   capped: bool) -> None:
-        """The evaluation, from arguments already checked (a lookup calls it on an instance
-        made by ``_new_eval``). ``spans`` must be made for the blocks ``words`` holds."""
+        """The evaluation, on an instance made by ``_new_eval``: ``words`` C-contiguous,
+        writable native uint64, ``spans`` made for the blocks they hold."""
         self.group = group
         self.decl = group.decl
         self.lengths = lengths
-        # Every complete block: those past the last candidate tell how far the chain reaches.
-        self.n = spans.n
+        self.n = spans.n  # all complete blocks (past the last candidate too: the chain's reach)
         self.words = words
         self._statics = statics
         self.spans = spans
@@ -136,7 +98,6 @@ class GroupEval(PassOutput):
         self._capped = capped
         # Asked now where caps make every plan count; else once a plan restores something.
         self._budget = group.restore_budget() if capped else BUDGET_UNKNOWN
-        #: Data checks read from the core's records (a block seen failing stays failed).
         self._recorded_checks = checksums
         scalars = self._pass(None, CHECKS_RECORDED if checksums else CHECKS_IGNORED)
         if (checksums and level is _FULL) or scalars[NEEDS_CHECKSUMS] or \
@@ -149,8 +110,7 @@ class GroupEval(PassOutput):
                                               scalars[LARGEST_AFTER])
 
     def _checked_pass(self, level: Level, profile: DeviceProfile, checksums: bool) -> list[int]:
-        """Device checks (alignment, checksums) over the readable blocks' slots, then the
-        pass again with their answers."""
+        """Device checks (alignment, checksums) of readable blocks, then the pass on the answers."""
         group, statics = self.group, self._statics
         check_alignment = not statics.aligned and \
             not (level is _FAST and statics.restore_aligned)
@@ -185,8 +145,7 @@ class GroupEval(PassOutput):
         history = self._history
         if history is not None and self.n > 0 and self.group.target is not None:
             self._has_index = True
-            # The pass reads the history's output laid out by its lengths: they must be these.
-            if history.lengths.size != self.lengths.size:
+            if history.lengths.size != self.lengths.size:  # its output is laid out by its lengths
                 raise ValueError(f"group {self.group.name!r}: its history was evaluated "
                                  f"over {history.lengths.size} lengths, not "
                                  f"{self.lengths.size}")
@@ -195,26 +154,13 @@ class GroupEval(PassOutput):
             self._has_index = False
             history_out, n_history, all_settled = _NO_HISTORY, 0, True
         spans = self.spans
-        # The kernel writes by the spans: size the output by them.
-        self._out = out = np.empty(spans.out_size, _INT64)
+        self._out = out = np.empty(spans.out_size, _INT64)  # the kernel writes by the spans
         self._raw = None
         high, low = self.words
-        statics = self._statics
-        # Compiled, the fixed arrays go as one address table where their layout allows.
-        fixed = statics.fixed
-        use_checked_ok = checked_ok is not None
         given = _NO_CHECKED if checked_ok is None else checked_ok
-        if fixed is not None and jit_settings.enabled:
-            # Through numba's dispatcher: a version per argument types, so none is misread.
-            group_pass_fixed.run(
-                high, low, fixed, history_out, n_history, given, spans.rows,
-                spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
-                self._budget, self._capped, out)
-        else:
-            group_pass.run(
-                high, low, *statics.arrays, history_out, n_history, given, spans.rows,
-                spans.prefix_step, check_mode, use_checked_ok, self._has_index, all_settled,
-                self._budget, self._capped, out)
+        group_pass.run(high, low, self._statics.fixed, history_out, n_history, given, spans.rows,
+                       spans.prefix_step, check_mode, checked_ok is not None, self._has_index,
+                       all_settled, self._budget, self._capped, out)
         scalars: list[int] = out[:N_SCALARS].tolist()
         total = scalars[RESTORES_TOTAL]
         if total and self._budget == BUDGET_UNKNOWN:
@@ -224,5 +170,5 @@ class GroupEval(PassOutput):
         return scalars
 
 
-#: Makes an evaluation without its constructor's checks (filled by :meth:`GroupEval._evaluate`).
+#: Makes a bare evaluation, for :meth:`GroupEval._evaluate` to fill.
 _new_eval = object.__new__

@@ -1,18 +1,16 @@
-"""One group's part of a lookup in one pass: block facts, checks, the index's references,
-"usable at L" now and after the plan, and the restores the plan asks for.
+"""One group's part of a lookup, in one pass: block facts, checks, index references, "usable
+at L" now and after the plan, and the restores the plan asks for.
 
-:func:`group_pass` is a compiled kernel that probes the group's hash table and writes every
-array the verdict reads into one output (:func:`out_offsets`); its NumPy twin is the reference.
-A block is *sound* when found, placed, whole, under the kernel's layout and (an index) every
-reference holds; *usable now* in a form when sound, readable so and its checks pass; *usable
-after the plan* when a content-preserving path reaches the form and an index's targets already
-sit settled (moving a target bumps its epoch). See ``docs/verdict.md``.
-"""
+:func:`group_pass` (compiled; uncompiled its source runs, ``tests/kernel_twins.py`` is the NumPy
+reference) probes the hash table and writes all the verdict reads into one output
+(:func:`out_offsets`). A block is *sound* when found, placed, whole, under the kernel's layout and
+(an index) every reference holds; *usable now* in a form when sound, readable so and its checks
+pass; *usable after the plan* when a content-preserving path reaches the form and an index's
+targets already sit settled (moving a target bumps its epoch). See ``docs/verdict.md``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,10 +21,9 @@ from kvfsm._addressed import (
     matrix_at,
     unowned,
     vector_at,
-    views,
 )
 from kvfsm._jit import inlined, kernel, read_only
-from kvfsm.kinds._sparse_index import history_positions, references_hold, row_references
+from kvfsm.kinds._sparse_index import history_positions, row_references
 from kvfsm.lookup._block_facts import (
     CODE_SHIFT,
     FOUND,
@@ -77,194 +74,61 @@ from kvfsm.lookup._buffers import (
     SPAN_CUT,
     SPAN_HI,
     SPAN_LO,
-    consts_tables,
     flag_row,
     flag_start,
     history_parts,
-    one_run_blocks,
     out_offsets,
     out_parts,
-    out_views,
     pack_consts,
     snapshot_at,
 )
+from kvfsm.state import FAILED, UNCHECKED
 from kvfsm.state._hashtable import (
     EMPTY_SLOT,
     READ_AHEAD,
     probe_keys,
-    probe_twin,
 )
 
 Bools = NDArray[np.bool_]
-IdArray = NDArray[np.intp]
 Words = NDArray[np.uint64]
-Lengths = NDArray[np.int64]
 
-#: ``check_mode``: data checksums are not looked at (``checksums=False``).
+#: ``check_mode``: checksums ignored (``checksums=False``).
 CHECKS_IGNORED: Final = 0
-#: ``check_mode``: recorded checks are trusted; a readable block that failed one is bad, one
-#: never checked at its epoch sets NEEDS_CHECKSUMS (the caller calls again with ``checked_ok``).
+#: ``check_mode``: trust recorded checks: a readable block that failed one is bad; one unchecked
+#: at its epoch sets NEEDS_CHECKSUMS (the caller calls again with ``checked_ok``).
 CHECKS_RECORDED: Final = 1
 
-#: Recorded check states (as :mod:`kvfsm.state` keeps them).
-_UNCHECKED: Final = 0
-_FAILED: Final = 2
-#: An unused index reference.
-_NO_TARGET: Final = -1
-
-
-#: ``budget`` not looked up: the pass filters nothing by it; the caller compares
-#: RESTORES_TOTAL with the budget and passes it where the total exceeds it.
+#: ``budget`` unknown: nothing filtered; the caller passes it where RESTORES_TOTAL exceeds it.
 BUDGET_UNKNOWN: Final = -1
 
 
 def _group_pass_example() -> tuple[object, ...]:
-    """Arguments of exactly the call site's types: words and hash table writable; metadata,
-    tables, references, consts and spans read-only; history, ``checked_ok`` and output fresh."""
+    """Arguments of exactly the call site's types: words writable; fixed arrays (hash table
+    writable, the rest read-only) as an address table; spans read-only; the rest fresh."""
     one_u8, one_i32 = read_only(np.zeros(1, dtype=np.uint8)), read_only(np.zeros(1, np.int32))
     one_u32 = read_only(np.zeros(1, np.uint32))
     words = np.zeros(1, dtype=np.uint64)
     consts = pack_consts(1, True, 1, 1, False, np.ones(1, np.bool_), np.zeros(1, np.uint8),
                          np.zeros((2, 1), np.bool_), np.ones(1, np.bool_))
+    fixed = pack_fixed((
+        np.full(8, EMPTY_SLOT, dtype=np.uint64), words.copy(), words.copy(),
+        read_only(np.zeros(1, np.bool_)), one_u8, one_u32, one_i32,
+        read_only(np.zeros(1, np.uint16)), one_u8, one_u8,
+        read_only(np.full((1, 1), -1, dtype=np.int32)), read_only(np.zeros((1, 1), np.uint32)),
+        one_u32, one_u8, one_i32, consts))
     return (
-        words, words.copy(), np.full(8, EMPTY_SLOT, dtype=np.uint64), words.copy(),
-        words.copy(), read_only(np.zeros(1, np.bool_)), one_u8, one_u32, one_i32,
-        read_only(np.zeros(1, np.uint16)), one_u8,
-        one_u8, read_only(np.full((1, 1), -1, dtype=np.int32)),
-        read_only(np.zeros((1, 1), np.uint32)), one_u32, one_u8, one_i32, consts,
-        np.zeros(out_offsets(0, 1)[3], np.int64), 0, np.ones(1, dtype=np.bool_),
-        read_only(np.zeros((N_SPAN_ROWS, 1), np.int64)), 0,
+        words, words.copy(), fixed, np.zeros(out_offsets(0, 1)[3], np.int64), 0,
+        np.ones(1, dtype=np.bool_), read_only(np.zeros((N_SPAN_ROWS, 1), np.int64)), 0,
         CHECKS_RECORDED, False, False, True, 0, False,
-        # Zeros, not empty: the padding after the last row is never written, and two runs
-        # of the example are compared whole.
+        # Zeros: the padding past the last row is never written; two runs are compared whole.
         np.zeros(out_offsets(1, 1)[3], np.int64))
-
-
-def prefix_counts(bad: Bools) -> NDArray[np.int64]:
-    """``P[m]`` = number of set entries among the first ``m``."""
-    out = np.zeros(bad.size + 1, dtype=np.int64)
-    np.cumsum(bad, out=out[1:])
-    return out
-
-
-def usable_over(lo: Lengths, cut: Lengths, hi: Lengths, base: Bools, ok_raw: Bools,
-                ok_cmp: Bools) -> Bools:
-    """Per length: ``base`` and every block ok in its form over ``[lo, cut)`` / ``[cut, hi)``."""
-    raw_bad, cmp_bad = prefix_counts(~ok_raw), prefix_counts(~ok_cmp)
-    usable: Bools = base & (raw_bad[hi] == raw_bad[cut]) & (cmp_bad[cut] == cmp_bad[lo])
-    return usable
-
-
-def _last(vector: Bools) -> int:
-    hits = np.flatnonzero(vector)
-    return int(hits[-1]) if hits.size else 0
-
-
-def _group_pass_twin(
-    high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
-    mapped: Bools, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
-    position: NDArray[np.int32],
-    sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8], check: NDArray[np.uint8],
-    refs_target: NDArray[np.int32], refs_epoch: NDArray[np.uint32],
-    target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
-    target_position: NDArray[np.int32], consts: NDArray[np.int64],
-    history: NDArray[np.int64], n_history: int, checked_ok: Bools, spans: NDArray[np.int64],
-    prefix_step: int, check_mode: int,
-    use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
-    capped: bool, out: NDArray[np.int64],
-) -> None:
-    """:func:`group_pass` as array operations (the reference)."""
-    n, count = high.size, spans.shape[1]
-    scalars, asked, ids, epochs, facts, flags = out_views(out, n, count)
-    probe_twin(slots, block_high, block_low, high, low, ids, True)
-    per_block, per_length = flags[:N_PER_BLOCK, :n], flags[N_PER_BLOCK:, :count]
-    full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
-    target_size, own_size = consts[P_TARGET_SIZE], consts[P_OWN_SIZE]
-    layout_ok, code, restores_raw, restores_cmp, hashed = consts_tables(consts)
-    layout_ok, restores_raw, restores_cmp = (table != 0 for table in (
-        layout_ok, restores_raw, restores_cmp))
-    hashed = hashed != 0
-    lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE] != 0
-    now_raw, now_cmp, after_raw = per_block[NOW_RAW], per_block[NOW_CMP], per_block[AFTER_RAW]
-    after_cmp, fit, settled_ok = per_block[AFTER_CMP], per_block[FIT], per_block[SETTLED_OK]
-    hit, now, after = per_length[HIT], per_length[NOW], per_length[AFTER]
-    found = ids >= 0
-    safe = np.where(found, ids, 0)
-    facts[:] = code[states[safe]].astype(np.uint8) << CODE_SHIFT
-    facts |= FOUND
-    facts[position[safe] == np.arange(n)] |= PLACED
-    facts[sub_blocks[safe] == full_sub_mask] |= WHOLE
-    facts[layout_ok[layout_id[safe]]] |= LAYOUT
-    facts[~found] = 0
-    epochs[:] = np.where(found, epoch[safe], 0)
-    readable = (facts & READABLE) != 0
-    sound = (facts & SOUND) == SOUND
-    scalars[:] = 0
-    scalars[CHAIN_BLOCKS] = int(np.argmin(found)) if not found.all() else n
-    scalars[ONE_RUN_BLOCKS] = one_run_blocks(ids, epochs)
-    if use_checked_ok:
-        ok = checked_ok.copy()
-    elif check_mode == CHECKS_RECORDED:
-        recorded = check[safe]
-        ok = ~(readable & (recorded == _FAILED))
-        scalars[NEEDS_CHECKSUMS] = int(bool((readable & (recorded == _UNCHECKED)).any()))
-    else:
-        ok = np.ones(n, dtype=np.bool_)
-    # The index's references: current, of this prompt's history, complete before the row ends.
-    fit[:] = True
-    settled_ok[:] = True
-    if has_index and n:
-        history_ids, history_settled = history_parts(history, n_history, count, consts)
-        refs = references_hold(
-            refs_target[safe], refs_epoch[safe], np.arange(n, dtype=np.int64),
-            target_epoch=target_epoch, target_states=target_states, hashed=hashed,
-            target_position=target_position, history_ids=history_ids[:n_history],
-            target_size=int(target_size), own_size=int(own_size))
-        used, ours, at = refs.used, refs.ours, refs.at
-        fit[:] = refs.fit
-        if not history_all_settled:
-            settled = ours & (history_settled[at] if n_history else np.zeros_like(ours))
-            settled_ok[:] = ~((used & ~settled) | (refs_target[safe] < _NO_TARGET)).any(axis=1)
-        fit &= found
-        settled_ok[~found] = True
-        sound &= fit
-    good_now = sound & ok
-    now_raw[:] = good_now & ((facts & READ_RAW) != 0)
-    now_cmp[:] = good_now & ((facts & READ_COMPRESSED) != 0)
-    movable = sound & ~(readable & ~ok) if restore_aligned else np.zeros(n, dtype=np.bool_)
-    after_raw[:] = (now_raw | (movable & ((facts & TO_RAW) != 0))) & settled_ok
-    after_cmp[:] = (now_cmp | (movable & ((facts & TO_COMPRESSED) != 0))) & settled_ok
-    hit[:] = usable_over(lo, cut, hi, base, found, found)
-    now[:] = usable_over(lo, cut, hi, base, now_raw, now_cmp)
-    if np.array_equal(after_raw, now_raw) and np.array_equal(after_cmp, now_cmp):
-        after[:] = now
-    else:
-        scalars[PLAN_CHANGES] = 1
-        state = states[safe]
-        raw_restores = ~now_raw & after_raw & restores_raw[state]
-        cmp_restores = ~now_cmp & after_cmp & restores_cmp[state]
-        total = int(raw_restores.sum()) + int(cmp_restores.sum())
-        after[:] = usable_over(lo, cut, hi, base, after_raw, after_cmp)
-        scalars[RESTORES_TOTAL] = total
-        known = budget != BUDGET_UNKNOWN
-        if total and (capped or (known and total > budget)):
-            raw_count, cmp_count = prefix_counts(raw_restores), prefix_counts(cmp_restores)
-            asked[:] = raw_count[hi] - raw_count[cut] + cmp_count[cut] - cmp_count[lo]
-            scalars[ASKED_KEPT] = 1
-            if known:
-                after &= asked <= budget
-    scalars[LARGEST_HIT], scalars[LARGEST_NOW] = _last(hit), _last(now)
-    scalars[LARGEST_AFTER] = _last(after)
-    settled = now_cmp if consts[P_SETTLED_FORM] else now_raw
-    scalars[ALL_SETTLED] = int(bool(settled.all()))
 
 
 def _plan_pass(ids: NDArray[np.int64], states: NDArray[np.uint8], consts: NDArray[np.int64],
                spans: NDArray[np.int64], now_raw: Bools, now_cmp: Bools, after_raw: Bools,
                after_cmp: Bools, after: Bools, asked: NDArray[np.int64],
                scalars: NDArray[np.int64], budget: int, capped: bool) -> None:
-    """Where the plan changes some block: the per-length ``after`` row, the restores it
-    begins and, where kept, those asked per length."""
+    """Where the plan changes a block: RESTORES_TOTAL, per length ``after`` and (kept) ``asked``."""
     n, count = ids.size, spans.shape[1]
     lo, cut, hi, base = spans[SPAN_LO], spans[SPAN_CUT], spans[SPAN_HI], spans[SPAN_BASE]
     restores_raw_at, restores_cmp_at = consts[P_RESTORES_RAW_AT], consts[P_RESTORES_CMP_AT]
@@ -303,123 +167,107 @@ def _plan_pass(ids: NDArray[np.int64], states: NDArray[np.uint8], consts: NDArra
             scalars[LARGEST_AFTER] = k
 
 
-def _group_pass_loop_for(plain: bool) -> Callable[..., None]:
-    """The group pass compiled two ways: the general one, and (``plain``) one with neither an
-    index nor given checks."""
-
-    def group_pass(
-        high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
-        mapped: Bools, states: NDArray[np.uint8], epoch: NDArray[np.uint32],
-        position: NDArray[np.int32],
-        sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8], check: NDArray[np.uint8],
-        refs_target: NDArray[np.int32], refs_epoch: NDArray[np.uint32],
-        target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
-        target_position: NDArray[np.int32], consts: NDArray[np.int64],
-        history: NDArray[np.int64], n_history: int, checked_ok: Bools, spans: NDArray[np.int64],
-        prefix_step: int, check_mode: int,
-        use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
-        capped: bool, out: NDArray[np.int64],
-    ) -> None:
-        """Everything one group contributes to a verdict, into ``out``. ``checked_ok``
-        replaces ``check_mode`` where ``use_checked_ok``; ``history``: an index's target
-        group's pass output (``history_all_settled``: no plan step will move a target);
-        ``budget``: restores the gate lets begin now, or BUDGET_UNKNOWN."""
-        if plain:  # constants: what they switch on is compiled away
-            has_index = use_checked_ok = False
-        n_history = n_history if has_index else 0
-        # Held by the caller for the whole call: views need no reference counting.
-        high, low, spans, history, out = unowned(high), unowned(low), unowned(spans), \
-            unowned(history), unowned(out)
-        n, count = high.size, spans.shape[1]
-        scalars, asked, ids, epochs, facts, rows, width = out_parts(out, n, count)
-        now_raw, now_cmp = flag_row(rows, NOW_RAW, width), flag_row(rows, NOW_CMP, width)
-        after_raw, after_cmp = flag_row(rows, AFTER_RAW, width), flag_row(rows, AFTER_CMP, width)
-        fit, settled_ok = flag_row(rows, FIT, width), flag_row(rows, SETTLED_OK, width)
-        full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
-        code_at, layout_ok_at = consts[P_CODE_AT], consts[P_LAYOUT_OK_AT]
-        home_words, raw_bad, cmp_bad, missing, epoch_at, first_row_at = _scratch(n, n_history)
-        _probe_prompt(high, low, slots, block_high, block_low, mapped, ids, home_words)
-        history_ids, history_settled = history_parts(history, n_history, count, consts)
-        if has_index:
-            history_positions(history_ids, target_states, target_epoch,
-                              consts[consts[P_HASHED_AT]:], consts[P_TARGET_SIZE],
-                              consts[P_OWN_SIZE], n, epoch_at, first_row_at)
-        for i in range(N_SCALARS):
-            scalars[i] = 0
-        changes = needs_checksums = False
-        # fit_block: the previous row's block where every reference passed (-1: none).
-        fit_block = raw_count = cmp_count = missing_count = first_raw_bad = 0
-        fit_block, chain_blocks = -1, n
-        for i in range(n):
-            block = ids[i]
-            row_fit, row_settled = True, True
-            if block < 0:
-                block_facts = 0
-                epochs[i] = 0
-                if chain_blocks == n:
-                    chain_blocks = i
-                row_fit = not has_index
-            else:
-                epochs[i] = epoch[block]
-                block_facts = _facts_of(block, i, states, position, sub_blocks, layout_id,
-                                        consts, code_at, layout_ok_at, full_sub_mask)
-                if has_index and fit_block >= 0 and \
-                        _same_references(block, fit_block, refs_target, refs_epoch):
-                    # The previous row's references all passed: a target allowed from a row is
-                    # allowed from every later one.
-                    row_settled = settled_ok[i - 1]
-                elif has_index:
-                    row_fit, row_settled = row_references(
-                        block, i, refs_target, refs_epoch, target_position, history_ids,
-                        history_settled, history_all_settled, epoch_at, first_row_at)
-            facts[i] = block_facts
-            sound = (block_facts & SOUND) == SOUND and row_fit
-            ok = True
-            if use_checked_ok:
-                ok = checked_ok[i]
-            elif check_mode == CHECKS_RECORDED and (block_facts & READABLE) != 0:
-                ok = check[block] != _FAILED
-                needs_checksums |= check[block] == _UNCHECKED
-            is_raw, is_cmp, to_raw, to_cmp = _forms(block_facts, sound, ok, row_settled,
-                                                    restore_aligned)
-            if to_raw != is_raw or to_cmp != is_cmp:
-                changes = True
-            now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
-            fit[i], settled_ok[i] = row_fit, row_settled
-            fit_block = block if row_fit and block >= 0 else -1
-            raw_count += not is_raw
-            cmp_count += not is_cmp
-            missing_count += block < 0
-            first_raw_bad += raw_count == 0
-            if not prefix_step:
-                raw_bad[i + 1] = raw_count
-                cmp_bad[i + 1] = cmp_count
-                missing[i + 1] = missing_count
-        scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
-        scalars[ONE_RUN_BLOCKS] = _one_run(ids, epochs, chain_blocks)
-        scalars[ALL_SETTLED] = (cmp_count if consts[P_SETTLED_FORM] != 0 else raw_count) == 0
-        hit, now, after = flag_row(rows, N_PER_BLOCK + HIT, width), \
-            flag_row(rows, N_PER_BLOCK + NOW, width), flag_row(rows, N_PER_BLOCK + AFTER, width)
-        largest_hit, largest_now = _length_rows(spans, prefix_step, chain_blocks, first_raw_bad,
-                                                missing, raw_bad, cmp_bad, hit, now, after)
-        scalars[LARGEST_HIT], scalars[LARGEST_NOW] = largest_hit, largest_now
-        scalars[LARGEST_AFTER] = largest_now
-        scalars[PLAN_CHANGES] = changes
-        if changes:
-            _plan_pass(ids, states, consts, spans, now_raw, now_cmp, after_raw, after_cmp, after,
-                       asked, scalars, budget, capped)
-
-    return group_pass
+def _pass_loop(
+    high: Words, low: Words, slots: Words, block_high: Words, block_low: Words, mapped: Bools,
+    states: NDArray[np.uint8], epoch: NDArray[np.uint32], position: NDArray[np.int32],
+    sub_blocks: NDArray[np.uint16], layout_id: NDArray[np.uint8], check: NDArray[np.uint8],
+    refs_target: NDArray[np.int32], refs_epoch: NDArray[np.uint32],
+    target_epoch: NDArray[np.uint32], target_states: NDArray[np.uint8],
+    target_position: NDArray[np.int32], consts: NDArray[np.int64], history: NDArray[np.int64],
+    n_history: int, checked_ok: Bools, spans: NDArray[np.int64], prefix_step: int,
+    check_mode: int, use_checked_ok: bool, has_index: bool, history_all_settled: bool,
+    budget: int, capped: bool, out: NDArray[np.int64],
+) -> None:
+    """As :func:`group_pass`; ``checked_ok`` replaces ``check_mode`` where ``use_checked_ok``;
+    ``history``: the index's target group's pass output (``history_all_settled``: no plan
+    step moves a target); ``budget``: restores the gate lets begin now, or BUDGET_UNKNOWN."""
+    n_history = n_history if has_index else 0
+    n, count = high.size, spans.shape[1]
+    scalars, asked, ids, epochs, facts, rows, width = out_parts(out, n, count)
+    now_raw, now_cmp = flag_row(rows, NOW_RAW, width), flag_row(rows, NOW_CMP, width)
+    after_raw, after_cmp = flag_row(rows, AFTER_RAW, width), flag_row(rows, AFTER_CMP, width)
+    fit, settled_ok = flag_row(rows, FIT, width), flag_row(rows, SETTLED_OK, width)
+    full_sub_mask, restore_aligned = consts[P_FULL_SUB_MASK], consts[P_ALIGNED] != 0
+    code_at, layout_ok_at = consts[P_CODE_AT], consts[P_LAYOUT_OK_AT]
+    home_words, raw_bad, cmp_bad, missing, epoch_at, first_row_at = _scratch(n, n_history)
+    _probe_prompt(high, low, slots, block_high, block_low, mapped, ids, home_words)
+    history_ids, history_settled = history_parts(history, n_history, count, consts)
+    if has_index:
+        history_positions(history_ids, target_states, target_epoch,
+                          consts[consts[P_HASHED_AT]:], consts[P_TARGET_SIZE],
+                          consts[P_OWN_SIZE], n, epoch_at, first_row_at)
+    for i in range(N_SCALARS):
+        scalars[i] = 0
+    changes = needs_checksums = False
+    # fit_block: the previous row's block where every reference passed (-1: none).
+    raw_count = cmp_count = missing_count = first_raw_bad = 0
+    fit_block, chain_blocks = -1, n
+    for i in range(n):
+        block = ids[i]
+        row_fit, row_settled = True, True
+        if block < 0:
+            block_facts = 0
+            epochs[i] = 0
+            if chain_blocks == n:
+                chain_blocks = i
+            row_fit = not has_index
+        else:
+            epochs[i] = epoch[block]
+            block_facts = _facts_of(block, i, states, position, sub_blocks, layout_id,
+                                    consts, code_at, layout_ok_at, full_sub_mask)
+            if has_index and fit_block >= 0 and \
+                    _same_references(block, fit_block, refs_target, refs_epoch):
+                # Same references, all passed: what a row allows, every later row allows.
+                row_settled = settled_ok[i - 1]
+            elif has_index:
+                row_fit, row_settled = row_references(
+                    block, i, refs_target, refs_epoch, target_position, history_ids,
+                    history_settled, history_all_settled, epoch_at, first_row_at)
+        facts[i] = block_facts
+        sound = (block_facts & SOUND) == SOUND and row_fit
+        ok = True
+        if use_checked_ok:
+            ok = checked_ok[i]
+        elif check_mode == CHECKS_RECORDED and (block_facts & READABLE) != 0:
+            ok = check[block] != FAILED
+            needs_checksums |= check[block] == UNCHECKED
+        is_raw, is_cmp, to_raw, to_cmp = _forms(block_facts, sound, ok, row_settled,
+                                                restore_aligned)
+        if to_raw != is_raw or to_cmp != is_cmp:
+            changes = True
+        now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
+        fit[i], settled_ok[i] = row_fit, row_settled
+        fit_block = block if row_fit and block >= 0 else -1
+        raw_count += not is_raw
+        cmp_count += not is_cmp
+        missing_count += block < 0
+        first_raw_bad += raw_count == 0
+        if not prefix_step:
+            raw_bad[i + 1] = raw_count
+            cmp_bad[i + 1] = cmp_count
+            missing[i + 1] = missing_count
+    scalars[CHAIN_BLOCKS], scalars[NEEDS_CHECKSUMS] = chain_blocks, needs_checksums
+    scalars[ONE_RUN_BLOCKS] = _one_run(ids, epochs, chain_blocks)
+    scalars[ALL_SETTLED] = (cmp_count if consts[P_SETTLED_FORM] != 0 else raw_count) == 0
+    hit, now, after = flag_row(rows, N_PER_BLOCK + HIT, width), \
+        flag_row(rows, N_PER_BLOCK + NOW, width), flag_row(rows, N_PER_BLOCK + AFTER, width)
+    largest_hit, largest_now = _length_rows(spans, prefix_step, chain_blocks, first_raw_bad,
+                                            missing, raw_bad, cmp_bad, hit, now, after)
+    scalars[LARGEST_HIT], scalars[LARGEST_NOW] = largest_hit, largest_now
+    scalars[LARGEST_AFTER] = largest_now
+    scalars[PLAN_CHANGES] = changes
+    if changes:
+        _plan_pass(ids, states, consts, spans, now_raw, now_cmp, after_raw, after_cmp, after,
+                   asked, scalars, budget, capped)
 
 
 @inlined
 def _scratch(n: int, n_history: int) -> tuple[Words, NDArray[np.int32], NDArray[np.int32],
                                               NDArray[np.int32], NDArray[np.uint32],
                                               NDArray[np.int64]]:
-    """The pass's scratch in one allocation: the probe's read-ahead home slots; prefix counts
-    of bad raw, bad compressed and missing blocks (each entry past the first written before
-    read); per history position its block's epoch (zeroed) and the first row allowed to point
-    at it."""
+    """The pass's scratch, one allocation: the probe's read-ahead home slots; prefix counts of
+    bad raw, bad compressed and missing blocks (entries past the first written before read);
+    per history position its block's epoch (zeroed) and the first row allowed to point at it."""
     counts_at = n_history + min(READ_AHEAD, n)
     epochs_at = counts_at + (3 * (n + 1) + 1) // 2
     scratch = np.empty(epochs_at + (n_history + 1) // 2, dtype=np.int64)
@@ -436,10 +284,9 @@ def _scratch(n: int, n_history: int) -> tuple[Words, NDArray[np.int32], NDArray[
 @inlined
 def _probe_prompt(high: Words, low: Words, slots: Words, block_high: Words, block_low: Words,
                   mapped: Bools, ids: NDArray[np.int64], home_words: Words) -> None:
-    """The prompt's block ids (-1: not found) into ``ids``. Where the block after the last one
-    found is mapped under the next key's words, that key maps to it (a key is mapped once, a
-    block under its own words): no table read. Elsewhere
-    :func:`~kvfsm.state._hashtable.probe_keys`, reading up to READ_AHEAD home slots ahead."""
+    """The prompt's block ids (-1: not found) into ``ids``. The block after the last found, if
+    mapped under the next key's words, is that key's (a key maps once, a block under its own
+    words): no table read. Else :func:`probe_keys`, up to READ_AHEAD home slots ahead."""
     n, n_blocks = high.size, block_high.size
     previous = -1
     i = 0
@@ -477,8 +324,7 @@ def _facts_of(block: int, i: int, states: NDArray[np.uint8], position: NDArray[n
 @inlined
 def _forms(facts: int, sound: bool, ok: bool, settled: bool, restore_aligned: bool
            ) -> tuple[bool, bool, bool, bool]:
-    """Whether a block is usable now raw and compressed, and after the plan (``settled``: no
-    restore will move an index target it names)."""
+    """Usable now and after the plan, raw and compressed (``settled``: its targets stay put)."""
     good = sound and ok
     is_raw = good and (facts & READ_RAW) != 0
     is_cmp = good and (facts & READ_COMPRESSED) != 0
@@ -518,9 +364,8 @@ def _length_rows(spans: NDArray[np.int64], prefix_step: int, chain_blocks: int,
                  first_raw_bad: int, missing: NDArray[np.int32], raw_bad: NDArray[np.int32],
                  cmp_bad: NDArray[np.int32], hit: Bools, now: Bools, after: Bools
                  ) -> tuple[int, int]:
-    """Per candidate length: hit, usable now and (until a plan says otherwise) after; returns
-    the largest hit and usable ones. A raw prefix's rows (``prefix_step`` above 0) are true up
-    to a point, then false."""
+    """Per length: hit, usable now and (until a plan says otherwise) after; returns the largest
+    hit and usable. A raw prefix's rows (``prefix_step`` > 0) are true up to a point, then false."""
     count = spans.shape[1]
     largest_hit = largest_now = 0
     if prefix_step and count:
@@ -556,68 +401,32 @@ _PASS_CALLS: Final = (_plan_pass, probe_keys, out_offsets, snapshot_at, flag_sta
                       row_references)
 
 
-_PASS_GENERAL: Final = _group_pass_loop_for(False)
-_PASS_PLAIN: Final = _group_pass_loop_for(True)
-
-group_pass = kernel(example=_group_pass_example, twin=_group_pass_twin,
-                    calls=_PASS_CALLS)(_PASS_GENERAL)
-
-
-# -- the same pass with the group's fixed arrays by address ------------------------------------
-
 #: The dtype and dimensions of the pass's fixed arguments, ``slots`` to ``consts``.
 FIXED_KINDS: Final = (
     (np.uint64, 1), (np.uint64, 1), (np.uint64, 1), (np.bool_, 1), (np.uint8, 1),
     (np.uint32, 1), (np.int32, 1), (np.uint16, 1), (np.uint8, 1), (np.uint8, 1),
     (np.int32, 2), (np.uint32, 2), (np.uint32, 1), (np.uint8, 1), (np.int32, 1),
     (np.int64, 1))
-N_FIXED: Final = len(FIXED_KINDS)
 
 
-def pack_fixed(arrays: tuple[NDArray[Any], ...]) -> AddressTable | None:
-    """The fixed arrays as one address table; None where one is not laid out as FIXED_KINDS
-    says."""
-    return address_table(arrays, FIXED_KINDS)
+def pack_fixed(arrays: tuple[NDArray[Any], ...]) -> AddressTable:
+    """The fixed arrays as one table; TypeError unless laid out as FIXED_KINDS (the core's are)."""
+    table = address_table(arrays, FIXED_KINDS)
+    if table is None:
+        raise TypeError("the group pass takes its fixed arrays as FIXED_KINDS lays them out, "
+                        f"got {[(a.dtype.name, a.ndim, a.flags.c_contiguous) for a in arrays]}")
+    return table
 
 
-def _fixed_args(args: tuple[object, ...]) -> tuple[object, ...]:
-    """:func:`group_pass` arguments as :func:`group_pass_fixed` takes them."""
-    fixed = pack_fixed(cast(tuple[NDArray[Any], ...],
-                            tuple(np.ascontiguousarray(a) for a in args[2 : 2 + N_FIXED])))
-    assert fixed is not None, "the group pass's inputs are laid out as FIXED_KINDS says"
-    return (*args[:2], fixed, *args[2 + N_FIXED :])
-
-
-def _group_pass_fixed_twin(
+@kernel(example=_group_pass_example, calls=(*_PASS_CALLS, _pass_loop))
+def group_pass(
     high: Words, low: Words, fixed: NDArray[np.int64], history: NDArray[np.int64],
     n_history: int, checked_ok: Bools, spans: NDArray[np.int64], prefix_step: int,
-    check_mode: int,
-    use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
-    capped: bool, out: NDArray[np.int64],
+    check_mode: int, use_checked_ok: bool, has_index: bool, history_all_settled: bool,
+    budget: int, capped: bool, out: NDArray[np.int64],
 ) -> None:
-    """:func:`group_pass_fixed` in NumPy."""
-    twin: Any = _group_pass_twin  # the arrays come as one tuple, typed loosely
-    twin(high, low, *views(fixed, FIXED_KINDS), history, n_history, checked_ok, spans,
-         prefix_step, check_mode,
-         use_checked_ok, has_index, history_all_settled, budget, capped, out)
-
-
-def _group_pass_fixed_example() -> tuple[object, ...]:
-    """:func:`group_pass_fixed`'s arguments of exactly the call site's types."""
-    return _fixed_args(_group_pass_example())
-
-
-@kernel(example=_group_pass_fixed_example, twin=_group_pass_fixed_twin,
-        calls=(*_PASS_CALLS, _PASS_GENERAL, _PASS_PLAIN))
-def group_pass_fixed(
-    high: Words, low: Words, fixed: NDArray[np.int64], history: NDArray[np.int64],
-    n_history: int, checked_ok: Bools, spans: NDArray[np.int64], prefix_step: int,
-    check_mode: int,
-    use_checked_ok: bool, has_index: bool, history_all_settled: bool, budget: int,
-    capped: bool, out: NDArray[np.int64],
-) -> None:
-    """:func:`group_pass` with the fixed arrays as one address table (:func:`pack_fixed`).
-    The caller holds the arrays for the call, so views of them go unowned."""
+    """Everything one group contributes to a verdict, into ``out``; fixed arrays as one address
+    table (:func:`pack_fixed`). The caller holds the arrays for the call: views go unowned."""
     high, low, fixed, history, checked_ok, spans, out = unowned(high), unowned(low), \
         unowned(fixed), unowned(history), unowned(checked_ok), unowned(spans), unowned(out)
     slots, block_high, block_low = vector_at(fixed, 0, np.uint64), \
@@ -631,17 +440,7 @@ def group_pass_fixed(
     target_epoch, target_states, target_position = vector_at(fixed, 12, np.uint32), \
         vector_at(fixed, 13, np.uint8), vector_at(fixed, 14, np.int32)
     consts = vector_at(fixed, 15, np.int64)
-    if has_index or use_checked_ok:
-        _PASS_GENERAL(
-            high, low, slots, block_high, block_low, mapped, states, epoch, position,
-            sub_blocks, layout_id, check, refs_target, refs_epoch, target_epoch,
-            target_states, target_position, consts, history, n_history, checked_ok, spans,
-            prefix_step, check_mode, use_checked_ok, has_index, history_all_settled, budget,
-            capped, out)
-    else:
-        _PASS_PLAIN(
-            high, low, slots, block_high, block_low, mapped, states, epoch, position,
-            sub_blocks, layout_id, check, refs_target, refs_epoch, target_epoch,
-            target_states, target_position, consts, history, n_history, checked_ok, spans,
-            prefix_step, check_mode, use_checked_ok, has_index, history_all_settled, budget,
-            capped, out)
+    _pass_loop(high, low, slots, block_high, block_low, mapped, states, epoch, position,
+               sub_blocks, layout_id, check, refs_target, refs_epoch, target_epoch, target_states,
+               target_position, consts, history, n_history, checked_ok, spans, prefix_step,
+               check_mode, use_checked_ok, has_index, history_all_settled, budget, capped, out)

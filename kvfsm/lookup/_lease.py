@@ -6,9 +6,9 @@ too) and records their epochs, so :meth:`Lease.validate` proves nothing it cover
 the pins make sure nothing could. Leases expire (``ttl_s``) so a dead reader cannot hold
 blocks forever. Every lease operation takes the owner's lock.
 
-A lease holds the lookup's pass outputs (its ids and epochs are read there, as views) and the
-answer rows of its take (:mod:`~kvfsm.lookup._buffers`); an index's targets outside what it
-holds of their group are pinned through the core's ``pin`` and kept beside (``targets``).
+A lease holds the lookup's probe (its ids and epochs are views of the pass outputs) and the
+answer rows of its take; an index's targets outside what it holds of their group are pinned
+through the core's ``pin`` and kept beside.
 """
 
 from __future__ import annotations
@@ -71,13 +71,12 @@ class Lease:
         self.tokens = tokens
         #: When the lease expires, on the book's monotonic clock.
         self.expires_at = expires_at
-        # The take: the groups' arrays, the lookup's probe (its pass outputs, where their ids
-        # and epochs start, the core's change count then), the answer rows, the groups holding
-        # blocks, and whether each holds one run at one epoch.
+        # The take: the groups' arrays, the lookup's probe, the answer rows, the groups
+        # holding blocks, and whether each holds one run at one epoch.
         self._arrays, self._probe, self._answers = arrays, probe, answers
         self._holding, self._one_runs = holding, one_runs
         self._targets: Targets = ()
-        #: Per group: its first prompt block, ids and epochs held (made when first read).
+        #: Per group: first prompt block, ids and epochs held (made when first read).
         self._views: dict[str, tuple[int, IdArray, NDArray[np.uint32]]] | None = None
         self._released = False
         self._expired_on_release = False
@@ -111,8 +110,7 @@ class Lease:
         return self._views[group]
 
     def _held(self, g: int, row: list[int]) -> tuple[IdArray, NDArray[np.uint32]]:
-        """The ids and epochs group ``g`` holds (answer row ``row``), as views of the lookup's
-        output."""
+        """The ids and epochs group ``g`` holds (answer row ``row``): views of the pass output."""
         probe = self._probe
         offsets = probe.spans.offsets[g]
         ids, epochs = probed_ids(probe.outs[g], int(offsets[0]), int(offsets[1]), row[LO],
@@ -147,7 +145,7 @@ class Lease:
             if self._released or book.clock() >= self.expires_at:
                 if not self._released:
                     self.mark_expired()
-                    book.drop(self)
+                    self.release()
                 lost = LeaseLost(
                     f"the lease expired (its ttl ran out at {self.expires_at:.3f} on the "
                     "monotonic clock) and its pins were released; look up again"
@@ -171,8 +169,7 @@ class Lease:
                     core.record_leased_reads(*self._reads())
 
     def _reads(self) -> tuple[list[LeasedRead], list[LeasedRun]]:
-        """The read a validated lease reports: each group's blocks as a run where they are
-        one, else as arrays."""
+        """The read a validated lease reports: each group's blocks as a run or as arrays."""
         reads: list[LeasedRead] = []
         runs: list[LeasedRun] = []
         names = self._arrays.names
@@ -189,10 +186,9 @@ class Lease:
         return reads, runs
 
     def _check(self) -> None:
-        """LeaseLost naming the first block held that moved off its epoch, is no longer
-        readable, or has since been seen failing its checksum. Its form needs no check: every
-        row that changes a readable block's form bumps its epoch. Only groups changed since
-        the take, and the targets, are looked at."""
+        """LeaseLost naming the first block held (of groups changed since the take, and the
+        targets) that moved off its epoch, is no longer readable, or was seen failing its
+        checksum. Its form needs no check: a row changing a readable block's form bumps it."""
         names, groups = self._arrays.names, self._arrays.groups
         held = [(groups[g], *self._held(g, row)) for g, row in enumerate(self._answers.tolist())
                 if groups[g].changes != self._probe.passes[g][4]]
@@ -213,9 +209,8 @@ class Lease:
                             new_epoch=epoch, state=state.table.state_name(code))
 
     def release(self) -> None:
-        """Give back the lease's pins (idempotent; safe from any thread). A block whose epoch
-        moved anyway lost its pin with its content: it is skipped, never unpinned under
-        another owner."""
+        """Give back the lease's pins (idempotent, thread-safe). A block whose epoch moved lost
+        its pin with its content: it is skipped, never unpinned under another owner."""
         book = self._book
         with book.lock:
             book.forget(self)
@@ -236,9 +231,8 @@ class Lease:
                            len(probe.outs) if groups is None else groups)
 
     def _unpin_targets(self, core: StateCore) -> None:
-        """Give back the targets' pins through the core's ``unpin``, but on blocks whose epoch
-        moved (their pin went with their content) or whose pins were released behind the
-        lease's back."""
+        """Give back the targets' pins through the core's ``unpin``, but not on blocks whose
+        epoch moved (their pin went with their content) or whose pins are gone."""
         for name, ids, epochs in self._targets:
             state = core.group(name)
             kept = ids[(state.epoch[ids] == epochs) & (state.block_pins[ids] > 0)]
@@ -246,9 +240,8 @@ class Lease:
                 core.unpin(name, kept)
 
     def tell_pins(self, core: StateCore, delta: int) -> None:
-        """Tell ``core``'s pin observers of the pins this lease took (``delta`` 1) or gave back
-        (-1, after :meth:`unpin`). A give-back after the group changed tells only the pins
-        given back (:func:`given_back`)."""
+        """Tell ``core``'s pin observers of the pins taken (``delta`` 1) or given back (-1,
+        after :meth:`unpin`; after a change, only those given back: :func:`given_back`)."""
         names, groups, answers = self._arrays.names, self._arrays.groups, self._answers
         # Nothing changed since the take: every pin taken is given back.
         whole = delta > 0 or self._arrays.change_count.total == self._probe.changes
@@ -273,9 +266,8 @@ class Lease:
 
     def hold_targets(self, core: StateCore) -> None:
         """Pin the distinct blocks this lease's index groups point at outside what it holds of
-        their targets, recording ``(target group, ids, epochs)``. Nothing changed since the
-        lookup that checked every reference, so each is the prompt's block. Where one cannot
-        be pinned, everything pinned (the lease's own blocks included) is given back first."""
+        their targets (unchanged since the lookup checked every reference), recording
+        ``(group, ids, epochs)``. Where one cannot be pinned, every pin is given back first."""
         names, answers = self._arrays.names, self._answers.tolist()
         made: list[tuple[str, IdArray, NDArray[np.uint32]]] = []
         try:
@@ -298,9 +290,8 @@ class Lease:
         self._targets = tuple(made)
 
     def refuse(self, stop: int) -> NoReturn:
-        """Give back the pins of the groups before ``stop``, then raise why group ``stop``
-        refused the take: a KvfsmError (an id outside its group) or a StateError (a block
-        already at ``MAX_PINS``)."""
+        """Give back the pins of the groups before ``stop``, then raise why ``stop`` refused:
+        a KvfsmError (an id outside its group) or a StateError (a block at ``MAX_PINS``)."""
         self.unpin(stop)
         state, row = self._arrays.groups[stop], self._answers[stop].tolist()
         ids, _ = self._held(stop, row)
@@ -328,9 +319,8 @@ class Lease:
 
 def given_back(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32],
                run: int = ONE_BY_ONE) -> IdArray:
-    """The blocks of ``ids`` whose pin a give-back returns (``run``: how they were pinned):
-    all but those pinned one by one that are no longer at ``epochs`` (a block inside a run's
-    whole chunk gives its pin back with the chunk). For pin observers only."""
+    """The blocks of ``ids`` whose pin a give-back returns (``run``: how they were pinned), for
+    pin observers: all but those pinned alone that moved off ``epochs`` (a chunk's go with it)."""
     moved = state.epoch[ids] != epochs
     if not moved.any():
         return ids

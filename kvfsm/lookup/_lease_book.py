@@ -64,14 +64,13 @@ class LeaseBook:
 
     def take(self, verdict: Verdict, prompt: Prompt, *,
              ttl_s: float = DEFAULT_LEASE_TTL_S) -> Lease:
-        """Pin the blocks ``verdict`` called usable for ``prompt`` and record their epochs:
-        exactly those the kernel reads at ``verdict.usable_tokens``. Where the verdict's probe
-        is not this core's lookup of ``prompt``, or is stale, ``prompt`` is looked up again.
+        """Pin the blocks the kernel reads at ``verdict.usable_tokens`` of ``prompt`` and
+        record their epochs; where the verdict's probe is not this core's lookup of
+        ``prompt``, or is stale, look ``prompt`` up again.
 
-        Raises :class:`~kvfsm.LeaseLost` (nothing pinned) where the new lookup finds fewer
-        usable tokens; a KvfsmError where the verdict covers more tokens than the prompt has;
-        a :class:`StateError` where a block already holds ``MAX_PINS`` pins: nothing pinned,
-        though groups taken before it may have been marked used (recency only).
+        Raises (nothing pinned) :class:`~kvfsm.LeaseLost` where the new lookup finds fewer
+        usable tokens; KvfsmError where the verdict covers more tokens than the prompt has;
+        :class:`StateError` where a block holds ``MAX_PINS`` (earlier groups stay marked used).
         """
         if ttl_s is not DEFAULT_LEASE_TTL_S:  # check_ttl's own first test
             check_ttl(ttl_s)
@@ -97,15 +96,14 @@ class LeaseBook:
             raise lost
 
     def _take_probed(self, probe: LookupProbe, tokens: int, ttl_s: float) -> Lease | None:
-        """The lease of ``tokens`` on ``probe`` (which the caller checked is this core's),
-        its targets too (:meth:`Lease.hold_targets`); None where some group changed since the
-        lookup (nothing pinned). A StateError (a block at ``MAX_PINS``) or KvfsmError (an id
-        outside its group) where a group refused: nothing pinned, the groups before it stay
-        marked used."""
+        """The lease of ``tokens`` on this core's ``probe``, targets too; None where a group
+        changed since the lookup. Raises as :meth:`Lease.refuse` where a group refused."""
         spans = probe.spans
         arrays = self._arrays
         if arrays is None or arrays.names is not spans.names:
-            arrays = self._arrays_named(spans.names)
+            # The core's groups in the lookups' order, kept while lookups pass this same tuple.
+            arrays = self._arrays = LeaseArrays(
+                [self.core.group(name) for name in spans.names], spans.names)
         if arrays.change_count.total != probe.changes:
             return None
         answers = np.empty((len(probe.outs), ANSWER_COLUMNS), dtype=np.int64)
@@ -127,27 +125,13 @@ class LeaseBook:
             self.next_expiry = lease.expires_at
         return lease
 
-    def _arrays_named(self, names: tuple[str, ...]) -> LeaseArrays:
-        """The core's groups' arrays in the order of ``names``, kept while lookups pass that
-        same tuple."""
-        arrays = self._arrays
-        if arrays is None or arrays.names is not names:
-            arrays = self._arrays = LeaseArrays([self.core.group(name) for name in names], names)
-        return arrays
-
-    def drop(self, lease: Lease) -> None:
-        """Release ``lease``'s pins and forget it (idempotent)."""
-        lease.release()
-
     def forget(self, lease: Lease) -> None:
         """Stop counting ``lease`` as open (the lock held; :meth:`Lease.release` unpins)."""
         self._open.pop(id(lease), None)
 
     def reap(self) -> int:
-        """Release the pins of every expired lease never validated; returns how many. A
-        validated lease keeps its pins past its ttl until its reader's next call on it, so
-        no block goes to another prompt under a read in progress. O(1) before the earliest
-        expiry."""
+        """Release the pins of every expired lease never validated (a validated one keeps them
+        until its reader's next call); returns how many. O(1) before the earliest expiry."""
         if self.next_expiry == NO_EXPIRY:
             return 0  # no lease open: nothing to reap (a stale read only defers a reap)
         with self.lock:
@@ -158,7 +142,7 @@ class LeaseBook:
                        if now >= lease.expires_at and not lease.reading]
             for lease in expired:
                 lease.mark_expired()
-                self.drop(lease)
+                lease.release()
             self.next_expiry = min((lease.expires_at for lease in self._open.values()
                                     if not lease.reading), default=NO_EXPIRY)
             return len(expired)
@@ -168,7 +152,7 @@ class LeaseBook:
         with self.lock:
             open_leases = list(self._open.values())
             for lease in open_leases:
-                self.drop(lease)
+                lease.release()
             self.next_expiry = NO_EXPIRY
             return len(open_leases)
 

@@ -1,11 +1,10 @@
 """The only way a lease is taken and given back: one compiled call over every group each way.
 
 A take on a lookup's own probe with no group changed since has only the pin limit left to
-check: every block is as the lookup saw it. The groups' arrays are gathered once per core into
-one address table (:class:`LeaseArrays`, :mod:`kvfsm._addressed`); :func:`take_probed_kernel`
-pins and touches every group's blocks read from the lookup's pass outputs, and
-:func:`unpin_probed_kernel` gives them back. :func:`first_moved` finds the first block a
-lease holds that moved since (its validate, where a group changed).
+check. The groups' arrays are gathered once per core into one address table
+(:class:`LeaseArrays`); :func:`take_probed_kernel` pins and touches the blocks read from the
+lookup's pass outputs, :func:`unpin_probed_kernel` gives them back, and :func:`first_moved`
+finds the first block a lease holds that moved since (its validate, where a group changed).
 """
 
 from __future__ import annotations
@@ -47,15 +46,12 @@ from kvfsm.lookup._buffers import (
     TAKEN,
     TARGET,
     TARGET_BLOCK,
-    leased_arrays,
     probed_ids,
 )
 from kvfsm.state._group import FAILED, MAX_PINS, GroupState
 from kvfsm.state._touch import (
     TOUCH_CALLS,
     _touch_known,
-    _touch_twin,
-    _unpin_twin,
     no_linked_run,
     unpin_loop,
 )
@@ -67,19 +63,16 @@ def take_probed_loop(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int
                      offsets: NDArray[np.int64], at: int, fixed: NDArray[np.int64],
                      arrays: NDArray[np.int64], tick: int, max_pins: int,
                      answers: NDArray[np.int64]) -> tuple[int, int, int, int]:
-    """A lease's pinning touch (:func:`_touch_known`) of every group at once, on the blocks a
-    lookup found usable at its candidate ``at`` (no group changed since). Group ``g``'s blocks
-    are prompt blocks ``[bounds[g, 0, at], bounds[g, 1, at])``, read from ``outs[g]`` at
-    ``offsets[g]`` (the third: ONE_RUN_BLOCKS's word, -1: none; a span inside it is pinned
-    without reading its ids and epochs).
+    """A lease's pinning touch (:func:`_touch_known`) of every group, on the blocks a lookup
+    found usable at candidate ``at``. Group ``g``'s are prompt blocks ``[bounds[g, 0, at],
+    bounds[g, 1, at])``, read from ``outs[g]`` at ``offsets[g]`` (the third: ONE_RUN_BLOCKS's
+    word, -1: none; a span inside it is pinned without reading its ids and epochs).
 
-    Each group with blocks, in order, is touched at the next tick from ``tick``, writing
-    ``answers[g]``. Returns ``(stop, touched, one_runs, outside)``: the first group refused
-    (an id outside the group, a block at ``max_pins``) stops the take with ``stop`` its index
-    (the groups before it stay pinned and touched, it and those after are unchanged), else
-    ``stop`` is TAKEN; ``touched`` counts the ticks taken, ``one_runs`` the groups read as
-    one run; ``outside`` is 1 where an index's rows may point
-    outside what the lease holds of its target group, for the caller to pin."""
+    Each group with blocks is touched at the next tick from ``tick``, writing ``answers[g]``.
+    Returns ``(stop, touched, one_runs, outside)``: ``stop`` the first group refused (an id
+    outside it, a block at ``max_pins``; groups before it stay pinned, it and those after
+    are unchanged) or TAKEN; the ticks taken; the groups read as one run; 1 where an index
+    may point outside what the lease holds of its target group (the caller pins those)."""
     # The caller holds the arrays for the call: views need no reference counting.
     bounds, offsets, fixed, arrays, answers = unowned(bounds), unowned(offsets), \
         unowned(fixed), unowned(arrays), unowned(answers)
@@ -142,63 +135,14 @@ def unpin_probed_loop(outs: tuple[NDArray[np.int64], ...], offsets: NDArray[np.i
                        answers[g, PINNED_AS])
 
 
-def _take_twin(outs: tuple[NDArray[np.int64], ...], bounds: NDArray[np.int64],
-               offsets: NDArray[np.int64], at: int, fixed: NDArray[np.int64],
-               arrays: NDArray[np.int64], tick: int, max_pins: int, answers: NDArray[np.int64]
-               ) -> tuple[int, int, int, int]:
-    """:func:`take_probed_loop` with each group's touch as :func:`_touch_twin`."""
-    spans = bounds[:, :, at].reshape(-1, 2)
-    outside, one_runs = 0, 0
-    for g, (lo, hi) in enumerate(spans.tolist()):
-        target = int(fixed[g, TARGET])
-        if target >= 0 and hi > lo:
-            reach = hi * int(fixed[g, BLOCK]) // int(fixed[g, TARGET_BLOCK])
-            if spans[target, 0] != 0 or spans[target, 1] < reach:
-                outside = 1
-    touched = 0
-    for g, (lo, hi) in enumerate(spans.tolist()):
-        answers[g] = (-1, -1, 0, 0, -1, 0, lo, hi)
-        if hi <= lo:
-            continue
-        ids, seen = probed_ids(outs[g], int(offsets[g][0]), int(offsets[g][1]), lo, hi)
-        views = leased_arrays(arrays, g)
-        _touch_twin(ids, views[STATES], views[LIST_OF_STATE], views[LAST_USE], tick + touched,
-                    views[PREV], views[NEXT], views[HEAD], views[TAIL], seen, views[PINS],
-                    views[CHUNK_PINS], int(fixed[g, SHIFT]), max_pins, views[LINKED_RUN],
-                    answers[g])
-        if answers[g, OUTSIDE] >= 0 or answers[g, FULL] >= 0:
-            return g, touched, one_runs, outside
-        answers[g, FIRST_ID], answers[g, FIRST_EPOCH] = ids[0], seen[0]
-        touched += 1
-        one_runs += int(answers[g, ONE_READ])
-    return TAKEN, touched, one_runs, outside
-
-
-def _unpin_probed_twin(outs: tuple[NDArray[np.int64], ...],
-                       offsets: NDArray[np.int64], fixed: NDArray[np.int64],
-                       arrays: NDArray[np.int64], answers: NDArray[np.int64],
-                       groups: int) -> None:
-    """:func:`unpin_probed_loop` with each group's unpin as its NumPy twin."""
-    for g in range(groups):
-        lo, hi = int(answers[g, LO]), int(answers[g, HI])
-        if hi > lo:
-            ids, seen = probed_ids(outs[g], int(offsets[g][0]), int(offsets[g][1]), lo, hi)
-            views = leased_arrays(arrays, g)
-            _unpin_twin(ids, seen, views[EPOCH], views[PINS], views[CHUNK_PINS],
-                        int(fixed[g, SHIFT]), int(answers[g, PINNED_AS]))
-
-
-def lease_table(groups: Sequence[Sequence[NDArray[Any]]], *, convert: bool = False
-                ) -> AddressTable:
+def lease_table(groups: Sequence[Sequence[NDArray[Any]]]) -> AddressTable:
     """One address table of every group's arrays, :data:`LEASE_KINDS` per group. The passes
     write through it, so an array of another dtype or layout is refused (TypeError), never
-    copied; ``convert`` (made-up inputs only) converts them first."""
+    copied."""
     every = []
     for g, arrays in enumerate(groups):
         for which, (array, (dtype, _)) in enumerate(zip(arrays, LEASE_KINDS, strict=True)):
-            if convert:
-                array = np.ascontiguousarray(array, dtype=dtype)
-            elif array.dtype != np.dtype(dtype) or not array.flags.c_contiguous:
+            if array.dtype != np.dtype(dtype) or not array.flags.c_contiguous:
                 raise TypeError(f"group {g}'s lease array {which} must be C-contiguous "
                                 f"{np.dtype(dtype)}, got {array.dtype}")
             every.append(array)
@@ -226,7 +170,7 @@ def _take_example() -> tuple[object, ...]:
             np.zeros((1, ANSWER_COLUMNS), dtype=np.int64))
 
 
-take_probed_kernel = kernel(example=_take_example, twin=_take_twin,
+take_probed_kernel = kernel(example=_take_example,
                             calls=(probed_ids, *TOUCH_CALLS))(take_probed_loop)
 
 
@@ -238,7 +182,7 @@ def _unpin_example() -> tuple[object, ...]:
     return (outs, offsets, fixed, arrays, answers, 1)
 
 
-unpin_probed_kernel = kernel(example=_unpin_example, twin=_unpin_probed_twin,
+unpin_probed_kernel = kernel(example=_unpin_example,
                              calls=(probed_ids, unpin_loop))(unpin_probed_loop)
 
 
@@ -249,15 +193,7 @@ def _moved_example() -> tuple[object, ...]:
             np.empty(1, dtype=np.int64))
 
 
-def _first_moved_twin(ids: IdArray, recorded: NDArray[np.uint32], states: NDArray[np.uint8],
-                      epoch: NDArray[np.uint32], readable: NDArray[np.bool_],
-                      check: NDArray[np.uint8], out: NDArray[np.int64]) -> None:
-    bad = np.flatnonzero((epoch[ids] != recorded) | ~readable[states[ids]]
-                         | (check[ids] == FAILED))
-    out[0] = int(bad[0]) if bad.size else -1
-
-
-@kernel(example=_moved_example, twin=_first_moved_twin)
+@kernel(example=_moved_example)
 def first_moved_kernel(ids: IdArray, recorded: NDArray[np.uint32], states: NDArray[np.uint8],
                        epoch: NDArray[np.uint32], readable: NDArray[np.bool_],
                        check: NDArray[np.uint8], out: NDArray[np.int64]) -> None:
@@ -273,8 +209,7 @@ def first_moved_kernel(ids: IdArray, recorded: NDArray[np.uint32], states: NDArr
 
 
 def first_moved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32]) -> int:
-    """The first index into ``ids`` whose block is no longer at ``epochs``, no longer
-    readable, or was seen failing its checksum; -1 when none."""
+    """:func:`first_moved_kernel`'s answer for ``state``'s blocks ``ids`` at ``epochs``."""
     out = np.empty(1, dtype=np.int64)
     first_moved_kernel(ids, epochs, state.states, state.epoch, state.table.readable,
                        state.check, out)
@@ -282,9 +217,8 @@ def first_moved(state: GroupState, ids: IdArray, epochs: NDArray[np.uint32]) -> 
 
 
 class LeaseArrays:
-    """A core's groups' arrays that a lease pass reads and writes, as one address table in a
-    lookup's order of the groups, gathered once: each array is its group's for its life
-    (never replaced), and the table holds them."""
+    """A core's groups' arrays a lease pass reads and writes, as one address table in a
+    lookup's order of the groups, gathered once (each array is its group's for life)."""
 
     def __init__(self, groups: Sequence[GroupState], names: tuple[str, ...] | None = None
                  ) -> None:
@@ -313,7 +247,6 @@ class LeaseArrays:
              state._blocks.pins, state._blocks.chunk_pins, state.epoch,
              state.recency.linked_run)
             for state in self.groups])
-        self.count = len(self.groups)
         #: Entry points, bound on their first checked calls (see :meth:`take`).
         self._take_entry: Callable[..., tuple[int, int, int, int]] | None = None
         self._unpin_entry: Callable[..., None] | None = None

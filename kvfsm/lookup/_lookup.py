@@ -1,16 +1,12 @@
-"""``lookup``: from a prompt's block hashes to a :class:`Verdict` (hit is not usable).
-
-Per group a boolean "usable at L" over candidate lengths L (multiples of the LCM of the block
-sizes, below the prompt's last token); AND across groups; the largest L wins. A speculative-
-decoding drop of the last block is applied once, to the final vectors: no loop in which groups
-shrink each other's candidates.
-"""
+"""``lookup``: from a prompt's block hashes to a :class:`Verdict` (hit is not usable). Per group
+a boolean "usable at L" over candidate lengths L (multiples of the LCM of the block sizes, below
+the prompt's last token); AND across groups; the largest L wins. A speculative-decoding drop of
+the last block applies once, to the final vectors: no loop of groups shrinking each other's."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,9 +44,6 @@ from kvfsm.state import StateCore
 from kvfsm.state._prompt import Prompt
 
 _DEFAULT_PROFILE = DeviceProfile()
-_FULL: Final = Level.FULL
-_FAST: Final = Level.FAST
-_INT64: Final = np.dtype(np.int64)
 
 
 @functools.lru_cache(maxsize=MAX_CACHED)
@@ -63,8 +56,7 @@ def prompt_end(hit: int) -> Shortfall:
 
 @functools.lru_cache(maxsize=MAX_CACHED)
 def held_to(groups: HeldKey, usable: int) -> tuple[GroupVerdict, ...]:
-    """The verdicts of ``groups`` (name, kind's name, block size) each holding to ``usable``
-    tokens with no stop (values: shared)."""
+    """Shared verdicts of ``groups`` (name, kind's name, block size) held to ``usable``, no stop."""
     return tuple([GroupVerdict(name, GroupKind[kind], block_size, usable, usable, usable, None)
                   for name, kind, block_size in groups])
 
@@ -112,11 +104,10 @@ def lookup(
 ) -> Verdict:
     """How much of ``prompt`` the core can serve now, after restores, and why not more.
 
-    A lookup writes no state: the checksums it computed are in ``Verdict.checks`` for the
-    caller to record (:meth:`StateCore.record_checks`; :class:`~kvfsm.Engine` does).
-    ``checksums=False`` leaves out layer 1's data checksums; every other check still runs.
-    ``max_tokens`` caps the candidate lengths (none past it is looked at).
-    """
+    A lookup writes no state: the checksums it computed are in ``Verdict.checks`` for the caller
+    to record (:meth:`StateCore.record_checks`; :class:`~kvfsm.Engine` does). ``checksums=False``
+    leaves out layer 1's data checksums; every other check still runs. ``max_tokens`` caps the
+    candidate lengths (none past it is looked at)."""
     if level.__class__ is not Level:
         level = as_level(level)
     if max_tokens is not None and (max_tokens.__class__ is not int or max_tokens < 0):
@@ -150,16 +141,14 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     lease_spans: LeaseSpans | None = cached_spans
     capped = core.restore_budget.capped
     made: list[GroupEval] = []
-    # Per group, what a lease reads (a lookup changes nothing: change counts are its end's).
     checks: list[Checks] = []
-    found: list[Found] = []
+    found: list[Found] = []  # a lease's reads; a lookup writes nothing, so counts hold at its end
     outs: list[NDArray[np.int64]] = []
-    # An index group comes after its target group (it reads ``made[target_at]``).
-    for group, decl, target_at, known_here, spans in rows:
+    for group, decl, target_at, known_here, spans in rows:  # index groups after their target
         words = prompt.words(decl.block_size)
         reads = (kernel_layouts.get(decl.name) if kernel_layouts else None) or decl.layout
         if spans.n != words[0].size:  # the prompt's words end before its tokens: own spans
-            spans = spans_for(group, words[0].size, lengths, step)
+            spans = spans_for(group, words[0].size, lengths)
             lease_spans = None
         evaluation = _new_eval(GroupEval)
         evaluation._evaluate(group, words, lengths, level, profile,
@@ -199,8 +188,7 @@ def lookup_checked(core: StateCore, layout: LookupLayout, prompt: Prompt, level:
     if lease_spans is None:
         lease_spans = lease_spans_of(layout.names, [e.spans for e in every])
     probe = make_probe(layout, prompt, found, tuple(outs), usable_at, usable, lease_spans)
-    # Something to explain: made when first read, from a snapshot taken now.
-    if usable < final or restorable > usable:
+    if usable < final or restorable > usable:  # explained on first read, from a snapshot now
         for e in every:
             e.freeze()  # every snapshot first: an index's reads its target group
         for e in every:
@@ -237,9 +225,8 @@ def _explain(every: tuple[GroupEval, ...], step: int, count: int, hit: int, fina
 
 
 def _common_lasts(evals: tuple[GroupEval, ...]) -> tuple[int, int, int]:
-    """Per row (HIT, NOW, AFTER): the last candidate index where every group's row holds (0
-    when none). Rows are not prefixes (windows, snapshots), so where the groups' lasts differ
-    the rows are ANDed."""
+    """Per row (HIT, NOW, AFTER): the last candidate index where every group's row holds (0:
+    none). Rows are not prefixes (windows, snapshots): where the lasts differ, rows are ANDed."""
     first = evals[0].largest
     for e in evals:
         if e.largest != first:
@@ -269,10 +256,8 @@ def _and(evals: tuple[GroupEval, ...], row: int) -> NDArray[np.bool_]:
 def _admitted(core: StateCore, evals: tuple[GroupEval, ...]) -> NDArray[np.bool_] | bool:
     """Per candidate length: every group's restores fit the core-wide room together (each
     group checked only its own share), so no verdict offers a plan the admission gate would
-    refuse. True where nothing is capped or at most one group restores."""
+    refuse (the caller checked the budget is capped). True where at most one group restores."""
     budget = core.restore_budget
-    if not budget.capped:
-        return True
     asking = [(e.restores_asked, e.decl.payload_bytes) for e in evals
               if e.restores_asked is not None]
     if len(asking) < 2:
@@ -297,11 +282,9 @@ def _group_verdict(e: GroupEval, step: int, count: int) -> GroupVerdict:
         if not e.servable(probe):
             stop = e.rule.unservable
         else:
-            first = e.first_failing(probe)
-            if first is not None:
-                index, compressed = first
-                stop = BY_CODE[int(e.reason_codes(np.array([index], dtype=np.int64),
-                                                  np.array([compressed]))[0])]
+            index, compressed = e.failing(probe)
+            if index.size:
+                stop = BY_CODE[int(e.reason_codes(index[:1], compressed[:1])[0])]
         if stop is None:
             stop = e.rule.unservable or Reason.NOT_CACHED
     decl = e.decl
@@ -345,8 +328,7 @@ def _shortfalls(evals: dict[str, GroupEval], length: int, usable: int) -> list[S
 
 
 def _plan(evals: dict[str, GroupEval], length: int) -> tuple[RestoreStep, ...]:
-    """The restores (paths from the table) that make every block needed at ``length``
-    usable."""
+    """The restores (paths from the table) that make every block needed at ``length`` usable."""
     steps: list[RestoreStep] = []
     for name, e in evals.items():
         index, compressed = e.failing(length)

@@ -23,8 +23,7 @@ MAX_CACHED: Final = 4096
 _LAYOUT_KEY = "verify.lookup.layout"
 
 def candidates(count: int, step: int) -> NDArray[np.int64]:
-    """``[0, step, 2 * step, ...]``, ``count`` of them (read-only: shared by every lookup of a
-    prompt length)."""
+    """``count`` lengths ``[0, step, 2 * step, ...]``, read-only (shared per prompt length)."""
     lengths = np.arange(count, dtype=np.int64) * step
     lengths.flags.writeable = False
     return lengths
@@ -38,9 +37,8 @@ HeldKey = tuple[tuple[str, str, int], ...]
 
 
 class LookupLayout:
-    """What every lookup of one core reads of its model (fixed at the core's making): the
-    groups in lookup order (an index after its target), the block sizes and their LCM, the
-    prefix groups (for the block-boundary reason), and a weak reference to the core."""
+    """What every lookup of one core reads of its model: the groups in lookup order (an index
+    after its target), the block sizes and their LCM, the prefix groups, a weak reference."""
 
     __slots__ = ("__weakref__", "block_sizes", "boundary", "by_length", "change_count", "core",
                  "finest_prefix", "groups", "held_key", "names", "order", "prefix_at", "step")
@@ -51,13 +49,11 @@ class LookupLayout:
         self.order = tuple(sorted(core.groups.values(), key=lambda g: g.rule.has_targets))
         statics: tuple[StaticsCache, ...] = tuple({} for _ in self.order)
         names = [group.decl.name for group in self.order]
-        #: The groups' names in lookup order (one tuple for every probe of this core: leases
-        #: compare it by identity).
+        #: The groups' names in lookup order (one tuple: leases compare it by identity).
         self.names = tuple(names)
         self.held_key: HeldKey = tuple((group.decl.name, group.decl.kind.name,
                                         group.decl.block_size) for group in self.order)
-        #: Per group: a :data:`Row` without spans. A target is always earlier: a sparse index
-        #: may not point into another sparse index.
+        #: Per group: a :data:`Row` without spans (a sparse index never targets another).
         self.groups = tuple(
             (group, group.decl,
              names.index(group.decl.target_group) if group.decl.target_group else -1,
@@ -75,15 +71,14 @@ class LookupLayout:
 
     def spans_at(self, n_tokens: int, count: int, keep: bool = True
                  ) -> tuple[NDArray[np.int64], tuple[Row, ...], LeaseSpans]:
-        """The ``count`` candidate lengths of a prompt of ``n_tokens``, each group's
-        :data:`Row`, and :func:`lease_spans_of` them. Cached by ``n_tokens`` where ``keep``
-        (a capped lookup's fewer lengths are not kept)."""
+        """The ``count`` candidate lengths of a prompt of ``n_tokens``, each group's :data:`Row`
+        and :func:`lease_spans_of` them; cached by ``n_tokens`` where ``keep`` (not capped)."""
         known = self.by_length.get(n_tokens) if keep else None
         if known is None:
             lengths = candidates(count, self.step)
             rows = tuple(
                 (group, decl, target_at, known_here,
-                 spans_for(group, n_tokens // decl.block_size, lengths, self.step))
+                 spans_for(group, n_tokens // decl.block_size, lengths))
                 for group, decl, target_at, known_here in self.groups)
             known = (lengths, rows, lease_spans_of(self.names, [row[4] for row in rows]))
             if keep:
@@ -94,9 +89,9 @@ class LookupLayout:
 
 
 def lease_spans_of(names: tuple[str, ...], spans: list[Spans]) -> LeaseSpans:
-    """What a lease's take reads of the spans, read-only: per group, the first and end prompt
-    block at each candidate length (``bounds[g, 0]``, ``bounds[g, 1]``), and where its pass
-    output holds ids, epochs and ONE_RUN_BLOCKS (``offsets[g]``)."""
+    """What a take reads of the spans, read-only: per group the first and end prompt block at
+    each length (``bounds[g, 0]``, ``bounds[g, 1]``), and its output's word offsets of ids,
+    epochs and ONE_RUN_BLOCKS (``offsets[g]``)."""
     bounds = np.stack([each.bounds[::2] for each in spans])
     offsets = np.stack([each.out_words for each in spans])
     bounds.flags.writeable = offsets.flags.writeable = False
@@ -117,12 +112,16 @@ Found = tuple[str, Spans, NDArray[np.int64], tuple[NDArray[np.uint64], NDArray[n
 
 
 class LookupProbe(Probe):
-    """A lookup's :class:`Probe`: its per-group views are made from its pass outputs when
-    first asked. Made by :func:`make_probe`."""
+    """A lookup's :class:`Probe` (:func:`make_probe`); its groups' views are made when read."""
 
-    __slots__ = ()
+    __slots__ = ("at", "outs", "passes", "spans")
+    exact = True
+    #: Per group ``(name, spans, pass output, words, changes)``, read at candidate ``at``;
+    #: ``outs``: the pass outputs.
     passes: Sequence[Found]
+    outs: tuple[NDArray[np.int64], ...]
     spans: LeaseSpans
+    at: int
 
     @property
     def groups(self) -> tuple[ProbedGroup, ...]:
@@ -153,14 +152,13 @@ _new_probe = object.__new__
 def make_probe(layout: LookupLayout, prompt: Prompt, found: list[Found],
                outs: tuple[NDArray[np.int64], ...], at: int, tokens: int,
                lease_spans: LeaseSpans) -> Probe:
-    """The probe of the blocks needed at candidate ``at`` (``tokens`` long): per group only
-    its pass output, hash words and spans."""
+    """The probe of the blocks needed at candidate ``at`` (``tokens`` long)."""
     probe = _new_probe(LookupProbe)
-    probe.core, probe.tokens, probe.prompt, probe.exact = layout.core, tokens, prompt, True
+    probe.core, probe.tokens, probe.prompt = layout.core, tokens, prompt
     probe.passes, probe.outs, probe.at, probe.spans = found, outs, at, lease_spans
     # A lease finding this count unchanged needs no second look.
     probe.changes = layout.change_count.total
-    probe._groups = probe._make = None
+    probe._groups = None
     return probe
 
 

@@ -1,7 +1,6 @@
 """One group pass's output read back: its parts, the blocks failing at a length and why. It
-reads only what the pass wrote and the snapshot taken before the lookup returned
-(:meth:`PassOutput.freeze`), never the core's state now.
-"""
+reads only what the pass wrote and the snapshot :meth:`PassOutput.freeze` took before the lookup
+returned, never the core's state now."""
 
 from __future__ import annotations
 
@@ -38,10 +37,9 @@ Bools = NDArray[np.bool_]
 
 
 class Frozen(NamedTuple):
-    """What explaining a group's verdict reads of the core, as it was at the lookup: the
-    table, each block's state (0 where missing), whether its recorded check failed (None: not
-    read), and for an index whether each failing row has a stale or dead reference (None: no
-    index)."""
+    """The core as explaining a group's verdict reads it, as at the lookup: the table, each
+    block's state (0 where missing), whether its recorded check failed (None: not read), and for
+    an index whether each failing row has a stale or dead reference (None: no index)."""
 
     table: CompiledTable
     states: NDArray[np.uint8]
@@ -50,8 +48,7 @@ class Frozen(NamedTuple):
 
 
 class PassOutput:
-    """One group's pass output and what reading it back needs (set by
-    :class:`~kvfsm.lookup._group_eval.GroupEval`, which runs the pass)."""
+    """One group's pass output and how to read it back (set by ``GroupEval``, which runs it)."""
 
     #: Everything the last pass wrote (:func:`~kvfsm.lookup._buffers.out_offsets`).
     _out: NDArray[np.int64]
@@ -66,15 +63,14 @@ class PassOutput:
     #: The index's target group's evaluation (None: not an index, or detached).
     _history: PassOutput | None
     _has_index: bool
-    #: The pass read the recorded data checks (not the caller's answers).
+    #: The pass read the recorded checks, not the caller's answers (one seen failing stays failed).
     _recorded_checks: bool
     #: Layer 4 per block, where the pools do not guarantee alignment.
     align_ok: Bools | None = None
     #: Layer 1 per block, where this lookup computed data checksums.
     checksum_ok: Bools | None = None
     _needs: dict[int, tuple[int, int, int, bool]] | None = None
-    #: What :meth:`freeze` adds to the pass's output: the table, an index's stale rows, and
-    #: whether the recorded checks were copied.
+    #: Added by :meth:`freeze`: the table, an index's stale rows, whether the checks were copied.
     _snapshot: tuple[CompiledTable, Bools | None, bool] | None = None
     _frozen: Frozen | None = None
 
@@ -87,8 +83,6 @@ class PassOutput:
     def paths(self) -> RestorePaths:
         """The restore paths of the group's table (as this lookup used them)."""
         return self._statics.paths
-
-    # -- the pass's output ---------------------------------------------------------------------
 
     def _bytes(self) -> NDArray[np.uint8]:
         """The byte part of the output: a fact byte per block, then the flag rows."""
@@ -110,26 +104,9 @@ class PassOutput:
         return self._out[ids_at:epochs_at].view(np.intp)
 
     @property
-    def epochs(self) -> NDArray[np.uint32]:
-        """Each block's epoch as this lookup saw it (0 where missing)."""
-        _, epochs_at, bytes_at, _ = self.spans.out_at
-        epochs: NDArray[np.uint32] = self._out[epochs_at:bytes_at].view(np.uint32)[: self.n]
-        return epochs
-
-    @property
     def facts(self) -> NDArray[np.uint8]:
         """Per block: its fact bits (:mod:`kvfsm.lookup._block_facts`)."""
         return self._bytes()[: self.n]
-
-    @property
-    def now_raw(self) -> Bools:
-        """Per block: usable now, read raw."""
-        return self._flag_row(NOW_RAW, self.n)
-
-    @property
-    def now_cmp(self) -> Bools:
-        """Per block: usable now, read compressed."""
-        return self._flag_row(NOW_CMP, self.n)
 
     @property
     def now(self) -> Bools:
@@ -148,8 +125,6 @@ class PassOutput:
     def fit(self) -> Bools | None:
         """Per block: every reference of its index row holds (None: not an index)."""
         return self._flag_row(FIT, self.n) if self._has_index else None
-
-    # -- reasons ---------------------------------------------------------------------------
 
     def _need(self, length: int) -> tuple[int, int, int, bool]:
         """Blocks ``[lo, hi)`` needed at ``length`` (not clipped to the prompt's), those before
@@ -178,15 +153,14 @@ class PassOutput:
         return self._need(length)[3]
 
     def _forms(self, length: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-        """The blocks needed at ``length`` by form, in order: ``(start, end, flag row)`` for
-        the compressed ones, then the raw ones."""
+        """Blocks needed at ``length`` as ``(start, end, flag row)``: compressed, then raw."""
         lo, cut, hi, _ = self._need(length)
         cut = min(max(cut, lo), hi)
         return (lo, cut, NOW_CMP), (cut, hi, NOW_RAW)
 
     def failing(self, length: int) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
-        """The needed blocks at ``length`` not usable now, in order, and whether each is
-        needed compressed (a block past the prompt's end is missing)."""
+        """Needed blocks at ``length`` not usable now, in order, and whether each is needed
+        compressed (a block past the prompt's end is missing)."""
         n = self.n
         parts = []
         forms = self._forms(length)
@@ -204,24 +178,9 @@ class PassOutput:
                 np.int64, copy=False)
         return index, index < forms[0][1]  # before the compressed blocks' end
 
-    def first_failing(self, length: int) -> tuple[int, bool] | None:
-        """The first of :meth:`failing`, without listing the others; None where none fails."""
-        n = self.n
-        for start, end, row in self._forms(length):
-            inside_end = min(end, n)
-            if start < inside_end:
-                usable = self._flag_row(row, inside_end)
-                first = start + int(usable[start:].argmin())  # the first False
-                if not usable[first]:
-                    return first, row == NOW_CMP
-            if max(start, n) < end:
-                return max(start, n), row == NOW_CMP
-        return None
-
     def freeze(self) -> None:
-        """Take the snapshot :meth:`reason_codes` reads of the core. A
-        lookup takes it before it returns, so reasons and plans made later say what was so at
-        the lookup."""
+        """Take the snapshot :meth:`reason_codes` reads of the core. A lookup takes it before
+        it returns, so reasons and plans made later say what was so at the lookup."""
         if self._snapshot is not None:
             return
         group = self.group
@@ -260,11 +219,9 @@ class PassOutput:
 
     def detach(self) -> None:
         """Let go of the group's live state and its statics' arrays and pool, after
-        :meth:`freeze`: a verdict explained later holds the output and snapshot, not the
-        core."""
+        :meth:`freeze`: a verdict explained later holds the output and snapshot, not the core."""
         self.freeze()
-        kept = self._statics.kept
-        # Read afterwards only through the names the group and the statics share with it.
+        kept = self._statics.kept  # read later only by the names the group and statics share
         self.group = cast(GroupState, kept)
         self._statics = cast(Statics, kept)
         self._history = None
@@ -279,8 +236,7 @@ class PassOutput:
         return missing if held else Reason.NOT_CACHED
 
     def reason_codes(self, index: NDArray[np.int64], compressed: Bools) -> Codes:
-        """:meth:`reason` of many blocks at once, as codes (:data:`~kvfsm.lookup._why.BY_CODE`;
-        0 where usable)."""
+        """Reason codes (:data:`~kvfsm.lookup._why.BY_CODE`; 0: usable) of blocks ``index``."""
         frozen = self.frozen()
         return reason_codes(
             index, compressed, n=self.n, facts=self.facts, states=frozen.states,

@@ -1,11 +1,9 @@
-"""Restore paths derived from the lifecycle table, never hand-written (classification gate).
-
-For each state and form, the shortest event sequence to a readable state of that form with the
-content complete the whole way (paths through ``free`` are recomputation, not restoration).
-A path completing a spill in flight (``spill_done``) is taken only where no other is as short:
-the spill is its owner's to finish, and its copy may not be there yet. From ``spilling_disk``
-(host copy still authoritative) the plan cancels the spill and restores from the host.
-"""
+"""Restore paths derived from the lifecycle table, never hand-written (classification gate). Per
+state and form: the shortest event sequence to a readable state of that form with the content
+complete the whole way (paths through ``free`` are recomputation, not restoration). A path
+completing a spill in flight (``spill_done``) is taken only where no other is as short: the spill
+is its owner's to finish, and its copy may not be there yet. From ``spilling_disk`` (host copy
+still authoritative) the plan cancels the spill and restores from the host."""
 
 from __future__ import annotations
 
@@ -28,7 +26,6 @@ class RestorePaths:
     def __init__(self, table: CompiledTable) -> None:
         self.form = table.form
         complete = table.complete.tolist()
-        self.table = table
         self.paths: dict[Form, list[tuple[Event, ...] | None]] = {}
         self.reachable: dict[Form, NDArray[np.bool_]] = {}
         #: Per form, per state: the path begins a restore (what the admission gate counts).
@@ -45,9 +42,8 @@ class RestorePaths:
         self.restores_by_form = np.stack([self.restores[Form.RAW],
                                           self.restores[Form.COMPRESSED]])
         self.restores_by_form.setflags(write=False)
-        # One code per state: every per-state fact in a single gather.
         readable = table.readable
-        self.code = (
+        self.code = (  # one code per state: every per-state fact in a single gather
             (readable & (self.form == FORM_RAW)) * READABLE_RAW
             | (readable & (self.form == FORM_COMPRESSED)) * READABLE_COMPRESSED
             | self.reachable[Form.RAW] * REACHES_RAW

@@ -1,9 +1,7 @@
 """A verdict's snapshot of the core: what explaining it later reads besides the pass output.
 
 A verdict is explained when first read (:mod:`kvfsm.lookup._explained`), maybe after the core
-changed, so before the lookup returns each group copies what it will read into its output's
-snapshot rows (:func:`~kvfsm.lookup._buffers.snapshot_rows`).
-"""
+changed, so before the lookup returns each group copies it into its output's snapshot rows."""
 
 from __future__ import annotations
 
@@ -12,41 +10,21 @@ from numpy.typing import NDArray
 
 from kvfsm._jit import kernel, read_only
 from kvfsm.lookup._buffers import (
-    N_SCALARS,
-    SNAPSHOT_FAILED,
-    SNAPSHOT_STATE,
     flag_start,
     out_offsets,
-    out_views,
     snapshot_at,
-    snapshot_rows,
 )
 from kvfsm.state import FAILED
-
-_FAILED = FAILED
-
-
-def _take_snapshot_twin(out: NDArray[np.int64], n: int, count: int,
-                        states: NDArray[np.uint8], check: NDArray[np.uint8],
-                        record_failed: bool) -> None:
-    """:func:`take_snapshot` as array operations (the reference)."""
-    _, _, ids, _, _, _ = out_views(out, n, count)
-    rows = snapshot_rows(out, n, count)
-    found = ids >= 0
-    safe = np.where(found, ids, 0)
-    rows[SNAPSHOT_STATE] = np.where(found, states[safe], 0)
-    rows[SNAPSHOT_FAILED] = found & (check[safe] == _FAILED) if record_failed else 0
 
 
 def _take_snapshot_example() -> tuple[object, ...]:
     """The call site's types: a fresh pass output, read-only states and checks."""
     out = np.zeros(out_offsets(1, 1)[3], dtype=np.int64)
-    out[N_SCALARS + 1] = 0  # block 0
     return (out, 1, 1, read_only(np.zeros(1, dtype=np.uint8)),
             read_only(np.zeros(1, dtype=np.uint8)), True)
 
 
-@kernel(example=_take_snapshot_example, twin=_take_snapshot_twin,
+@kernel(example=_take_snapshot_example,
         calls=(out_offsets, snapshot_at, flag_start))
 def take_snapshot(out: NDArray[np.int64], n: int, count: int, states: NDArray[np.uint8],
                   check: NDArray[np.uint8], record_failed: bool) -> None:
@@ -64,4 +42,4 @@ def take_snapshot(out: NDArray[np.int64], n: int, count: int, states: NDArray[np
             kept_failed[i] = 0
         else:
             kept_states[i] = states[block]
-            kept_failed[i] = record_failed and check[block] == _FAILED
+            kept_failed[i] = record_failed and check[block] == FAILED

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import attrs
 import numpy as np
@@ -96,10 +96,9 @@ class Checks:
 
 
 class ProbedGroup(NamedTuple):
-    """What a lookup saw of one group's blocks at the verdict's usable length: the prompt's
-    blocks ``[lo, hi)`` (``[lo, cut)`` read compressed, ``[cut, hi)`` raw), their ids and
-    epochs then, and the hash words of block ``hi - 1`` (the chain covers every block before
-    it, so equal words mean the same prefix). Compared by identity: it holds arrays."""
+    """What a lookup saw of one group at the verdict's usable length: prompt blocks ``[lo,
+    hi)`` (``[lo, cut)`` read compressed, ``[cut, hi)`` raw), their ids and epochs, and the
+    hash words of block ``hi - 1`` (equal words: the same prefix). Compared by identity."""
 
     group: str
     lo: int
@@ -108,8 +107,7 @@ class ProbedGroup(NamedTuple):
     ids: NDArray[np.intp]
     epochs: NDArray[np.uint32]
     last_words: tuple[int, int] | None
-    #: The group's ``changes`` when the lookup read it (-1: not known); unchanged at a take,
-    #: every block is as the lookup saw it.
+    #: The group's ``changes`` at the lookup (-1: not known).
     changes: int = -1
 
     def __eq__(self, other: object) -> bool:
@@ -123,8 +121,7 @@ class ProbedGroup(NamedTuple):
 
 
 class LeaseSpans(NamedTuple):
-    """What a lease's take reads of a lookup's spans, shared by every lookup of a prompt
-    length (:func:`~kvfsm.lookup._lookup_layout.lease_spans_of`), read-only."""
+    """What a lease's take reads of a lookup's spans (read-only, shared per prompt length)."""
 
     names: tuple[str, ...]
     bounds: NDArray[np.int64]
@@ -132,42 +129,22 @@ class LeaseSpans(NamedTuple):
 
 
 class Probe:
-    """The blocks a verdict called usable, as its lookup found them, so a lease on it pins
-    them without probing and checking them again: its epochs prove nothing moved since.
-    ``core`` is a weak reference to the core; ``prompt`` the prompt looked up (a prompt only
-    grows, so its blocks the lookup saw are still its blocks); ``groups`` are made on first
-    use. ``exact``: the ids and epochs are views of a lookup's own output; a probe made by
-    hand is not, and its lease looks the prompt up again. ``passes``: per group
-    ``(name, spans, out, words, changes)``, read at candidate ``at`` where ``spans`` say,
-    while the core's change count is still ``changes``."""
+    """The blocks a verdict called usable, as its lookup found them: ``core`` a weak reference
+    to the core, ``prompt`` the prompt looked up, ``groups`` what it saw of each group.
+    ``exact``: made by a lookup, whose lease pins the blocks in one pass while the core's change
+    count is still ``changes`` (-1 here); a probe made by hand is leased through a new lookup."""
 
-    __slots__ = ("_groups", "_make", "at", "changes", "core", "exact", "outs", "passes",
-                 "prompt", "spans", "tokens")
+    __slots__ = ("_groups", "changes", "core", "prompt", "tokens")
+    exact = False
 
     def __init__(self, core: Callable[[], object], tokens: int,
-                 groups: tuple[ProbedGroup, ...] | Callable[[], tuple[ProbedGroup, ...]],
-                 prompt: object = None, *, exact: bool = False,
-                 passes: Sequence[tuple[str, Any, NDArray[np.int64], Any, int]] | None = None,
-                 at: int = -1, spans: LeaseSpans | None = None, changes: int = -1) -> None:
-        self.core = core
-        self.tokens = tokens
-        self.prompt = prompt
-        self.exact = exact
-        self.passes = passes
-        #: Per group, its pass output (``passes``' third fields, as the lease's take reads
-        #: them).
-        self.outs = tuple([each[2] for each in passes or ()])
-        self.at = at
-        self.spans = spans
-        self.changes = changes
-        self._groups = groups if isinstance(groups, tuple) else None
-        self._make = None if isinstance(groups, tuple) else groups
+                 groups: tuple[ProbedGroup, ...], prompt: object = None) -> None:
+        self.core, self.tokens, self.prompt, self.changes = core, tokens, prompt, -1
+        self._groups: tuple[ProbedGroup, ...] | None = groups
 
     @property
     def groups(self) -> tuple[ProbedGroup, ...]:
-        if self._groups is None:
-            assert self._make is not None
-            self._groups, self._make = self._make(), None
+        assert self._groups is not None
         return self._groups
 
     def __repr__(self) -> str:
@@ -192,11 +169,9 @@ class Verdict:
     groups: tuple[GroupVerdict, ...]
     reasons: tuple[Shortfall, ...]
     plan: tuple[RestoreStep, ...]
-    #: Checksums computed by this lookup (applied by ``Engine.lookup``; see
-    #: :meth:`StateCore.record_checks`).
+    #: Checksums computed by this lookup (``Engine.lookup`` records them).
     checks: tuple[Checks, ...] = attrs.field(default=(), repr=False, eq=False)
-    #: The usable blocks as the lookup found them (for :meth:`Engine.lease`; None on a
-    #: verdict made by hand, whose lease looks the prompt up again).
+    #: The usable blocks as the lookup found them (None: made by hand; a lease looks up again).
     probe: Probe | None = attrs.field(default=None, repr=False, eq=False)
 
     def group(self, name: str) -> GroupVerdict:
@@ -216,8 +191,7 @@ class Verdict:
         for shortfall in self.reasons:
             key = (shortfall.reason, shortfall.group)
             counts[key] = counts.get(key, 0) + 1
-        if counts:
-            # At MAX_LISTED blocks per group and reason there may be many more.
+        if counts:  # at MAX_LISTED blocks per group and reason there may be more
             lines.append("  reasons: " + ", ".join(
                 f"{reason.value}" + (f" ({group})" if group != "*" else "")
                 + (f" x{count}" if 1 < count < MAX_LISTED else "")

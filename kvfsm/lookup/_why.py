@@ -1,10 +1,7 @@
-"""Why blocks are not usable: the reasons of many failing blocks of one group at once.
-
-Each block's reason is the first check it fails, in layer order (found, placed, whole, the
-index's references, what its state allows in the needed form, layout, alignment, checksum),
-applied here to every failing block together; a verdict lists, per group and reason, the
-first :data:`MAX_LISTED`.
-"""
+"""Why blocks are not usable: the reasons of many failing blocks of one group at once. Each
+block's reason is the first check it fails, in layer order (found, placed, whole, the index's
+references, what its state allows in the needed form, layout, alignment, checksum); a verdict
+lists, per group and reason, the first :data:`MAX_LISTED`."""
 
 from __future__ import annotations
 
@@ -25,28 +22,9 @@ from kvfsm.spec import Tier
 Bools = NDArray[np.bool_]
 Codes = NDArray[np.int16]
 
-
 #: A reason's code is its position here; code 0: the block is usable in the needed form.
 BY_CODE: Final[tuple[Reason | None, ...]] = (None, *Reason)
 CODE: Final[dict[Reason | None, int]] = {reason: code for code, reason in enumerate(BY_CODE)}
-
-
-class _Classes:
-    """Codes of one batch of blocks, filled check by check: a block keeps the code of the
-    first check it fails (``pending``: not named by any check yet)."""
-
-    __slots__ = ("codes", "pending")
-
-    def __init__(self, codes: Codes, pending: Bools) -> None:
-        self.codes = codes
-        self.pending = pending
-
-    def name(self, fails: Bools, reason: Reason | None) -> bool:
-        """Blocks still pending that fail ``fails`` get ``reason``; whether any is left."""
-        named = self.pending & fails
-        self.codes[named] = CODE[reason]
-        self.pending &= ~named
-        return bool(self.pending.any())
 
 
 def reason_codes(
@@ -71,45 +49,40 @@ def reason_codes(
     ``checksum_ok`` or ``failed_checks`` skips that check."""
     if not index.size or not n:  # none, or every one missing
         return np.full(index.size, CODE[missing], dtype=np.int16)
-    # A block from ``n`` on reads the last block's facts, and is missing anyway.
-    at = np.minimum(index, n - 1)
+    at = np.minimum(index, n - 1)  # from ``n`` on: the last block's facts (missing anyway)
     block_facts = facts[at]
     missing_now = (index >= n) | (block_facts & FOUND == 0)
-    classes = _Classes(np.where(missing_now, CODE[missing], 0).astype(np.int16), ~missing_now)
-    if not classes.pending.any():
-        return classes.codes
-    if not classes.name(block_facts & PLACED == 0, Reason.POSITION_CONFLICT):
-        return classes.codes
-    if not classes.name(block_facts & WHOLE == 0, Reason.SUB_BLOCKS_MISSING):
-        return classes.codes
-    if fit is not None and stale is not None:
-        unfit = ~fit[at]
-        classes.name(unfit & stale[at], Reason.INDEX_STALE)
-        if not classes.name(unfit, Reason.GROUP_GAP):
-            return classes.codes
-    # Only found blocks are left: their states are real.
-    block_states = states[at]
+    codes = np.where(missing_now, CODE[missing], 0).astype(np.int16)
+    block_states = states[at]  # 0 where missing: read only for found blocks
     in_flight = table.in_flight[block_states]
     unreadable = block_facts & READABLE == 0
-    if not (classes.name(unreadable & in_flight, Reason.RESTORE_IN_FLIGHT)
-            and classes.name(unreadable & (table.residency[block_states] > int(Tier.DEVICE)),
-                             Reason.NOT_RESIDENT)
-            and classes.name(unreadable, Reason.NOT_CACHED)):
-        return classes.codes
     form = paths.form[block_states]
     not_compressed = compressed & (form != COMPRESSED)
-    if not (classes.name(not_compressed & in_flight, Reason.MID_COMPRESSION)
-            and classes.name(not_compressed, Reason.COMPRESSED_INCOMPLETE)
-            and classes.name(~compressed & (form != RAW), Reason.TAIL_MISSING)
-            and classes.name(block_facts & LAYOUT == 0, Reason.LAYOUT_MISMATCH)):
-        return classes.codes
-    if align_ok is not None and not classes.name(~align_ok[at], Reason.MISALIGNED):
-        return classes.codes
+    checks: list[tuple[Bools, Reason]] = [
+        (block_facts & PLACED == 0, Reason.POSITION_CONFLICT),
+        (block_facts & WHOLE == 0, Reason.SUB_BLOCKS_MISSING)]
+    if fit is not None and stale is not None:
+        checks += [(~fit[at] & stale[at], Reason.INDEX_STALE), (~fit[at], Reason.GROUP_GAP)]
+    checks += [
+        (unreadable & in_flight, Reason.RESTORE_IN_FLIGHT),
+        (unreadable & (table.residency[block_states] > int(Tier.DEVICE)), Reason.NOT_RESIDENT),
+        (unreadable, Reason.NOT_CACHED),
+        (not_compressed & in_flight, Reason.MID_COMPRESSION),
+        (not_compressed, Reason.COMPRESSED_INCOMPLETE),
+        (~compressed & (form != RAW), Reason.TAIL_MISSING),
+        (block_facts & LAYOUT == 0, Reason.LAYOUT_MISMATCH)]
+    if align_ok is not None:
+        checks.append((~align_ok[at], Reason.MISALIGNED))
     if checksum_ok is not None:
-        classes.name(~checksum_ok[at], Reason.CHECKSUM_MISMATCH)
-    elif failed_checks is not None:
-        classes.name(failed_checks[at], Reason.CHECKSUM_MISMATCH)  # seen failing before
-    return classes.codes
+        checks.append((~checksum_ok[at], Reason.CHECKSUM_MISMATCH))
+    elif failed_checks is not None:  # seen failing before
+        checks.append((failed_checks[at], Reason.CHECKSUM_MISMATCH))
+    pending = ~missing_now  # blocks no check has named yet: each keeps its first
+    for fails, reason in checks:
+        named = pending & fails
+        codes[named] = CODE[reason]
+        pending &= ~named
+    return codes
 
 
 def listed(codes: Codes, limit: int = MAX_LISTED) -> NDArray[np.intp]:

@@ -12,25 +12,18 @@ from kvfsm._tokens import as_token_ids
 from kvfsm.state._hashing import XXH3_128, PrefixHashes, check_hash_function
 from kvfsm.state._request_keys import content_keys_of, namespace_of, namespace_root
 
-#: The hash words' dtype (native uint64), as the lookup's group pass reads them.
-_WORD = np.dtype(np.uint64)
-
 
 class Prompt:
     """Tokens of one request and their block hashes for every block size the model uses.
 
-    Hashes are computed once, incrementally, so a lookup only reads the words. A prompt is
-    bound to the ``seed`` (model, layout version, cache salt, hash function), the
-    ``hash_function`` (one of :data:`kvfsm.state.HASH_FUNCTIONS`) and the ``block_sizes`` it
-    was made with; :meth:`check_made_for` tells an engine whether it may use it.
-
-    What besides the token ids decides the request's KV is part of its hashes too: a
-    ``namespace`` (a LoRA adapter's name, a tenant's cache salt: no block is shared with
-    another namespace) and ``content_keys`` ``(start, end, key)`` (tokens ``[start, end)``
-    stand for content named by ``key``, such as an image's hash: blocks from the one holding
-    ``start`` on are shared only with prompts holding the same content there). See
-    :mod:`kvfsm.state._request_keys`.
-    """
+    Hashes are computed once, incrementally; a lookup only reads the words. A prompt is bound to the
+    ``seed`` (model, layout version, cache salt, hash function), ``hash_function`` (one of
+    :data:`kvfsm.state.HASH_FUNCTIONS`) and ``block_sizes`` it was made with; :meth:`check_made_for`
+    tells an engine whether it may use it. The hashes also cover what besides token ids decides the
+    KV (:mod:`kvfsm.state._request_keys`): a ``namespace`` (a LoRA adapter's name, a tenant's cache
+    salt; namespaces share no block) and ``content_keys`` ``(start, end, key)``: tokens
+    ``[start, end)`` stand for content named by ``key`` (e.g. an image's hash), and blocks from the
+    one holding ``start`` on are shared only with prompts holding the same content there."""
 
     def __init__(self, seed: bytes, block_sizes: Iterable[int],
                  token_ids: Sequence[int] | ArrayLike = (), *,
@@ -41,19 +34,15 @@ class Prompt:
         self._namespace = b"" if namespace is None else namespace_of(namespace)
         self._content_keys = () if content_keys is None else content_keys_of(content_keys)
         self._block_sizes = tuple(sorted(set(block_sizes)))
-        #: The last tuple of block sizes found kept (check_made_for), by identity.
-        self._sizes_kept: tuple[int, ...] | None = None
-        #: The ``token`` of the last owner whose :meth:`check_made_for` passed (None: none):
-        #: that owner may skip the check (what it checks never changes).
-        self.checked_for: object = None
+        self._sizes_kept: tuple[int, ...] | None = None  #: last tuple found kept, by identity
+        self.checked_for: object = None  #: last ``token`` :meth:`check_made_for` recorded
         root = namespace_root(self._seed, self._namespace, hash_function) \
             if self._namespace else self._seed
         self._hashes = {size: PrefixHashes(root, size, hash_function, self._content_keys)
                         for size in self._block_sizes}
         #: :meth:`words` by block size (emptied when tokens are added).
         self._words_at: dict[int, tuple[NDArray[np.uint64], NDArray[np.uint64]]] = {}
-        # Tokens so far live in _buffer[:_n_tokens]; the buffer doubles when full.
-        self._buffer = np.zeros(0, dtype=np.int64)
+        self._buffer = np.zeros(0, dtype=np.int64)  # tokens in [:_n_tokens], doubling when full
         self._n_tokens = 0
         self.extend(token_ids)
 
@@ -106,18 +95,14 @@ class Prompt:
         return view
 
     def extend(self, token_ids: Sequence[int] | ArrayLike) -> None:
-        """Append tokens (hashing only the blocks they complete).
-
-        Raises :class:`TokenError` (and changes nothing) unless every id is an integer in
-        ``[0, 2**63)``; see :func:`as_token_ids` for what is accepted.
-        """
+        """Append tokens, hashing only the blocks they complete. Unless every id is an integer in
+        ``[0, 2**63)`` (:func:`as_token_ids`), raises :class:`TokenError` and changes nothing."""
         tokens = as_token_ids(token_ids)  # validate all before changing anything
         if not tokens.size:
             return
         end = self._n_tokens + tokens.size
         if not self._n_tokens and isinstance(token_ids, list | tuple):
-            # An array made here from a list: nobody else holds it, so keep it uncopied.
-            self._buffer = tokens
+            self._buffer = tokens  # made here from a list: nobody else holds it, so no copy
         elif end > self._buffer.size:
             grown = np.empty(max(end, 2 * self._buffer.size), dtype=np.int64)
             grown[: self._n_tokens] = self._buffer[: self._n_tokens]
@@ -131,10 +116,9 @@ class Prompt:
 
     def check_made_for(self, seed: bytes, block_sizes: Iterable[int], owner: str,
                        hash_function: str | None = None, token: object = None) -> None:
-        """Raise :class:`ForeignPromptError` unless this prompt was made with ``seed`` (and
-        ``hash_function``, where given) and keeps every one of ``block_sizes`` (``owner`` names
-        the maker to use instead). Passed, it records ``token`` (where given) in
-        :attr:`checked_for`, for the owner to compare instead of checking again."""
+        """Raise :class:`ForeignPromptError` unless made with ``seed`` (and ``hash_function``, where
+        given) and keeping all ``block_sizes`` (errors name ``owner``'s maker). Passed, it records
+        ``token`` (if given) in :attr:`checked_for`: that owner may skip the (unchanging) check."""
         if seed is not self._seed and bytes(seed) != self._seed:
             raise ForeignPromptError(
                 "prompt was made for another model, layout version, cache_salt or hash "
@@ -149,8 +133,7 @@ class Prompt:
                 raise ForeignPromptError(
                     f"prompt keeps block sizes {list(self._block_sizes)} but {owner} also "
                     f"needs {missing}; make it with {owner}.prompt(...)")
-            if isinstance(block_sizes, tuple):
-                # Immutable: the same tuple asked again needs no second comparison.
+            if isinstance(block_sizes, tuple):  # immutable: no need to compare it again
                 self._sizes_kept = block_sizes
         if token is not None:
             self.checked_for = token
@@ -166,12 +149,6 @@ class Prompt:
                 f"prompt keeps no hashes at block size {block_size} (it keeps "
                 f"{list(self._block_sizes)}); make it with the engine's prompt(...)")
         words = hashes.words()
-        # The group pass reads the words through an entry point compiled for this type alone.
-        for each in words:
-            if each.dtype != _WORD or each.ndim != 1 or not each.flags.c_contiguous or \
-                    not each.flags.writeable:
-                raise AssertionError(f"prompt hash words of another type: {each.dtype}, "
-                                     f"{each.ndim}-D, flags {each.flags}")
         self._words_at[block_size] = words
         return words
 

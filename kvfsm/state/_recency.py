@@ -251,7 +251,7 @@ class Recency:
         the blocks, having changed nothing, or -1."""
         touch_kernel(ids, states, self.list_of_state, last_use, tick, self.prev, self.next,
                      self.head, self.tail, _NOTHING_SEEN, _NO_PINS, _NO_PINS, 0, NO_PINNING,
-                     self.linked_run, self._out)
+                     self.linked_run, self._out, False)
         return int(self._out[0])
 
     def oldest(self, list_id: int, count: int, pins: NDArray[np.uint16],

@@ -1,7 +1,5 @@
-"""A use of blocks in one compiled pass: each is stamped with the use's tick and moved to the
-young end of its recency list (:mod:`kvfsm.state._recency`), and, for a lease, pinned once
-more first; and the loop that gives a lease's pins back (:func:`unpin_loop`).
-"""
+"""A use of blocks in one compiled pass: each gets the tick and moves to its recency list's young
+end (:mod:`kvfsm.state._recency`), a lease pinning it once more first; :func:`unpin_loop` unpins."""
 
 from __future__ import annotations
 
@@ -18,11 +16,9 @@ NO_LIST: Final = -1
 #: Pin limit that asks a touch to pin nothing.
 NO_PINNING: Final = 0
 
-
-#: A group's record (``linked_run``) of one run of consecutive ids linked in order on one
-#: list: first id, length (0: none), list. A touch finding such a batch records it; a touch or
-#: relink of any other batch holding an id of the run forgets it (only moving one of its
-#: blocks can break its links), so ids inside the record are linked in order unread.
+#: A group's ``linked_run``: one run of consecutive ids linked in order on one list (first id,
+#: length (0: none), list). Set by a touch of such a batch, forgotten by a touch or relink of
+#: another batch sharing an id (only moves break links), so ids inside it need no link read.
 RUN_FIRST: Final = 0
 RUN_COUNT: Final = 1
 RUN_LIST: Final = 2
@@ -42,9 +38,8 @@ RUNS: Final = 2
 
 
 def run_chunks(ids: IdArray, shift: int) -> tuple[NDArray[np.bool_], NDArray[np.int64]]:
-    """How a pinning touch pins the distinct ``ids``: per id, whether it lies in a whole chunk
-    (of ``1 << shift`` ids) inside its maximal run of consecutive ids (pinned through the
-    chunk; every other id alone), and those chunks, in prompt order."""
+    """Per distinct id, whether a pinning touch pins it through a whole chunk (``1 << shift`` ids)
+    inside its maximal run of consecutive ids (else alone); and those chunks, in prompt order."""
     count = ids.size
     if not count:
         return np.zeros(0, dtype=np.bool_), np.zeros(0, dtype=np.int64)
@@ -64,33 +59,18 @@ def run_chunks(ids: IdArray, shift: int) -> tuple[NDArray[np.bool_], NDArray[np.
     return inside, chunks
 
 
-def _touch_loop(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],
-                last_use: NDArray[np.uint32], tick: int, prev: NDArray[np.int32],
-                next_: NDArray[np.int32], head: NDArray[np.int32], tail: NDArray[np.int32],
-                seen: NDArray[np.uint32], pins: NDArray[np.uint16],
-                chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
-                linked_run: NDArray[np.int64], out: NDArray[np.int64]) -> None:
-    """:func:`_touch_known` of a batch nothing is known of."""
-    _touch_known(ids, states, list_of_state, last_use, tick, prev, next_, head, tail, seen,
-                 pins, chunk_pins, shift, max_pins, linked_run, out, False)
-
-
 def _touch_known(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],
                  last_use: NDArray[np.uint32], tick: int, prev: NDArray[np.int32],
                  next_: NDArray[np.int32], head: NDArray[np.int32], tail: NDArray[np.int32],
                  seen: NDArray[np.uint32], pins: NDArray[np.uint16],
                  chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
                  linked_run: NDArray[np.int64], out: NDArray[np.int64], one_run: bool) -> None:
-    """Blocks ``ids`` were used at ``tick``, in batch order: each gets ``last_use`` ``tick``
-    and, where its state puts it on a list, moves to that list's tail (``linked_run``: see
-    :data:`RUN_FIRST`). With ``max_pins`` above 0 the distinct ``ids`` are first pinned once
-    more each, as :func:`run_chunks` says; ``out[2]`` tells how (:data:`ONE_BY_ONE` ...),
-    ``out[3]`` whether the ids are consecutive and ``seen`` all one value.
-
-    ``out[0]``: -1, or the index of the first id outside the blocks; ``out[1]``: -1, or the
-    first index whose block (or chunk) already holds ``max_pins`` pins. On either refusal
-    nothing changes. ``one_run``: the caller knows the ids are consecutive and ``seen`` all
-    one value, so neither is read: the run's range is checked from its ends."""
+    """Stamp ``ids`` with ``tick`` in ``last_use`` and move each listed one to its list's tail, in
+    batch order (``linked_run``: :data:`RUN_FIRST`); with ``max_pins`` > 0, first pin the distinct
+    ids once more (:func:`run_chunks`; ``out[2]``: how; ``out[3]``: ids consecutive and ``seen``
+    uniform). ``out[0]`` / ``out[1]``: the first index whose id is outside the blocks / whose block
+    (or chunk) already holds ``max_pins`` (-1: none); either refusal changes nothing. With
+    ``one_run`` the caller knows ids consecutive and ``seen`` uniform: only the ends are checked."""
     n = last_use.size
     out[0], out[1], out[2], out[3] = -1, -1, 0, 0
     count = ids.size
@@ -102,9 +82,7 @@ def _touch_known(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray
         for i in range(count):
             off |= ids[i] - (first + i)
     consecutive = off == 0 and first >= 0 and first + count <= n
-    # One run of one list in batch order is spliced to the tail whole: the order moving each
-    # in turn would leave. Linked blocks share a list, so only the first's is looked up.
-    run = False
+    run = False  # a run linked in order moves whole, as moving each would; all on the first's list
     listed = -1
     known_first, known_count = linked_run[RUN_FIRST], linked_run[RUN_COUNT]
     known_end = known_first + known_count
@@ -162,11 +140,9 @@ def _touch_known(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray
 def _pin_runs(ids: IdArray, consecutive: bool, pins: NDArray[np.uint16],
               chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
               out: NDArray[np.int64]) -> bool:
-    """Pin the distinct ``ids`` once more each (``consecutive``: they are one run): each
-    maximal run's whole chunks of ``1 << shift`` ids in ``chunk_pins``, every other id in
-    ``pins``; ``out[2]`` says how (:data:`ONE_BY_ONE`, :data:`ONE_RUN`, :data:`RUNS`). The
-    limits are checked first, in prompt order: where a block (or its chunk) already holds
-    ``max_pins``, ``out[1]`` is its index, nothing is pinned and the answer is False."""
+    """Pin the distinct ``ids`` once more (``consecutive``: one run) as :func:`run_chunks` says;
+    ``out[2]``: how. Limits are checked first, in prompt order: if a block (or chunk) already
+    holds ``max_pins``, ``out[1]`` is its index, nothing is pinned and the answer is False."""
     count = ids.size
     chunked = False
     for phase in range(2):
@@ -221,8 +197,7 @@ def _pin_runs(ids: IdArray, consecutive: bool, pins: NDArray[np.uint16],
 def _span_to_tail(first: int, last: int, listed: int, prev: NDArray[np.int32],
                   next_: NDArray[np.int32], head: NDArray[np.int32],
                   tail: NDArray[np.int32]) -> None:
-    """Move the blocks linked from ``first`` to ``last`` on list ``listed``, ``last`` not its
-    tail, to the list's tail in their order."""
+    """Move linked ``first`` .. ``last`` (``last`` not the tail) to the tail of list ``listed``."""
     after, before = next_[last], prev[first]
     if before >= 0:
         next_[before] = after
@@ -241,8 +216,7 @@ def _splice_to_tail(ids: IdArray, consecutive: bool, listed: int, tick: int,
                     last_use: NDArray[np.uint32], prev: NDArray[np.int32],
                     next_: NDArray[np.int32], head: NDArray[np.int32],
                     tail: NDArray[np.int32]) -> None:
-    """Stamp ``ids`` (one run linked in order on list ``listed``) with ``tick`` and move the
-    run to the list's tail whole: O(1) moves, the order moving each in turn would leave."""
+    """Stamp ``ids`` (linked in order on list ``listed``) with ``tick``; splice them to its tail."""
     count = ids.size
     first, last = ids[0], ids[count - 1]
     if consecutive:
@@ -259,8 +233,7 @@ def _each_to_tail(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArra
                   tick: int, last_use: NDArray[np.uint32], prev: NDArray[np.int32],
                   next_: NDArray[np.int32], head: NDArray[np.int32],
                   tail: NDArray[np.int32]) -> None:
-    """Stamp each of ``ids`` with ``tick`` and move it, in batch order, to the tail of the
-    list its state puts it on (none: left where it is)."""
+    """Stamp each of ``ids`` with ``tick``, moving it in batch order to its list's tail (if any)."""
     for i in range(ids.size):
         block = ids[i]
         last_use[block] = tick
@@ -272,15 +245,13 @@ def _each_to_tail(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArra
 def unpin_loop(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
                pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16], shift: int,
                run: int) -> None:
-    """Give back what a pinning touch pinned on the distinct blocks ``ids`` (``run``: its
-    ``out[2]``): one pin less on each whole chunk of a run, and on each other block still at
-    its epoch ``recorded[i]`` (a moved block lost its pin with its content: another owner's
-    pin is never taken); never below 0."""
+    """Give back a pinning touch's pins on the distinct ``ids`` (``run``: its ``out[2]``): one less
+    on each whole chunk of a run and on each other block still at epoch ``recorded[i]`` (a moved
+    block lost its pin with its content; another owner's pin is never taken); never below 0."""
     count = ids.size
     i = 0
     while i < count:
-        # The next run as the touch found it.
-        start = ids[i]
+        start = ids[i]  # the next run, as the touch found it
         j = count
         if run == RUNS:
             j = i + 1
@@ -288,8 +259,7 @@ def unpin_loop(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uin
                 j += 1
         lo = (start + (1 << shift) - 1) >> shift
         hi = (start + (j - i)) >> shift
-        # Blocks pinned one by one: ``[i, head)`` and ``[tail, j)``.
-        head, tail = j, j
+        head, tail = j, j  # blocks pinned one by one: ``[i, head)`` and ``[tail, j)``
         if run != ONE_BY_ONE and hi > lo:
             for chunk in range(lo, hi):
                 if chunk_pins[chunk] > 0:
@@ -306,66 +276,6 @@ def unpin_loop(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uin
         i = j
 
 
-def _unpin_twin(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uint32],
-                pins: NDArray[np.uint16], chunk_pins: NDArray[np.uint16], shift: int,
-                run: int) -> None:
-    """:func:`unpin_loop` as array operations."""
-    if run != ONE_BY_ONE:
-        inside, chunks = run_chunks(ids, shift)
-        chunks = chunks[chunk_pins[chunks] > 0]
-        chunk_pins[chunks] -= np.uint16(1)
-        ids, recorded = ids[~inside], recorded[~inside]
-    unmoved = ids[epoch[ids] == recorded]
-    held = unmoved[pins[unmoved] > 0]
-    pins[held] -= np.uint16(1)
-
-
-def _touch_twin(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray[np.int8],
-                last_use: NDArray[np.uint32], tick: int, prev: NDArray[np.int32],
-                next_: NDArray[np.int32], head: NDArray[np.int32], tail: NDArray[np.int32],
-                seen: NDArray[np.uint32], pins: NDArray[np.uint16],
-                chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
-                linked_run: NDArray[np.int64], out: NDArray[np.int64]) -> None:
-    """:func:`_touch_loop` in NumPy (the reference), every link read."""
-    # Imported here: the recency lists' module uses this one's kernel.
-    from kvfsm.state._recency import relink_loop
-
-    out[:4] = (-1, -1, 0, 0)
-    outside = np.flatnonzero((ids < 0) | (ids >= last_use.size))
-    if outside.size:
-        out[0] = outside[0]
-        return
-    count = ids.size
-    known_first, known_count = int(linked_run[RUN_FIRST]), int(linked_run[RUN_COUNT])
-    overlaps = bool(((ids >= known_first) & (ids < known_first + known_count)).any())
-    consecutive = count > 0 and bool((ids == ids[0] + np.arange(count)).all())
-    listed_first = int(list_of_state[states[ids[0]]]) if count else NO_LIST
-    in_order = count > 1 and listed_first != NO_LIST and consecutive and \
-        bool((next_[ids[:-1]] == ids[1:]).all())
-    if max_pins > 0 and count:
-        out[3] = consecutive and bool((seen == seen[0]).all())
-        inside, chunks = run_chunks(ids, shift)
-        ends = ~inside
-        full = np.flatnonzero(inside & (chunk_pins[ids >> shift] >= max_pins)
-                              | ends & (pins[ids] >= max_pins))
-        if full.size:
-            out[1] = full[0]
-            return
-        if chunks.size:
-            chunk_pins[chunks] += np.uint16(1)
-            out[2] = ONE_RUN if consecutive else RUNS
-        pins[ids[ends]] += np.uint16(1)
-    if in_order:
-        linked_run[:] = (ids[0], count, listed_first)
-    elif overlaps:
-        linked_run[:] = (0, 0, NO_LIST)
-    last_use[ids] = tick
-    lists = list_of_state[states[ids]]
-    on = np.flatnonzero(lists != NO_LIST)
-    # The record is this touch's own (set above): the relinks are not to forget it.
-    relink_loop(prev, next_, head, tail, ids[on], lists[on], lists[on], no_linked_run())
-
-
 def _touch_example() -> tuple[object, ...]:
     nodes = np.full(2, -1, dtype=np.int32)
     # The call site passes the machine's read-only state view.
@@ -373,11 +283,9 @@ def _touch_example() -> tuple[object, ...]:
             np.full(1, NO_LIST, dtype=np.int8), np.zeros(2, dtype=np.uint32), 1, nodes,
             nodes.copy(), nodes[:1].copy(), nodes[:1].copy(), np.zeros(1, dtype=np.uint32),
             np.zeros(2, dtype=np.uint16), np.zeros(1, dtype=np.uint16), 6, NO_PINNING,
-            no_linked_run(), np.zeros(4, dtype=np.int64))
+            no_linked_run(), np.zeros(4, dtype=np.int64), False)
 
 
 #: What a kernel running the touch calls (compiled into it).
 TOUCH_CALLS: Final = (_touch_known, _pin_runs, _span_to_tail, _splice_to_tail, _each_to_tail)
-
-touch_kernel = kernel(example=_touch_example, twin=_touch_twin,
-                      calls=TOUCH_CALLS)(_touch_loop)
+touch_kernel = kernel(example=_touch_example, calls=TOUCH_CALLS[1:])(_touch_known)
