@@ -82,7 +82,7 @@ def _touch_known(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray
         for i in range(count):
             off |= ids[i] - (first + i)
     consecutive = off == 0 and first >= 0 and first + count <= n
-    run = False  # a run linked in order moves whole, as moving each would; all on the first's list
+    run = False  # a run linked in order (one list: the first's) is spliced whole, as moving each
     listed = -1
     known_first, known_count = linked_run[RUN_FIRST], linked_run[RUN_COUNT]
     known_end = known_first + known_count
