@@ -6,8 +6,9 @@ history block of this prompt at its position, and complete before the index row 
 position) that points at it. An unused reference (:data:`NO_TARGET`, recorded with epoch 0)
 always holds; one outside the target group (corrupt metadata) never does.
 :func:`references_hold` states that rule over arrays (the reference); :func:`history_positions`
-and :func:`row_references` state it row by row, as the lookup's compiled group pass
-(``kvfsm/lookup/_group_pass.py``) runs it (compiled into it: plain loops over plain arrays).
+and :func:`index_rows` state it row by row, as the lookup's compiled group pass
+(``kvfsm/lookup/_group_pass.py``) runs it for an index group before its own loop (compiled into
+it: plain loops over plain arrays).
 """
 
 from __future__ import annotations
@@ -135,6 +136,41 @@ def row_references(block: int, row: int, targets: NDArray[np.int32],
         if not fit and (all_settled or not settled):
             break
     return fit, settled
+
+
+@inlined
+def same_references(block: int, previous: int, refs_target: NDArray[np.int32],
+                    refs_epoch: NDArray[np.uint32]) -> bool:
+    """Index block ``block`` holds the references block ``previous`` holds."""
+    if block == previous:
+        return True
+    for j in range(refs_target.shape[1]):
+        if refs_target[block, j] != refs_target[previous, j] or \
+                refs_epoch[block, j] != refs_epoch[previous, j]:
+            return False
+    return True
+
+
+def index_rows(ids: NDArray[np.int64], targets: NDArray[np.int32], epochs: NDArray[np.uint32],
+               target_position: NDArray[np.int32], history_ids: NDArray[np.int64],
+               history_settled: Bools, all_settled: bool, epoch_at: NDArray[np.uint32],
+               first_row_at: NDArray[np.int64], fit: Bools, settled: Bools) -> None:
+    """Per prompt row ``i`` (block ``ids[i]``, -1: missing, which fits nothing): into ``fit[i]``
+    whether every reference of its block holds, into ``settled[i]`` whether every target it
+    names sits settled (:func:`row_references`). A row holding the references of the row before,
+    which all held, takes that row's answers: a target allowed from a row is allowed later."""
+    previous = -1  # the row before's block where every reference held
+    for i in range(ids.size):
+        block = ids[i]
+        if block < 0:
+            fit[i], settled[i] = False, True
+        elif previous >= 0 and same_references(block, previous, targets, epochs):
+            fit[i], settled[i] = True, settled[i - 1]
+        else:
+            fit[i], settled[i] = row_references(block, i, targets, epochs, target_position,
+                                                history_ids, history_settled, all_settled,
+                                                epoch_at, first_row_at)
+        previous = block if fit[i] and block >= 0 else -1
 
 
 class SparseIndexRule(KindRule):

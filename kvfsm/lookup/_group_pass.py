@@ -23,7 +23,12 @@ from kvfsm._addressed import (
     vector_at,
 )
 from kvfsm._jit import inlined, kernel, read_only
-from kvfsm.kinds._sparse_index import history_positions, row_references
+from kvfsm.kinds._sparse_index import (
+    history_positions,
+    index_rows,
+    row_references,
+    same_references,
+)
 from kvfsm.lookup._block_facts import (
     CODE_SHIFT,
     FOUND,
@@ -180,7 +185,8 @@ def _pass_loop(
 ) -> None:
     """As :func:`group_pass`; ``checked_ok`` replaces ``check_mode`` where ``use_checked_ok``;
     ``history``: the index's target group's pass output (``history_all_settled``: no plan
-    step moves a target); ``budget``: restores the gate lets begin now, or BUDGET_UNKNOWN."""
+    step moves a target); ``budget``: restores the gate lets begin now, or BUDGET_UNKNOWN. An
+    index group's rows are checked first (:func:`index_rows`): the loop reads their answers."""
     n_history = n_history if has_index else 0
     n, count = high.size, spans.shape[1]
     scalars, asked, ids, epochs, facts, rows, width = out_parts(out, n, count)
@@ -196,48 +202,40 @@ def _pass_loop(
         history_positions(history_ids, target_states, target_epoch,
                           consts[consts[P_HASHED_AT]:], consts[P_TARGET_SIZE],
                           consts[P_OWN_SIZE], n, epoch_at, first_row_at)
+        index_rows(ids, refs_target, refs_epoch, target_position, history_ids, history_settled,
+                   history_all_settled, epoch_at, first_row_at, fit, settled_ok)
+    else:
+        fit[:n] = True
+        settled_ok[:n] = True
     for i in range(N_SCALARS):
         scalars[i] = 0
     changes = needs_checksums = False
-    # fit_block: the previous row's block where every reference passed (-1: none).
     raw_count = cmp_count = missing_count = first_raw_bad = 0
-    fit_block, chain_blocks = -1, n
+    chain_blocks = n
     for i in range(n):
         block = ids[i]
-        row_fit, row_settled = True, True
         if block < 0:
             block_facts = 0
             epochs[i] = 0
             if chain_blocks == n:
                 chain_blocks = i
-            row_fit = not has_index
         else:
             epochs[i] = epoch[block]
             block_facts = _facts_of(block, i, states, position, sub_blocks, layout_id,
                                     consts, code_at, layout_ok_at, full_sub_mask)
-            if has_index and fit_block >= 0 and \
-                    _same_references(block, fit_block, refs_target, refs_epoch):
-                # Same references, all passed: what a row allows, every later row allows.
-                row_settled = settled_ok[i - 1]
-            elif has_index:
-                row_fit, row_settled = row_references(
-                    block, i, refs_target, refs_epoch, target_position, history_ids,
-                    history_settled, history_all_settled, epoch_at, first_row_at)
         facts[i] = block_facts
-        sound = (block_facts & SOUND) == SOUND and row_fit
+        sound = (block_facts & SOUND) == SOUND and fit[i]
         ok = True
         if use_checked_ok:
             ok = checked_ok[i]
         elif check_mode == CHECKS_RECORDED and (block_facts & READABLE) != 0:
             ok = check[block] != FAILED
             needs_checksums |= check[block] == UNCHECKED
-        is_raw, is_cmp, to_raw, to_cmp = _forms(block_facts, sound, ok, row_settled,
+        is_raw, is_cmp, to_raw, to_cmp = _forms(block_facts, sound, ok, settled_ok[i],
                                                 restore_aligned)
         if to_raw != is_raw or to_cmp != is_cmp:
             changes = True
         now_raw[i], now_cmp[i], after_raw[i], after_cmp[i] = is_raw, is_cmp, to_raw, to_cmp
-        fit[i], settled_ok[i] = row_fit, row_settled
-        fit_block = block if row_fit and block >= 0 else -1
         raw_count += not is_raw
         cmp_count += not is_cmp
         missing_count += block < 0
@@ -335,19 +333,6 @@ def _forms(facts: int, sound: bool, ok: bool, settled: bool, restore_aligned: bo
 
 
 @inlined
-def _same_references(block: int, previous: int, refs_target: NDArray[np.int32],
-                     refs_epoch: NDArray[np.uint32]) -> bool:
-    """Index block ``block`` holds the references block ``previous`` holds."""
-    if block == previous:
-        return True
-    for j in range(refs_target.shape[1]):
-        if refs_target[block, j] != refs_target[previous, j] or \
-                refs_epoch[block, j] != refs_epoch[previous, j]:
-            return False
-    return True
-
-
-@inlined
 def _one_run(ids: NDArray[np.int64], epochs: NDArray[np.uint32], chain_blocks: int) -> int:
     """:data:`ONE_RUN_BLOCKS`: ``chain_blocks`` where they are one run at one epoch, else 0."""
     if chain_blocks <= 0:
@@ -397,8 +382,8 @@ def _length_rows(spans: NDArray[np.int64], prefix_step: int, chain_blocks: int,
 
 _PASS_CALLS: Final = (_plan_pass, probe_keys, out_offsets, snapshot_at, flag_start, out_parts,
                       flag_row, history_parts, _scratch, _probe_prompt, _facts_of, _forms,
-                      _same_references, _one_run, _length_rows, history_positions,
-                      row_references)
+                      _one_run, _length_rows, history_positions,
+                      index_rows, row_references, same_references)
 
 
 #: The dtype and dimensions of the pass's fixed arguments, ``slots`` to ``consts``.
