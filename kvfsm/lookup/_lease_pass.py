@@ -51,6 +51,7 @@ from kvfsm.lookup._buffers import (
 from kvfsm.state._group import FAILED, MAX_PINS, GroupState
 from kvfsm.state._touch import (
     TOUCH_CALLS,
+    UNPIN_CALLS,
     _touch_known,
     no_linked_run,
     unpin_loop,
@@ -183,7 +184,7 @@ def _unpin_example() -> tuple[object, ...]:
 
 
 unpin_probed_kernel = kernel(example=_unpin_example,
-                             calls=(probed_ids, unpin_loop))(unpin_probed_loop)
+                             calls=(probed_ids, *UNPIN_CALLS))(unpin_probed_loop)
 
 
 def _moved_example() -> tuple[object, ...]:

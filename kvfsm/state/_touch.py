@@ -137,6 +137,25 @@ def _touch_known(ids: IdArray, states: NDArray[np.uint8], list_of_state: NDArray
 
 
 @inlined
+def _run_end(ids: IdArray, i: int, consecutive: bool) -> int:
+    """The end (exclusive) of the run of consecutive ids from index ``i`` (the batch's, known
+    ``consecutive``): the one cut of a batch into runs, for the pin and its give-back alike."""
+    count = ids.size
+    if consecutive:
+        return count
+    j = i + 1
+    while j < count and ids[j] == ids[j - 1] + 1:
+        j += 1
+    return j
+
+
+@inlined
+def _whole_chunks(start: int, length: int, shift: int) -> tuple[int, int]:
+    """The whole chunks ``[lo, hi)`` (of ``1 << shift`` ids) in ``[start, start + length)``."""
+    return (start + (1 << shift) - 1) >> shift, (start + length) >> shift
+
+
+@inlined
 def _pin_runs(ids: IdArray, consecutive: bool, pins: NDArray[np.uint16],
               chunk_pins: NDArray[np.uint16], shift: int, max_pins: int,
               out: NDArray[np.int64]) -> bool:
@@ -148,14 +167,8 @@ def _pin_runs(ids: IdArray, consecutive: bool, pins: NDArray[np.uint16],
     for phase in range(2):
         i = 0
         while i < count:
-            start = ids[i]
-            j = count
-            if not consecutive:
-                j = i + 1
-                while j < count and ids[j] == ids[j - 1] + 1:
-                    j += 1
-            lo = (start + (1 << shift) - 1) >> shift
-            hi = (start + (j - i)) >> shift
+            start, j = ids[i], _run_end(ids, i, consecutive)
+            lo, hi = _whole_chunks(start, j - i, shift)
             if hi > lo:
                 chunked = True
                 head_end, tail_start, end = lo << shift, hi << shift, start + (j - i)
@@ -251,14 +264,8 @@ def unpin_loop(ids: IdArray, recorded: NDArray[np.uint32], epoch: NDArray[np.uin
     count = ids.size
     i = 0
     while i < count:
-        start = ids[i]  # the next run, as the touch found it
-        j = count
-        if run == RUNS:
-            j = i + 1
-            while j < count and ids[j] == ids[j - 1] + 1:
-                j += 1
-        lo = (start + (1 << shift) - 1) >> shift
-        hi = (start + (j - i)) >> shift
+        start, j = ids[i], _run_end(ids, i, run != RUNS)  # the next run, as the touch cut it
+        lo, hi = _whole_chunks(start, j - i, shift)
         head, tail = j, j  # blocks pinned one by one: ``[i, head)`` and ``[tail, j)``
         if run != ONE_BY_ONE and hi > lo:
             for chunk in range(lo, hi):
@@ -287,5 +294,8 @@ def _touch_example() -> tuple[object, ...]:
 
 
 #: What a kernel running the touch calls (compiled into it).
-TOUCH_CALLS: Final = (_touch_known, _pin_runs, _span_to_tail, _splice_to_tail, _each_to_tail)
+TOUCH_CALLS: Final = (_touch_known, _pin_runs, _run_end, _whole_chunks, _span_to_tail,
+                     _splice_to_tail, _each_to_tail)
+#: What a kernel running the give-back calls.
+UNPIN_CALLS: Final = (unpin_loop, _run_end, _whole_chunks)
 touch_kernel = kernel(example=_touch_example, calls=TOUCH_CALLS[1:])(_touch_known)
