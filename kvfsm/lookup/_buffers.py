@@ -6,11 +6,12 @@ compiled callers list these functions in ``calls``, which stamps their disk cach
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
+from kvfsm._addressed import matrix_at, vector_at
 from kvfsm._jit import inlined
 from kvfsm.state._core import LeasedRun
 
@@ -58,6 +59,29 @@ P_HASHED_AT: Final = 9
 #: The flag row (NOW_RAW or NOW_CMP) of the index's target group that says "settled".
 P_HISTORY_SETTLED_ROW: Final = 10
 N_PARAMS: Final = 11
+
+#: The group pass's fixed arrays as one address table, in :func:`fixed_arrays`' order.
+FIXED_KINDS: Final[tuple[tuple[type[np.generic], int], ...]] = (
+    (np.uint64, 1), (np.uint64, 1), (np.uint64, 1), (np.bool_, 1), (np.uint8, 1),
+    (np.uint32, 1), (np.int32, 1), (np.uint16, 1), (np.uint8, 1), (np.uint8, 1),
+    (np.int32, 2), (np.uint32, 2), (np.uint32, 1), (np.uint8, 1), (np.int32, 1),
+    (np.int64, 1))
+
+
+@inlined
+def fixed_arrays(fixed: NDArray[np.int64]) -> tuple[NDArray[Any], ...]:
+    """The pass's address table's arrays: hash slots, block words, mapped; per block state,
+    epoch, position, sub-blocks, layout, check; index refs (targets, epochs); the target group's
+    epochs, states, positions; ``consts``."""
+    return (vector_at(fixed, 0, np.uint64), vector_at(fixed, 1, np.uint64),
+            vector_at(fixed, 2, np.uint64), vector_at(fixed, 3, np.bool_),
+            vector_at(fixed, 4, np.uint8), vector_at(fixed, 5, np.uint32),
+            vector_at(fixed, 6, np.int32), vector_at(fixed, 7, np.uint16),
+            vector_at(fixed, 8, np.uint8), vector_at(fixed, 9, np.uint8),
+            matrix_at(fixed, 10, np.int32), matrix_at(fixed, 11, np.uint32),
+            vector_at(fixed, 12, np.uint32), vector_at(fixed, 13, np.uint8),
+            vector_at(fixed, 14, np.int32), vector_at(fixed, 15, np.int64))
+
 
 # Rows of ``spans``: per candidate length, blocks ``[lo, cut)`` compressed and ``[cut, hi)``
 # raw, and 1 where the kind can serve the length with every needed block inside.

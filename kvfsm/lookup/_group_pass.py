@@ -15,13 +15,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from kvfsm._addressed import (
-    AddressTable,
-    address_table,
-    matrix_at,
-    unowned,
-    vector_at,
-)
+from kvfsm._addressed import AddressTable, address_table, unowned
 from kvfsm._jit import inlined, kernel, read_only
 from kvfsm.kinds._sparse_index import (
     history_positions,
@@ -50,6 +44,7 @@ from kvfsm.lookup._buffers import (
     ASKED_KEPT,
     CHAIN_BLOCKS,
     FIT,
+    FIXED_KINDS,
     HIT,
     LARGEST_AFTER,
     LARGEST_HIT,
@@ -79,6 +74,7 @@ from kvfsm.lookup._buffers import (
     SPAN_CUT,
     SPAN_HI,
     SPAN_LO,
+    fixed_arrays,
     flag_row,
     flag_start,
     history_parts,
@@ -380,18 +376,10 @@ def _length_rows(spans: NDArray[np.int64], prefix_step: int, chain_blocks: int,
     return largest_hit, largest_now
 
 
-_PASS_CALLS: Final = (_plan_pass, probe_keys, out_offsets, snapshot_at, flag_start, out_parts,
-                      flag_row, history_parts, _scratch, _probe_prompt, _facts_of, _forms,
-                      _one_run, _length_rows, history_positions,
-                      index_rows, row_references, same_references)
-
-
-#: The dtype and dimensions of the pass's fixed arguments, ``slots`` to ``consts``.
-FIXED_KINDS: Final = (
-    (np.uint64, 1), (np.uint64, 1), (np.uint64, 1), (np.bool_, 1), (np.uint8, 1),
-    (np.uint32, 1), (np.int32, 1), (np.uint16, 1), (np.uint8, 1), (np.uint8, 1),
-    (np.int32, 2), (np.uint32, 2), (np.uint32, 1), (np.uint8, 1), (np.int32, 1),
-    (np.int64, 1))
+_PASS_CALLS: Final = (_plan_pass, probe_keys, fixed_arrays, out_offsets, snapshot_at, flag_start,
+                      out_parts, flag_row, history_parts, _scratch, _probe_prompt, _facts_of,
+                      _forms, _one_run, _length_rows, history_positions, index_rows,
+                      row_references, same_references)
 
 
 def pack_fixed(arrays: tuple[NDArray[Any], ...]) -> AddressTable:
@@ -414,17 +402,9 @@ def group_pass(
     table (:func:`pack_fixed`). The caller holds the arrays for the call: views go unowned."""
     high, low, fixed, history, checked_ok, spans, out = unowned(high), unowned(low), \
         unowned(fixed), unowned(history), unowned(checked_ok), unowned(spans), unowned(out)
-    slots, block_high, block_low = vector_at(fixed, 0, np.uint64), \
-        vector_at(fixed, 1, np.uint64), vector_at(fixed, 2, np.uint64)
-    mapped, states, epoch = vector_at(fixed, 3, np.bool_), vector_at(fixed, 4, np.uint8), \
-        vector_at(fixed, 5, np.uint32)
-    position, sub_blocks, layout_id = vector_at(fixed, 6, np.int32), \
-        vector_at(fixed, 7, np.uint16), vector_at(fixed, 8, np.uint8)
-    check, refs_target, refs_epoch = vector_at(fixed, 9, np.uint8), \
-        matrix_at(fixed, 10, np.int32), matrix_at(fixed, 11, np.uint32)
-    target_epoch, target_states, target_position = vector_at(fixed, 12, np.uint32), \
-        vector_at(fixed, 13, np.uint8), vector_at(fixed, 14, np.int32)
-    consts = vector_at(fixed, 15, np.int64)
+    slots, block_high, block_low, mapped, states, epoch, position, sub_blocks, layout_id, \
+        check, refs_target, refs_epoch, target_epoch, target_states, target_position, \
+        consts = fixed_arrays(fixed)
     _pass_loop(high, low, slots, block_high, block_low, mapped, states, epoch, position,
                sub_blocks, layout_id, check, refs_target, refs_epoch, target_epoch, target_states,
                target_position, consts, history, n_history, checked_ok, spans, prefix_step,

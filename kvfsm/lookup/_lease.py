@@ -191,7 +191,7 @@ class Lease:
         checksum. Its form needs no check: a row changing a readable block's form bumps it."""
         names, groups = self._arrays.names, self._arrays.groups
         held = [(groups[g], *self._held(g, row)) for g, row in enumerate(self._answers.tolist())
-                if groups[g].changes != self._probe.passes[g][4]]
+                if self._probe.changed(g, groups[g])]
         held += [(groups[names.index(name)], ids, epochs) for name, ids, epochs in self._targets]
         for state, ids, epochs in held:
             first = first_moved(state, ids, epochs)
@@ -255,7 +255,7 @@ class Lease:
                 continue
             state = groups[g]
             ids, epochs = self._held(g, row)
-            if whole or state.changes == self._probe.passes[g][4]:
+            if whole or not self._probe.changed(g, state):
                 if row[ONE_READ]:
                     runs.append((names[g], row[FIRST_ID], count, delta))
                     continue

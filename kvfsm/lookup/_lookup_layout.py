@@ -130,6 +130,11 @@ class LookupProbe(Probe):
             made = self._groups = _probed_groups(self.passes, self.at)
         return made
 
+    def changed(self, g: int, state: GroupState) -> bool:
+        """Group ``g`` (``state``) changed since the lookup."""
+        _, _, _, _, changes = self.passes[g]
+        return state.changes != changes
+
 
 def _probed_groups(found: Sequence[Found], at: int) -> tuple[ProbedGroup, ...]:
     """Per group, the blocks needed at candidate ``at``, as its pass output holds them."""
