@@ -80,9 +80,15 @@ def references_hold(targets: NDArray[np.int32], epochs: NDArray[np.uint32],
     current = current_references(targets, epochs, target_epoch=target_epoch,
                                  target_states=target_states, hashed=hashed)
     bad = np.where(used, ~(ours & current & (first_row <= rows[:, None])), epochs != 0)
-    stale = np.where(used, ~current, epochs != 0)
     return References(used, ours, at, ~np.asarray(bad.any(axis=1)),
-                      np.asarray(stale.any(axis=1)))
+                      stale_rows(targets, epochs, current))
+
+
+def stale_rows(targets: NDArray[np.int32], epochs: NDArray[np.uint32], current: Bools) -> Bools:
+    """Per row of references ``targets`` / ``epochs`` (``current``: their
+    :func:`current_references`): :attr:`References.stale`."""
+    stale: Bools = np.asarray(np.where(targets != NO_TARGET, ~current, epochs != 0).any(axis=1))
+    return stale
 
 
 @inlined

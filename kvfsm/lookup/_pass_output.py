@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 from kvfsm._reasons import Reason
 from kvfsm.fsm import CompiledTable
 from kvfsm.kinds import KindRule
-from kvfsm.kinds._sparse_index import references_hold
+from kvfsm.kinds._sparse_index import current_references, stale_rows
 from kvfsm.lookup._block_facts import FOUND
 from kvfsm.lookup._buffers import (
     FIT,
@@ -197,11 +197,10 @@ class PassOutput:
             if rows.size:
                 target = group.target
                 assert target is not None
-                stale[rows] = references_hold(
-                    group.refs_target[blocks], group.refs_epoch[blocks], rows,
-                    target_epoch=target.epoch, target_states=target.states,
-                    hashed=target.table.hashed, target_position=target.position,
-                    history_ids=np.zeros(0, dtype=np.int64), target_size=1, own_size=1).stale
+                targets, epochs = group.refs_target[blocks], group.refs_epoch[blocks]
+                stale[rows] = stale_rows(targets, epochs, current_references(
+                    targets, epochs, target_epoch=target.epoch, target_states=target.states,
+                    hashed=target.table.hashed))
         self._snapshot = (group.table, stale, record_failed)
 
     def frozen(self) -> Frozen:
